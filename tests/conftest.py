@@ -1,0 +1,92 @@
+"""Shared fixtures: a real SparkSession, process/port leak checks, an artifacts folder."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+
+# Spark's Python workers must run this interpreter, and find the test modules so functions
+# defined in them unpickle on executors.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT / "tests"), str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_current = {"master": None, "session": None}
+
+
+def spark_session(master: str = "local[2]", **conf):
+    """The one classic SparkSession of this test process, restarted when another master is asked for."""
+    from pyspark.sql import SparkSession
+
+    key = (master, tuple(sorted(conf.items())))
+    if _current["master"] == key:
+        return _current["session"]
+    if _current["session"] is not None:
+        _current["session"].stop()
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    builder = (SparkSession.builder.master(master).appName("tfnb-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "4"))
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    _current.update(master=key, session=session)
+    return session
+
+
+@pytest.fixture
+def spark():
+    """A local[2] session (two task slots), shared by the tests that ask for it."""
+    return spark_session("local[2]")
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+def child_processes() -> list[str]:
+    """Command lines of tfnb train_fn processes still alive on this machine."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "tfnb._child" in cmd:
+            out.append(f"{d.name}: {cmd}")
+    return out
+
+
+@pytest.fixture
+def no_orphans():
+    """Asserts after the test that no train_fn process outlived its run."""
+    before = set(child_processes())
+    yield
+    import time
+
+    deadline = time.monotonic() + 10
+    left = [p for p in child_processes() if p not in before]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [p for p in child_processes() if p not in before]
+    assert not left, f"train_fn processes left running: {left}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _current["session"] is not None:
+        _current["session"].stop()

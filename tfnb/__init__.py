@@ -1,0 +1,49 @@
+"""tfnb: distributed TensorFlow training, evaluation and monitoring on Apache Spark, from notebooks.
+
+Example:
+    >>> import tfnb
+    >>> def train_fn(ctx):
+    ...     import tensorflow as tf
+    ...     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    ...     ...
+    >>> tfnb.run(train_fn, num_workers=2)
+
+Heavy modules (TensorFlow, pyspark, ipywidgets, boto3) are imported only when used.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "run": "cluster",
+    "WorkerContext": "context",
+    "RunEvent": "events",
+    "TfnbError": "errors",
+    "ConfigError": "errors",
+    "ClusterError": "errors",
+    "WorkerError": "errors",
+    "RunTimeoutError": "errors",
+    "RunCancelledError": "errors",
+    "MissingDependencyError": "errors",
+    "StagingError": "errors",
+    "EvaluatorError": "errors",
+    "DbcFormatError": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tfnb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

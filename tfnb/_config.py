@@ -1,0 +1,48 @@
+"""Settings resolve once, on the driver: explicit keyword, then TFNB_* environment, then default."""
+from __future__ import annotations
+
+import os
+from typing import Callable, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(text)
+
+
+_CASTS: dict[type, Callable[[str], object]] = {bool: _bool, int: int, float: float, str: str}
+
+
+def setting(name: str, explicit: T | None, default: T, cast: type | None = None) -> T:
+    """Resolve one setting.
+
+    Args:
+        name: the setting's name; its environment variable is ``TFNB_<NAME>``.
+        explicit: the caller's keyword value, used when not None.
+        default: used when neither keyword nor environment gives a value.
+        cast: type to parse the environment string into (defaults to ``type(default)``).
+
+    Raises:
+        ConfigError: when the environment value does not parse.
+    """
+    if explicit is not None:
+        return explicit
+    var = "TFNB_" + name.upper()
+    raw = os.environ.get(var)
+    if raw is None:
+        return default
+    kind = cast or type(default)
+    try:
+        return _CASTS.get(kind, kind)(raw)  # type: ignore[return-value]
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"{var}={raw!r} is not a valid {getattr(kind, '__name__', kind)}; fix or unset {var}"
+        ) from e

@@ -1,0 +1,340 @@
+"""What runs inside one barrier task: learn the peers, set TF_CONFIG, run train_fn in a child process.
+
+Everything here executes on an executor, in Spark's Python worker. It receives a
+:class:`TaskSpec` of plain values (no SparkContext, nothing of the driver's) and
+the task's Arrow batches, and yields one Arrow batch (the chief's pickled result).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+from . import events
+from ._child import ENV_HELD_PORT_FD, ERROR, PAYLOAD, RESULT
+from .context import WorkerContext
+
+RESULT_SCHEMA = "rank int, result binary"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a barrier task needs, as plain values the driver fixed before launch."""
+
+    run_id: str
+    attempt: int
+    max_attempts: int
+    num_workers: int
+    num_ps: int
+    channel: tuple
+    token: str = field(repr=False)
+    payload: bytes = field(repr=False)  # cloudpickle of (train_fn, args)
+    model_dir: str | None = None
+    log_dir: str | None = None
+    use_gpu: bool | None = None
+    env: tuple = ()  # ((name, value), ...) added to the train_fn process environment
+    legacy_keras: bool = True
+    feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
+    stop_grace: float = 5.0
+
+
+class TaskFailed(RuntimeError):
+    """Raised in the Spark task so the barrier stage fails; the driver already has the details."""
+
+
+# ---------------------------------------------------------------- small pure functions
+
+
+def assign_role(rank: int, num_workers: int, num_ps: int) -> tuple[str, int]:
+    """(job_name, task_index) for barrier partition ``rank``: chief first, then workers, then ps."""
+    if rank < num_workers:
+        return ("chief" if rank == 0 else "worker"), rank
+    return "ps", rank - num_workers
+
+
+def build_cluster(addresses: list[str], num_workers: int, num_ps: int) -> dict[str, list[str]]:
+    """TF cluster spec for the ordered task addresses.
+
+    Without ps tasks every task is a ``worker`` (worker 0 acts as chief), the layout
+    MultiWorkerMirroredStrategy expects. With ps tasks the chief gets its own job.
+    """
+    if num_ps == 0:
+        return {"worker": list(addresses)}
+    return {
+        "chief": [addresses[0]],
+        "worker": list(addresses[1:num_workers]),
+        "ps": list(addresses[num_workers:]),
+    }
+
+
+def tf_config_for(cluster: dict, job_name: str, task_index: int, num_ps: int) -> dict:
+    if num_ps == 0:
+        task = {"type": "worker", "index": task_index}
+    elif job_name == "worker":
+        task = {"type": "worker", "index": task_index - 1}
+    else:
+        task = {"type": job_name, "index": task_index if job_name == "ps" else 0}
+    return {"cluster": cluster, "task": task}
+
+
+def assigned_gpus(resources: dict, use_gpu: bool | None) -> tuple[str, ...]:
+    """GPU addresses Spark gave this task (``spark.task.resource.gpu.amount``), honouring ``use_gpu``."""
+    info = resources.get("gpu")
+    gpus = tuple(info.addresses) if info is not None else ()
+    if use_gpu and not gpus:
+        raise RuntimeError(
+            "use_gpu=True but Spark assigned this task no GPU; set spark.task.resource.gpu.amount "
+            "(and spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False"
+        )
+    return gpus if use_gpu is not False else ()
+
+
+def child_env(base: dict, spec: TaskSpec, ctx: WorkerContext) -> dict:
+    env = dict(base)
+    env["TF_CONFIG"] = json.dumps(ctx.tf_config)
+    # With ctx.gpus empty the process sees no GPU, even on a GPU host: Spark did not give it one.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(ctx.gpus)
+    if spec.legacy_keras:
+        # Keras 3 model.fit fails under MultiWorkerMirroredStrategy; tf-keras works (see README).
+        env.setdefault("TF_USE_LEGACY_KERAS", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TFNB_RUN_ID"] = spec.run_id
+    env["TFNB_ATTEMPT"] = str(spec.attempt)
+    env.update(dict(spec.env))
+    return env
+
+
+def reserve_port() -> socket.socket:
+    """A socket bound to a free port on all interfaces, held until the child is about to start TF."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", 0))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _spark_local_dir() -> str | None:
+    # Spark deletes its local dirs when the application ends: nothing is left behind even if a
+    # task is killed before its cleanup runs.
+    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
+    first = dirs.split(",")[0] if dirs else ""
+    return first if first and os.path.isdir(first) else None
+
+
+# ---------------------------------------------------------------- supervision
+
+
+class _Supervisor:
+    """Runs the child process, forwards its output and events, and stops it on request."""
+
+    def __init__(self, spec: TaskSpec, chan, workdir: str):
+        self.spec = spec
+        self.chan = chan
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.stop_requested = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # messages from the driver
+    def on_driver(self, msg: dict) -> None:
+        if msg.get("kind") == "stop":
+            self.stop()
+
+    def on_driver_lost(self) -> None:
+        # The notebook went away: nobody will read the result, so don't train on.
+        self.stop()
+
+    def stop(self) -> None:
+        self.stop_requested.set()
+        self._signal(signal.SIGTERM)
+        t = threading.Timer(self.spec.stop_grace, self._signal, args=(signal.SIGKILL,))
+        t.daemon = True
+        t.start()
+
+    def _signal(self, sig: int) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _pump_lines(self, stream, handle) -> None:
+        for raw in iter(stream.readline, b""):
+            handle(raw.decode("utf-8", "replace").rstrip("\n"))
+        stream.close()
+
+    def _pump(self, stream, handle) -> None:
+        t = threading.Thread(target=self._pump_lines, args=(stream, handle), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def start(self, ctx: WorkerContext, mode: str, held: socket.socket) -> None:
+        import cloudpickle
+
+        fn, args = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, ())
+        with open(os.path.join(self.workdir, PAYLOAD), "wb") as f:
+            cloudpickle.dump({"fn": fn, "args": args, "ctx": ctx, "mode": mode}, f)
+        ev_read, ev_write = os.pipe()
+        env = child_env(os.environ, self.spec, ctx)
+        env[events.ENV_FD] = str(ev_write)
+        env[ENV_HELD_PORT_FD] = str(held.fileno())
+        if self.stop_requested.is_set():
+            raise TaskFailed("stopped before start")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tfnb._child", self.workdir],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, pass_fds=(ev_write, held.fileno()), start_new_session=True, cwd=self.workdir,
+        )
+        os.close(ev_write)
+        held.close()
+        self.chan.send("state", state="training" if mode == "train" else "serving", pid=self.proc.pid)
+        self._pump(self.proc.stdout, lambda line: self.chan.send("log", stream="stdout", line=line))
+        self._pump(self.proc.stderr, lambda line: self.chan.send("log", stream="stderr", line=line))
+        self._pump(os.fdopen(ev_read, "rb"), self._forward_event)
+
+    def _forward_event(self, line: str) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        kind = msg.pop("kind", events.PROGRESS)
+        self.chan.send("event", event=kind, data=msg)
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        code = self.proc.wait()
+        # Take down anything the child left in its group, so the pipes close and no process outlives us.
+        self._signal_group_anyway()
+        for t in self._threads:
+            t.join(timeout=5)
+        return code
+
+    def _signal_group_anyway(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._signal(signal.SIGKILL)
+            self.proc.wait()
+        if self.proc is not None:
+            self._signal_group_anyway()
+            if self.proc.stdin:
+                self.proc.stdin.close()
+
+
+def _failure_from_child(workdir: str, code: int) -> dict:
+    path = os.path.join(workdir, ERROR)
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return {"exc_type": "ProcessDied", "message": f"the train_fn process was killed by {name}",
+                "traceback": "", "exit_code": code}
+    return {"exc_type": "ProcessDied", "message": f"the train_fn process exited with code {code} "
+            "without raising an exception (os._exit, a crash in native code, or out of memory)",
+            "traceback": "", "exit_code": code}
+
+
+def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
+    """The barrier task body (``mapInArrow`` function): one TensorFlow task of the cluster."""
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    from ._channel import TaskChannel
+
+    bctx = BarrierTaskContext.get()
+    rank = bctx.partitionId()
+    job_name, task_index = assign_role(rank, spec.num_workers, spec.num_ps)
+    infos = bctx.getTaskInfos()
+    host = infos[rank].address.rsplit(":", 1)[0]
+    workdir = tempfile.mkdtemp(prefix=f"tfnb-{spec.run_id}-a{spec.attempt}-{rank}-", dir=_spark_local_dir())
+    chan = None
+    sup = None
+    held = None
+    try:
+        peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
+        holder: dict = {}
+        chan = TaskChannel(
+            spec.channel, spec.token, peer,
+            on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
+            on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None,
+        )
+        sup = holder["sup"] = _Supervisor(spec, chan, workdir)
+        chan.send("state", state="starting", pid=os.getpid())
+        held = reserve_port()
+        port = held.getsockname()[1]
+        fed = None
+        if spec.feed is not None:
+            from .feeding import spill_partition
+
+            fed = spill_partition(spec.feed, batches, workdir)
+        else:
+            for _ in batches:
+                pass
+        gathered = [json.loads(x) for x in bctx.allGather(json.dumps(
+            {"addr": f"{host}:{port}", "rows": fed.rows if fed is not None else 0}))]
+        cluster = build_cluster([g["addr"] for g in gathered], spec.num_workers, spec.num_ps)
+        feed_info = None
+        if fed is not None:
+            from .feeding import finish_feed
+
+            feed_info = finish_feed(spec.feed, fed, [g["rows"] for g in gathered[: spec.num_workers]])
+        ctx = WorkerContext(
+            task_index=task_index, num_workers=spec.num_workers, num_ps=spec.num_ps, job_name=job_name,
+            cluster_spec=cluster, tf_config=tf_config_for(cluster, job_name, task_index, spec.num_ps),
+            gpus=assigned_gpus(bctx.resources(), spec.use_gpu), model_dir=spec.model_dir,
+            log_dir=spec.log_dir, attempt=spec.attempt, max_attempts=spec.max_attempts,
+            run_id=spec.run_id, host=host, local_dir=workdir, feed=feed_info,
+        )
+        serve = spec.num_ps > 0 and job_name != "chief"
+        sup.start(ctx, "serve" if serve else "train", held)
+        held = None
+        code = sup.wait()
+        if sup.stop_requested.is_set() and code != 0:
+            chan.send("state", state="stopped")
+            return
+        if code != 0:
+            failure = _failure_from_child(workdir, code)
+            if chan.send("failed", failure=failure):
+                # The driver has the details and stops the other tasks; ending quietly spares the
+                # executor log a second, longer copy of the same traceback.
+                return
+            raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
+        chan.send("state", state="done")
+        if rank == 0:
+            with open(os.path.join(workdir, RESULT), "rb") as f:
+                data = f.read()
+            yield pa.RecordBatch.from_pydict(
+                {"rank": [rank], "result": [data]},
+                schema=pa.schema([("rank", pa.int32()), ("result", pa.binary())]),
+            )
+    except TaskFailed:
+        raise
+    except BaseException as e:
+        if chan is not None:
+            import traceback
+
+            chan.send("failed", failure={"exc_type": type(e).__name__, "message": str(e),
+                                         "traceback": traceback.format_exc()})
+        raise
+    finally:
+        if sup is not None:
+            sup.kill()
+        if held is not None:
+            held.close()
+        if chan is not None:
+            chan.close()
+        shutil.rmtree(workdir, ignore_errors=True)

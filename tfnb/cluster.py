@@ -1,0 +1,443 @@
+"""Barrier-mode launch, driver side: validate, check slots, run the barrier job, gather the outcome.
+
+The barrier job is ``spark.range(n, numPartitions=n).mapInArrow(task, barrier=True)`` (or the fed
+DataFrame split into n parts), which runs on classic and Spark Connect sessions alike. Tasks talk
+back over the run's authenticated channel (logs, progress, failures); only partition 0, the chief,
+returns a value.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from . import events
+from ._config import setting
+from .errors import (ClusterError, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure,
+                     WorkerError)
+from .events import RunEvent
+
+log = logging.getLogger(__name__)
+
+_CANCEL_WAIT = 20.0     # seconds to let Spark kill tasks after a cancel before giving up waiting
+_FAILURE_GRACE = 2.0    # seconds to wait for a task's own failure report after the Spark job failed
+
+
+# ---------------------------------------------------------------- session and cluster checks
+
+
+def _is_connect(spark) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def get_spark(spark=None, num_slots: int = 2):
+    """The session to run on: ``spark``, else the active one, else a new embedded ``local[N]`` session.
+
+    For a new local session PYSPARK_PYTHON is set to this interpreter, so Spark's Python workers
+    import the same packages as the notebook.
+    """
+    if spark is not None:
+        return spark
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    cores = max(num_slots, os.cpu_count() or 1)
+    return (SparkSession.builder.master(f"local[{cores}]").appName("tfnb")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate())
+
+
+def _conf(spark, key: str, default: str | None = None) -> str | None:
+    try:
+        return spark.conf.get(key, default)
+    except Exception:  # noqa: BLE001 - Connect raises its own types for unknown keys
+        return default
+
+
+def _local_slots(master: str) -> int | None:
+    """Task slots implied by a local master string, None for cluster masters."""
+    if master == "local":
+        return 1
+    m = re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", master)
+    if m:
+        return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))
+    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    return None
+
+
+def _cluster_slots(spark, wait: float) -> tuple[int | None, str]:
+    """(task slots Spark can run at once, master) — what a barrier stage needs to fit in."""
+    master = _conf(spark, "spark.master", "") or ""
+    cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
+    local = _local_slots(master)
+    if local is not None and not master.startswith("local-cluster"):
+        return local // cpus, master
+    if _is_connect(spark):
+        return (local // cpus if local is not None else None), master
+    jsc = spark.sparkContext._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    deadline = time.monotonic() + wait
+    slots = jsc.maxNumConcurrentTasks(profile)
+    expected = local
+    # Executors register a little after the session starts; give them a moment before judging.
+    while (expected is None or slots < expected) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        slots = jsc.maxNumConcurrentTasks(profile)
+        if expected is None and slots > 0:
+            break
+    return slots, master
+
+
+def check_cluster(spark, needed: int, wait: float = 10.0) -> None:
+    """Fail fast when Spark could never schedule a barrier stage of ``needed`` tasks.
+
+    Raises:
+        ClusterError: dynamic allocation is on, or the cluster has fewer task slots than needed.
+    """
+    if (_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
+        raise ClusterError(
+            "Spark barrier mode does not run with dynamic allocation; start the cluster with "
+            "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)"
+        )
+    slots, master = _cluster_slots(spark, wait)
+    if slots is not None and slots < needed:
+        raise ClusterError(
+            f"the run needs {needed} task slots (num_workers + num_ps) but the cluster ({master}) has "
+            f"{slots}; lower num_workers/num_ps or add executors/cores (spark.executor.instances, "
+            f"spark.executor.cores; spark.task.cpus={_conf(spark, 'spark.task.cpus', '1')})"
+        )
+
+
+def _driver_host(spark) -> str:
+    """Where tasks reach the driver: loopback for local masters, else spark.driver.host."""
+    master = _conf(spark, "spark.master", "") or ""
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        return "127.0.0.1"
+    host = _conf(spark, "spark.driver.host")
+    if master.startswith("local-cluster") or host in (None, "localhost"):
+        return host or "127.0.0.1"
+    return host or socket.gethostbyname(socket.gethostname())
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: Any = None
+    failure: TaskFailure | None = None
+    others: tuple = ()
+
+
+def _pickle_fn(train_fn: Callable, args: Sequence) -> bytes:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps((train_fn, tuple(args)))
+    except Exception as e:  # noqa: BLE001 - pickling errors come in many types
+        raise ConfigError(
+            f"train_fn or args cannot be sent to the workers: {type(e).__name__}: {e}. Define train_fn so "
+            "it captures only plain values (no SparkSession, DataFrame, lock, open file or model object); "
+            "create those inside train_fn or pass paths/values through args"
+        ) from e
+
+
+class _Attempt:
+    """One launch of the barrier job, watched from the driver's main thread."""
+
+    def __init__(self, spark, spec_kwargs: dict, data, display: Callable[[RunEvent], None],
+                 deadline: float | None, num_tasks: int, num_ps: int):
+        self.spark = spark
+        self.display = display
+        self.deadline = deadline
+        self.num_tasks = num_tasks
+        self.num_ps = num_ps
+        self.q: queue.Queue = queue.Queue()
+        self.failures: list[TaskFailure] = []
+        self.tag = f"tfnb-{spec_kwargs['run_id']}-{spec_kwargs['attempt']}"
+        self.data = data
+        self.spec_kwargs = spec_kwargs
+        self.attempt = spec_kwargs["attempt"]
+
+    def _on_message(self, peer: dict, msg: dict) -> None:
+        self.q.put(("msg", peer, msg))
+
+    def _job(self, spec) -> None:
+        import functools
+
+        from ._worker import RESULT_SCHEMA, run_task
+
+        try:
+            if self.data is not None:
+                from .feeding import split_for_workers
+
+                source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
+            else:
+                source = self.spark.range(0, self.num_tasks, 1, self.num_tasks)
+            self.spark.addTag(self.tag)
+            try:
+                rows = source.mapInArrow(functools.partial(run_task, spec), RESULT_SCHEMA, barrier=True).collect()
+            finally:
+                self.spark.removeTag(self.tag)
+            self.q.put(("done", rows))
+        except BaseException as e:  # noqa: BLE001 - reported to the main thread
+            self.q.put(("error", e))
+
+    def _cancel(self) -> None:
+        try:
+            self.spark.interruptTag(self.tag)
+        except Exception as e:  # noqa: BLE001 - the session may already be gone
+            log.debug("interruptTag failed: %s", e)
+
+    def _handle(self, peer: dict, msg: dict) -> None:
+        kind = msg.get("kind")
+        job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
+        if kind == "log":
+            self.display(RunEvent(events.LOG, job, idx, {"stream": msg.get("stream"), "line": msg.get("line", "")}))
+        elif kind == "event":
+            self.display(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
+        elif kind == "state":
+            self.display(RunEvent(events.STATE, job, idx, {k: v for k, v in msg.items() if k != "kind"}))
+            if msg.get("state") == "done" and job == "chief" and self.num_ps > 0:
+                # ps and worker tasks serve until the coordinator is finished
+                self.channel.broadcast({"kind": "stop"})
+        elif kind == "failed":
+            f = msg.get("failure") or {}
+            failure = TaskFailure(job_name=job, task_index=idx, exc_type=f.get("exc_type", "Error"),
+                                  message=f.get("message", ""), traceback=f.get("traceback", ""),
+                                  exit_code=f.get("exit_code"), attempt=self.attempt, host=peer.get("host", ""))
+            first = not self.failures
+            self.failures.append(failure)
+            self.display(RunEvent(events.FAILED, job, idx, {"exc_type": failure.exc_type, "message": failure.message}))
+            if first:
+                self.channel.broadcast({"kind": "stop"})
+                self._cancel()
+
+    def run(self) -> _Outcome:
+        from ._channel import DriverChannel
+        from ._worker import TaskSpec
+
+        self.channel = DriverChannel(_driver_host(self.spark), self._on_message)
+        spec = TaskSpec(channel=self.channel.address, token=self.channel.token, **self.spec_kwargs)
+        job = threading.Thread(target=self._job, args=(spec,), name="tfnb-job", daemon=True)
+        try:
+            job.start()
+            return self._watch(job)
+        finally:
+            self.channel.close()
+
+    def _stop_everything(self, job: threading.Thread) -> None:
+        self.channel.broadcast({"kind": "stop"})
+        self._cancel()
+        end = time.monotonic() + _CANCEL_WAIT
+        while job.is_alive() and time.monotonic() < end:
+            self._drain(0.2)
+        self.channel.wait_disconnected(max(0.0, end - time.monotonic()))
+
+    def _drain(self, timeout: float):
+        try:
+            item = self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item[0] == "msg":
+            self._handle(item[1], item[2])
+            return None
+        return item
+
+    def _watch(self, job: threading.Thread) -> _Outcome:
+        try:
+            while True:
+                left = None if self.deadline is None else self.deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._stop_everything(job)
+                    raise RunTimeoutError(
+                        "tfnb.run timed out; the job was cancelled and its processes stopped. Raise "
+                        "timeout= (or TFNB_TIMEOUT), or checkpoint to model_dir and resume")
+                item = self._drain(0.5 if left is None else min(0.5, left))
+                if item is None:
+                    continue
+                if item[0] == "done":
+                    self.channel.wait_disconnected(10.0)
+                    self._drain_rest()
+                    if self.failures:
+                        return _Outcome(failure=self.failures[0], others=tuple(self.failures[1:]))
+                    rows = item[1]
+                    import cloudpickle
+
+                    value = cloudpickle.loads(rows[0]["result"]) if rows else None
+                    return _Outcome(value=value)
+                # The job failed: prefer what the task itself said over Spark's wrapper text.
+                end = time.monotonic() + _FAILURE_GRACE
+                while not self.failures and time.monotonic() < end:
+                    self._drain(0.1)
+                self._stop_everything(job)
+                self._drain_rest()
+                if self.failures:
+                    return _Outcome(failure=self.failures[0], others=tuple(self.failures[1:]))
+                return _Outcome(failure=_spark_failure(item[1], self.attempt))
+        except KeyboardInterrupt:
+            self._stop_everything(job)
+            raise RunCancelledError("tfnb.run was interrupted; the Spark job was cancelled and every "
+                                    "process it started was stopped") from None
+
+    def _drain_rest(self) -> None:
+        while True:
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                return
+            if item[0] == "msg":
+                self._handle(item[1], item[2])
+
+
+def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
+    """A TaskFailure for a job that failed without any task reporting why (a lost executor, say)."""
+    text = str(exc).strip()
+    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return TaskFailure(job_name="spark", task_index=-1, exc_type="TaskLost",
+                       message=first[:500], traceback="", attempt=attempt)
+
+
+def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: int = 0, spark=None,
+        use_gpu: bool | None = None, timeout: float | None = None, model_dir: str | None = None,
+        log_dir: str | None = None, data=None, max_attempts: int | None = None,
+        env: dict | None = None, legacy_keras: bool | None = None,
+        display: Callable[[RunEvent], None] | bool | None = None) -> Any:
+    """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
+
+    Each of the ``num_workers`` (+ ``num_ps``) tasks gets TF_CONFIG, its role and GPUs, then runs
+    ``train_fn`` in a fresh Python process, so any number of runs work in one Spark session.
+    Logs and progress stream to the notebook as they happen.
+
+    Args:
+        train_fn: ``train_fn(ctx: WorkerContext, *args)``; the chief's return value is returned.
+        num_workers: chief + worker tasks (>= 1). Without ps tasks this is MultiWorkerMirroredStrategy.
+        args: extra positional arguments for ``train_fn`` (must pickle).
+        num_ps: parameter-server tasks; with ps tasks the chief runs the ParameterServerStrategy
+            coordinator (``train_fn``), and worker/ps tasks run TensorFlow servers until it finishes.
+        spark: the SparkSession (classic or Spark Connect); default: active session or a local one.
+        use_gpu: None uses GPUs Spark assigned (spark.task.resource.gpu.amount); False hides GPUs;
+            True requires them.
+        timeout: seconds before the run is cancelled (RunTimeoutError). Env: TFNB_TIMEOUT.
+        model_dir: checkpoint directory passed to ``ctx.model_dir``; tfnb also writes the run's status
+            there (``tfnb_status.json``) so an Evaluator knows when training ended.
+        log_dir: TensorBoard directory passed to ``ctx.log_dir``.
+        data: a Spark DataFrame split evenly across the workers; read it with ``ctx.dataset(...)``.
+        max_attempts: launches at most when a task process dies (killed, lost executor); a Python
+            exception in train_fn is not retried. Default 2. Env: TFNB_MAX_ATTEMPTS.
+        env: extra environment variables for the train_fn processes.
+        legacy_keras: set TF_USE_LEGACY_KERAS=1 so ``tf.keras`` is tf-keras (default True), the Keras
+            that trains under MultiWorkerMirroredStrategy.
+        display: a callable receiving every RunEvent; False for none; default: a live widget in
+            notebooks, prefixed log lines and a progress line on the console.
+
+    Returns:
+        What ``train_fn`` returned on the chief.
+
+    Raises:
+        ConfigError: bad arguments (message names the fix).
+        ClusterError: the cluster cannot host the run (slots, dynamic allocation).
+        WorkerError: train_fn failed on a worker; carries task index, exception type, worker traceback.
+        RunTimeoutError: ``timeout`` ran out.
+        RunCancelledError: interrupted (a KeyboardInterrupt subclass).
+
+    Example:
+        >>> def train_fn(ctx, epochs):
+        ...     import tensorflow as tf
+        ...     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        ...     with strategy.scope():
+        ...         model = build_model()
+        ...     model.fit(make_dataset(ctx), epochs=epochs)
+        ...     return model.evaluate(val_ds, return_dict=True)
+        >>> metrics = tfnb.run(train_fn, num_workers=2, args=(3,))
+    """
+    if not callable(train_fn):
+        raise ConfigError(f"train_fn must be a function taking (ctx, *args), got {type(train_fn).__name__}")
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+        raise ConfigError(f"num_workers={num_workers!r} but it must be an int >= 1; pass num_workers=2 for two workers")
+    if not isinstance(num_ps, int) or num_ps < 0:
+        raise ConfigError(f"num_ps={num_ps!r} but it must be an int >= 0")
+    if num_ps > 0 and num_workers < 2:
+        raise ConfigError(f"num_ps={num_ps} needs a chief and at least one worker; set num_workers >= 2 or num_ps=0")
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        raise ConfigError(f"args must be a tuple of positional arguments, got {type(args).__name__}; "
+                          f"write args=(value,)")
+    timeout = setting("timeout", timeout, None, float)
+    if timeout is not None and timeout <= 0:
+        raise ConfigError(f"timeout={timeout} must be > 0 seconds (or None for no limit)")
+    max_attempts = setting("max_attempts", max_attempts, 2, int)
+    if max_attempts < 1:
+        raise ConfigError(f"max_attempts={max_attempts} must be >= 1 (1 = never relaunch)")
+    legacy_keras = setting("legacy_keras", legacy_keras, True, bool)
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ConfigError("env must map str to str; convert values with str()")
+    payload = _pickle_fn(train_fn, args)
+    num_tasks = num_workers + num_ps
+    spark = get_spark(spark, num_tasks)
+    check_cluster(spark, num_tasks)
+    feed = None
+    if data is not None:
+        from .feeding import feed_spec
+
+        feed = feed_spec(data)
+    sink = _make_display(display, num_workers, num_ps)
+    run_id = uuid.uuid4().hex[:12]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if model_dir:
+        from ._status import write_status
+
+        write_status(model_dir, "running", run_id=run_id)
+    final_state = "failed"
+    try:
+        for attempt in range(1, max_attempts + 1):
+            spec_kwargs = dict(run_id=run_id, attempt=attempt, max_attempts=max_attempts,
+                               num_workers=num_workers, num_ps=num_ps, payload=payload,
+                               model_dir=model_dir, log_dir=log_dir, use_gpu=use_gpu,
+                               env=tuple(sorted((env or {}).items())), legacy_keras=legacy_keras, feed=feed)
+            outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps).run()
+            if outcome.failure is None:
+                final_state = "succeeded"
+                sink(RunEvent(events.STATE, "driver", 0, {"state": "succeeded", "attempt": attempt}))
+                return outcome.value
+            if outcome.failure.retryable and attempt < max_attempts:
+                sink(RunEvent(events.ATTEMPT, "driver", 0, {
+                    "attempt": attempt + 1, "max_attempts": max_attempts,
+                    "reason": f"{outcome.failure.label}: {outcome.failure.message}"}))
+                continue
+            sink(RunEvent(events.STATE, "driver", 0, {"state": "failed", "attempt": attempt}))
+            raise WorkerError(outcome.failure, outcome.others)
+    except KeyboardInterrupt:
+        final_state = "cancelled"
+        raise
+    finally:
+        close = getattr(sink, "close", None)
+        if close:
+            close()
+        if model_dir:
+            from ._status import write_status
+
+            write_status(model_dir, final_state, run_id=run_id)
+
+
+def _make_display(display, num_workers: int, num_ps: int) -> Callable[[RunEvent], None]:
+    if display is False:
+        return lambda event: None
+    if callable(display):
+        return display
+    from .progress import auto_display
+
+    return auto_display(num_workers=num_workers, num_ps=num_ps)
