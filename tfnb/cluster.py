@@ -390,6 +390,10 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     spark = get_spark(spark, num_tasks)
     check_cluster(spark, num_tasks)
     feed = None
+    if data is not None and num_ps > 0:
+        raise ConfigError(
+            f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
+            "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
     if data is not None:
         from .feeding import feed_spec
 
