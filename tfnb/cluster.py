@@ -248,6 +248,15 @@ class _Attempt:
             self._drain(0.2)
         self.channel.wait_disconnected(max(0.0, end - time.monotonic()))
 
+    def _stop_quietly(self, job: threading.Thread) -> None:
+        # A second press of the notebook's stop button must not cut the cleanup short.
+        while True:
+            try:
+                self._stop_everything(job)
+                return
+            except KeyboardInterrupt:
+                continue
+
     def _drain(self, timeout: float):
         try:
             item = self.q.get(timeout=timeout)
@@ -290,7 +299,7 @@ class _Attempt:
                     return _Outcome(failure=self.failures[0], others=tuple(self.failures[1:]))
                 return _Outcome(failure=_spark_failure(item[1], self.attempt))
         except KeyboardInterrupt:
-            self._stop_everything(job)
+            self._stop_quietly(job)
             raise RunCancelledError("tfnb.run was interrupted; the Spark job was cancelled and every "
                                     "process it started was stopped") from None
 

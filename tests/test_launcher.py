@@ -1,0 +1,212 @@
+"""tfnb.run on a real local[2] Spark session: context, reruns, logs, failures, fail-fast, cancel, timeout."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+import tfnb
+from tfnb.errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError, WorkerError
+
+
+def describe(ctx, tag):
+    return {"tag": tag, "job_name": ctx.job_name, "task_index": ctx.task_index, "is_chief": ctx.is_chief,
+            "num_workers": ctx.num_workers, "cluster_spec": dict(ctx.cluster_spec),
+            "tf_config_env": json.loads(os.environ["TF_CONFIG"]), "tf_config": dict(ctx.tf_config),
+            "legacy": os.environ.get("TF_USE_LEGACY_KERAS"), "pid": os.getpid(), "attempt": ctx.attempt,
+            "model_dir": ctx.model_dir, "log_dir": ctx.log_dir, "gpus": list(ctx.gpus),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def write_and_describe(ctx, tag, out_dir):
+    """Every task writes its description; the chief returns its own."""
+    info = describe(ctx, tag)
+    with open(os.path.join(out_dir, f"{ctx.job_name}-{ctx.task_index}.json"), "w") as f:
+        json.dump(info, f)
+    return info
+
+
+def test_run_returns_chief_value_with_tf_config(spark, tmp_path, no_orphans):
+    model_dir = str(tmp_path / "model")
+    chief = tfnb.run(write_and_describe, num_workers=2, args=("a", str(tmp_path)), spark=spark,
+                     model_dir=model_dir, log_dir=str(tmp_path / "logs"), display=False)
+    worker = json.loads((tmp_path / "worker-1.json").read_text())
+    assert chief["tag"] == "a" and chief["job_name"] == "chief" and chief["is_chief"]
+    assert worker["job_name"] == "worker" and worker["task_index"] == 1 and not worker["is_chief"]
+    workers = chief["cluster_spec"]["worker"]
+    assert len(workers) == 2 and len(set(workers)) == 2 and chief["cluster_spec"] == worker["cluster_spec"]
+    assert chief["tf_config_env"] == chief["tf_config"] == {"cluster": {"worker": workers},
+                                                            "task": {"type": "worker", "index": 0}}
+    assert worker["tf_config_env"]["task"] == {"type": "worker", "index": 1}
+    assert chief["legacy"] == "1" and chief["attempt"] == 1 and chief["model_dir"] == model_dir
+    assert chief["pid"] != worker["pid"] != os.getpid()
+    assert json.loads((tmp_path / "model" / "tfnb_status.json").read_text())["state"] == "succeeded"
+
+
+def test_reruns_get_fresh_processes(spark, tmp_path):
+    first = tfnb.run(write_and_describe, num_workers=2, args=("1", str(tmp_path)), spark=spark, display=False)
+    second = tfnb.run(write_and_describe, num_workers=2, args=("2", str(tmp_path)), spark=spark, display=False)
+    assert (first["tag"], second["tag"]) == ("1", "2")
+    assert first["pid"] != second["pid"]
+    assert first["cluster_spec"] != second["cluster_spec"]  # fresh ports each run
+
+
+def print_then_wait(ctx, flag_dir):
+    import sys
+
+    print(f"hello stdout from {ctx.task_index}", flush=True)
+    print(f"hello stderr from {ctx.task_index}", file=sys.stderr, flush=True)
+    # Only a live log stream lets the driver see the line and create the flag before we return.
+    flag = os.path.join(flag_dir, f"seen-{ctx.task_index}")
+    while not os.path.exists(flag):
+        time.sleep(0.05)
+    return "released"
+
+
+def test_logs_stream_live_with_role_prefix(spark, tmp_path, capsys):
+    from tfnb.progress import ConsoleDisplay
+
+    console = ConsoleDisplay()
+    seen = []
+
+    def display(event):
+        console(event)
+        if event.kind == "log":
+            seen.append((event.job_name, event.task_index, event.data["stream"], event.data["line"]))
+            if event.data["line"].startswith("hello stdout"):
+                (tmp_path / f"seen-{event.task_index}").touch()
+
+    assert tfnb.run(print_then_wait, num_workers=2, args=(str(tmp_path),), spark=spark, display=display,
+                    timeout=120) == "released"
+    assert ("chief", 0, "stdout", "hello stdout from 0") in seen
+    assert ("worker", 1, "stderr", "hello stderr from 1") in seen
+    out = capsys.readouterr().out
+    assert "[chief 0] hello stdout from 0" in out and "[worker 1] hello stderr from 1" in out
+
+
+def fail_on_worker_1(ctx):
+    if ctx.task_index == 1:
+        raise ValueError("bad shard 7 on purpose")
+    time.sleep(600)  # the chief would wait forever: tfnb must stop it
+
+
+def test_worker_exception_reaches_driver_and_stops_others(spark, no_orphans):
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        tfnb.run(fail_on_worker_1, num_workers=2, spark=spark, display=False, timeout=300)
+    err = info.value
+    assert err.task_index == 1 and err.job_name == "worker"
+    assert err.exc_type == "ValueError" and "bad shard 7 on purpose" in str(err)
+    assert "fail_on_worker_1" in err.worker_traceback and "raise ValueError" in err.worker_traceback
+    assert "Py4J" not in str(err) and "at org.apache" not in str(err)
+    assert time.monotonic() - start < 300  # the sleeping chief was stopped, not waited for
+
+
+def test_process_crash_without_exception_is_reported(spark):
+    def crash(ctx):
+        if ctx.task_index == 0:
+            os._exit(3)
+        time.sleep(600)
+
+    with pytest.raises(WorkerError) as info:
+        tfnb.run(crash, num_workers=2, spark=spark, display=False, max_attempts=1, timeout=300)
+    assert info.value.exc_type == "ProcessDied" and "exited with code 3" in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"num_workers": 0}, "num_workers=0"),
+    ({"num_workers": 2, "num_ps": -1}, "num_ps=-1"),
+    ({"num_workers": 1, "num_ps": 1}, "num_workers >= 2"),
+    ({"num_workers": 2, "args": 5}, "args=(value,)"),
+    ({"num_workers": 2, "timeout": 0}, "timeout=0"),
+    ({"num_workers": 2, "max_attempts": 0}, "max_attempts=0"),
+])
+def test_bad_arguments_fail_fast(spark, kwargs, needle):
+    with pytest.raises(ConfigError, match=r".*") as info:
+        tfnb.run(describe, spark=spark, display=False, **kwargs)
+    assert needle in str(info.value)
+
+
+def test_more_tasks_than_slots_fails_fast(spark):
+    start = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        tfnb.run(describe, num_workers=3, spark=spark, display=False)
+    msg = str(info.value)
+    assert "needs 3 task slots" in msg and "has 2" in msg and "spark.executor.instances" in msg
+    assert time.monotonic() - start < 10  # immediate, not "waiting for reservations"
+
+
+def test_unpicklable_train_fn_fails_fast(spark):
+    lock = threading.Lock()
+
+    def uses_lock(ctx):
+        with lock:
+            return 1
+
+    with pytest.raises(ConfigError) as info:
+        tfnb.run(uses_lock, num_workers=2, spark=spark, display=False)
+    assert "cannot be sent to the workers" in str(info.value) and "lock" in str(info.value)
+
+
+def sleep_forever(ctx):
+    print("sleeping", flush=True)
+    time.sleep(600)
+
+
+def _port_closed(host, port) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) != 0
+
+
+def test_timeout_cancels_and_cleans_up(spark, no_orphans):
+    ports = []
+    import tfnb._channel as channel
+
+    original = channel.DriverChannel.__init__
+
+    def spy(self, *a, **k):
+        original(self, *a, **k)
+        ports.append(self.address)
+
+    channel.DriverChannel.__init__ = spy
+    try:
+        with pytest.raises(RunTimeoutError, match="timed out"):
+            tfnb.run(sleep_forever, num_workers=2, spark=spark, display=False, timeout=8)
+    finally:
+        channel.DriverChannel.__init__ = original
+    assert ports and all(_port_closed(*addr) for addr in ports)
+    # the session is still usable
+    assert tfnb.run(describe, num_workers=2, args=("after",), spark=spark, display=False)["tag"] == "after"
+
+
+def test_keyboard_interrupt_cancels_the_job(spark, no_orphans):
+    def display(event):
+        if event.kind == "log" and event.data.get("line") == "sleeping":
+            # what the notebook's stop button does: SIGINT to the kernel's main thread
+            threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        tfnb.run(sleep_forever, num_workers=2, spark=spark, display=display, timeout=300)
+    assert isinstance(info.value, RunCancelledError), info.getrepr()
+    assert tfnb.run(describe, num_workers=2, args=("again",), spark=spark, display=False)["tag"] == "again"
+
+
+def test_use_gpu_true_without_gpus_is_a_clear_error(spark):
+    with pytest.raises(WorkerError) as info:
+        tfnb.run(describe, num_workers=2, args=("x",), spark=spark, display=False, use_gpu=True)
+    assert "spark.task.resource.gpu.amount" in str(info.value)
+
+
+def test_dynamic_allocation_fails_fast():
+    from conftest import spark_session
+
+    session = spark_session("local[2]", **{"spark.dynamicAllocation.enabled": "true",
+                                           "spark.shuffle.service.enabled": "false",
+                                           "spark.dynamicAllocation.shuffleTracking.enabled": "true"})
+    with pytest.raises(ClusterError, match="spark.dynamicAllocation.enabled=false"):
+        tfnb.run(describe, num_workers=2, spark=session, display=False)
