@@ -28,11 +28,14 @@ def spark_session(master: str = "local[2]", **conf):
     key = (master, tuple(sorted(conf.items())))
     if _current["master"] == key:
         return _current["session"]
-    if _current["session"] is not None:
-        _current["session"].stop()
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()
+    previous = _current["session"] or SparkSession.getActiveSession()
+    if previous is not None:
+        jvm = previous.sparkContext._jvm
+        previous.stop()
+        # The builder leaves its options behind as JVM system properties; the next session must not
+        # inherit them (a GPU task requirement would make local[2] tasks unschedulable).
+        for key in (_current["master"] or ((), ()))[1]:
+            jvm.java.lang.System.clearProperty(key[0])
     builder = (SparkSession.builder.master(master).appName("tfnb-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")

@@ -14,6 +14,12 @@ import tfnb
 from tfnb.errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError, WorkerError
 
 
+
+@pytest.fixture(autouse=True)
+def no_tensorflow_preimport(monkeypatch):
+    # These train_fns never import TensorFlow; skip the default early import to keep the suite fast.
+    monkeypatch.setenv("TFNB_PREIMPORT", "")
+
 def describe(ctx, tag):
     return {"tag": tag, "job_name": ctx.job_name, "task_index": ctx.task_index, "is_chief": ctx.is_chief,
             "num_workers": ctx.num_workers, "cluster_spec": dict(ctx.cluster_spec),
@@ -210,3 +216,15 @@ def test_dynamic_allocation_fails_fast():
                                            "spark.dynamicAllocation.shuffleTracking.enabled": "true"})
     with pytest.raises(ClusterError, match="spark.dynamicAllocation.enabled=false"):
         tfnb.run(describe, num_workers=2, spark=session, display=False)
+
+
+def report_modules(ctx):
+    import sys
+
+    return {"tensorflow_loaded": "tensorflow" in sys.modules}
+
+
+def test_preimport_loads_modules_before_train_fn(spark):
+    assert tfnb.run(report_modules, num_workers=2, spark=spark, display=False, preimport=("json", "tensorflow"))[
+        "tensorflow_loaded"]
+    assert not tfnb.run(report_modules, num_workers=2, spark=spark, display=False)["tensorflow_loaded"]

@@ -4,10 +4,12 @@ A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark
 session (TensorFlow configures collective ops once per process) and lets the
 supervising task capture its output and kill it as a group.
 
-Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``. WORKDIR holds
-``payload.pkl`` (train_fn, args, ctx, mode); this process writes ``result.pkl``
-or ``error.json`` there. Its stdin is a pipe from the supervisor that is never
-written: end-of-file means the supervisor died, and this process group exits.
+Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``. The supervisor starts this
+process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the barrier's
+address exchange. WORKDIR holds ``payload.pkl`` (train_fn, args, mode) from the start; once the
+cluster is known the supervisor writes ``ctx.pkl`` and sends ``go`` on stdin. This process then
+sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or ``error.json``. End-of-file on stdin
+means the supervisor died, and this process group exits.
 """
 from __future__ import annotations
 
@@ -18,20 +20,40 @@ import sys
 import threading
 import traceback
 
-PAYLOAD, RESULT, ERROR = "payload.pkl", "result.pkl", "error.json"
+PAYLOAD, CONTEXT, RESULT, ERROR = "payload.pkl", "ctx.pkl", "result.pkl", "error.json"
 ENV_HELD_PORT_FD = "TFNB_HELD_PORT_FD"
+ENV_PREIMPORT = "TFNB_PREIMPORT"
+GO = b"go\n"
 
 
-def _die_with_parent() -> None:
+def _watch_parent() -> threading.Event:
+    """Returns an event set when the supervisor says go; kills this process group if it dies first."""
+    go = threading.Event()
+
     def watch():
+        buf = b""
         try:
-            while os.read(0, 1024):
-                pass
+            while True:
+                chunk = os.read(0, 1024)
+                if not chunk:
+                    break
+                buf += chunk
+                if GO in buf:
+                    go.set()
         except OSError:
             pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="tfnb-parent-watch", daemon=True).start()
+    return go
+
+
+def _preimport() -> None:
+    for name in filter(None, os.environ.get(ENV_PREIMPORT, "").split(",")):
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - train_fn will hit (and report) the same error itself
+            pass
 
 
 def _release_port() -> None:
@@ -70,22 +92,23 @@ def _serve_forever(ctx) -> None:
 
 
 def main(workdir: str) -> int:
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    _die_with_parent()
+    go = _watch_parent()
     try:
         import cloudpickle
 
         with open(os.path.join(workdir, PAYLOAD), "rb") as f:
             payload = cloudpickle.load(f)
-        ctx = payload["ctx"]
+        _preimport()
+        go.wait()
+        with open(os.path.join(workdir, CONTEXT), "rb") as f:
+            ctx = cloudpickle.load(f)
+        os.environ["TF_CONFIG"] = json.dumps(ctx.tf_config)
+        _release_port()
         if payload["mode"] == "serve":
-            _release_port()
             _serve_forever(ctx)
             result = None
         else:
-            fn, args = payload["fn"], payload["args"]
-            _release_port()
-            result = fn(ctx, *args)
+            result = payload["fn"](ctx, *payload["args"])
         try:
             data = cloudpickle.dumps(result)
         except Exception as e:  # noqa: BLE001 - any pickling failure means the same fix

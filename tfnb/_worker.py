@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from . import events
-from ._child import ENV_HELD_PORT_FD, ERROR, PAYLOAD, RESULT
+from ._child import CONTEXT, ENV_HELD_PORT_FD, ENV_PREIMPORT, ERROR, GO, PAYLOAD, RESULT
 from .context import WorkerContext
 
 RESULT_SCHEMA = "rank int, result binary"
@@ -42,6 +42,7 @@ class TaskSpec:
     use_gpu: bool | None = None
     env: tuple = ()  # ((name, value), ...) added to the train_fn process environment
     legacy_keras: bool = True
+    preimport: tuple = ("tensorflow",)  # imported by the child while the barrier exchanges addresses
     feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
     stop_grace: float = 5.0
 
@@ -97,18 +98,20 @@ def assigned_gpus(resources: dict, use_gpu: bool | None) -> tuple[str, ...]:
     return gpus if use_gpu is not False else ()
 
 
-def child_env(base: dict, spec: TaskSpec, ctx: WorkerContext) -> dict:
+def child_env(base: dict, spec: TaskSpec, gpus: tuple) -> dict:
+    """The train_fn process environment; TF_CONFIG is added by the child once the cluster is known."""
     env = dict(base)
-    env["TF_CONFIG"] = json.dumps(ctx.tf_config)
-    # With ctx.gpus empty the process sees no GPU, even on a GPU host: Spark did not give it one.
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(ctx.gpus)
+    # With no GPU assigned the process sees none, even on a GPU host: Spark did not give it one.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     if spec.legacy_keras:
         # Keras 3 model.fit fails under MultiWorkerMirroredStrategy; tf-keras works (see README).
         env.setdefault("TF_USE_LEGACY_KERAS", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.pop("TF_CONFIG", None)
     env["PYTHONUNBUFFERED"] = "1"
     env["TFNB_RUN_ID"] = spec.run_id
     env["TFNB_ATTEMPT"] = str(spec.attempt)
+    env[ENV_PREIMPORT] = ",".join(spec.preimport)
     env.update(dict(spec.env))
     return env
 
@@ -177,18 +180,17 @@ class _Supervisor:
         t.start()
         self._threads.append(t)
 
-    def start(self, ctx: WorkerContext, mode: str, held: socket.socket) -> None:
+    def start(self, mode: str, gpus: tuple, held: socket.socket) -> None:
+        """Start the child now; it imports TensorFlow while the barrier exchanges addresses."""
         import cloudpickle
 
         fn, args = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, ())
         with open(os.path.join(self.workdir, PAYLOAD), "wb") as f:
-            cloudpickle.dump({"fn": fn, "args": args, "ctx": ctx, "mode": mode}, f)
+            cloudpickle.dump({"fn": fn, "args": args, "mode": mode}, f)
         ev_read, ev_write = os.pipe()
-        env = child_env(os.environ, self.spec, ctx)
+        env = child_env(os.environ, self.spec, gpus)
         env[events.ENV_FD] = str(ev_write)
         env[ENV_HELD_PORT_FD] = str(held.fileno())
-        if self.stop_requested.is_set():
-            raise TaskFailed("stopped before start")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tfnb._child", self.workdir],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -196,10 +198,26 @@ class _Supervisor:
         )
         os.close(ev_write)
         held.close()
-        self.chan.send("state", state="training" if mode == "train" else "serving", pid=self.proc.pid)
         self._pump(self.proc.stdout, lambda line: self.chan.send("log", stream="stdout", line=line))
         self._pump(self.proc.stderr, lambda line: self.chan.send("log", stream="stderr", line=line))
         self._pump(os.fdopen(ev_read, "rb"), self._forward_event)
+        if self.stop_requested.is_set():
+            self.stop()
+
+    def release(self, ctx: WorkerContext, mode: str) -> None:
+        """Hand the child its context and let it run train_fn."""
+        import cloudpickle
+
+        path = os.path.join(self.workdir, CONTEXT)
+        with open(path + ".part", "wb") as f:
+            cloudpickle.dump(ctx, f)
+        os.replace(path + ".part", path)
+        try:
+            self.proc.stdin.write(GO)
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # the child is already gone; wait() reports how it ended
+        self.chan.send("state", state="training" if mode == "train" else "serving", pid=self.proc.pid)
 
     def _forward_event(self, line: str) -> None:
         try:
@@ -274,8 +292,12 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         )
         sup = holder["sup"] = _Supervisor(spec, chan, workdir)
         chan.send("state", state="starting", pid=os.getpid())
+        gpus = assigned_gpus(bctx.resources(), spec.use_gpu)
+        mode = "serve" if spec.num_ps > 0 and job_name != "chief" else "train"
         held = reserve_port()
         port = held.getsockname()[1]
+        sup.start(mode, gpus, held)
+        held = None
         fed = None
         if spec.feed is not None:
             from .feeding import spill_partition
@@ -295,13 +317,10 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         ctx = WorkerContext(
             task_index=task_index, num_workers=spec.num_workers, num_ps=spec.num_ps, job_name=job_name,
             cluster_spec=cluster, tf_config=tf_config_for(cluster, job_name, task_index, spec.num_ps),
-            gpus=assigned_gpus(bctx.resources(), spec.use_gpu), model_dir=spec.model_dir,
-            log_dir=spec.log_dir, attempt=spec.attempt, max_attempts=spec.max_attempts,
-            run_id=spec.run_id, host=host, local_dir=workdir, feed=feed_info,
+            gpus=gpus, model_dir=spec.model_dir, log_dir=spec.log_dir, attempt=spec.attempt,
+            max_attempts=spec.max_attempts, run_id=spec.run_id, host=host, local_dir=workdir, feed=feed_info,
         )
-        serve = spec.num_ps > 0 and job_name != "chief"
-        sup.start(ctx, "serve" if serve else "train", held)
-        held = None
+        sup.release(ctx, mode)
         code = sup.wait()
         if sup.stop_requested.is_set() and code != 0:
             chan.send("state", state="stopped")

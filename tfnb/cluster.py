@@ -82,23 +82,21 @@ def _local_slots(master: str) -> int | None:
 def _cluster_slots(spark, wait: float) -> tuple[int | None, str]:
     """(task slots Spark can run at once, master) — what a barrier stage needs to fit in."""
     master = _conf(spark, "spark.master", "") or ""
-    cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
     local = _local_slots(master)
-    if local is not None and not master.startswith("local-cluster"):
-        return local // cpus, master
     if _is_connect(spark):
+        # No SparkContext to ask; a local master string still says how many slots there are.
+        cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
         return (local // cpus if local is not None else None), master
     jsc = spark.sparkContext._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
-    deadline = time.monotonic() + wait
     slots = jsc.maxNumConcurrentTasks(profile)
-    expected = local
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        return slots, master
     # Executors register a little after the session starts; give them a moment before judging.
-    while (expected is None or slots < expected) and time.monotonic() < deadline:
+    deadline = time.monotonic() + wait
+    while (local is None and slots == 0 or local is not None and slots < local) and time.monotonic() < deadline:
         time.sleep(0.25)
         slots = jsc.maxNumConcurrentTasks(profile)
-        if expected is None and slots > 0:
-            break
     return slots, master
 
 
@@ -114,6 +112,11 @@ def check_cluster(spark, needed: int, wait: float = 10.0) -> None:
             "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)"
         )
     slots, master = _cluster_slots(spark, wait)
+    gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
+    if gpu_per_task > 0 and re.fullmatch(r"local(\[.*\])?", master) and not _conf(spark, "spark.driver.resource.gpu.amount"):
+        raise ClusterError(
+            f"spark.task.resource.gpu.amount={gpu_per_task:g} but {master} has no GPU resources, so the tasks "
+            "could never be scheduled; unset spark.task.resource.gpu.amount, or run on executors with GPUs")
     if slots is not None and slots < needed:
         raise ClusterError(
             f"the run needs {needed} task slots (num_workers + num_ps) but the cluster ({master}) has "
@@ -325,6 +328,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         use_gpu: bool | None = None, timeout: float | None = None, model_dir: str | None = None,
         log_dir: str | None = None, data=None, max_attempts: int | None = None,
         env: dict | None = None, legacy_keras: bool | None = None,
+        preimport: Sequence[str] | None = None,
         display: Callable[[RunEvent], None] | bool | None = None) -> Any:
     """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
 
@@ -351,6 +355,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         env: extra environment variables for the train_fn processes.
         legacy_keras: set TF_USE_LEGACY_KERAS=1 so ``tf.keras`` is tf-keras (default True), the Keras
             that trains under MultiWorkerMirroredStrategy.
+        preimport: modules each train_fn process imports while the barrier exchanges addresses,
+            hiding their import time (default ``("tensorflow",)``; ``()`` for train_fns without
+            TensorFlow). Env: TFNB_PREIMPORT (comma-separated).
         display: a callable receiving every RunEvent; False for none; default: a live widget in
             notebooks, prefixed log lines and a progress line on the console.
 
@@ -392,6 +399,10 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     if max_attempts < 1:
         raise ConfigError(f"max_attempts={max_attempts} must be >= 1 (1 = never relaunch)")
     legacy_keras = setting("legacy_keras", legacy_keras, True, bool)
+    if preimport is None:
+        preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
+    elif isinstance(preimport, str):
+        raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
     if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigError("env must map str to str; convert values with str()")
     payload = _pickle_fn(train_fn, args)
@@ -420,7 +431,8 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             spec_kwargs = dict(run_id=run_id, attempt=attempt, max_attempts=max_attempts,
                                num_workers=num_workers, num_ps=num_ps, payload=payload,
                                model_dir=model_dir, log_dir=log_dir, use_gpu=use_gpu,
-                               env=tuple(sorted((env or {}).items())), legacy_keras=legacy_keras, feed=feed)
+                               env=tuple(sorted((env or {}).items())), legacy_keras=legacy_keras,
+                               preimport=tuple(preimport), feed=feed)
             outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps).run()
             if outcome.failure is None:
                 final_state = "succeeded"

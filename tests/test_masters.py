@@ -1,0 +1,160 @@
+"""tfnb.run on every kind of Spark master: local-cluster (separate executor JVMs) with GPU resources from a
+stub discovery script, Spark Connect, and a real standalone master + workers started from the pip package."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tfnb
+from tfnb.errors import ClusterError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+
+@pytest.fixture(autouse=True)
+def no_tensorflow_preimport(monkeypatch):
+    # These train_fns never import TensorFlow; skip the default early import to keep the suite fast.
+    monkeypatch.setenv("TFNB_PREIMPORT", "")
+
+def executor_jvm_pid() -> int:
+    """The pid of the executor JVM this process descends from."""
+    pid = os.getpid()
+    while pid > 1:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"java" in cmd.split(b"\0")[0]:
+            return pid
+        status = Path(f"/proc/{pid}/status").read_text()
+        pid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    return -1
+
+
+def report_placement(ctx, out_dir):
+    info = {"job_name": ctx.job_name, "jvm": executor_jvm_pid(), "gpus": list(ctx.gpus),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
+    Path(out_dir, f"{ctx.task_index}.json").write_text(json.dumps(info))
+    return info
+
+
+@pytest.fixture
+def gpu_script(tmp_path):
+    script = tmp_path / "discover_gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0"]}\'\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_local_cluster_separate_executors_with_stub_gpus(tmp_path, gpu_script, no_orphans):
+    from conftest import spark_session
+
+    session = spark_session(
+        "local-cluster[2,1,1024]",
+        **{"spark.worker.resource.gpu.amount": "1", "spark.worker.resource.gpu.discoveryScript": gpu_script,
+           "spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "1"})
+    chief = tfnb.run(report_placement, num_workers=2, args=(str(tmp_path),), spark=session, display=False,
+                     timeout=300)
+    worker = json.loads((tmp_path / "1.json").read_text())
+    assert chief["jvm"] != worker["jvm"] and -1 not in (chief["jvm"], worker["jvm"])  # two executors
+    assert chief["gpus"] == worker["gpus"] == ["0"] and chief["cuda"] == worker["cuda"] == "0"
+    hidden = tfnb.run(report_placement, num_workers=2, args=(str(tmp_path),), spark=session, display=False,
+                      use_gpu=False, timeout=300)
+    assert hidden["gpus"] == [] and hidden["cuda"] == ""
+    with pytest.raises(ClusterError, match="needs 3 task slots"):
+        tfnb.run(report_placement, num_workers=3, args=(str(tmp_path),), spark=session, display=False)
+
+
+def test_cpu_tasks_see_no_gpu(spark, tmp_path):
+    chief = tfnb.run(report_placement, num_workers=2, args=(str(tmp_path),), spark=spark, display=False)
+    assert chief["gpus"] == [] and chief["cuda"] == ""
+
+
+def test_spark_connect_session(no_orphans):
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "connect_run.py")],
+                          capture_output=True, text=True, timeout=600)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, f"connect run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    out = json.loads(line[len("RESULT "):])
+    assert out["connect"].startswith("pyspark.sql.connect")
+    assert out["first"]["job_name"] == out["second"]["job_name"] == "chief"
+    assert out["first"]["pid"] != out["second"]["pid"]
+    assert out["error"]["task_index"] == 1 and out["error"]["exc_type"] == "KeyError"
+    assert "missing-feature" in out["error"]["text"]
+    assert "timeout_cancelled_after" in out and out["after_cancel"] == "chief"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"port {port} did not open")
+
+
+@pytest.fixture
+def standalone_cluster(tmp_path):
+    """A real standalone master and two workers, run from the pip pyspark package's spark-class."""
+    import pyspark
+
+    spark_home = os.path.dirname(pyspark.__file__)
+    spark_class = os.path.join(spark_home, "bin", "spark-class")
+    env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOG_DIR=str(tmp_path / "logs"),
+               SPARK_WORKER_DIR=str(tmp_path / "work"))
+    port, ui = _free_port(), _free_port()
+    procs = []
+    logs = []
+
+    def start(args, name):
+        log = open(tmp_path / f"{name}.log", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+
+    try:
+        start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+               "--webui-port", str(ui)], "master")
+        _wait_for_port(port, time.monotonic() + 60)
+        for i in range(2):
+            start(["org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
+                   "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"], f"worker{i}")
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, 15)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+        for log in logs:
+            log.close()
+
+
+@pytest.mark.slow
+def test_standalone_master_and_workers(standalone_cluster, tmp_path, no_orphans):
+    from conftest import spark_session
+
+    session = spark_session(standalone_cluster, **{"spark.driver.host": "127.0.0.1",
+                                                   "spark.executor.memory": "768m", "spark.cores.max": "2"})
+    chief = tfnb.run(report_placement, num_workers=2, args=(str(tmp_path),), spark=session, display=False,
+                     timeout=300)
+    worker = json.loads((tmp_path / "1.json").read_text())
+    assert chief["job_name"] == "chief" and worker["job_name"] == "worker"
+    assert chief["jvm"] != worker["jvm"]
+    session.stop()
