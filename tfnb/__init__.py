@@ -21,6 +21,8 @@ _EXPORTS = {
     "run": "cluster",
     "WorkerContext": "context",
     "RunEvent": "events",
+    "ProgressWidget": "progress",
+    "ConsoleDisplay": "progress",
     "TfnbError": "errors",
     "ConfigError": "errors",
     "ClusterError": "errors",

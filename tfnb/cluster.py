@@ -418,7 +418,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         from .feeding import feed_spec
 
         feed = feed_spec(data)
-    sink = _make_display(display, num_workers, num_ps)
+    sink = _make_display(display, num_workers, num_ps, max_attempts)
     run_id = uuid.uuid4().hex[:12]
     deadline = None if timeout is None else time.monotonic() + timeout
     if model_dir:
@@ -436,14 +436,14 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps).run()
             if outcome.failure is None:
                 final_state = "succeeded"
-                sink(RunEvent(events.STATE, "driver", 0, {"state": "succeeded", "attempt": attempt}))
+                sink(RunEvent(events.STATE, "driver", 0, {"state": "succeeded", "attempt": attempt, "max_attempts": max_attempts}))
                 return outcome.value
             if outcome.failure.retryable and attempt < max_attempts:
                 sink(RunEvent(events.ATTEMPT, "driver", 0, {
                     "attempt": attempt + 1, "max_attempts": max_attempts,
                     "reason": f"{outcome.failure.label}: {outcome.failure.message}"}))
                 continue
-            sink(RunEvent(events.STATE, "driver", 0, {"state": "failed", "attempt": attempt}))
+            sink(RunEvent(events.STATE, "driver", 0, {"state": "failed", "attempt": attempt, "max_attempts": max_attempts}))
             raise WorkerError(outcome.failure, outcome.others)
     except KeyboardInterrupt:
         final_state = "cancelled"
@@ -458,11 +458,11 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             write_status(model_dir, final_state, run_id=run_id)
 
 
-def _make_display(display, num_workers: int, num_ps: int) -> Callable[[RunEvent], None]:
+def _make_display(display, num_workers: int, num_ps: int, max_attempts: int) -> Callable[[RunEvent], None]:
     if display is False:
         return lambda event: None
     if callable(display):
         return display
     from .progress import auto_display
 
-    return auto_display(num_workers=num_workers, num_ps=num_ps)
+    return auto_display(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)

@@ -1,0 +1,118 @@
+"""Call -> first training step under tfnb.run, broken into phases, against the floor measured in the same run.
+
+Floor = a warm empty barrier job (2 tasks) + ``import tensorflow`` in a fresh process: the two costs no
+launcher can avoid. Goal: tfnb's call -> first step <= 1.15 x floor.
+
+    ./dev bench launch [--repeats 3] [--workers 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def first_step(ctx):
+    """MWMS init + one training step; reports a timestamp after each phase."""
+    import time as _t
+
+    from tfnb.events import emit
+
+    emit("phase", name="train_fn entered", t=_t.time())
+    import tensorflow as tf
+
+    emit("phase", name="tensorflow imported", t=_t.time())
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    emit("phase", name="strategy ready", t=_t.time())
+    with strategy.scope():
+        w = tf.Variable(tf.zeros((64, 10)))
+        opt = tf.keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x):
+        def replica(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(x @ w))
+            opt.apply_gradients([(tape.gradient(loss, w), w)])
+            return loss
+
+        return strategy.reduce("SUM", strategy.run(replica, args=(x,)), axis=None)
+
+    step(tf.ones((32, 64))).numpy()
+    done = _t.time()
+    emit("phase", name="first step done", t=done)
+    return done
+
+
+def measure_tfnb(spark, workers):
+    import tfnb
+
+    marks = {}
+
+    def display(event):
+        if event.job_name != "chief":
+            return
+        if event.kind == "state" and event.data.get("state") in ("starting", "training"):
+            marks.setdefault("task " + event.data["state"], event.time)
+        elif event.kind == "phase":
+            marks.setdefault(event.data["name"], event.data["t"])
+
+    t0 = time.time()
+    done = tfnb.run(first_step, num_workers=workers, spark=spark, display=display)
+    marks["first step done"] = done
+    return {k: v - t0 for k, v in sorted(marks.items(), key=lambda kv: kv[1])}
+
+
+def measure_empty_barrier(spark, workers):
+    t0 = time.perf_counter()
+    spark.range(0, workers, 1, workers).mapInArrow(lambda it: it, "id long", barrier=True).collect()
+    return time.perf_counter() - t0
+
+
+def measure_import_tf():
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(f"local[{args.workers}]").appName("bench-launch")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    measure_empty_barrier(spark, args.workers)  # warm the JVM and Python workers
+    measure_import_tf()
+    barrier, imports, runs = [], [], []
+    for _ in range(args.repeats):
+        barrier.append(measure_empty_barrier(spark, args.workers))
+        imports.append(measure_import_tf())
+        runs.append(measure_tfnb(spark, args.workers))
+    spark.stop()
+    floor = statistics.median(barrier) + statistics.median(imports)
+    total = statistics.median(r["first step done"] for r in runs)
+    print(f"\nbench/launch: {args.workers} workers, local[{args.workers}], median of {args.repeats}")
+    print(f"  floor: empty barrier job {statistics.median(barrier):.2f} s + import tensorflow "
+          f"{statistics.median(imports):.2f} s = {floor:.2f} s")
+    print("  tfnb phases (seconds since tfnb.run was called, chief, median):")
+    for name in runs[0]:
+        vals = [r[name] for r in runs if name in r]
+        print(f"    {name:<22} {statistics.median(vals):6.2f}")
+    print(f"  call -> first step: {total:.2f} s")
+    print(f"  ratio to floor: {total / floor:.2f}  (goal <= 1.15)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""The live progress display: widget model and HTML, console output, and a real 2-worker run."""
+from __future__ import annotations
+
+import copy
+import io
+import json
+import threading
+import time
+
+import pytest
+from browser import chromium_page, jupyter_lab  # noqa: F401  (fixtures)
+
+from tfnb.errors import ConfigError, WorkerError
+from tfnb.events import RunEvent
+from tfnb.progress import ConsoleDisplay, ProgressWidget, auto_display, keras_callback
+
+EPOCHS, STEPS, BATCH = 2, 4, 16
+
+
+def _ev(kind, job, idx, **data):
+    return RunEvent(kind, job, idx, data)
+
+
+def _training_events():
+    """What a 2-worker run sends, in a plausible order (no TensorFlow needed)."""
+    out = []
+    for job, idx in (("chief", 0), ("worker", 1)):
+        out.append(_ev("state", job, idx, state="starting", pid=10 + idx))
+    for job, idx in (("chief", 0), ("worker", 1)):
+        out.append(_ev("state", job, idx, state="training", pid=20 + idx))
+        out.append(_ev("log", job, idx, stream="stdout", line=f"hello from {job} <{idx}>"))
+        out.append(_ev("progress", job, idx, epochs=EPOCHS, steps=STEPS, batch_size=BATCH))
+    for epoch in range(1, EPOCHS + 1):
+        for step in range(1, STEPS + 1):
+            for job, idx in (("chief", 0), ("worker", 1)):
+                out.append(_ev("progress", job, idx, epoch=epoch, epochs=EPOCHS, step=step, steps=STEPS,
+                               loss=1.0 / (epoch * step), accuracy=0.5, steps_per_sec=10.0,
+                               examples_per_sec=160.0, batch_size=BATCH))
+        for job, idx in (("chief", 0), ("worker", 1)):
+            out.append(_ev("progress", job, idx, epoch=epoch, epochs=EPOCHS, step=STEPS, steps=STEPS,
+                           loss=0.25 / epoch, accuracy=0.75, epoch_end=True, steps_per_sec=12.0,
+                           examples_per_sec=192.0, batch_size=BATCH))
+    for job, idx in (("chief", 0), ("worker", 1)):
+        out.append(_ev("state", job, idx, state="done"))
+    out.append(_ev("state", "driver", 0, state="succeeded", attempt=1))
+    return out
+
+
+# ---------------------------------------------------------------- widget, fed by hand
+
+
+def test_widget_model_and_html_follow_the_events():
+    widget = ProgressWidget(num_workers=2, max_attempts=2, refresh_interval=0)
+    assert [w.state for w in widget.run.rows()] == ["pending", "pending"]
+    for event in _training_events():
+        widget(event)
+    widget.close()
+
+    for key in (("chief", 0), ("worker", 1)):
+        w = widget.workers[key]
+        assert w.history == ["starting", "training", "done"]
+        assert (w.epoch, w.epochs, w.step, w.steps) == (EPOCHS, EPOCHS, STEPS, STEPS)
+        assert w.loss == pytest.approx(0.125)
+        assert w.examples_per_sec == pytest.approx(192.0)
+        assert w.metrics == {"accuracy": 0.75}
+    table = widget.table.value
+    assert table.index("chief 0") < table.index("worker 1")
+    assert "done" in table and "2/2" in table and "4/4" in table and "0.125" in table and "192" in table
+    assert "Succeeded (attempt 1/2)" in widget.status.value
+    # log lines keep their text (the Output area renders text, not HTML) and say which task wrote them
+    assert "[chief 0] hello from chief <0>" in widget.log_text()
+    assert "[worker 1] hello from worker <1>" in widget.log_text()
+
+
+def test_widget_escapes_html_from_user_code():
+    widget = ProgressWidget(refresh_interval=0)
+    widget(_ev("failed", "worker", 1, exc_type="ValueError", message="<script>alert(1)</script>"))
+    assert "<script>" not in widget.table.value
+    assert "&lt;script&gt;" in widget.table.value
+    assert widget.workers[("worker", 1)].state == "failed"
+
+
+def test_widget_throttles_rendering_and_renders_the_end():
+    widget = ProgressWidget(num_workers=1, log_lines=50, refresh_interval=3600)
+    first = widget.renders
+    for i in range(1000):
+        widget(_ev("log", "chief", 0, stream="stderr", line=f"chatty line {i}"))
+    assert widget.renders == first  # a thousand lines, no re-render yet
+    assert widget.run.logs[-1] == "[chief 0] chatty line 999"
+    widget.close()
+    assert widget.renders == first + 1
+    text = widget.log_text()
+    assert "chatty line 999" in text and "chatty line 949" not in text and text.count("\n") == 50
+
+
+def test_widget_renders_the_latest_state_without_a_further_event():
+    widget = ProgressWidget(num_workers=1, refresh_interval=0.05)
+    widget(_ev("state", "chief", 0, state="starting"))
+    widget(_ev("log", "chief", 0, stream="stdout", line="the last word"))
+    done = threading.Event()
+    # the trailing render runs on a timer; wait for it (bounded) rather than for another event
+    deadline = time.monotonic() + 10
+    while "the last word" not in widget.log_text() and time.monotonic() < deadline:
+        done.wait(0.02)
+    assert "the last word" in widget.log_text()
+    assert "starting" in widget.table.value
+    widget.close()
+
+
+def test_widget_relaunch_resets_rows_and_reports_the_attempt():
+    widget = ProgressWidget(num_workers=2, refresh_interval=0)
+    widget(_ev("state", "chief", 0, state="training"))
+    widget(_ev("failed", "worker", 1, exc_type="ProcessDied", message="killed by SIGKILL"))
+    widget(_ev("attempt", "driver", 0, attempt=2, max_attempts=3, reason="worker 1: killed by SIGKILL"))
+    assert [w.state for w in widget.run.rows()] == ["pending", "pending"]
+    assert "attempt 2/3" in widget.status.value and "relaunched after worker 1" in widget.status.value
+    widget(_ev("state", "worker", 1, state="starting"))
+    widget(_ev("state", "driver", 0, state="failed", attempt=2))
+    assert "Failed (attempt 2/3)" in widget.status.value
+    widget.close()
+
+
+def test_a_run_ending_without_an_outcome_shows_as_stopped():
+    widget = ProgressWidget(num_workers=1, refresh_interval=0)
+    widget(_ev("state", "chief", 0, state="training"))
+    assert "Running (attempt 1)" in widget.status.value and "1/1 training" in widget.status.value
+    widget.close()  # what tfnb.run does after a Ctrl-C or a timeout: no driver outcome came
+    assert "Stopped (attempt 1)" in widget.status.value
+
+
+def test_a_reused_widget_starts_clean():
+    widget = ProgressWidget(num_workers=2, refresh_interval=0)
+    for event in _training_events():
+        widget(event)
+    widget.close()
+    widget(_ev("state", "chief", 0, state="starting"))
+    assert widget.workers[("chief", 0)].history == ["starting"]
+    assert widget.workers[("worker", 1)].state == "pending"
+    assert widget.run.outcome is None
+    widget.close()
+
+
+# ---------------------------------------------------------------- console
+
+
+def test_console_prints_logs_states_epochs_and_few_progress_lines(capsys):
+    display = ConsoleDisplay(num_workers=2)  # capsys stdout is no terminal: plain lines
+    for event in _training_events():
+        display(event)
+    display.close()
+    out = capsys.readouterr().out.splitlines()
+    assert "[chief 0] hello from chief <0>" in out
+    assert "[worker 1] training" in out and "[worker 1] done" in out
+    assert "[chief 0] epoch 2/2 loss=0.125 accuracy=0.75 192 examples/s" in out
+    step_lines = [line for line in out if line.startswith("[tfnb] ") and "step" in line]
+    # 16 step updates arrive within the 30 s interval: one line says training is under way, no more
+    assert len(step_lines) == 1 and "epoch 1/2 step 1/4" in step_lines[0]
+    assert out[-1].startswith("[tfnb] Succeeded (attempt 1)")
+    assert len(out) < 20
+
+
+def test_console_failure_and_custom_metrics(capsys):
+    display = ConsoleDisplay()
+    display(_ev("progress", "chief", 0, images=128, lr=0.01))
+    display(_ev("failed", "worker", 1, exc_type="ValueError", message="bad shard"))
+    display(_ev("state", "driver", 0, state="failed", attempt=1))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "[chief 0] images=128 lr=0.01"
+    assert "[worker 1] FAILED ValueError: bad shard" in out
+    assert out[-1].startswith("[tfnb] Failed (attempt 1)") and "worker 1 ValueError: bad shard" in out[-1]
+
+
+def test_console_on_a_terminal_draws_a_tqdm_bar():
+    stream = io.StringIO()
+    display = ConsoleDisplay(stream, num_workers=2, tty=True)
+    for event in _training_events():
+        display(event)
+    display.close()
+    text = stream.getvalue()
+    assert "\r" in text and "8/8" in text and "loss=0.125" in text and "ex/s" in text
+    assert "[chief 0] hello from chief <0>" in text
+
+
+def test_auto_display_modes(monkeypatch, capsys):
+    monkeypatch.delenv("TFNB_DISPLAY", raising=False)
+    assert isinstance(auto_display(num_workers=2), ConsoleDisplay)  # pytest is no notebook
+    monkeypatch.setenv("TFNB_DISPLAY", "widget")
+    widget = auto_display(num_workers=2, max_attempts=2)
+    assert isinstance(widget, ProgressWidget) and list(widget.workers) == [("chief", 0), ("worker", 1)]
+    monkeypatch.setenv("TFNB_DISPLAY", "none")
+    quiet = auto_display(num_workers=2)
+    quiet(_ev("log", "chief", 0, line="not shown"))
+    quiet.close()
+    assert "not shown" not in capsys.readouterr().out
+    monkeypatch.setenv("TFNB_DISPLAY", "fancy")
+    with pytest.raises(ConfigError, match="TFNB_DISPLAY"):
+        auto_display(num_workers=2)
+
+
+@pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"interval": -1}, {"every_n_steps": 0}])
+def test_keras_callback_rejects_bad_options(kwargs):
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        keras_callback(None, **kwargs)
+
+
+# ---------------------------------------------------------------- real runs
+
+
+class Recorder:
+    """Passes events to the widget and keeps a copy of its model and table after each one."""
+
+    def __init__(self, widget: ProgressWidget):
+        self.widget = widget
+        self.snapshots: list = []
+
+    def __call__(self, event: RunEvent) -> None:
+        self.widget(event)
+        self.snapshots.append((event, copy.deepcopy(self.widget.workers), self.widget.table.value))
+
+    def close(self) -> None:
+        self.widget.close()
+
+
+def train_small(ctx, epochs, steps, batch):
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(ctx.task_index)
+    x = rng.normal(size=(steps * batch, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("float32")
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch).with_options(options)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(8,)),
+                                     tf.keras.layers.Dense(8, activation="relu"), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    history = model.fit(ds, epochs=epochs, steps_per_epoch=steps, verbose=0,
+                        callbacks=[ctx.progress_callback(batch_size=batch, interval=0)])
+    print("HISTORY " + json.dumps(history.history), flush=True)
+    return history.history
+
+
+@pytest.mark.slow
+def test_widget_follows_a_real_two_worker_run(spark, no_orphans):
+    import tfnb
+
+    widget = ProgressWidget(num_workers=2, max_attempts=1)
+    rec = Recorder(widget)
+    history = tfnb.run(train_small, num_workers=2, args=(EPOCHS, STEPS, BATCH), spark=spark,
+                       max_attempts=1, display=rec)
+
+    # every task went starting -> training -> done, in that order, as the events came in
+    for key in (("chief", 0), ("worker", 1)):
+        seen = []
+        for _, workers, _ in rec.snapshots:
+            state = workers[key].state
+            if state != "pending" and (not seen or seen[-1] != state):
+                seen.append(state)
+        assert seen == ["starting", "training", "done"], key
+        assert widget.workers[key].history == ["starting", "training", "done"]
+
+    # during the run the widget showed both tasks training, mid-epoch, with a loss and a throughput
+    during = [(w, table) for ev, w, table in rec.snapshots if ev.kind == "progress"
+              and w[("chief", 0)].state == w[("worker", 1)].state == "training"
+              and w[("chief", 0)].step is not None and w[("chief", 0)].epoch == 1
+              and w[("chief", 0)].loss is not None]
+    assert during, "no progress update arrived while both workers were training"
+    assert any("training" in table and "1/2" in table for _, table in during)
+    for key in (("chief", 0), ("worker", 1)):
+        mids = [w[key] for w, _ in during if w[key].steps_per_sec]
+        assert mids and all(m.examples_per_sec == pytest.approx(m.steps_per_sec * BATCH) for m in mids)
+
+    # the final rows hold what the run produced; worker 1's own history came through its log line
+    logs = widget.log_text()
+    line = next(x for x in logs.splitlines() if x.startswith("[worker 1] HISTORY "))
+    produced = {("chief", 0): history, ("worker", 1): json.loads(line.split("HISTORY ", 1)[1])}
+    for key, hist in produced.items():
+        w = widget.workers[key]
+        assert (w.epoch, w.epochs, w.step, w.steps) == (EPOCHS, EPOCHS, STEPS, STEPS)
+        assert w.loss == pytest.approx(hist["loss"][-1], rel=1e-5)
+        assert w.metrics["accuracy"] == pytest.approx(hist["accuracy"][-1], rel=1e-5)
+        assert w.examples_per_sec > 0
+    table = widget.table.value
+    assert table.count("done") == 2 and f"{EPOCHS}/{EPOCHS}" in table and f"{STEPS}/{STEPS}" in table
+    assert f"{widget.workers[('chief', 0)].loss:.4g}" in table
+    assert "Succeeded (attempt 1/1)" in widget.status.value
+
+
+def fail_on_worker_1(ctx):
+    import time
+
+    print(f"task {ctx.task_index} up", flush=True)
+    if ctx.task_index == 1:
+        raise ValueError("bad shard 1")
+    time.sleep(120)  # the driver stops this task once worker 1 has failed
+
+
+def test_widget_shows_the_failed_worker(spark, no_orphans):
+    import tfnb
+
+    widget = ProgressWidget(num_workers=2)
+    with pytest.raises(WorkerError) as info:
+        tfnb.run(fail_on_worker_1, num_workers=2, spark=spark, max_attempts=1, display=widget)
+    assert info.value.exc_type == "ValueError"
+    failed = widget.workers[("worker", 1)]
+    assert failed.state == "failed" and failed.error == "ValueError: bad shard 1"
+    assert widget.workers[("chief", 0)].state != "done"
+    assert "failed" in widget.table.value and "ValueError: bad shard 1" in widget.table.value
+    assert "Failed (attempt 1)" in widget.status.value and "worker 1 ValueError" in widget.status.value
+    assert "[worker 1] task 1 up" in widget.log_text()
+
+
+# ---------------------------------------------------------------- in JupyterLab, as a user sees it
+
+NOTEBOOK_RUN = '''
+import tfnb
+
+def train_fn(ctx, flag):
+    import pathlib, time
+    print(f"LIVE-MARKER from task {ctx.task_index}", flush=True)
+    ctx.report(epoch=1, epochs=1, step=1, steps=2, loss=0.5, examples_per_sec=100.0)
+    while not pathlib.Path(flag).exists():  # the test lets the run finish once it saw the live widget
+        time.sleep(0.1)
+    ctx.report(epoch=1, epochs=1, step=2, steps=2, loss=0.25, epoch_end=True)
+    return "ok"
+
+result = tfnb.run(train_fn, num_workers=2, args=(FLAG,), max_attempts=1)
+print("RESULT", result)
+'''
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
+    page = chromium_page
+    flag = jupyter_lab.workdir / "go.flag"
+    nb = jupyter_lab.write_notebook("progress.ipynb", [
+        f"FLAG = {str(flag)!r}" + NOTEBOOK_RUN,
+        "from pyspark.sql import SparkSession\nSparkSession.getActiveSession().stop()",
+    ])
+    ms = 300_000
+    page.goto(jupyter_lab.notebook_url(nb))
+    # start "Run All" as browser.run_all_cells does, without waiting for the end: the test acts mid-run.
+    # Idle *with a kernel* first, or JupyterLab asks for a kernel in a dialog.
+    page.wait_for_function(
+        r"""() => [...document.querySelectorAll('.jp-StatusBar-Widget')].some(
+                w => /\|\s*Idle/.test(w.textContent) && !/No Kernel/.test(w.textContent))""", timeout=ms)
+    select = page.locator(".jp-Dialog").get_by_role("button", name="Select", exact=True)
+    if select.count():
+        select.click()
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+    # while tfnb.run is still blocked in the cell, the widget already shows both tasks and their logs
+    first = page.locator(".jp-CodeCell").first
+    first.get_by_text("LIVE-MARKER from task 1").wait_for(timeout=ms)
+    first.get_by_text("LIVE-MARKER from task 0").wait_for(timeout=ms)
+    table = first.locator("table.tfnb-progress")
+    page.wait_for_function(
+        "() => (document.querySelector('table.tfnb-progress')?.innerText.match(/training/g) || []).length == 2",
+        timeout=ms)
+    assert "[*]" in first.locator(".jp-InputPrompt").inner_text()
+    rows = table.locator("tr").all_inner_texts()
+    assert any(r.startswith("chief 0") and "0.5" in r and "100" in r for r in rows), rows
+    assert any(r.startswith("worker 1") and "1/2" in r for r in rows), rows
+    page.screenshot(path=str(artifacts / "progress-live.png"))
+
+    flag.touch()
+    first.get_by_text("RESULT ok").wait_for(timeout=ms)
+    first.get_by_text("Succeeded (attempt 1").wait_for(timeout=ms)
+    rows = table.locator("tr").all_inner_texts()
+    assert sum("done" in r for r in rows) == 2 and any("0.25" in r and "2/2" in r for r in rows), rows
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+                 .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=ms)
+    page.screenshot(path=str(artifacts / "progress-done.png"))
