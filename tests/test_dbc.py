@@ -67,7 +67,7 @@ NOTEBOOKS = {
     "01_train": [
         ("markdown", "# Train\n\n* two workers\n* résumé ✓", {}),
         ("code", "%pip install tfnb", {}),
-        ("code", "%run ./00_constants", {}),
+        ("code", "%run ./00_constants.ipynb", {}),  # Jupyter form; Databricks form in the DBC
         ("code", "epochs = 3\nbatch_size = 64", {"tags": ["parameters"]}),
         ("code", "%sh\nls -la /tmp\necho done", {"hidden": True}),
         ("code", "import tfnb\n\n\nresult = tfnb.run(train_fn, num_workers=NUM_WORKERS)\n", {}),

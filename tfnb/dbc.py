@@ -95,6 +95,9 @@ _CREDENTIALS = (
     ("a Databricks token", re.compile(r"\bdapi[0-9a-f]{32}\b")),
 )
 _RUN_LINE = re.compile(r"^%run\s+(\S+)")
+# The same %run in each world: IPython runs ``./NAME.ipynb``, Databricks runs ``./NAME``.
+_RUN_IPYNB = re.compile(r"^(\s*%run\s+)(\./[^/\s]+)\.ipynb(\s*)$", re.MULTILINE)
+_RUN_DATABRICKS = re.compile(r"^(\s*%run\s+)(\./[^/\s.]+)(\s*)$", re.MULTILINE)
 _MD_LINE = re.compile(r"^%md(?:-sandbox)?(?:[ \t]|$)")
 
 
@@ -316,6 +319,7 @@ def _check_runs(path: Path, nb: Notebook, names: set[str]) -> None:
             raise ConfigError(f"{where} has %run together with other lines; Databricks runs %run only "
                               f"when it is alone in its cell: move the other lines to their own cell")
         target = _RUN_LINE.match(lines[0].strip()).group(1).strip("\"'")
+        target = target[: -len(".ipynb")] if target.endswith(".ipynb") else target
         if target.startswith("./") and "/" not in target[2:]:
             name = target[2:]
             if name not in names:
@@ -337,7 +341,9 @@ def _orig_id(*parts: object) -> int:
 
 
 def _command_source(cell: Cell) -> str:
-    return "%md\n" + cell.source if cell.cell_type == "markdown" else cell.source
+    if cell.cell_type == "markdown":
+        return "%md\n" + cell.source
+    return _RUN_IPYNB.sub(r"\1\2\3", cell.source)
 
 
 def _notebook_json(nb: Notebook) -> dict[str, Any]:
@@ -608,7 +614,8 @@ def to_ipynb(nb: Notebook) -> str:
         out: dict[str, Any] = {"cell_type": cell.cell_type, "id": _uuid("cell", nb.path, pos)[:8] + f"-{pos}",
                                "metadata": meta, "source": _lines(cell.source)}
         if cell.cell_type == "code":
-            out.update(execution_count=None, outputs=[])
+            out.update(execution_count=None, outputs=[],
+                       source=_lines(_RUN_DATABRICKS.sub(r"\1\2.ipynb\3", cell.source)))
         cells.append(out)
     metadata: dict[str, Any] = {"language_info": {"name": nb.language}}
     if nb.language == "python":
