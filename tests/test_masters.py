@@ -104,6 +104,20 @@ def _wait_for_port(port: int, deadline: float) -> None:
     raise TimeoutError(f"port {port} did not open")
 
 
+def _wait_for_workers(ui_port: int, count: int, deadline: float) -> None:
+    import urllib.request
+
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json", timeout=5) as r:
+                if json.load(r).get("aliveworkers", 0) >= count:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{count} standalone workers did not register")
+
+
 @pytest.fixture
 def standalone_cluster(tmp_path):
     """A real standalone master and two workers, run from the pip pyspark package's spark-class."""
@@ -130,6 +144,7 @@ def standalone_cluster(tmp_path):
         for i in range(2):
             start(["org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
                    "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"], f"worker{i}")
+        _wait_for_workers(ui, 2, time.monotonic() + 120)
         yield f"spark://127.0.0.1:{port}"
     finally:
         for p in procs:

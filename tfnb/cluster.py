@@ -100,7 +100,7 @@ def _cluster_slots(spark, wait: float) -> tuple[int | None, str]:
     return slots, master
 
 
-def check_cluster(spark, needed: int, wait: float = 10.0) -> None:
+def check_cluster(spark, needed: int, wait: float | None = None) -> None:
     """Fail fast when Spark could never schedule a barrier stage of ``needed`` tasks.
 
     Raises:
@@ -111,6 +111,8 @@ def check_cluster(spark, needed: int, wait: float = 10.0) -> None:
             "Spark barrier mode does not run with dynamic allocation; start the cluster with "
             "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)"
         )
+    # Seconds to let executors register on a cluster master before judging the slot count.
+    wait = setting("slot_wait", wait, 30.0, float)
     slots, master = _cluster_slots(spark, wait)
     gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
     if gpu_per_task > 0 and re.fullmatch(r"local(\[.*\])?", master) and not _conf(spark, "spark.driver.resource.gpu.amount"):
