@@ -18,6 +18,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT / "tests"), str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+pytest_plugins = ["s3server"]
+
 _current = {"master": None, "session": None}
 
 

@@ -19,6 +19,8 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "run": "cluster",
+    "stage": "staging",
+    "StageResult": "staging",
     "WorkerContext": "context",
     "RunEvent": "events",
     "ProgressWidget": "progress",
@@ -49,3 +51,10 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext tfnb``: registers tfnb's notebook magics (see tfnb.magics)."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
