@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from s3server import moto_enforce_iam, moto_s3, put_tree, rclone_s3  # noqa: F401 - fixtures
+from s3server import moto_enforce_iam, put_tree  # fixtures rclone_s3 and moto_s3 come from conftest
 from tfnb.errors import ConfigError, MissingDependencyError, StagingError
 from tfnb.staging import MANIFEST_NAME, PART_SUFFIX, RemoteFile, StageResult, assign_shard, stage
 
