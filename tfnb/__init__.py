@@ -24,7 +24,6 @@ _EXPORTS = {
     "predict": "inference",
     "Evaluator": "evaluator",
     "EventSync": "sync",
-    "tensorboard": "tensorboard",
     "WorkerContext": "context",
     "RunEvent": "events",
     "ProgressWidget": "progress",
@@ -41,10 +40,14 @@ _EXPORTS = {
     "DbcFormatError": "errors",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "tensorboard"])
 
 
 def __getattr__(name: str):
+    if name == "tensorboard":
+        # tfnb/tensorboard.py is a callable module: tfnb.tensorboard(logdir) shows TensorBoard, and
+        # stays callable after the submodule import rebinds the package attribute.
+        return importlib.import_module(".tensorboard", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'tfnb' has no attribute {name!r}")

@@ -1,0 +1,451 @@
+"""TensorBoard on the driver: real TensorBoard processes serving real tf.summary scalars over HTTP.
+
+One TensorBoard (module fixture) serves most tests; the lifecycle tests start a few more. Each
+TensorBoard start imports TensorFlow (~7 s idle, far more on a busy machine), so starts are few.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from browser import kill_processes_with, processes_with
+from tfnb import _tb_process as tbp
+from tfnb.errors import ConfigError
+from tfnb.tensorboard import (TensorBoardPanel, browser_url, databricks_proxy_url, status_html,
+                              tensorboard)
+
+_WRITE_SCALARS = textwrap.dedent("""
+    import sys
+    import tensorflow as tf
+    logdir = sys.argv[1]
+    for run, tag, values in (("train", "loss", [1.0, 0.5, 0.25, 0.125, 0.0625]),
+                             ("eval", "accuracy", [0.5, 0.625, 0.75, 0.875, 0.9375])):
+        writer = tf.summary.create_file_writer(f"{logdir}/{run}")
+        with writer.as_default():
+            for step, value in enumerate(values):
+                tf.summary.scalar(tag, value, step=step)
+        writer.close()
+""")
+
+
+def write_scalars(logdir: Path) -> Path:
+    """Event files from ``tf.summary``: run train/loss and run eval/accuracy, 5 steps each.
+
+    Written in a child process so this test process never imports TensorFlow (other tests set
+    TF_USE_LEGACY_KERAS before their first import).
+    """
+    logdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run([sys.executable, "-c", _WRITE_SCALARS, str(logdir)], check=True, env=env, timeout=300)
+    return logdir
+
+
+def get_json(url: str, timeout: float = 30):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=timeout) as resp:
+        return json.loads(resp.read().decode())
+
+
+def refuses(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture(scope="module")
+def info_dir(tmp_path_factory):
+    """tfnb's TensorBoard bookkeeping in a private folder, so other test runs' instances are not seen."""
+    path = tmp_path_factory.mktemp("tb-info")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TFNB_TENSORBOARD_DIR", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    return write_scalars(tmp_path_factory.mktemp("tb-logs") / "logs")
+
+
+@pytest.fixture(scope="module")
+def tb(info_dir, logdir):
+    outcome = tbp.ensure_tensorboard(logdir, reload_interval=1)
+    assert isinstance(outcome, tbp.Launched), outcome
+    yield outcome
+    tbp.stop(outcome)
+    assert not kill_processes_with(str(logdir)), "TensorBoard outlived stop()"
+
+
+# ---------------------------------------------------------------- the running instance
+
+
+def test_tensorboard_serves_the_scalars_over_http(tb, logdir):
+    assert tb.url == f"http://127.0.0.1:{tb.port}/"
+    assert tb.logdir == str(logdir)
+    tags = get_json(tb.url + "data/plugin/scalars/tags")
+    assert set(tags) == {"train", "eval"}
+    assert "loss" in tags["train"] and "accuracy" in tags["eval"]
+    points = get_json(tb.url + "data/plugin/scalars/scalars?run=train&tag=loss")
+    assert [step for _wall, step, _v in points] == [0, 1, 2, 3, 4]
+    assert [v for _wall, _step, v in points] == pytest.approx([1.0, 0.5, 0.25, 0.125, 0.0625])
+
+
+def test_tensorboard_listens_on_loopback_only(tb):
+    # Its own report of the flags it runs with, and no answer on a non-loopback address.
+    env = get_json(tb.url + "data/environment")
+    assert env["debug"]["flags"]["host"] == "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent; this just picks the outgoing interface
+            own = s.getsockname()[0]
+        except OSError:
+            pytest.skip("no non-loopback interface")
+    if own.startswith("127."):
+        pytest.skip("no non-loopback interface")
+    with socket.socket() as s:
+        s.settimeout(5)
+        assert s.connect_ex((own, tb.port)) != 0
+
+
+def test_second_call_reuses_the_same_process(tb, logdir):
+    again = tbp.ensure_tensorboard(str(logdir) + "/", reload_interval=1)
+    assert isinstance(again, tbp.Reused)
+    assert isinstance(tbp.ensure_tensorboard(logdir, port=tb.port), tbp.Reused)
+    assert (again.pid, again.port, again.url) == (tb.pid, tb.port, tb.url)
+    assert tb.instance in tbp.instances()
+
+
+def test_outside_a_notebook_the_url_is_printed(tb, logdir, capsys):
+    outcome = tensorboard(logdir, display=False)  # no reload_interval given: any instance for logdir
+    assert isinstance(outcome, tbp.Reused) and outcome.pid == tb.pid
+    out = capsys.readouterr().out
+    assert f"Reusing TensorBoard for {logdir} at http://127.0.0.1:{tb.port}/ (pid {tb.pid})" in out
+
+
+def test_module_and_function_are_both_callable(tb, logdir, capsys):
+    # Importing the submodule binds tfnb.tensorboard to the module; calling it must still work.
+    import tfnb
+    import tfnb.tensorboard as module
+
+    assert isinstance(module(logdir, display=False), tbp.Reused)
+    assert isinstance(tfnb.tensorboard(logdir, display=False), tbp.Reused)
+    assert capsys.readouterr().out.count(f"at {tb.url}") == 2
+
+
+def test_panel_shows_status_link_buttons_and_iframe(tb, logdir, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX", raising=False)
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    panel = TensorBoardPanel(logdir, reload_interval=1, height=600)
+    assert isinstance(panel.outcome, tbp.Reused) and panel.outcome.pid == tb.pid
+    assert panel.url == tb.url
+    status, row, frame = panel.widget.children
+    reload_button, stop_button, link = row.children
+    assert f"pid {tb.pid}" in status.value and str(logdir) in status.value
+    assert f'href="{tb.url}"' in link.value
+    assert f'<iframe src="{tb.url}"' in frame.value and 'height="600"' in frame.value
+    assert (reload_button.description, stop_button.description) == ("Reload", "Stop")
+    assert not stop_button.disabled
+
+    reload_button.click()  # what the button does in the browser
+    assert panel.outcome.pid == tb.pid
+    assert f'src="{tb.url}?tfnb_reload=2"' in frame.value
+
+
+def test_panel_uses_the_proxy_url(tb, logdir, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/user/alice/proxy/%PORT%/")
+    panel = TensorBoardPanel(logdir, reload_interval=1)
+    assert panel.url == f"/user/alice/proxy/{tb.port}/"
+    assert f'src="/user/alice/proxy/{tb.port}/"' in panel.widget.children[2].value
+
+
+def test_panel_is_shown_once_per_cell(shell, monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append(obj))
+    panel = TensorBoardPanel("unused", start=False)
+    panel._ipython_display_()   # tensorboard() shows it
+    panel._ipython_display_()   # the same cell's value: no second copy
+    shell.execution_count += 1
+    panel._ipython_display_()   # a later cell evaluating `panel`
+    assert shown == [panel.widget, panel.widget]
+
+
+# ---------------------------------------------------------------- magics
+
+
+@pytest.fixture
+def shell():
+    """A real (terminal-less) IPython shell; dropped afterwards so other tests see no IPython."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    yield InteractiveShell.instance()
+    InteractiveShell.clear_instance()
+
+
+def test_magic_shows_tensorboard(tb, logdir, shell, capsys):
+    shell.extension_manager.load_extension("tfnb.magics")
+    shell.run_line_magic("tfnb_tensorboard", f"--logdir {logdir} --reload_interval 1")
+    assert f"at http://127.0.0.1:{tb.port}/ (pid {tb.pid})" in capsys.readouterr().out
+
+
+def test_magic_rejects_a_bad_line(shell):
+    shell.extension_manager.load_extension("tfnb.magics")
+    with pytest.raises(ConfigError, match="--logdir"):
+        shell.run_line_magic("tfnb_tensorboard", "--port 6006")
+    with pytest.raises(ConfigError, match="invalid int value: 'abc'"):
+        shell.run_line_magic("tfnb_tensorboard", "--logdir x --port abc")
+
+
+def test_load_ext_tfnb_offers_the_magic(shell):
+    shell.run_line_magic("load_ext", "tfnb")
+    assert "tfnb_tensorboard" in shell.magics_manager.magics["line"]
+
+
+def test_tensorboards_own_magic_keeps_working_with_ours(shell):
+    shell.extension_manager.load_extension("tfnb.magics")
+    shell.extension_manager.load_extension("tensorboard")
+    line = shell.magics_manager.magics["line"]
+    assert line["tensorboard"].__module__ == "tensorboard.notebook"
+    assert line["tfnb_tensorboard"].__module__ == "tfnb.magics"
+    shell.extension_manager.reload_extension("tfnb.magics")  # loading ours again, after theirs
+    assert shell.magics_manager.magics["line"]["tensorboard"].__module__ == "tensorboard.notebook"
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_port_in_use_is_a_clear_failure(tb, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    busy = tbp.ensure_tensorboard(other, port=tb.port)
+    assert isinstance(busy, tbp.Failed)
+    assert f"port {tb.port} on 127.0.0.1 is already in use by the TensorBoard pid {tb.pid}" in busy.error
+    assert "port=None" in busy.fix
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        busy = tbp.ensure_tensorboard(other, port=taken)
+    assert isinstance(busy, tbp.Failed) and "in use by another program" in busy.error
+
+
+def test_bad_logdir_is_a_clear_failure(info_dir, tmp_path):
+    before = sorted(info_dir.iterdir())
+    missing = tbp.ensure_tensorboard(tmp_path / "nope")
+    assert isinstance(missing, tbp.Failed)
+    assert missing.error == f"logdir {tmp_path / 'nope'} does not exist" and "os.makedirs" in missing.fix
+    afile = tmp_path / "events.txt"
+    afile.write_text("x")
+    wrong = tbp.ensure_tensorboard(afile)
+    assert isinstance(wrong, tbp.Failed) and "is a file, not a directory" in wrong.error
+    assert sorted(info_dir.iterdir()) == before, "nothing was started"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(logdir=None), "logdir=None is not a path"),
+    (dict(logdir=""), "logdir is empty"),
+    (dict(logdir="x", port=70000), "port=70000 is not a TCP port"),
+    (dict(logdir="x", host=""), "host='' is not an address"),
+    (dict(logdir="x", timeout=0), "timeout=0 must be a positive number"),
+    (dict(logdir="x", reload_interval="5"), "reload_interval='5' must be a positive number"),
+])
+def test_bad_arguments_raise_config_error(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        tbp.ensure_tensorboard(**kwargs)
+
+
+def test_failed_outcome_renders_error_fix_and_output():
+    failed = tbp.Failed("/x", "TensorBoard exited with code 1 before serving: ERROR: boom", "do this",
+                        exit_code=1, output="line <1>\nERROR: boom")
+    html = status_html(failed)
+    assert "could not start: TensorBoard exited with code 1" in html and "Fix: do this" in html
+    assert "line &lt;1&gt;" in html  # escaped
+
+
+def test_stop_refuses_a_failed_outcome():
+    with pytest.raises(ConfigError, match="Failed or TimedOut outcome has nothing to stop"):
+        tbp.stop(tbp.Failed("/x", "e", "f"))
+
+
+# ---------------------------------------------------------------- stale entries and stopping
+
+
+def _write_entry(folder: Path, pid: int, logdir: str, port: int = 1, proc_start: int = 0) -> Path:
+    inst = tbp.TensorBoardInstance(pid=pid, port=port, host="127.0.0.1", logdir=logdir,
+                                   url=f"http://127.0.0.1:{port}/", reload_interval=5.0, start_time=1.0,
+                                   launched_by=pid, proc_start=proc_start)
+    path = folder / f"{pid}.json"
+    path.write_text(json.dumps({"format": 1, **inst.__dict__}))
+    return path
+
+
+def test_stale_entries_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFNB_TENSORBOARD_DIR", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    dead_entry = _write_entry(tmp_path, dead.pid, str(tmp_path))
+    # Live pids that are not the recorded process (the pid was recycled): entries removed,
+    # processes left alone. One is not TensorBoard at all; one looks like TensorBoard but started
+    # at another time than recorded.
+    other = subprocess.Popen(["sleep", "60"])
+    lookalike = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "tensorboard"])
+    try:
+        recycled_entry = _write_entry(tmp_path, other.pid, str(tmp_path))
+        started = tbp._proc_start(lookalike.pid)
+        assert started, "/proc/<pid>/stat should give a start time on Linux"
+        lookalike_entry = _write_entry(tmp_path, lookalike.pid, str(tmp_path), proc_start=started + 1)
+        garbage = tmp_path / "999999.json"
+        garbage.write_text("{not json")
+        assert tbp.instances() == []
+        for path in (dead_entry, recycled_entry, lookalike_entry, garbage):
+            assert not path.exists(), path
+        assert other.poll() is None and lookalike.poll() is None
+    finally:
+        for p in (other, lookalike):
+            p.kill()
+            p.wait()
+
+
+# Stands in for a hung TensorBoard: "tensorboard" in its command line, its port accepts
+# connections, but it never answers (like a TensorBoard stopped with SIGSTOP, without paying
+# for one more TensorBoard start).
+_HUNG = textwrap.dedent("""
+    import socket, sys, time
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    print(s.getsockname()[1], flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.slow
+def test_hung_instance_is_replaced_and_stop_leaves_nothing(tmp_path, monkeypatch):
+    info = tmp_path / "info"
+    monkeypatch.setenv("TFNB_TENSORBOARD_DIR", str(info))
+    logdir = tmp_path / "logs2"
+    logdir.mkdir()
+    hung = subprocess.Popen([sys.executable, "-c", _HUNG, "fake-tensorboard", str(logdir)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        port = int(hung.stdout.readline())
+        info.mkdir()
+        entry = _write_entry(info, hung.pid, str(logdir), port, proc_start=tbp._proc_start(hung.pid))
+        outcome = tbp.ensure_tensorboard(logdir, reload_interval=5)
+        assert isinstance(outcome, tbp.Launched), outcome
+        assert hung.wait(timeout=30) is not None, "hung instance not stopped"
+        assert not entry.exists()
+
+        assert get_json(outcome.url + "data/environment")["data_location"] == str(logdir)
+        assert tbp.stop(outcome) is True
+        assert refuses(outcome.port), "port still open after stop()"
+        assert not processes_with(str(logdir)), "TensorBoard or its data server outlived stop()"
+        assert sorted(p.name for p in info.iterdir()) == [".lock"]
+        assert tbp.stop(outcome) is False
+    finally:
+        hung.kill()
+        hung.wait()
+        kill_processes_with(str(logdir), wait=0)
+
+
+@pytest.mark.slow
+def test_tensorboard_exiting_at_start_is_a_failure_with_its_output(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFNB_TENSORBOARD_DIR", str(tmp_path / "info"))
+    # 192.0.2.1 (TEST-NET-1) is not an address of this machine: TensorBoard cannot bind and exits.
+    outcome = tbp.ensure_tensorboard(tmp_path, host="192.0.2.1")
+    assert isinstance(outcome, tbp.Failed), outcome
+    assert outcome.exit_code not in (None, 0)
+    assert outcome.error.startswith(f"TensorBoard exited with code {outcome.exit_code} before serving: ")
+    assert "192.0.2.1" in outcome.fix
+    assert outcome.output
+    assert not processes_with(str(tmp_path)) and not list((tmp_path / "info").glob("*.log"))
+
+
+def test_interrupting_the_start_leaves_no_process(tmp_path):
+    # A notebook user pressing "interrupt" while TensorBoard starts: KeyboardInterrupt in the wait.
+    logdir = tmp_path / "logs3"
+    logdir.mkdir()
+    env = dict(os.environ, TFNB_TENSORBOARD_DIR=str(tmp_path / "info"))
+    start = "import sys; from tfnb._tb_process import ensure_tensorboard; ensure_tensorboard(sys.argv[1])"
+    child = subprocess.Popen([sys.executable, "-c", start, str(logdir)], env=env, stderr=subprocess.PIPE, text=True)
+
+    def tensorboards():
+        return [p for p in processes_with(str(logdir)) if "tensorboard.main" in p]
+
+    try:
+        deadline = time.monotonic() + 60
+        while not tensorboards():
+            assert child.poll() is None and time.monotonic() < deadline, "TensorBoard was not started"
+            time.sleep(0.05)  # waiting for another process to appear: nothing to block on
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+        assert "KeyboardInterrupt" in err
+        assert not tensorboards(), "TensorBoard outlived the interrupted start"
+        assert sorted(p.name for p in (tmp_path / "info").iterdir()) == [".lock"]
+    finally:
+        child.kill()
+        child.wait()
+        kill_processes_with(str(logdir), wait=0)
+
+
+def test_timeout_stops_the_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFNB_TENSORBOARD_DIR", str(tmp_path / "info"))
+    outcome = tbp.ensure_tensorboard(tmp_path, timeout=0.3)
+    assert isinstance(outcome, tbp.TimedOut), outcome
+    assert "raise timeout=" in outcome.fix
+    assert not any(p.startswith(f"{outcome.pid}:") for p in processes_with("tensorboard"))
+    assert sorted(p.name for p in (tmp_path / "info").iterdir()) == [".lock"]
+
+
+# ---------------------------------------------------------------- browser URLs (no live proxy here)
+
+
+def _running(port=6006):
+    return SimpleNamespace(port=port, url=f"http://127.0.0.1:{port}/")
+
+
+def test_plain_jupyter_uses_the_loopback_url():
+    assert browser_url(_running(), environ={}) == "http://127.0.0.1:6006/"
+
+
+def test_proxy_template_wins():
+    env = {"TENSORBOARD_PROXY_URL": "https://hub.example/user/a/proxy/%PORT%/",
+           "JUPYTERHUB_SERVICE_PREFIX": "/user/a/", "DATABRICKS_RUNTIME_VERSION": "15.4"}
+    assert browser_url(_running(), environ=env) == "https://hub.example/user/a/proxy/6006/"
+    assert browser_url(_running(), environ=env, proxy_url="/p/%PORT%/") == "/p/6006/"
+
+
+def test_jupyterhub_uses_jupyter_server_proxy():
+    assert browser_url(_running(7000), environ={"JUPYTERHUB_SERVICE_PREFIX": "/user/alice/"}) == \
+        "/user/alice/proxy/7000/"
+
+
+# Databricks cannot run here: the Spark conf is given as a dict (what spark.conf.get would return there).
+_TAGS = {"spark.databricks.clusterUsageTags.clusterOwnerOrgId": "1234567890",
+         "spark.databricks.clusterUsageTags.clusterId": "0101-123456-abcd"}
+
+
+def test_databricks_driver_proxy_url():
+    assert databricks_proxy_url(6006, _TAGS) == "/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
+    conf = dict(_TAGS, **{"spark.databricks.workspaceUrl": "dbc-1.cloud.databricks.com"})
+    assert databricks_proxy_url(6006, conf) == \
+        "https://dbc-1.cloud.databricks.com/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
+    assert browser_url(_running(), environ={"DATABRICKS_RUNTIME_VERSION": "15.4"}, spark_conf=conf) == \
+        "https://dbc-1.cloud.databricks.com/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
+
+
+def test_databricks_without_tags_falls_back_to_the_driver_url():
+    assert databricks_proxy_url(6006, {}) is None
+    assert browser_url(_running(), environ={"DATABRICKS_RUNTIME_VERSION": "15.4"}, spark_conf={}) == \
+        "http://127.0.0.1:6006/"

@@ -1,0 +1,675 @@
+"""TensorBoard processes on the driver: start one, find and reuse one, clean stale ones, stop one.
+
+Core only: every function returns a typed outcome (:class:`Launched`, :class:`Reused`,
+:class:`Failed`, :class:`TimedOut`) and never prints; :mod:`tfnb.tensorboard` renders them.
+
+Security: TensorBoard has no authentication. Anyone who can reach its port can read every
+scalar, image, graph and text summary under ``logdir``. Binding to loopback (``127.0.0.1``, the
+default) is what protects it: only processes on the driver machine (including other users of
+that machine), and a notebook proxy running there (jupyter-server-proxy, the Databricks driver
+proxy, which add their own login), can reach it. Pass ``host="0.0.0.0"`` only on a trusted network.
+
+Bookkeeping: one JSON info file per running instance, in a per-user directory under the temp
+dir (``TFNB_TENSORBOARD_DIR`` overrides it). An entry is stale when its process is gone, is not
+a TensorBoard, or no longer answers on its port; stale entries are removed (and a hung
+TensorBoard of ours is killed) whenever instances are listed.
+
+Lifetime: each TensorBoard runs in its own session, so Ctrl-C / interrupting the kernel (which
+signals the kernel's process group) does not hit it. An ``atexit`` hook stops the instances this
+process launched when the process exits normally: a Jupyter kernel shut down or restarted from the
+UI gets a shutdown request and exits normally (shutdown is covered by the browser test). A kernel
+killed with SIGKILL (OOM, "kill -9", or Jupyter giving up on a slow shutdown) runs no atexit
+hooks: its TensorBoard keeps running, and the next :func:`ensure_tensorboard` for that logdir
+reuses it; if it died meanwhile, its entry is found stale and removed. :func:`instances` lists what
+is running and :func:`stop` stops one.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Iterator, Union
+
+from ._config import setting
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_RELOAD_INTERVAL = 5.0   # seconds; TensorBoard's own default
+DEFAULT_TIMEOUT = 90.0          # TensorBoard imports TensorFlow at start: ~7 s idle, much more on a busy driver
+
+_INFO_FORMAT = 1
+_READY_POLL = 0.1       # seconds between looks at the starting process's log for its "serving" line
+_PROBE_TIMEOUT = 5.0    # seconds an alive instance gets to answer /data/environment before it counts as hung
+_STOP_GRACE = 10.0      # seconds between SIGTERM and SIGKILL; TensorBoard takes 3-5 s to exit on SIGTERM
+_EXIT_GRACE = 2.0       # seconds the atexit hook waits before SIGKILL
+_TAIL_LINES = 20
+_READY_LINE = re.compile(r"TensorBoard (\S+) at (https?://\S+) \(Press CTRL\+C")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+# ---------------------------------------------------------------- outcomes
+
+
+@dataclass(frozen=True)
+class TensorBoardInstance:
+    """One TensorBoard process serving a logdir, as recorded in its info file.
+
+    Attributes:
+        pid: process id (also its process group id: it runs in its own session).
+        port: TCP port it serves on.
+        host: address it is bound to.
+        logdir: absolute path (or URL) it reads.
+        url: where it answers from the driver, e.g. ``http://127.0.0.1:6006/``.
+        reload_interval: seconds between its logdir scans.
+        start_time: ``time.time()`` when it became ready.
+        launched_by: pid of the process that started it (its atexit hook stops it).
+        tensorboard_version: version TensorBoard reported.
+        log_path: file receiving its stdout/stderr.
+        proc_start: the process's start time in clock ticks since boot (Linux; 0 where unknown),
+            so a recycled pid is not taken for this TensorBoard.
+    """
+
+    pid: int
+    port: int
+    host: str
+    logdir: str
+    url: str
+    reload_interval: float
+    start_time: float
+    launched_by: int
+    tensorboard_version: str = ""
+    log_path: str = ""
+    proc_start: int = 0
+
+
+@dataclass(frozen=True)
+class _Serving:
+    """A TensorBoard that answers; ``url``/``port``/``pid``/``logdir`` are its instance's."""
+
+    instance: TensorBoardInstance
+
+    @property
+    def url(self) -> str:
+        return self.instance.url
+
+    @property
+    def port(self) -> int:
+        return self.instance.port
+
+    @property
+    def pid(self) -> int:
+        return self.instance.pid
+
+    @property
+    def logdir(self) -> str:
+        return self.instance.logdir
+
+
+@dataclass(frozen=True)
+class Launched(_Serving):
+    """A new TensorBoard was started and answers at ``url``; this process stops it at exit."""
+
+
+@dataclass(frozen=True)
+class Reused(_Serving):
+    """A TensorBoard already serving the same logdir on the same host was found alive and answering."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """TensorBoard could not be started.
+
+    Attributes:
+        logdir: the logdir asked for.
+        error: what went wrong.
+        fix: what to change.
+        exit_code: TensorBoard's exit status when it started and exited, else None.
+        output: the last lines TensorBoard printed, when it ran.
+    """
+
+    logdir: str
+    error: str
+    fix: str
+    exit_code: int | None = None
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """TensorBoard did not start serving within ``timeout`` seconds; it was stopped.
+
+    Attributes:
+        logdir: the logdir asked for.
+        timeout: seconds waited.
+        pid: the process that was stopped.
+        output: the last lines it printed.
+        fix: what to change.
+    """
+
+    logdir: str
+    timeout: float
+    pid: int
+    output: str = ""
+    fix: str = ""
+
+
+Outcome = Union[Launched, Reused, Failed, TimedOut]
+
+
+# ---------------------------------------------------------------- public entry points
+
+
+def ensure_tensorboard(logdir, *, host: str | None = None, port: int | None = None,
+                       reload_interval: float | None = None, timeout: float | None = None) -> Outcome:
+    """Reuse the TensorBoard serving ``logdir``, or start one.
+
+    TensorBoard has no authentication: it is bound to loopback unless ``host`` says otherwise, and
+    anyone who can reach the port reads all of ``logdir``.
+
+    Args:
+        logdir: directory (or ``gs://``-style URL) holding event files; local paths are made absolute.
+        host: address to bind; default ``127.0.0.1`` (env ``TFNB_TENSORBOARD_HOST``).
+        port: port to serve on; default: a free port chosen by the OS.
+        reload_interval: seconds between logdir scans; default 5 (env ``TFNB_TENSORBOARD_RELOAD_INTERVAL``).
+            When given, only an instance with that interval is reused; when not, any for the logdir.
+        timeout: seconds to wait for a new TensorBoard to serve; default 90 (env ``TFNB_TENSORBOARD_TIMEOUT``).
+
+    Returns:
+        :class:`Reused` or :class:`Launched` with its url/port/pid, else :class:`Failed` (bad logdir,
+        port in use, TensorBoard exited) or :class:`TimedOut` (the process was stopped), each with
+        the fix.
+
+    Raises:
+        ConfigError: an argument has the wrong type or range.
+        MissingDependencyError: the ``tensorboard`` package is not installed.
+
+    Example:
+        >>> outcome = ensure_tensorboard("/tmp/run1/logs")
+        >>> if isinstance(outcome, (Launched, Reused)):
+        ...     print(outcome.url)
+    """
+    logdir = _normalize_logdir(logdir)
+    host = _check_host(setting("tensorboard_host", host, DEFAULT_HOST, str))
+    port = _check_port(port)
+    asked_interval = setting("tensorboard_reload_interval", reload_interval, None, float)
+    interval = _positive("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
+    timeout = _positive("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
+    from ._deps import require
+
+    require("tensorboard", "tfnb.tensorboard")
+
+    problem = _logdir_problem(logdir)
+    if problem is not None:
+        return problem
+    with _locked():
+        live = _live_instances()
+        for inst in live:
+            if (inst.logdir == logdir and inst.host == host and port in (None, 0, inst.port)
+                    and asked_interval in (None, inst.reload_interval)):
+                return Reused(inst)
+        if port and not _port_free(host, port):
+            owner = next((i for i in live if i.port == port), None)
+            user = (f"the TensorBoard pid {owner.pid} serving {owner.logdir} (reload_interval="
+                    f"{owner.reload_interval:g})" if owner else "another program")
+            return Failed(logdir, f"port {port} on {host} is already in use by {user}",
+                          "pass port=None to let TensorBoard pick a free port, or stop what uses the port")
+        return _launch(logdir, host, port or 0, interval, timeout)
+
+
+def instances() -> list[TensorBoardInstance]:
+    """TensorBoard instances recorded by tfnb that are alive and answering; stale entries are removed.
+
+    Example:
+        >>> for inst in instances():
+        ...     print(inst.logdir, inst.url, inst.pid)
+    """
+    with _locked():
+        return _live_instances()
+
+
+def stop(target) -> bool:
+    """Stop a TensorBoard (and its data-server helper) and remove its info file.
+
+    Args:
+        target: a :class:`TensorBoardInstance`, or a :class:`Launched` / :class:`Reused` outcome.
+
+    Returns:
+        True when a running TensorBoard was stopped; False when it was already gone.
+
+    Raises:
+        ConfigError: ``target`` is not an instance or a running outcome.
+
+    Example:
+        >>> outcome = ensure_tensorboard("/tmp/run1/logs")
+        >>> stop(outcome)
+        True
+    """
+    inst = target.instance if isinstance(target, _Serving) else target
+    if not isinstance(inst, TensorBoardInstance):
+        raise ConfigError(f"stop() takes a TensorBoardInstance or a Launched/Reused outcome, not "
+                          f"{type(target).__name__}; a Failed or TimedOut outcome has nothing to stop")
+    return _stop(inst, _STOP_GRACE)
+
+
+def _stop(inst: TensorBoardInstance, grace: float) -> bool:
+    with _locked():
+        recorded = _read_info(_info_path(inst.pid))
+        # Only the process our info file still describes is signalled: after a stop, its pid may
+        # belong to an unrelated process.
+        mine = recorded is not None and recorded.start_time == inst.start_time
+        running = mine and _is_ours(inst)
+        if running:
+            _terminate_group(inst.pid)
+        if mine:
+            _remove_entry(inst)
+    if running:
+        _await_exit(inst.pid, grace)  # outside the lock: other kernels need not wait for it
+    return running
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _normalize_logdir(logdir) -> str:
+    try:
+        text = os.fspath(logdir)
+    except TypeError as e:
+        raise ConfigError(f"logdir={logdir!r} is not a path; pass the directory holding the event "
+                          f"files, e.g. tfnb.tensorboard('/tmp/run1/logs')") from e
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text.strip():
+        raise ConfigError("logdir is empty; pass the directory holding the event files, "
+                          "e.g. tfnb.tensorboard('/tmp/run1/logs')")
+    if "://" in text:
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _check_host(host) -> str:
+    if not isinstance(host, str) or not host.strip():
+        raise ConfigError(f"host={host!r} is not an address; use '127.0.0.1' (default, this machine "
+                          f"only) or '0.0.0.0' to expose TensorBoard on the network")
+    return host.strip()
+
+
+def _check_port(port) -> int | None:
+    if port is None:
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"port={port!r} is not a TCP port (0-65535); pass port=None to pick a free one")
+    return port
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
+    return float(value)
+
+
+def _logdir_problem(logdir: str) -> Failed | None:
+    if "://" in logdir:
+        return None  # remote stores (gs://, s3://): TensorBoard itself checks them
+    if os.path.isdir(logdir):
+        return None
+    if os.path.exists(logdir):
+        return Failed(logdir, f"logdir {logdir} is a file, not a directory",
+                      "pass the directory that holds the event files (e.g. the run's log_dir)")
+    return Failed(logdir, f"logdir {logdir} does not exist",
+                  "check the path; if training has not started yet, create the directory first "
+                  "(os.makedirs(logdir, exist_ok=True)) and TensorBoard will pick up runs as they appear")
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- info files
+
+
+def _info_dir() -> str:
+    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    path = setting("tensorboard_dir", None, os.path.join(tempfile.gettempdir(), f"tfnb-tensorboard-{uid}"))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _info_path(pid: int) -> str:
+    return os.path.join(_info_dir(), f"{pid}.json")
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Serialize find-or-launch between kernels on this machine, so two cells do not both launch."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no cross-process lock, at worst two instances for one logdir
+        yield
+        return
+    with open(os.path.join(_info_dir(), ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _write_info(inst: TensorBoardInstance) -> None:
+    path = _info_path(inst.pid)
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"format": _INFO_FORMAT, **asdict(inst)}, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def _read_info(path: str) -> TensorBoardInstance | None:
+    try:
+        with open(path) as fh:
+            raw = json.load(fh)
+        if raw.pop("format", None) != _INFO_FORMAT:
+            return None
+        return TensorBoardInstance(**raw)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _remove_entry(inst: TensorBoardInstance) -> None:
+    for path in (_info_path(inst.pid), inst.log_path):
+        if path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    _drop_tensorboard_record(inst.pid)
+
+
+def _drop_tensorboard_record(pid: int) -> None:
+    """Remove TensorBoard's own record (read by ``%tensorboard``) of a dead pid.
+
+    TensorBoard deletes it on SIGTERM but not when SIGKILLed; a live pid's record is left alone,
+    since it may be another TensorBoard that got the recycled pid.
+    """
+    if not _alive(pid):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(tempfile.gettempdir(), ".tensorboard-info", f"pid-{pid}.info"))
+
+
+def _live_instances() -> list[TensorBoardInstance]:
+    live = []
+    folder = _info_dir()
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(folder, name)
+        inst = _read_info(path)
+        if inst is None:
+            log.info("removing unreadable TensorBoard info file %s", path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            continue
+        if not _is_ours(inst):
+            log.info("removing stale TensorBoard entry (pid %d is gone) for %s", inst.pid, inst.logdir)
+            _remove_entry(inst)
+            continue
+        if not _answers(inst):
+            log.warning("TensorBoard pid %d for %s does not answer on port %d; stopping it",
+                        inst.pid, inst.logdir, inst.port)
+            _kill_group(inst.pid)
+            _remove_entry(inst)
+            continue
+        live.append(inst)
+    return live
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _is_ours(inst: TensorBoardInstance) -> bool:
+    """True when the entry's process is alive and is still the one recorded (pids get recycled)."""
+    if not _alive(inst.pid):
+        return False
+    now = _proc_start(inst.pid)
+    if now is not None and inst.proc_start:
+        return now == inst.proc_start
+    if not os.path.isdir("/proc/self"):
+        return True  # nothing better to check with than "alive"
+    try:
+        with open(f"/proc/{inst.pid}/cmdline", "rb") as fh:
+            return b"tensorboard" in fh.read()
+    except OSError:
+        return False
+
+
+def _proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _probe_host(host: str) -> str:
+    if host in _WILDCARDS:
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _answers(inst: TensorBoardInstance, timeout: float = _PROBE_TIMEOUT) -> bool:
+    """True when the instance serves ``/data/environment`` for its logdir."""
+    import urllib.request  # only needed once an instance exists; keeps `import tfnb.tensorboard` light
+
+    url = f"http://{_probe_host(inst.host)}:{inst.port}/data/environment"
+    # No proxy: an HTTP(S)_PROXY in the environment must not see (or break) loopback requests.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as resp:
+            env = json.loads(resp.read().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        log.debug("TensorBoard probe %s failed: %s", url, e)
+        return False
+    return env.get("data_location") == inst.logdir
+
+
+def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: float) -> Outcome:
+    log_path = os.path.join(_info_dir(), f"tb-{uuid.uuid4().hex[:12]}.log")
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", host,
+           "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with open(log_path, "wb") as out:
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)
+        except OSError as e:
+            _unlink(log_path)
+            return Failed(logdir, f"could not run {sys.executable} -m tensorboard.main: {e}",
+                          "check that this Python can run TensorBoard (pip install tensorboard)")
+    log.info("starting TensorBoard pid %d for %s", proc.pid, logdir)
+    try:
+        ready, code, text = _await_ready(proc, log_path, timeout)
+    except BaseException:
+        # Interrupted cell (KeyboardInterrupt) or any other error while waiting: no info file
+        # names this process yet, so nothing else would ever stop it.
+        _kill_group(proc.pid, proc)
+        _unlink(log_path)
+        raise
+    if code is not None:
+        _unlink(log_path)
+        return _exit_failure(logdir, host, port, code, text)
+    if ready is None:
+        _kill_group(proc.pid, proc)
+        _unlink(log_path)
+        return TimedOut(logdir, timeout, proc.pid, _tail(text),
+                        f"TensorBoard did not serve within {timeout:g} s and was stopped; it imports "
+                        f"TensorFlow at start, which is slow on a busy machine: raise timeout= "
+                        f"(or TFNB_TENSORBOARD_TIMEOUT)")
+    version, url = ready.group(1), ready.group(2)
+    inst = TensorBoardInstance(pid=proc.pid, port=_port_of(url, port), host=host, logdir=logdir, url=url,
+                               reload_interval=reload_interval, start_time=time.time(),
+                               launched_by=os.getpid(), tensorboard_version=version, log_path=log_path,
+                               proc_start=_proc_start(proc.pid) or 0)
+    _write_info(inst)
+    # Holding `proc` here also keeps Popen from warning that a child it never waited for still runs.
+    atexit.register(_stop_at_exit, inst, proc)
+    return Launched(inst)
+
+
+def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
+    """Wait for TensorBoard's "serving at URL" line: (match, None, text), exit (None, code, text) or timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            code = proc.wait(timeout=_READY_POLL)
+        except subprocess.TimeoutExpired:
+            code = None
+        text = _read_text(log_path)
+        ready = _READY_LINE.search(text)
+        if code is not None:
+            return None, code, text
+        if ready is not None or time.monotonic() >= deadline:
+            return ready, None, text
+
+
+def _port_of(url: str, asked: int) -> int:
+    from urllib.parse import urlparse
+
+    return urlparse(url).port or asked
+
+
+def _exit_failure(logdir: str, host: str, port: int, code: int, text: str) -> Failed:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # TensorBoard's own "ERROR: ..." line, else a Python exception's last line; TensorFlow's
+    # start-up chatter (CUDA probes etc.) is not the reason.
+    errors = [ln for ln in lines if ln.startswith("ERROR:") or _EXCEPTION_LINE.match(ln)]
+    reason = (errors or lines or ["no output"])[-1]
+    if "could not bind" in text or "already in use" in text or "Cannot assign requested address" in text:
+        where = f"{host} port {port}" if port else host
+        fix = (f"TensorBoard could not listen on {where}; use host='127.0.0.1' (default) or an address "
+               f"of this machine, and port=None for a free port")
+    else:
+        fix = "read TensorBoard's output below; run `python -m tensorboard.main --logdir ...` by hand to retry"
+    return Failed(logdir, f"TensorBoard exited with code {code} before serving: {reason}", fix,
+                  exit_code=code, output=_tail(text))
+
+
+def _kill_group(pid: int, proc: subprocess.Popen | None = None) -> None:
+    """SIGTERM the process group (TensorBoard and its data server), then SIGKILL what is left."""
+    _terminate_group(pid)
+    _await_exit(pid, _STOP_GRACE, proc)
+
+
+def _terminate_group(pid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGCONT):  # SIGCONT: a stopped process only acts on SIGTERM once resumed
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+
+def _await_exit(pid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
+    if not _wait_gone(pid, grace, proc):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        _wait_gone(pid, _STOP_GRACE, proc)
+    _drop_tensorboard_record(pid)
+
+
+def _wait_gone(pid: int, timeout: float, proc: subprocess.Popen | None) -> bool:
+    if proc is not None:
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + timeout
+    fd = None
+    if hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):
+            fd = os.pidfd_open(pid)
+    try:
+        while _reap(pid) and time.monotonic() < deadline:
+            if fd is not None:
+                # a pidfd turns readable when the process exits: no sleep loop needed
+                select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            else:
+                time.sleep(0.05)
+        return not _reap(pid)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _reap(pid: int) -> bool:
+    """True while ``pid`` is alive; reaps it when it is our exited child (launched in an earlier call)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return not os.path.isdir("/proc/self")
+
+
+def _stop_at_exit(inst: TensorBoardInstance, proc: subprocess.Popen) -> None:
+    del proc
+    try:
+        # Short grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit; TensorBoard, already
+        # sent SIGTERM, exits on its own even if that happens.
+        _stop(inst, _EXIT_GRACE)
+    except Exception:  # interpreter shutdown: never let cleanup raise
+        pass
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(text: str, lines: int = _TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+__all__ = ["TensorBoardInstance", "Launched", "Reused", "Failed", "TimedOut", "Outcome",
+           "ensure_tensorboard", "instances", "stop", "DEFAULT_HOST"]
