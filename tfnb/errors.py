@@ -104,3 +104,7 @@ class DbcFormatError(TfnbError, ValueError):
 
 class EvaluatorError(TfnbError):
     """The driver-side evaluator cannot run (bad model_fn / dataset_fn / directories)."""
+
+
+class SyncError(TfnbError):
+    """Copying event files to or from storage failed; the cause is chained."""
