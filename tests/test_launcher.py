@@ -228,3 +228,22 @@ def test_preimport_loads_modules_before_train_fn(spark):
     assert tfnb.run(report_modules, num_workers=2, spark=spark, display=False, preimport=("json", "tensorflow"))[
         "tensorflow_loaded"]
     assert not tfnb.run(report_modules, num_workers=2, spark=spark, display=False)["tensorflow_loaded"]
+
+
+def print_tf_startup_noise(ctx):
+    import sys
+
+    print("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", file=sys.stderr)
+    print("I0000 00:00:1795312524.552894    1802 cudart_stub.cc:31] Could not find cuda drivers on your machine",
+          file=sys.stderr)
+    print("E0000 00:00:1795309761.365416    8734 base_collective_executor.cc:252] a real TensorFlow error",
+          file=sys.stderr, flush=True)
+    return "ok"
+
+
+def test_tensorflow_startup_noise_is_dropped_real_errors_kept(spark):
+    lines = []
+    tfnb.run(print_tf_startup_noise, num_workers=2, spark=spark, timeout=120,
+             display=lambda e: lines.append(e.data["line"]) if e.kind == "log" else None)
+    assert sum("a real TensorFlow error" in line for line in lines) == 2
+    assert not any("absl::InitializeLog" in line or "cudart_stub" in line for line in lines)

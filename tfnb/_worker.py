@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,6 +24,9 @@ from ._child import CONTEXT, ENV_HELD_PORT_FD, ENV_PREIMPORT, ERROR, GO, PAYLOAD
 from .context import WorkerContext
 
 RESULT_SCHEMA = "rank int, result binary"
+# With TaskSpec.keep_port, a second descriptor of the reserved port's socket, which the child does
+# not close before train_fn (tfnb.compat hands it to map_fun as ctx.tmp_socket).
+ENV_KEPT_PORT_FD = "TFNB_KEPT_PORT_FD"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,24 @@ class TaskSpec:
     preimport: tuple = ("tensorflow",)  # imported by the child while the barrier exchanges addresses
     feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
     stop_grace: float = 5.0
+    # Internal options for tfnb.compat (TensorFlowOnSpark API); the defaults keep tfnb.run's behaviour.
+    feeder: Any = None  # replaces tfnb.feeding: .spill(batches, workdir) -> .rows; .finish(spilled, rows) -> ctx.feed
+    all_results: bool = False  # every task returns its train_fn value, not only the chief
+    keep_port: bool = False  # the child also gets ENV_KEPT_PORT_FD, open while train_fn runs
+    task_cwd: bool = False  # the child runs in the Spark task's working directory, not in its scratch dir
+
+
+# Start-up lines TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL: on every
+# import, in every process, and never actionable. Dropped unless TF_CPP_MIN_LOG_LEVEL is 0.
+_TF_STARTUP_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|^[IWE]\d{4} [\d:.]+\s+\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc|cuda_platform\.cc|"
+    r"cuda_executor\.cc|cuda_dnn\.cc|cuda_fft\.cc|cuda_blas\.cc)(:\d+)?\] "
+    r"|^To enable the following instructions: .* in other operations, rebuild TensorFlow")
+
+
+def is_startup_noise(line: str, min_log_level: str) -> bool:
+    return min_log_level not in ("", "0") and bool(_TF_STARTUP_NOISE.match(line))
 
 
 class TaskFailed(RuntimeError):
@@ -191,15 +213,34 @@ class _Supervisor:
         env = child_env(os.environ, self.spec, gpus)
         env[events.ENV_FD] = str(ev_write)
         env[ENV_HELD_PORT_FD] = str(held.fileno())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tfnb._child", self.workdir],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, pass_fds=(ev_write, held.fileno()), start_new_session=True, cwd=self.workdir,
-        )
+        pass_fds = (ev_write, held.fileno())
+        kept = None
+        if self.spec.keep_port:
+            kept = os.dup(held.fileno())
+            env[ENV_KEPT_PORT_FD] = str(kept)
+            pass_fds += (kept,)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tfnb._child", self.workdir],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, pass_fds=pass_fds, start_new_session=True,
+                cwd=os.getcwd() if self.spec.task_cwd else self.workdir,
+            )
+        finally:
+            if kept is not None:
+                os.close(kept)
         os.close(ev_write)
         held.close()
-        self._pump(self.proc.stdout, lambda line: self.chan.send("log", stream="stdout", line=line))
-        self._pump(self.proc.stderr, lambda line: self.chan.send("log", stream="stderr", line=line))
+        level = env.get("TF_CPP_MIN_LOG_LEVEL", "")
+
+        def forward(stream):
+            def send(line):
+                if not is_startup_noise(line, level):
+                    self.chan.send("log", stream=stream, line=line)
+            return send
+
+        self._pump(self.proc.stdout, forward("stdout"))
+        self._pump(self.proc.stderr, forward("stderr"))
         self._pump(os.fdopen(ev_read, "rb"), self._forward_event)
         if self.stop_requested.is_set():
             self.stop()
@@ -299,7 +340,9 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         sup.start(mode, gpus, held)
         held = None
         fed = None
-        if spec.feed is not None:
+        if spec.feeder is not None:
+            fed = spec.feeder.spill(batches, workdir)
+        elif spec.feed is not None:
             from .feeding import spill_partition
 
             fed = spill_partition(spec.feed, batches, workdir)
@@ -310,7 +353,9 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
             {"addr": f"{host}:{port}", "rows": fed.rows if fed is not None else 0}))]
         cluster = build_cluster([g["addr"] for g in gathered], spec.num_workers, spec.num_ps)
         feed_info = None
-        if fed is not None:
+        if spec.feeder is not None:
+            feed_info = spec.feeder.finish(fed, [g["rows"] for g in gathered])
+        elif fed is not None:
             from .feeding import finish_feed
 
             feed_info = finish_feed(spec.feed, fed, [g["rows"] for g in gathered[: spec.num_workers]])
@@ -333,7 +378,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
                 return
             raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
         chan.send("state", state="done")
-        if rank == 0:
+        if rank == 0 or spec.all_results:
             with open(os.path.join(workdir, RESULT), "rb") as f:
                 data = f.read()
             yield pa.RecordBatch.from_pydict(
