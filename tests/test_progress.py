@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import browser
 from browser import chromium_page, jupyter_lab  # noqa: F401  (fixtures)
 
 from tfnb.errors import ConfigError, WorkerError
@@ -342,17 +343,8 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
         "from pyspark.sql import SparkSession\nSparkSession.getActiveSession().stop()",
     ])
     ms = 300_000
-    page.goto(jupyter_lab.notebook_url(nb))
-    # start "Run All" as browser.run_all_cells does, without waiting for the end: the test acts mid-run.
-    # Idle *with a kernel* first, or JupyterLab asks for a kernel in a dialog.
-    page.wait_for_function(
-        r"""() => [...document.querySelectorAll('.jp-StatusBar-Widget')].some(
-                w => /\|\s*Idle/.test(w.textContent) && !/No Kernel/.test(w.textContent))""", timeout=ms)
-    select = page.locator(".jp-Dialog").get_by_role("button", name="Select", exact=True)
-    if select.count():
-        select.click()
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    # the test acts mid-run, so it starts "Run All" without waiting for the end
+    browser.start_run_all(page, jupyter_lab.notebook_url(nb), timeout=ms / 1000)
 
     # while tfnb.run is still blocked in the cell, the widget already shows both tasks and their logs
     first = page.locator(".jp-CodeCell").first
