@@ -36,8 +36,8 @@ def spark_session(master: str = "local[2]", **conf):
         previous.stop()
         # The builder leaves its options behind as JVM system properties; the next session must not
         # inherit them (a GPU task requirement would make local[2] tasks unschedulable).
-        for key in (_current["master"] or ((), ()))[1]:
-            jvm.java.lang.System.clearProperty(key[0])
+        for name, _ in (_current["master"] or ((), ()))[1]:
+            jvm.java.lang.System.clearProperty(name)
     builder = (SparkSession.builder.master(master).appName("tfnb-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")

@@ -165,7 +165,8 @@ class _Attempt:
     """One launch of the barrier job, watched from the driver's main thread."""
 
     def __init__(self, spark, spec_kwargs: dict, data, display: Callable[[RunEvent], None],
-                 deadline: float | None, num_tasks: int, num_ps: int):
+                 deadline: float | None, num_tasks: int, num_ps: int, *,
+                 daemon_ranks: frozenset = frozenset(), cancel: threading.Event | None = None):
         self.spark = spark
         self.display = display
         self.deadline = deadline
@@ -177,6 +178,9 @@ class _Attempt:
         self.data = data
         self.spec_kwargs = spec_kwargs
         self.attempt = spec_kwargs["attempt"]
+        self.daemon_ranks = daemon_ranks
+        self.done_ranks: set[int] = set()
+        self.cancel = cancel
 
     def _on_message(self, peer: dict, msg: dict) -> None:
         self.q.put(("msg", peer, msg))
@@ -187,7 +191,9 @@ class _Attempt:
         from ._worker import RESULT_SCHEMA, run_task
 
         try:
-            if self.data is not None:
+            if self.data is not None and self.spec_kwargs.get("feeder") is not None:
+                source = self.data  # a feeder's DataFrame already has one partition per task
+            elif self.data is not None:
                 from .feeding import split_for_workers
 
                 source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
@@ -220,6 +226,11 @@ class _Attempt:
             if msg.get("state") == "done" and job == "chief" and self.num_ps > 0:
                 # ps and worker tasks serve until the coordinator is finished
                 self.channel.broadcast({"kind": "stop"})
+            if msg.get("state") == "done" and self.daemon_ranks:
+                self.done_ranks.add(int(peer.get("rank", -1)))
+                if len(self.done_ranks - self.daemon_ranks) == self.num_tasks - len(self.daemon_ranks):
+                    # daemon tasks (tfnb.compat's ps/evaluator) serve until every other task is done
+                    self.channel.broadcast({"kind": "stop"})
         elif kind == "failed":
             f = msg.get("failure") or {}
             failure = TaskFailure(job_name=job, task_index=idx, exc_type=f.get("exc_type", "Error"),
@@ -281,6 +292,8 @@ class _Attempt:
                     raise RunTimeoutError(
                         "tfnb.run timed out; the job was cancelled and its processes stopped. Raise "
                         "timeout= (or TFNB_TIMEOUT), or checkpoint to model_dir and resume")
+                if self.cancel is not None and self.cancel.is_set():
+                    raise KeyboardInterrupt  # stopped and reported like the notebook's stop button
                 item = self._drain(0.5 if left is None else min(0.5, left))
                 if item is None:
                     continue
@@ -292,6 +305,11 @@ class _Attempt:
                     rows = item[1]
                     import cloudpickle
 
+                    if self.spec_kwargs.get("all_results"):
+                        values = [None] * self.num_tasks
+                        for row in rows:
+                            values[row["rank"]] = cloudpickle.loads(row["result"])
+                        return _Outcome(value=values)
                     value = cloudpickle.loads(rows[0]["result"]) if rows else None
                     return _Outcome(value=value)
                 # The job failed: prefer what the task itself said over Spark's wrapper text.
@@ -331,7 +349,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         log_dir: str | None = None, data=None, max_attempts: int | None = None,
         env: dict | None = None, legacy_keras: bool | None = None,
         preimport: Sequence[str] | None = None,
-        display: Callable[[RunEvent], None] | bool | None = None) -> Any:
+        display: Callable[[RunEvent], None] | bool | None = None,
+        _feeder: Any = None, _all_results: bool = False, _daemon_ranks: Sequence[int] = (),
+        _cancel: threading.Event | None = None, _keep_port: bool = False, _task_cwd: bool = False) -> Any:
     """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
 
     Each of the ``num_workers`` (+ ``num_ps``) tasks gets TF_CONFIG, its role and GPUs, then runs
@@ -362,6 +382,13 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             TensorFlow). Env: TFNB_PREIMPORT (comma-separated).
         display: a callable receiving every RunEvent; False for none; default: a live widget in
             notebooks, prefixed log lines and a progress line on the console.
+
+    Options with a leading underscore are internal (tfnb.compat's TensorFlowOnSpark API builds on them):
+    ``_feeder`` feeds ``data`` (one partition per task) through its own spill instead of tfnb.feeding;
+    ``_all_results`` returns every task's value as a list indexed by rank; ``_daemon_ranks`` are tasks
+    stopped (not failed) once every other task is done; setting the ``_cancel`` event cancels the run
+    (RunCancelledError); ``_keep_port`` keeps the task's port reserved while train_fn runs (fd in env
+    TFNB_KEPT_PORT_FD); ``_task_cwd`` runs train_fn in the Spark task's working directory.
 
     Returns:
         What ``train_fn`` returned on the chief.
@@ -416,7 +443,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         raise ConfigError(
             f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
             "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
-    if data is not None:
+    if data is not None and _feeder is None:
         from .feeding import feed_spec
 
         feed = feed_spec(data)
@@ -434,8 +461,10 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
                                num_workers=num_workers, num_ps=num_ps, payload=payload,
                                model_dir=model_dir, log_dir=log_dir, use_gpu=use_gpu,
                                env=tuple(sorted((env or {}).items())), legacy_keras=legacy_keras,
-                               preimport=tuple(preimport), feed=feed)
-            outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps).run()
+                               preimport=tuple(preimport), feed=feed, feeder=_feeder,
+                               all_results=_all_results, keep_port=_keep_port, task_cwd=_task_cwd)
+            outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps,
+                               daemon_ranks=frozenset(_daemon_ranks), cancel=_cancel).run()
             if outcome.failure is None:
                 final_state = "succeeded"
                 sink(RunEvent(events.STATE, "driver", 0, {"state": "succeeded", "attempt": attempt, "max_attempts": max_attempts}))

@@ -1,0 +1,74 @@
+"""TensorFlowOnSpark-compatible API on tfnb: run TensorFlowOnSpark 2.2.5 programs by changing one import.
+
+    from tensorflowonspark import TFCluster, TFNode   # before
+    from tfnb.compat import TFCluster, TFNode         # after
+
+``TFCluster`` (:mod:`tfnb.compat.cluster`) has ``run``, ``InputMode`` and the cluster's ``train``,
+``inference`` and ``shutdown``; ``TFNode`` (:mod:`tfnb.compat.node`) has ``DataFeed``, ``hdfs_path``
+and ``release_port``. The helpers of ``tensorflowonspark.compat`` (``export_saved_model``,
+``disable_auto_shard``, ``is_gpu_available``) are here too, for ``from tfnb import compat``.
+
+Nodes run on tfnb's barrier-mode launcher (:func:`tfnb.run`), which refuses clusters Spark cannot
+schedule instead of waiting for them, and reports a node's exception on the driver as
+:class:`tfnb.WorkerError`.
+
+Example:
+    >>> from tfnb.compat import TFCluster
+    >>> cluster = TFCluster.run(sc, main_fun, args, num_executors=2, num_ps=0,
+    ...                         input_mode=TFCluster.InputMode.SPARK, master_node="chief")
+    >>> cluster.train(rdd, num_epochs=2)
+    >>> cluster.shutdown()
+"""
+from __future__ import annotations
+
+from . import cluster as TFCluster  # noqa: N812 - TensorFlowOnSpark's module names
+from . import node as TFNode  # noqa: N812
+
+__all__ = ["TFCluster", "TFNode", "export_saved_model", "disable_auto_shard", "is_gpu_available"]
+
+
+def export_saved_model(model, export_dir: str, is_chief: bool = False) -> None:
+    """Save a Keras model as a SavedModel, as TensorFlowOnSpark's ``compat.export_saved_model`` does.
+
+    Every node must call it (MultiWorkerMirroredStrategy saves collectively); the chief writes
+    ``export_dir``, the other nodes a scratch copy that is deleted (TensorFlowOnSpark leaves it in
+    ``worker_model`` in the working directory).
+
+    Example:
+        >>> compat.export_saved_model(model, args.export_dir, ctx.job_name == "chief")
+    """
+    import shutil
+    import tempfile
+
+    target = export_dir if is_chief else tempfile.mkdtemp(prefix="tfnb-worker-model-")
+    try:
+        if type(model).__module__.startswith("tf_keras"):
+            model.save(target, save_format="tf")
+        else:  # Keras 3 writes SavedModels with export()
+            model.export(target)
+    finally:
+        if not is_chief:
+            shutil.rmtree(target, ignore_errors=True)
+
+
+def disable_auto_shard(options) -> None:
+    """Turn off tf.data auto-sharding on ``options`` (a ``tf.data.Options``).
+
+    Example:
+        >>> options = tf.data.Options(); compat.disable_auto_shard(options)
+    """
+    import tensorflow as tf
+
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+
+
+def is_gpu_available() -> bool:
+    """True when TensorFlow sees a GPU.
+
+    Example:
+        >>> compat.is_gpu_available()
+        False
+    """
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU")) > 0

@@ -1,0 +1,349 @@
+"""RDD rows -> TensorFlowOnSpark's ``DataFeed`` in each node, over tfnb's barrier launcher.
+
+TensorFlowOnSpark pushes every row through a multiprocessing queue. Here the rows travel in
+pickled chunks and are on the node's disk before ``map_fun`` starts:
+
+1. driver (:func:`prepare`): each RDD partition becomes chunks of up to 1,000 rows (fewer when
+   rows are large), cached; one small job counts the rows per partition. Every feeding node is
+   given one contiguous range of the rows in RDD order: for ``train()`` the same number of rows
+   on every node (so MultiWorkerMirroredStrategy never waits for a batch that does not come; the
+   ``rows % nodes`` rows left over are not fed), for ``inference()`` all rows. Chunks that straddle
+   two ranges are split, and one shuffle moves each range to the partition of its node's barrier task.
+2. barrier task (:meth:`RddFeeder.spill`): the partition's Arrow batches go to a local Arrow file.
+3. map_fun process (:class:`FeedCursor`): ``DataFeed.next_batch`` reads that file memory-mapped,
+   chunk by chunk, ``epochs`` times over.
+
+Because every node's range is contiguous and ranges follow node order, concatenating the nodes'
+inference results in node order gives the results in RDD order; :func:`results_rdd` cuts them
+back into the input's partitions.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "part int, seq int, rows int, data binary"
+SPILL_FILE = "tfnb-compat-feed.arrow"
+TRAIN, INFERENCE = "train", "inference"
+
+# Chunks hold at most this many rows and grow toward this many pickled bytes: big enough that
+# per-chunk costs vanish, small enough that a chunk of images stays a few MB.
+_CHUNK_ROWS = 1000
+_CHUNK_BYTES = 1 << 20
+_FIRST_CHUNK_ROWS = 16
+
+
+# ---------------------------------------------------------------- driver side
+
+
+def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
+    """(part, seq, rows, pickled list of rows) for one RDD partition, in row order."""
+    per_chunk = _FIRST_CHUNK_ROWS
+    seq = 0
+    buf: list = []
+    for row in rows:
+        buf.append(row)
+        if len(buf) >= per_chunk:
+            blob = pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
+            yield index, seq, len(buf), blob
+            seq += 1
+            per_row = max(1, len(blob) // len(buf))
+            per_chunk = max(1, min(_CHUNK_ROWS, _CHUNK_BYTES // per_row))
+            buf = []
+    if buf:
+        yield index, seq, len(buf), pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _count_rows(index: int, chunks: Iterator[tuple]) -> list:
+    return [(index, sum(c[2] for c in chunks))]
+
+
+def _rank_partition(rank: int) -> int:
+    return rank
+
+
+def _to_row(item: tuple) -> tuple:
+    return item[1]
+
+
+def ranges(total: int, ranks: Sequence[int], mode: str) -> tuple[tuple[int, int, int], ...]:
+    """(rank, first row, end row) per feeding node: contiguous, in node order.
+
+    ``train``: the same number of rows per node, the remainder left out; ``inference``: every row,
+    the nodes' shares differing by at most one.
+
+    Example:
+        >>> ranges(10, [0, 1, 2], "train")
+        ((0, 0, 3), (1, 3, 6), (2, 6, 9))
+        >>> ranges(10, [0, 1, 2], "inference")
+        ((0, 0, 3), (1, 3, 6), (2, 6, 10))
+    """
+    n = len(ranks)
+    if mode == TRAIN:
+        q = total // n
+        return tuple((r, i * q, (i + 1) * q) for i, r in enumerate(ranks))
+    return tuple((r, i * total // n, (i + 1) * total // n) for i, r in enumerate(ranks))
+
+
+def _assigner(part_start: Sequence[int], bounds: Sequence[tuple[int, int, int]]):
+    """mapPartitionsWithIndex function: cached chunks -> (rank, chunk piece) by global row range."""
+
+    def assign(index: int, chunks: Iterator[tuple]) -> Iterator[tuple]:
+        offset = part_start[index]
+        for part, seq, rows, blob in chunks:
+            lo, hi = offset, offset + rows
+            offset = hi
+            loaded = None
+            for rank, b_lo, b_hi in bounds:
+                s, e = max(lo, b_lo), min(hi, b_hi)
+                if s >= e:
+                    continue
+                if s == lo and e == hi:
+                    yield rank, (part, seq, rows, blob)
+                    continue
+                # Only chunks straddling two nodes' ranges are unpickled and cut.
+                if loaded is None:
+                    loaded = pickle.loads(blob)
+                piece = pickle.dumps(loaded[s - lo:e - lo], protocol=pickle.HIGHEST_PROTOCOL)
+                yield rank, (part, seq, e - s, piece)
+
+    return assign
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A fed RDD, ready for ``tfnb.run(data=df, _feeder=feeder)``; call ``release()`` afterwards."""
+
+    df: Any                         # one partition per barrier task
+    feeder: "RddFeeder"
+    part_rows: tuple[int, ...]      # rows in each input partition
+    bounds: tuple[tuple[int, int, int], ...]
+    cached: Any = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.part_rows)
+
+    def release(self) -> None:
+        if self.cached is not None:
+            try:
+                self.cached.unpersist()
+            except Exception as e:  # noqa: BLE001 - the session may be gone; nothing left to free
+                log.debug("unpersist failed: %s", e)
+
+
+def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Prepared:
+    """Chunk ``rdd``, count its rows and lay them out as one DataFrame partition per barrier task.
+
+    Args:
+        spark: the classic SparkSession of ``rdd``'s SparkContext.
+        rdd: the RDD given to ``cluster.train()`` / ``cluster.inference()``.
+        num_tasks: barrier tasks (TensorFlowOnSpark's num_executors).
+        feed_ranks: tasks that read data (chief/master/worker nodes; not ps or evaluator).
+        mode: ``"train"`` (equal rows per node, repeated ``epochs`` times) or ``"inference"``.
+        epochs: passes over the rows (1 for inference).
+
+    Returns:
+        Prepared: the DataFrame, its feeder, and the input's rows per partition.
+
+    Raises:
+        ConfigError: ``rdd`` is not an RDD, or ``train()`` got fewer rows than there are nodes.
+
+    Example:
+        >>> prep = prepare(spark, sc.parallelize(range(100), 4), num_tasks=2, feed_ranks=[0, 1],
+        ...                mode="train", epochs=1)
+        >>> prep.bounds
+        ((0, 0, 50), (1, 50, 100))
+    """
+    from pyspark import RDD, StorageLevel
+
+    if not isinstance(rdd, RDD):
+        raise ConfigError(
+            f"dataRDD must be a Spark RDD, got {type(rdd).__name__}; for a DataFrame pass df.rdd, or feed "
+            "the DataFrame with tfnb.run(train_fn, data=df)")
+    chunks = rdd.mapPartitionsWithIndex(_chunk_partition).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        counts = dict(chunks.mapPartitionsWithIndex(_count_rows).collect())
+        part_rows = tuple(counts.get(i, 0) for i in range(rdd.getNumPartitions()))
+        total = sum(part_rows)
+        if mode == TRAIN and total < len(feed_ranks):
+            raise ConfigError(
+                f"cluster.train() got an RDD of {total} rows for {len(feed_ranks)} worker nodes, so a node "
+                "would get no data; feed at least one row per node (more for whole batches), or lower "
+                "num_executors")
+        bounds = ranges(total, feed_ranks, mode)
+        used = bounds[-1][2] if bounds else 0
+        if used < total:
+            log.info("feeding %d rows to each of %d nodes; %d rows left over are not fed",
+                     (used // len(feed_ranks)), len(feed_ranks), total - used)
+        starts, acc = [], 0
+        for n in part_rows:
+            starts.append(acc)
+            acc += n
+        placed = (chunks.mapPartitionsWithIndex(_assigner(tuple(starts), bounds))
+                  .partitionBy(num_tasks, _rank_partition).map(_to_row))
+        df = spark.createDataFrame(placed, SCHEMA, verifySchema=False)
+    except BaseException:
+        chunks.unpersist()
+        raise
+    return Prepared(df=df, feeder=RddFeeder(mode=mode, epochs=epochs), part_rows=part_rows,
+                    bounds=bounds, cached=chunks)
+
+
+def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
+    """The nodes' inference results as an RDD partitioned like the input: partition i holds the
+    results for input partition i, in row order.
+
+    Example:
+        >>> out = results_rdd(sc, prepared, run_values)
+        >>> out.glom().collect()
+        [[0, 1, 4], [9, 16]]
+    """
+    flat: list = []
+    for rank, _, _ in prepared.bounds:
+        flat.extend(per_rank[rank] or ())
+    if len(flat) != prepared.total:
+        raise RuntimeError(f"inference gathered {len(flat)} results for {prepared.total} rows")
+    per_part, at = [], 0
+    for n in prepared.part_rows:
+        per_part.append(flat[at:at + n])
+        at += n
+    if not per_part:
+        return sc.emptyRDD()
+    # One element per slice, so slice i is exactly input partition i's results.
+    return sc.parallelize(per_part, len(per_part)).flatMap(_identity)
+
+
+def _identity(x):
+    return x
+
+
+# ---------------------------------------------------------------- barrier task
+
+
+@dataclass(frozen=True)
+class Spilled:
+    path: str
+    rows: int
+    chunks: int
+
+
+@dataclass(frozen=True)
+class FeedFile:
+    """This node's rows (ctx.feed of the tfnb run), read by :class:`FeedCursor`."""
+
+    path: str
+    rows: int
+    mode: str
+    epochs: int
+    rows_per_task: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RddFeeder:
+    """tfnb's ``_feeder``: spills a task's chunk partition and describes it for map_fun."""
+
+    mode: str
+    epochs: int
+
+    def spill(self, batches: Iterable, workdir: str) -> Spilled:
+        """Write the partition's Arrow batches (part, seq, rows, data) to a local Arrow file."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        path = os.path.join(workdir, SPILL_FILE)
+        schema = pa.schema([("part", pa.int32()), ("seq", pa.int32()), ("rows", pa.int32()), ("data", pa.binary())])
+        rows = chunks = 0
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                batch = pa.RecordBatch.from_arrays([batch.column(n).cast(schema.field(n).type)
+                                                    for n in schema.names], schema=schema)
+                writer.write_batch(batch)
+                rows += int(pc.sum(batch.column("rows")).as_py() or 0)
+                chunks += batch.num_rows
+        return Spilled(path=path, rows=rows, chunks=chunks)
+
+    def finish(self, spilled: Spilled, rows_per_task: Sequence[int]) -> FeedFile:
+        return FeedFile(path=spilled.path, rows=spilled.rows, mode=self.mode, epochs=self.epochs,
+                        rows_per_task=tuple(int(r) for r in rows_per_task))
+
+
+# ---------------------------------------------------------------- map_fun process
+
+
+class FeedCursor:
+    """Hands out this node's rows in order, ``epochs`` times; shared by every DataFeed of the process."""
+
+    def __init__(self, feed: FeedFile):
+        import numpy as np
+        import pyarrow as pa
+
+        self.feed = feed
+        self.total = feed.rows * feed.epochs
+        self.handed = 0
+        self.terminated = False
+        self._source = pa.memory_map(feed.path, "r")
+        table = pa.ipc.open_file(self._source).read_all()
+        part = table.column("part").to_numpy()
+        seq = table.column("seq").to_numpy()
+        self._order = np.lexsort((seq, part)).tolist()
+        self._part = part.tolist()
+        self._data = table.column("data")
+        self._pos = 0            # next chunk in _order
+        self._epoch = 0
+        self._rows: list = []    # the current chunk's rows
+        self._at = 0             # next row in _rows
+        self._cur_part: int | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.terminated or self.handed >= self.total
+
+    def _next_chunk(self) -> bool:
+        """Load the next chunk (next epoch at the end); False when none is left."""
+        if self._pos >= len(self._order):
+            self._epoch += 1
+            if self._epoch >= self.feed.epochs or not self._order:
+                return False
+            self._pos = 0
+        i = self._order[self._pos]
+        self._pos += 1
+        self._rows = pickle.loads(self._data[i].as_py())
+        self._at = 0
+        self._cur_part = self._part[i]
+        return True
+
+    def _boundary_ahead(self) -> bool:
+        """True when the next row starts another input partition (or another epoch)."""
+        if self._pos >= len(self._order):
+            return True
+        return self._part[self._order[self._pos]] != self._cur_part
+
+    def take(self, n: int, *, stop_at_partition: bool) -> list:
+        """Up to ``n`` rows; fewer at the end, or at an input partition's end when ``stop_at_partition``."""
+        out: list = []
+        while len(out) < n and not self.exhausted:
+            if self._at >= len(self._rows):
+                if out and stop_at_partition and self._boundary_ahead():
+                    break
+                if not self._next_chunk():
+                    break
+                continue
+            k = min(n - len(out), len(self._rows) - self._at)
+            out.extend(self._rows[self._at:self._at + k])
+            self._at += k
+            self.handed += k
+        return out
+
+    def terminate(self) -> None:
+        self.terminated = True
+        self._rows, self._at = [], 0

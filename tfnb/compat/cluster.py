@@ -1,0 +1,485 @@
+"""TensorFlowOnSpark's ``TFCluster`` API (``run``, ``train``, ``inference``, ``shutdown``) on tfnb's launcher.
+
+Import it as TensorFlowOnSpark programs do, with only the package name changed::
+
+    from tfnb.compat import TFCluster
+
+    cluster = TFCluster.run(sc, map_fun, args, num_executors=2, num_ps=0,
+                            input_mode=TFCluster.InputMode.SPARK, master_node="chief")
+    cluster.train(rdd, num_epochs=3)
+    cluster.shutdown()
+
+Each node is a task of one barrier-mode Spark stage (:func:`tfnb.run`): there is no reservation
+server, nothing polls, and a cluster Spark cannot schedule is refused at ``run()`` instead of
+waiting for reservations that never come. How the two input modes map onto it:
+
+* ``InputMode.TENSORFLOW``: ``run()`` starts the job in a background thread and returns once
+  every node runs ``map_fun``; ``shutdown()`` waits for it and raises a node's failure.
+* ``InputMode.SPARK``: ``run()`` checks and reserves nothing; each ``train(rdd)`` and
+  ``inference(rdd)`` runs ``map_fun`` once on every node with the RDD's rows on the nodes' disks
+  (see :mod:`tfnb.compat._feed`) and returns when ``map_fun`` has finished on all of them, raising
+  a node's failure. (TensorFlowOnSpark keeps one ``map_fun`` alive across calls and feeds it
+  through queues; here a second ``train()`` runs ``map_fun`` again.) ``inference()`` computes its
+  result RDD right away, and the results pass through the driver.
+
+A failure in any node reaches the driver as :class:`tfnb.WorkerError` with the node's traceback.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+from ..errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError
+from ..events import STATE, RunEvent
+from .node import NodeMeta, run_node
+
+log = logging.getLogger(__name__)
+
+__all__ = ["InputMode", "TFCluster", "run"]
+
+
+class InputMode:
+    """How data reaches ``map_fun`` (TensorFlowOnSpark's enum values)."""
+
+    TENSORFLOW = 0  #: map_fun reads its own data (tf.data, files)
+    SPARK = 1       #: cluster.train(rdd) / cluster.inference(rdd) feed the RDD to ``TFNode.DataFeed``
+
+
+_FEEDING_JOBS = ("chief", "master", "worker")
+
+
+def cluster_template(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool) -> dict:
+    """Executor ids per job, in TensorFlowOnSpark's order: ps, master/chief, evaluator, workers.
+
+    Example:
+        >>> cluster_template(4, 1, "chief", False)
+        {'ps': [0], 'chief': [1], 'worker': [2, 3]}
+    """
+    executors = list(range(num_executors))
+    template: dict = {}
+    if num_ps > 0:
+        template["ps"], executors = executors[:num_ps], executors[num_ps:]
+    if master_node:
+        template[master_node], executors = executors[:1], executors[1:]
+    if eval_node:
+        template["evaluator"], executors = executors[:1], executors[1:]
+    if executors:
+        template["worker"] = executors
+    return template
+
+
+def _session(sc):
+    """(SparkContext, SparkSession) from a SparkContext, or from a SparkSession given in its place."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if isinstance(sc, SparkSession):
+        return sc.sparkContext, sc
+    if not isinstance(sc, SparkContext):
+        raise ConfigError(
+            f"sc must be the SparkContext (or a classic SparkSession), got {type(sc).__name__}; pass "
+            "spark.sparkContext. Spark Connect sessions have no RDDs: use tfnb.run(train_fn, data=df) there")
+    active = SparkSession.getActiveSession()
+    if active is not None and active.sparkContext is sc:
+        return sc, active
+    return sc, SparkSession(sc)
+
+
+def _default_fs(sc) -> str:
+    fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+    # "file:///" -> "file://", consistent with "hdfs://namenode" (as TensorFlowOnSpark does)
+    if fs.startswith("file://") and len(fs) > 7 and fs.endswith("/"):
+        fs = fs[:-1]
+    return fs
+
+
+def _int(name: str, value, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name}={value!r} but it must be an int >= {low}")
+    return value
+
+
+class _StartWatch:
+    """Display sink that also notices when every node has started map_fun."""
+
+    def __init__(self, inner: Callable[[RunEvent], None], num_tasks: int, on_all_running: Callable[[], None]):
+        self.inner = inner
+        self.num_tasks = num_tasks
+        self.on_all_running = on_all_running
+        self.running: set = set()
+        self.all_running = False
+
+    def __call__(self, event: RunEvent) -> None:
+        if event.kind == STATE and event.job_name != "driver" and event.data.get("state") in ("training", "serving"):
+            self.running.add((event.job_name, event.task_index))
+            if len(self.running) >= self.num_tasks and not self.all_running:
+                self.all_running = True
+                self.on_all_running()
+        self.inner(event)
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close:
+            close()
+
+
+class TFCluster:
+    """A started TensorFlowOnSpark-style cluster (returned by :func:`run`).
+
+    Attributes:
+        sc: the SparkContext.
+        defaultFS: Hadoop's default file system, e.g. ``"file://"``.
+        working_dir: the driver's working directory at ``run()``.
+        num_executors: nodes in the cluster.
+        input_mode: ``InputMode.TENSORFLOW`` or ``InputMode.SPARK``.
+        cluster_template: executor ids per job, e.g. ``{"chief": [0], "worker": [1]}``.
+        cluster_meta: TensorFlowOnSpark's metadata dict (id, cluster_template, num_executors, default_fs,
+            working_dir, release_port).
+    """
+
+    def __init__(self, *, sc, spark, map_fun: Callable, tf_args: Any, template: dict, meta: NodeMeta,
+                 input_mode: int, log_dir: str | None, display, queues):
+        self.sc = sc
+        self.spark = spark
+        self.defaultFS = meta.default_fs
+        self.working_dir = meta.working_dir
+        self.num_executors = sum(len(v) for v in template.values())
+        self.input_mode = input_mode
+        self.cluster_template = template
+        self.cluster_meta = {"id": id(self), "cluster_template": template, "num_executors": self.num_executors,
+                             "default_fs": meta.default_fs, "working_dir": meta.working_dir,
+                             "release_port": meta.release_port}
+        self.queues = list(queues)
+        self.cluster_info = None  # no reservation server: nodes find each other in the barrier stage
+        self._map_fun = map_fun
+        self._tf_args = tf_args
+        self._meta = meta
+        self._log_dir = log_dir
+        self._display = display
+        self._daemons = tuple(e for job in ("ps", "evaluator") for e in template.get(job, ()))
+        self._feed_ranks = tuple(sorted(e for job in _FEEDING_JOBS for e in template.get(job, ())))
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+        self._started = threading.Event()
+        self._finished = threading.Event()
+        self._error: BaseException | None = None
+        self._tensorboard = None
+        self._shut_down = False
+
+    # ------------------------------------------------------------ running the nodes
+
+    def _run_nodes(self, display, **options):
+        from .. import cluster as launcher
+
+        return launcher.run(
+            run_node, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
+            spark=self.spark, log_dir=self._log_dir, display=display, _daemon_ranks=self._daemons,
+            _keep_port=not self._meta.release_port, _task_cwd=True, **options)
+
+    def _start_background(self, reservation_timeout: float) -> None:
+        """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
+        from .._config import setting
+        from ..cluster import _make_display
+
+        inner = _make_display(self._display, self.num_executors, 0, setting("max_attempts", None, 2, int))
+        sink = _StartWatch(inner, self.num_executors, self._started.set)
+
+        def body():
+            try:
+                self._run_nodes(sink, _cancel=self._cancel)
+            except BaseException as e:  # noqa: BLE001 - handed to the driver's thread at shutdown()
+                self._error = e
+            finally:
+                self._finished.set()
+                self._started.set()
+
+        self._thread = threading.Thread(target=body, name="tfnb-compat-cluster", daemon=True)
+        self._thread.start()
+        try:
+            started = self._started.wait(reservation_timeout)
+        except KeyboardInterrupt:
+            self._cancel_and_join()
+            raise RunCancelledError("TFCluster.run was interrupted; the cluster was stopped") from None
+        if not started:
+            self._cancel_and_join()
+            raise RunTimeoutError(
+                f"the TensorFlow nodes did not all start within reservation_timeout={reservation_timeout} s; "
+                "the job was cancelled. Check the executors' logs, or raise reservation_timeout")
+        if not sink.all_running and self._error is not None:
+            # The run ended before every node reached map_fun: that is a failure to start the cluster.
+            self._shut_down = True
+            raise self._error
+
+    def _cancel_and_join(self) -> None:
+        self._cancel.set()
+        while self._thread is not None and self._thread.is_alive():
+            try:
+                self._thread.join()
+            except KeyboardInterrupt:
+                continue  # a second stop press must not leave the nodes running
+
+    def _feed(self, rdd, mode: str, epochs: int):
+        from . import _feed
+
+        if self._shut_down:
+            raise ConfigError("this cluster was shut down; start a new one with TFCluster.run(...)")
+        prepared = _feed.prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks,
+                                 mode=mode, epochs=epochs)
+        try:
+            if mode == _feed.INFERENCE and prepared.total == 0:
+                return _feed.results_rdd(self.sc, prepared, [None] * self.num_executors)
+            values = self._run_nodes(self._display, data=prepared.df, _feeder=prepared.feeder,
+                                     _all_results=mode == _feed.INFERENCE)
+            if mode == _feed.INFERENCE:
+                return _feed.results_rdd(self.sc, prepared, values)
+            return None
+        finally:
+            prepared.release()
+
+    def _require_spark_mode(self, what: str) -> None:
+        if self.input_mode != InputMode.SPARK:
+            raise ConfigError(
+                f"TFCluster.{what}() feeds an RDD, which needs InputMode.SPARK, but this cluster runs "
+                "InputMode.TENSORFLOW; start it with TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK)")
+
+    # ------------------------------------------------------------ TensorFlowOnSpark's API
+
+    def train(self, dataRDD, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input") -> None:
+        """Run ``map_fun`` on every node with ``dataRDD``'s rows fed to ``TFNode.DataFeed`` (InputMode.SPARK).
+
+        Each chief/master/worker node gets the same number of rows, a contiguous run of the RDD in
+        order, ``num_epochs`` times over (``0`` means 10, as in TensorFlowOnSpark). Returns when
+        ``map_fun`` has finished on every node.
+
+        Args:
+            dataRDD: the rows, e.g. ``(features, label)`` tuples.
+            num_epochs: passes over the data; 0 = 10.
+            feed_timeout: accepted for compatibility; nothing waits on a queue here.
+            qname: must be ``"input"``.
+
+        Raises:
+            ConfigError: the cluster runs InputMode.TENSORFLOW, was shut down, or the RDD has fewer
+                rows than nodes.
+            WorkerError: ``map_fun`` failed on a node (with its traceback).
+
+        Example:
+            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, input_mode=TFCluster.InputMode.SPARK,
+            ...                         master_node="chief")
+            >>> cluster.train(images_labels, args.epochs)
+            >>> cluster.shutdown()
+        """
+        from pyspark.streaming import DStream
+
+        from ._feed import TRAIN
+
+        self._require_spark_mode("train")
+        if isinstance(dataRDD, DStream):
+            raise ConfigError("Spark Streaming (DStream) feeding is not supported by tfnb.compat; "
+                              "collect each batch into an RDD and call cluster.train(rdd)")
+        if qname != "input":
+            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
+        num_epochs = _int("num_epochs", num_epochs, 0) or 10
+        self._feed(dataRDD, TRAIN, num_epochs)
+
+    def inference(self, dataRDD, feed_timeout: float = 600, qname: str = "input"):
+        """Run ``map_fun`` on every node over ``dataRDD``; returns the RDD of its ``batch_results``.
+
+        The returned RDD has ``dataRDD``'s partitions: partition i holds the results for input
+        partition i, in row order. Unlike TensorFlowOnSpark's lazy RDD it is computed now, and the
+        results pass through the driver (write large outputs to storage from map_fun instead).
+
+        Raises:
+            ConfigError: the cluster runs InputMode.TENSORFLOW or was shut down; on a node, map_fun
+                returned a different number of results than rows (reported as WorkerError).
+            WorkerError: ``map_fun`` failed on a node.
+
+        Example:
+            >>> cluster = TFCluster.run(sc, infer_fun, args, 2, 0, input_mode=TFCluster.InputMode.SPARK)
+            >>> predictions = cluster.inference(images).collect()
+            >>> cluster.shutdown()
+        """
+        from ._feed import INFERENCE
+
+        self._require_spark_mode("inference")
+        if qname != "input":
+            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
+        return self._feed(dataRDD, INFERENCE, 1)
+
+    def shutdown(self, ssc=None, grace_secs: float = 0, timeout: float = 259200) -> None:
+        """Wait for the nodes to finish (InputMode.TENSORFLOW) and stop the cluster's TensorBoard.
+
+        Args:
+            ssc: Spark Streaming is not supported; must be None.
+            grace_secs: accepted for compatibility; shutdown already waits for ``map_fun`` to return
+                on every node, exports included.
+            timeout: seconds to wait before the nodes are stopped (RunTimeoutError); -1 waits forever.
+
+        Raises:
+            WorkerError: ``map_fun`` failed on a node (InputMode.TENSORFLOW).
+            RunTimeoutError: ``timeout`` ran out; every node process was stopped.
+            RunCancelledError: interrupted; every node process was stopped.
+
+        Example:
+            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, master_node="chief")
+            >>> cluster.shutdown()
+        """
+        if ssc is not None:
+            raise ConfigError("Spark Streaming (ssc=) is not supported by tfnb.compat; call shutdown() without it")
+        if not isinstance(grace_secs, (int, float)) or grace_secs < 0:
+            raise ConfigError(f"grace_secs={grace_secs!r} but it must be a number >= 0")
+        if self._shut_down:
+            return
+        try:
+            if self._thread is not None:
+                self._wait_background(timeout)
+        finally:
+            self._shut_down = True
+            self._stop_tensorboard()
+
+    def _wait_background(self, timeout) -> None:
+        limit = None if timeout is None or timeout <= 0 else float(timeout)
+        try:
+            finished = self._finished.wait(limit)
+        except KeyboardInterrupt:
+            self._cancel_and_join()
+            raise RunCancelledError("TFCluster.shutdown was interrupted; every node process was stopped") from None
+        if not finished:
+            self._cancel_and_join()
+            raise RunTimeoutError(
+                f"map_fun did not finish on every node within shutdown(timeout={timeout}); every node process "
+                "was stopped. Raise timeout (or -1 to wait forever)")
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def tensorboard_url(self) -> str | None:
+        """URL of the TensorBoard started with ``tensorboard=True`` (on the driver), else None.
+
+        Example:
+            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, tensorboard=True, log_dir="/tmp/logs")
+            >>> cluster.tensorboard_url()
+            'http://127.0.0.1:40123/'
+        """
+        tb = self._tensorboard
+        if tb is None:
+            return None
+        return getattr(getattr(tb, "outcome", tb), "url", None)
+
+    def _start_tensorboard(self, logdir: str) -> None:
+        from ..tensorboard import tensorboard
+
+        if "://" not in logdir:
+            os.makedirs(logdir, exist_ok=True)
+        self._tensorboard = tensorboard(logdir)
+
+    def _stop_tensorboard(self) -> None:
+        if self._tensorboard is None:
+            return
+        from .._tb_process import Launched, stop
+
+        outcome = getattr(self._tensorboard, "outcome", self._tensorboard)
+        self._tensorboard = None
+        if isinstance(outcome, Launched):  # one it found already running is left alone
+            stop(outcome)
+
+    def __repr__(self) -> str:
+        mode = "SPARK" if self.input_mode == InputMode.SPARK else "TENSORFLOW"
+        return f"TFCluster({mode}, {self.cluster_template})"
+
+
+def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, tensorboard: bool = False,
+        input_mode: int = InputMode.TENSORFLOW, log_dir: str | None = None, driver_ps_nodes: bool = False,
+        master_node: str | None = None, reservation_timeout: float = 600, queues=("input", "output", "error"),
+        eval_node: bool = False, release_port: bool = True, *, display=None) -> TFCluster:
+    """Start a TensorFlow cluster of ``num_executors`` nodes running ``map_fun(tf_args, ctx)``.
+
+    TensorFlowOnSpark 2.2.5's ``TFCluster.run``, on tfnb's barrier launcher. Nodes are laid out as
+    TensorFlowOnSpark does: ``num_ps`` ps nodes first, then the ``master_node`` (e.g. ``"chief"``),
+    an evaluator with ``eval_node``, then workers; ``ctx.job_name``/``ctx.task_index``/
+    ``ctx.cluster_spec`` and TF_CONFIG (set when there is a chief/master node) follow that layout.
+    ps and evaluator nodes are stopped once every other node's ``map_fun`` has returned.
+
+    Args:
+        sc: the SparkContext (a classic SparkSession is accepted too).
+        map_fun: ``map_fun(tf_args, ctx)``; ``ctx`` is a :class:`tfnb.compat.node.NodeContext`.
+        tf_args: passed to ``map_fun`` (argparse Namespace, dict, or an argv list, which also becomes
+            ``sys.argv`` in the node).
+        num_executors: nodes in the cluster; Spark must have that many task slots.
+        num_ps: ps nodes among them.
+        tensorboard: start TensorBoard on the driver for ``log_dir`` (default ``tensorboard_<id>`` in
+            the working directory, the path TensorFlowOnSpark uses); stopped by ``shutdown()``.
+        input_mode: ``InputMode.TENSORFLOW`` (map_fun reads its data) or ``InputMode.SPARK``
+            (``cluster.train(rdd)`` / ``cluster.inference(rdd)`` feed it).
+        log_dir: TensorBoard directory (also ``ctx.tfnb.log_dir``).
+        driver_ps_nodes: not supported (raises ConfigError when True).
+        master_node: name of the chief node, ``"chief"`` for Keras/MultiWorkerMirroredStrategy, or None.
+        reservation_timeout: seconds to wait for every node to start (InputMode.TENSORFLOW).
+        queues: accepted for compatibility.
+        eval_node: one evaluator node (InputMode.TENSORFLOW only).
+        release_port: free each node's reserved port before ``map_fun`` (default); False keeps it
+            reserved as ``ctx.tmp_socket`` until ``map_fun`` calls ``ctx.release_port()``.
+        display: tfnb extension: where logs and progress go (see :func:`tfnb.run`); False for none.
+
+    Returns:
+        TFCluster: call ``train``/``inference`` (InputMode.SPARK), then ``shutdown()``.
+
+    Raises:
+        ConfigError: bad arguments (the message names the fix).
+        ClusterError: Spark cannot host ``num_executors`` nodes at once (fewer task slots, or dynamic
+            allocation) — raised here, where TensorFlowOnSpark waits for reservations.
+        RunTimeoutError: the nodes did not all start within ``reservation_timeout``.
+
+    Example:
+        >>> from tfnb.compat import TFCluster
+        >>> cluster = TFCluster.run(sc, main_fun, args, num_executors=2, num_ps=0,
+        ...                         input_mode=TFCluster.InputMode.TENSORFLOW, master_node="chief")
+        >>> cluster.shutdown()
+    """
+    sc, spark = _session(sc)
+    if not callable(map_fun):
+        raise ConfigError(f"map_fun must be a function taking (args, ctx), got {type(map_fun).__name__}")
+    num_executors = _int("num_executors", num_executors, 1)
+    num_ps = _int("num_ps", num_ps, 0)
+    if input_mode not in (InputMode.TENSORFLOW, InputMode.SPARK):
+        raise ConfigError(f"input_mode={input_mode!r} but it must be TFCluster.InputMode.TENSORFLOW or .SPARK")
+    if driver_ps_nodes:
+        raise ConfigError("driver_ps_nodes=True (ps nodes on the driver) is not supported by tfnb.compat; "
+                          "leave it False so ps nodes run on executors")
+    if eval_node and input_mode != InputMode.TENSORFLOW:
+        raise ConfigError("eval_node=True needs input_mode=InputMode.TENSORFLOW (as in TensorFlowOnSpark)")
+    if master_node is not None and (not isinstance(master_node, str) or not master_node):
+        raise ConfigError(f"master_node={master_node!r} must be a job name such as 'chief', or None")
+    if not isinstance(reservation_timeout, (int, float)) or reservation_timeout <= 0:
+        raise ConfigError(f"reservation_timeout={reservation_timeout!r} must be a number of seconds > 0")
+    template = cluster_template(num_executors, num_ps, master_node, eval_node)
+    if num_ps + bool(master_node) + bool(eval_node) > num_executors or not any(j in template for j in _FEEDING_JOBS):
+        raise ConfigError(
+            f"num_executors={num_executors} cannot hold num_ps={num_ps}"
+            f"{', the master node' if master_node else ''}{', the evaluator' if eval_node else ''} and at "
+            "least one chief or worker node; raise num_executors or lower num_ps")
+    from ..cluster import _pickle_fn, check_cluster
+
+    _pickle_fn(map_fun, (tf_args,))  # unpicklable map_fun/tf_args fail here, not in a node
+    try:
+        check_cluster(spark, num_executors)
+    except ClusterError as e:
+        raise ClusterError(f"TFCluster.run(num_executors={num_executors}): {e}") from e
+    meta = NodeMeta(template=tuple((job, tuple(ids)) for job, ids in template.items()),
+                    default_fs=_default_fs(sc), working_dir=os.getcwd(), release_port=bool(release_port))
+    cluster = TFCluster(sc=sc, spark=spark, map_fun=map_fun, tf_args=tf_args, template=template, meta=meta,
+                        input_mode=input_mode, log_dir=log_dir, display=display, queues=queues)
+    log.info("cluster_template: %s", template)
+    if tensorboard:
+        jobs = sorted(j for j in template if j in _FEEDING_JOBS)
+        tb_node = template["worker" if "worker" in jobs else jobs[0]][0]
+        cluster._start_tensorboard(log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}"))
+    if input_mode == InputMode.TENSORFLOW:
+        try:
+            cluster._start_background(reservation_timeout)
+        except BaseException:
+            cluster._stop_tensorboard()
+            raise
+    return cluster
+
