@@ -252,6 +252,12 @@ def ps_blocks_forever(args, ctx):
     write_record(args["out"], ctx)
     if ctx.job_name == "ps":
         threading.Event().wait()  # like server.join(): ps nodes serve until the cluster shuts down
+    # the chief works while the ps serves (a chief that ends at once may stop the ps before it started)
+    import time
+
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(args["out"], "node-0.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def test_ps_nodes_are_stopped_when_workers_finish(spark, tmp_path, no_tf, no_orphans):

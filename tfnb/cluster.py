@@ -148,6 +148,28 @@ class _Outcome:
     others: tuple = ()
 
 
+@dataclass(frozen=True)
+class LaunchHooks:
+    """Launcher hooks tfnb.compat (the TensorFlowOnSpark API) builds on; not part of tfnb's public API.
+
+    Attributes:
+        feeder: feeds ``data`` (already one partition per task) through its own spill instead of
+            tfnb.feeding.
+        all_results: return every task's value as a list indexed by rank.
+        daemon_ranks: tasks stopped (not failed) once every other task is done.
+        cancel: setting this event cancels the run (RunCancelledError).
+        keep_port: keep the task's port reserved while train_fn runs (fd in env TFNB_KEPT_PORT_FD).
+        task_cwd: run train_fn in the Spark task's working directory.
+    """
+
+    feeder: Any = None
+    all_results: bool = False
+    daemon_ranks: frozenset = frozenset()
+    cancel: threading.Event | None = None
+    keep_port: bool = False
+    task_cwd: bool = False
+
+
 def _pickle_fn(train_fn: Callable, args: Sequence) -> bytes:
     import cloudpickle
 
@@ -349,9 +371,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         log_dir: str | None = None, data=None, max_attempts: int | None = None,
         env: dict | None = None, legacy_keras: bool | None = None,
         preimport: Sequence[str] | None = None,
-        display: Callable[[RunEvent], None] | bool | None = None,
-        _feeder: Any = None, _all_results: bool = False, _daemon_ranks: Sequence[int] = (),
-        _cancel: threading.Event | None = None, _keep_port: bool = False, _task_cwd: bool = False) -> Any:
+        display: Callable[[RunEvent], None] | bool | None = None, _hooks: LaunchHooks | None = None) -> Any:
     """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
 
     Each of the ``num_workers`` (+ ``num_ps``) tasks gets TF_CONFIG, its role and GPUs, then runs
@@ -383,12 +403,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         display: a callable receiving every RunEvent; False for none; default: a live widget in
             notebooks, prefixed log lines and a progress line on the console.
 
-    Options with a leading underscore are internal (tfnb.compat's TensorFlowOnSpark API builds on them):
-    ``_feeder`` feeds ``data`` (one partition per task) through its own spill instead of tfnb.feeding;
-    ``_all_results`` returns every task's value as a list indexed by rank; ``_daemon_ranks`` are tasks
-    stopped (not failed) once every other task is done; setting the ``_cancel`` event cancels the run
-    (RunCancelledError); ``_keep_port`` keeps the task's port reserved while train_fn runs (fd in env
-    TFNB_KEPT_PORT_FD); ``_task_cwd`` runs train_fn in the Spark task's working directory.
+    ``_hooks`` is internal: tfnb.compat's TensorFlowOnSpark API builds on it (see LaunchHooks).
 
     Returns:
         What ``train_fn`` returned on the chief.
@@ -443,7 +458,8 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         raise ConfigError(
             f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
             "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
-    if data is not None and _feeder is None:
+    hooks = _hooks or LaunchHooks()
+    if data is not None and hooks.feeder is None:
         from .feeding import feed_spec
 
         feed = feed_spec(data)
@@ -461,10 +477,11 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
                                num_workers=num_workers, num_ps=num_ps, payload=payload,
                                model_dir=model_dir, log_dir=log_dir, use_gpu=use_gpu,
                                env=tuple(sorted((env or {}).items())), legacy_keras=legacy_keras,
-                               preimport=tuple(preimport), feed=feed, feeder=_feeder,
-                               all_results=_all_results, keep_port=_keep_port, task_cwd=_task_cwd)
+                               preimport=tuple(preimport), feed=feed, feeder=hooks.feeder,
+                               all_results=hooks.all_results, keep_port=hooks.keep_port,
+                               task_cwd=hooks.task_cwd)
             outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps,
-                               daemon_ranks=frozenset(_daemon_ranks), cancel=_cancel).run()
+                               daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel).run()
             if outcome.failure is None:
                 final_state = "succeeded"
                 sink(RunEvent(events.STATE, "driver", 0, {"state": "succeeded", "attempt": attempt, "max_attempts": max_attempts}))

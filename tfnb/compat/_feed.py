@@ -119,7 +119,7 @@ def _assigner(part_start: Sequence[int], bounds: Sequence[tuple[int, int, int]])
 
 @dataclass(frozen=True)
 class Prepared:
-    """A fed RDD, ready for ``tfnb.run(data=df, _feeder=feeder)``; call ``release()`` afterwards."""
+    """A fed RDD, ready for ``tfnb.run(data=df, _hooks=LaunchHooks(feeder=feeder))``; call ``release()`` afterwards."""
 
     df: Any                         # one partition per barrier task
     feeder: "RddFeeder"
@@ -248,7 +248,7 @@ class FeedFile:
 
 @dataclass(frozen=True)
 class RddFeeder:
-    """tfnb's ``_feeder``: spills a task's chunk partition and describes it for map_fun."""
+    """The launcher's ``LaunchHooks.feeder``: spills a task's chunk partition and describes it for map_fun."""
 
     mode: str
     epochs: int

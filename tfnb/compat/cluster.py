@@ -170,13 +170,15 @@ class TFCluster:
 
     # ------------------------------------------------------------ running the nodes
 
-    def _run_nodes(self, display, **options):
+    def _run_nodes(self, display, *, data=None, feeder=None, all_results=False, cancel=None):
         from .. import cluster as launcher
 
+        hooks = launcher.LaunchHooks(feeder=feeder, all_results=all_results,
+                                     daemon_ranks=frozenset(self._daemons), cancel=cancel,
+                                     keep_port=not self._meta.release_port, task_cwd=True)
         return launcher.run(
             run_node, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
-            spark=self.spark, log_dir=self._log_dir, display=display, _daemon_ranks=self._daemons,
-            _keep_port=not self._meta.release_port, _task_cwd=True, **options)
+            spark=self.spark, log_dir=self._log_dir, display=display, data=data, _hooks=hooks)
 
     def _start_background(self, reservation_timeout: float) -> None:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
@@ -188,7 +190,7 @@ class TFCluster:
 
         def body():
             try:
-                self._run_nodes(sink, _cancel=self._cancel)
+                self._run_nodes(sink, cancel=self._cancel)
             except BaseException as e:  # noqa: BLE001 - handed to the driver's thread at shutdown()
                 self._error = e
             finally:
@@ -230,8 +232,8 @@ class TFCluster:
         try:
             if mode == _feed.INFERENCE and prepared.total == 0:
                 return _feed.results_rdd(self.sc, prepared, [None] * self.num_executors)
-            values = self._run_nodes(self._display, data=prepared.df, _feeder=prepared.feeder,
-                                     _all_results=mode == _feed.INFERENCE)
+            values = self._run_nodes(self._display, data=prepared.df, feeder=prepared.feeder,
+                                     all_results=mode == _feed.INFERENCE)
             if mode == _feed.INFERENCE:
                 return _feed.results_rdd(self.sc, prepared, values)
             return None
