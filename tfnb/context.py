@@ -64,7 +64,7 @@ class WorkerContext:
         See :func:`tfnb.feeding.worker_dataset` for the keyword arguments.
 
         Example:
-            >>> ds = ctx.dataset(batch_size=64, label_col="label", epochs=3)
+            >>> ds = ctx.dataset(batch_size=64, label_col="label", strategy=strategy)
             >>> model.fit(ds, epochs=3, steps_per_epoch=ctx.steps_per_epoch(64))
         """
         from .feeding import worker_dataset

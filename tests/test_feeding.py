@@ -1,0 +1,336 @@
+"""Feeding a Spark DataFrame into tf.data in each barrier task (tfnb.run(..., data=df), ctx.dataset).
+
+Real Spark (local[2]) throughout. TensorFlow is imported in two runs only (Keras under
+MultiWorkerMirroredStrategy on a skewed DataFrame; the dataset options on one worker); the other
+runs check the spill, counts and errors with train_fns that do not import it. The Spark Connect
+test runs in its own process, which cannot share the JVM with the classic session.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+import tfnb
+from tfnb import feeding
+from tfnb.context import WorkerContext
+from tfnb.errors import ConfigError, WorkerError
+
+
+def _ctx(info, num_workers=2) -> WorkerContext:
+    return WorkerContext(task_index=0, num_workers=num_workers, job_name="chief", cluster_spec={},
+                         tf_config={}, feed=info)
+
+
+def _partition_sizes(df) -> list[int]:
+    """Rows per non-empty partition, smallest first (small test frames: collects one int a row)."""
+    from collections import Counter
+
+    from pyspark.sql import functions as F
+
+    return sorted(Counter(r[0] for r in df.select(F.spark_partition_id()).collect()).values())
+
+
+def _skewed(spark, first: int = 900, second: int = 100):
+    """x1, x2, arr[2] and a label y that is a linear function of them, in two partitions of 900/100 rows."""
+    from pyspark.sql import functions as F
+
+    ids = spark.range(0, first + second, 1, 1).repartitionByRange(2, F.col("id") >= first)
+    x1 = (F.col("id") % 97) / 97.0
+    x2 = (F.col("id") % 13) / 13.0
+    return ids.select(
+        x1.alias("x1"), x2.alias("x2"),
+        F.array((x1 * x2).cast("float"), (1 - x1).cast("float")).alias("arr"),
+        (3 * x1 - 2 * x2 + x1 * x2 + 0.5 * (1 - x1) + 1).alias("y"))
+
+
+# ---------------------------------------------------------------- schema -> FeedSpec (driver)
+
+
+def test_feed_spec_infers_numeric_and_array_columns(spark):
+    df = spark.createDataFrame(
+        [(1, 2, 3, 4, 1.0, 2.0, True, [1.0, 2.0], [1, 2])],
+        "b tinyint, s smallint, i int, l bigint, f float, d double, t boolean, "
+        "af array<float>, al array<bigint>")
+    spec = feeding.feed_spec(df)
+    assert spec.names == ("b", "s", "i", "l", "f", "d", "t", "af", "al")
+    assert [(c.dtype, c.is_array) for c in spec.columns] == [
+        ("int8", False), ("int16", False), ("int32", False), ("int64", False), ("float32", False),
+        ("float64", False), ("bool", False), ("float32", True), ("int64", True)]
+
+
+def test_unsupported_columns_are_named_with_the_fix(spark):
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    df = spark.createDataFrame(
+        [("a", [[1.0]], Decimal("1.5"), {"k": 1.0}, 2.0)],
+        "name string, nested array<array<double>>, dec decimal(10,2), m map<string,double>, ok double")
+    df = df.withColumn("vec", array_to_vector(F.array(F.col("ok"))))
+    with pytest.raises(ConfigError) as e:
+        tfnb.run(lambda ctx: None, num_workers=2, data=df, spark=spark, display=False)
+    msg = str(e.value)
+    for col in ("'name'", "'nested'", "'dec'", "'m'", "'vec'"):
+        assert col in msg
+    assert "'ok'" not in msg
+    assert "cast" in msg and "drop" in msg
+    assert "F.flatten" in msg and "StringIndexer" in msg and "vector_to_array" in msg
+
+
+def test_data_must_be_a_spark_dataframe(spark):
+    import pandas as pd
+
+    with pytest.raises(ConfigError, match="data must be a Spark DataFrame, got DataFrame; convert it"):
+        tfnb.run(lambda ctx: None, num_workers=2, data=pd.DataFrame({"x": [1.0]}), spark=spark, display=False)
+
+
+# ---------------------------------------------------------------- split (driver)
+
+
+def test_split_balances_a_skewed_dataframe(spark):
+    one_partition = spark.range(0, 1001, 1, 1)
+    assert _partition_sizes(feeding.split_for_workers(one_partition, 2)) == [500, 501]
+    skewed = _skewed(spark).cache()
+    try:
+        assert _partition_sizes(skewed) == [100, 900]
+        assert _partition_sizes(feeding.split_for_workers(skewed, 2)) == [500, 500]
+    finally:
+        skewed.unpersist()
+
+
+def test_split_feeds_a_cached_balanced_dataframe_as_it_is(spark):
+    df = spark.range(0, 1000, 1, 3).repartition(2).cache()
+    try:
+        df.count()
+        assert feeding.split_for_workers(df, 2) is df
+        # the same DataFrame for 3 workers must still be split into 3
+        assert _partition_sizes(feeding.split_for_workers(df, 3)) == [333, 333, 334]
+    finally:
+        df.unpersist()
+
+
+# ---------------------------------------------------------------- spill and counts (task), no TensorFlow
+
+
+def _batches(*columns):
+    return [pa.RecordBatch.from_pydict(c) for c in columns]
+
+
+def test_spill_counts_rows_and_array_length(tmp_path):
+    spec = feeding.FeedSpec((feeding.FeedColumn("x", "float64", False), feeding.FeedColumn("v", "float32", True)))
+    batches = _batches({"x": [1.0, 2.0], "v": [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]}, {"x": [], "v": []},
+                       {"x": [3.0], "v": [[7.0, 8.0, 9.0]]})
+    spilled = feeding.spill_partition(spec, iter(batches), str(tmp_path))
+    assert spilled.rows == 3 and dict(spilled.array_lengths) == {"v": 3}
+    with pa.memory_map(spilled.path) as f:
+        assert pa.ipc.open_file(f).read_all().column("x").to_pylist() == [1.0, 2.0, 3.0]
+    info = feeding.finish_feed(spec, spilled, [3, 40])
+    assert (info.rows, info.min_rows, info.rows_per_worker) == (3, 3, (3, 40))
+    assert feeding.steps_per_epoch(_ctx(info), 2) == 1
+    with pytest.raises(ConfigError, match=r"batch_size=4 but the smallest worker's part of the data has 3 rows "
+                                          r"\(rows per worker: \[3, 40\]\).*lower batch_size to at most 3"):
+        feeding.steps_per_epoch(_ctx(info), 4)
+    assert feeding.steps_per_epoch(_ctx(info), 4, drop_remainder=False) == 1
+
+
+def test_spill_rejects_ragged_arrays_and_nulls(tmp_path):
+    spec = feeding.FeedSpec((feeding.FeedColumn("v", "float32", True),))
+    with pytest.raises(ConfigError, match=r"column 'v' holds arrays of different lengths \(2, 3\).*pad or cut"):
+        feeding.spill_partition(spec, iter(_batches({"v": [[1.0, 2.0]]}, {"v": [[1.0, 2.0, 3.0]]})), str(tmp_path))
+    with pytest.raises(ConfigError, match=r"column 'v' has null values.*df.dropna\(subset=\['v'\]\)"):
+        feeding.spill_partition(spec, iter(_batches({"v": [[1.0, None]]})), str(tmp_path))
+    spec = feeding.FeedSpec((feeding.FeedColumn("x", "float64", False),))
+    with pytest.raises(ConfigError, match=r"column 'x' has null values.*df.na.fill\(0, \['x'\]\)"):
+        feeding.spill_partition(spec, iter(_batches({"x": [1.0, None]})), str(tmp_path))
+
+
+def test_empty_part_and_missing_data_say_what_to_do(tmp_path):
+    spec = feeding.FeedSpec((feeding.FeedColumn("x", "float64", False),))
+    spilled = feeding.spill_partition(spec, iter([]), str(tmp_path))
+    assert spilled.rows == 0 and os.path.exists(spilled.path)
+    info = feeding.finish_feed(spec, spilled, [0, 12])
+    with pytest.raises(ConfigError, match=r"worker\(s\) \[0\] got no rows of the data \(rows per worker: \[0, 12\]\)"):
+        feeding.steps_per_epoch(_ctx(info), 1)
+    with pytest.raises(ConfigError, match="this run has no data=; pass data=df to tfnb.run"):
+        _ctx(None).steps_per_epoch(8)
+
+
+# ---------------------------------------------------------------- through tfnb.run, no TensorFlow
+
+
+def _feed_report(ctx):
+    import pyarrow as pa
+
+    with pa.memory_map(ctx.feed.path) as f:
+        table = pa.ipc.open_file(f).read_all()
+    try:
+        ctx.steps_per_epoch(10_000)
+        too_big = None
+    except Exception as e:  # noqa: BLE001 - the test checks the message
+        too_big = f"{type(e).__name__}: {e}"
+    return {"rows": ctx.feed.rows, "rows_per_worker": list(ctx.feed.rows_per_worker),
+            "min_rows": ctx.feed.min_rows, "file_rows": table.num_rows, "lengths": dict(ctx.feed.array_lengths),
+            "steps": ctx.steps_per_epoch(32), "too_big": too_big}
+
+
+def test_run_spills_each_workers_part(spark, no_orphans):
+    out = tfnb.run(_feed_report, num_workers=2, data=_skewed(spark), spark=spark, display=False)
+    assert sorted(out["rows_per_worker"]) == [500, 500] and out["file_rows"] == out["rows"] == 500
+    assert out["min_rows"] == 500 and out["steps"] == 500 // 32 and out["lengths"] == {"arr": 2}
+    assert out["too_big"].startswith("ConfigError: batch_size=10000 but the smallest worker's part of the data "
+                                     "has 500 rows (rows per worker: [500, 500])")
+
+
+def test_nulls_fail_the_run_with_the_fix(spark, no_orphans):
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 100, 1, 2).select(F.when(F.col("id") != 7, F.col("id") * 1.0).alias("x"))
+    with pytest.raises(WorkerError) as e:
+        tfnb.run(_feed_report, num_workers=2, data=df, spark=spark, display=False, max_attempts=1)
+    assert e.value.exc_type.endswith("ConfigError")
+    assert "column 'x' has null values" in str(e.value) and "dropna" in str(e.value)
+
+
+# ---------------------------------------------------------------- TensorFlow runs
+
+
+def _train_keras(ctx, batch_size):
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    # Batches this worker's own dataset yields in one epoch, gathered from every worker.
+    mine = sum(1 for _ in ctx.dataset(batch_size, label_col="y"))
+    counts = strategy.gather(strategy.run(lambda: tf.constant([mine])), axis=0).numpy().tolist()
+    steps = ctx.steps_per_epoch(batch_size)
+    ran = []
+
+    class CountSteps(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ran.append(batch)
+
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(4,))])
+        model.compile(tf.keras.optimizers.SGD(0.2), "mse")
+    ds = ctx.dataset(batch_size, label_col="y", shuffle=True, seed=7, strategy=strategy)
+    history = model.fit(ds, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[CountSteps()])
+    return {"counts": counts, "steps": steps, "keras_steps": len(ran), "loss": history.history["loss"],
+            "rows_per_worker": list(ctx.feed.rows_per_worker), "input_width": int(model.input_shape[-1])}
+
+
+@pytest.mark.slow
+def test_keras_multiworker_on_a_skewed_dataframe(spark, no_orphans):
+    # 90/10 rows in the input partitions; an uneven feed would hang MultiWorkerMirroredStrategy,
+    # so the run's timeout turns a regression into a failure instead of a stuck suite.
+    out = tfnb.run(_train_keras, num_workers=2, args=(16,), data=_skewed(spark), spark=spark,
+                   display=False, timeout=300)
+    assert out["rows_per_worker"] == [500, 500]
+    assert out["counts"] == [500 // 16, 500 // 16] == [out["steps"]] * 2
+    assert out["keras_steps"] == 2 * out["steps"]
+    assert out["input_width"] == 4  # x1, x2 and the two elements of arr, inferred from the schema
+    first, last = out["loss"]
+    assert last < first / 4, out["loss"]  # a linear target: two epochs of SGD get most of the way
+
+
+def _dataset_report(ctx):
+    import numpy as np
+
+    def rows(ds):
+        return [tuple(np.asarray(t) for t in el) if isinstance(el, tuple) else np.asarray(el) for el in ds]
+
+    out = {}
+    ds = ctx.dataset(8, label_col="y")
+    out["spec"] = [str(s) for s in ds.element_spec]
+    out["cardinality"] = int(ds.cardinality())
+    batches = rows(ds)
+    out["n_batches"] = len(batches)
+    ids = np.concatenate([x[:, 0] for x, _ in batches])
+    out["ids"] = ids.tolist()
+    out["consistent"] = all(
+        np.allclose(x[:, 1], x[:, 0] * 0.5) and np.allclose(x[:, 2:], x[:, :1] + [0.0, 0.25, 0.5])
+        and (y == x[:, 0].astype("int64") % 7).all() for x, y in batches)
+    x, _ = rows(ctx.dataset(8, feature_cols=["v", "x"], label_col="y"))[0]
+    out["explicit_ok"] = bool(np.allclose(x[:, 3], x[:, 0] * 0.5) and x.shape == (8, 4))
+    only = rows(ctx.dataset(8, feature_cols=["x"]))
+    out["features_only_shape"] = list(only[0].shape)
+    x, y = rows(ctx.dataset(8, feature_cols=["x"], label_col="v"))[0]
+    out["array_label"] = [list(y.shape), str(y.dtype), bool(np.allclose(y[:, 0], x[:, 0] * 2))]
+    shuffled = rows(ctx.dataset(8, label_col="y", epochs=2, shuffle=True, seed=3))
+    again = rows(ctx.dataset(8, label_col="y", epochs=2, shuffle=True, seed=3))
+    half = len(shuffled) // 2
+    e1 = np.concatenate([x[:, 0] for x, _ in shuffled[:half]])
+    e2 = np.concatenate([x[:, 0] for x, _ in shuffled[half:]])
+    out["shuffle"] = {"batches": len(shuffled), "repeatable": all(np.array_equal(a[0], b[0]) for a, b in zip(shuffled, again)),
+                      "epochs_differ": not np.array_equal(e1, e2), "unique": len(set(e1.tolist())) == len(e1)}
+    tail = rows(ctx.dataset(8, label_col="y", drop_remainder=False))
+    out["remainder"] = [len(tail), int(tail[-1][0].shape[0])]
+    try:
+        ctx.dataset(8, feature_cols=["x", "nope"])
+    except Exception as e:  # noqa: BLE001 - the test checks the message
+        out["unknown_col"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def test_dataset_columns_shuffle_and_remainder(spark, no_orphans):
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 101, 1, 3).select(
+        F.col("id").alias("id"), (F.col("id") * 0.5).alias("x"),
+        F.array(*[(F.col("id") + d).cast("float") for d in (0.0, 0.25, 0.5)]).alias("v"),
+        (F.col("id") % 7).cast("int").alias("y"))
+    # Small Arrow batches, so dataset batches span several of them.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")
+    try:
+        out = tfnb.run(_dataset_report, num_workers=1, data=df, spark=spark, display=False, timeout=300)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert out["spec"] == ["TensorSpec(shape=(8, 5), dtype=tf.float32, name=None)",
+                           "TensorSpec(shape=(8,), dtype=tf.int64, name=None)"]
+    assert out["cardinality"] == out["n_batches"] == 101 // 8
+    assert len(out["ids"]) == len(set(out["ids"])) == 96 and set(out["ids"]) <= set(range(101))
+    assert out["consistent"] and out["explicit_ok"]
+    assert out["features_only_shape"] == [8, 1]
+    assert out["array_label"] == [[8, 3], "float32", True]
+    assert out["shuffle"] == {"batches": 24, "repeatable": True, "epochs_differ": True, "unique": True}
+    assert out["remainder"] == [13, 5]
+    assert out["unknown_col"].startswith("ConfigError: feature_cols has ['nope'], not among the fed columns")
+
+
+# ---------------------------------------------------------------- Spark Connect
+
+
+_CONNECT_SCRIPT = textwrap.dedent("""
+    import json
+    from pyspark.sql import SparkSession, functions as F
+    import tfnb
+
+    spark = SparkSession.builder.remote("local[2]").getOrCreate()
+    try:
+        df = spark.range(0, 1000, 1, 1).select(
+            (F.col("id") / 1000.0).alias("x"), F.array(F.col("id").cast("float"), F.lit(1.0)).alias("v"))
+
+        def report(ctx):
+            return {"rows": list(ctx.feed.rows_per_worker), "steps": ctx.steps_per_epoch(100),
+                    "lengths": dict(ctx.feed.array_lengths)}
+
+        print("RESULT " + json.dumps(tfnb.run(report, num_workers=2, data=df, spark=spark, display=False)))
+    finally:
+        spark.stop()
+""")
+
+
+@pytest.mark.slow
+def test_feeding_on_spark_connect(tmp_path, no_orphans):
+    # A separate process: a Connect session cannot share the test process with the classic one.
+    script = tmp_path / "connect_feed.py"
+    script.write_text(_CONNECT_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400,
+                          cwd=str(tmp_path))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert json.loads(lines[0][len("RESULT "):]) == {"rows": [500, 500], "steps": 5, "lengths": {"v": 2}}
