@@ -17,6 +17,9 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT / "tests"), str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# tf.keras in this process is tf-keras, as in every train_fn process and the notebooks: the evaluator
+# restores checkpoints the workers wrote, whichever test module imports TensorFlow first.
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 pytest_plugins = ["s3server"]
 

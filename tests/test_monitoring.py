@@ -95,6 +95,7 @@ def test_eval_and_training_summaries_in_one_tensorboard_while_training(spark, tm
         deadline = time.monotonic() + 600
         tags = {}
         while time.monotonic() < deadline:
+            assert evaluator.error is None and not evaluator.skipped, (evaluator.error, evaluator.skipped)
             tags = _scalar_tags(board.port)
             if any(t.startswith("epoch_") for t in tags.get("eval", {})) and \
                     any(t.startswith("epoch_") for t in tags.get("train", {})):
