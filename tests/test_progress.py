@@ -310,7 +310,7 @@ def test_widget_shows_the_failed_worker(spark, no_orphans):
     assert failed.state == "failed" and failed.error == "ValueError: bad shard 1"
     assert widget.workers[("chief", 0)].state != "done"
     assert "failed" in widget.table.value and "ValueError: bad shard 1" in widget.table.value
-    assert "Failed (attempt 1)" in widget.status.value and "worker 1 ValueError" in widget.status.value
+    assert "Failed (attempt 1/1)" in widget.status.value and "worker 1 ValueError" in widget.status.value
     assert "[worker 1] task 1 up" in widget.log_text()
 
 
@@ -351,8 +351,10 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
     first.get_by_text("LIVE-MARKER from task 1").wait_for(timeout=ms)
     first.get_by_text("LIVE-MARKER from task 0").wait_for(timeout=ms)
     table = first.locator("table.tfnb-progress")
+    # both rows training, each with its first report (renders are throttled, so wait for both)
     page.wait_for_function(
-        "() => (document.querySelector('table.tfnb-progress')?.innerText.match(/training/g) || []).length == 2",
+        """() => { const t = document.querySelector('table.tfnb-progress')?.innerText || '';
+                   return (t.match(/training/g) || []).length == 2 && (t.match(/1\\/2/g) || []).length >= 2; }""",
         timeout=ms)
     assert "[*]" in first.locator(".jp-InputPrompt").inner_text()
     rows = table.locator("tr").all_inner_texts()

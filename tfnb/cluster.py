@@ -79,7 +79,7 @@ def _local_slots(master: str) -> int | None:
     return None
 
 
-def _cluster_slots(spark, wait: float) -> tuple[int | None, str]:
+def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
     """(task slots Spark can run at once, master) — what a barrier stage needs to fit in."""
     master = _conf(spark, "spark.master", "") or ""
     local = _local_slots(master)
@@ -94,7 +94,9 @@ def _cluster_slots(spark, wait: float) -> tuple[int | None, str]:
         return slots, master
     # Executors register a little after the session starts; give them a moment before judging.
     deadline = time.monotonic() + wait
-    while (local is None and slots == 0 or local is not None and slots < local) and time.monotonic() < deadline:
+    # wait for what the run needs, or (local-cluster) for every executor the master string promises
+    target = needed if local is None else min(needed, local)
+    while slots < target and time.monotonic() < deadline:
         time.sleep(0.25)
         slots = jsc.maxNumConcurrentTasks(profile)
     return slots, master
@@ -113,7 +115,7 @@ def check_cluster(spark, needed: int, wait: float | None = None) -> None:
         )
     # Seconds to let executors register on a cluster master before judging the slot count.
     wait = setting("slot_wait", wait, 30.0, float)
-    slots, master = _cluster_slots(spark, wait)
+    slots, master = _cluster_slots(spark, needed, wait)
     gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
     if gpu_per_task > 0 and re.fullmatch(r"local(\[.*\])?", master) and not _conf(spark, "spark.driver.resource.gpu.amount"):
         raise ClusterError(
