@@ -199,20 +199,26 @@ class TFCluster:
 
         self._thread = threading.Thread(target=body, name="tfnb-compat-cluster", daemon=True)
         self._thread.start()
-        try:
-            started = self._started.wait(reservation_timeout)
-        except KeyboardInterrupt:
-            self._cancel_and_join()
-            raise RunCancelledError("TFCluster.run was interrupted; the cluster was stopped") from None
-        if not started:
-            self._cancel_and_join()
-            raise RunTimeoutError(
-                f"the TensorFlow nodes did not all start within reservation_timeout={reservation_timeout} s; "
-                "the job was cancelled. Check the executors' logs, or raise reservation_timeout")
+        self._wait_or_stop(
+            self._started, reservation_timeout,
+            interrupted="TFCluster.run was interrupted; the cluster was stopped",
+            timed_out=f"the TensorFlow nodes did not all start within reservation_timeout={reservation_timeout} s; "
+                      "the job was cancelled. Check the executors' logs, or raise reservation_timeout")
         if not sink.all_running and self._error is not None:
             # The run ended before every node reached map_fun: that is a failure to start the cluster.
             self._shut_down = True
             raise self._error
+
+    def _wait_or_stop(self, event: threading.Event, limit, *, interrupted: str, timed_out: str) -> None:
+        """Wait for ``event``; on Ctrl-C or when ``limit`` seconds pass, stop every node and raise."""
+        try:
+            done = event.wait(limit)
+        except KeyboardInterrupt:
+            self._cancel_and_join()
+            raise RunCancelledError(interrupted) from None
+        if not done:
+            self._cancel_and_join()
+            raise RunTimeoutError(timed_out)
 
     def _cancel_and_join(self) -> None:
         self._cancel.set()
@@ -342,16 +348,11 @@ class TFCluster:
 
     def _wait_background(self, timeout) -> None:
         limit = None if timeout is None or timeout <= 0 else float(timeout)
-        try:
-            finished = self._finished.wait(limit)
-        except KeyboardInterrupt:
-            self._cancel_and_join()
-            raise RunCancelledError("TFCluster.shutdown was interrupted; every node process was stopped") from None
-        if not finished:
-            self._cancel_and_join()
-            raise RunTimeoutError(
-                f"map_fun did not finish on every node within shutdown(timeout={timeout}); every node process "
-                "was stopped. Raise timeout (or -1 to wait forever)")
+        self._wait_or_stop(
+            self._finished, limit,
+            interrupted="TFCluster.shutdown was interrupted; every node process was stopped",
+            timed_out=f"map_fun did not finish on every node within shutdown(timeout={timeout}); every node "
+                      "process was stopped. Raise timeout (or -1 to wait forever)")
         self._thread.join()
         if self._error is not None:
             raise self._error
