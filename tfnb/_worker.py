@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from . import events

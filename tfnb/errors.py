@@ -7,7 +7,7 @@ and traceback.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class TfnbError(Exception):
