@@ -30,6 +30,10 @@ class RunTimeoutError(TfnbError, TimeoutError):
     """``tfnb.run(timeout=...)`` ran out; the job was cancelled and its processes stopped."""
 
 
+class UnsafePathError(TfnbError, PermissionError):
+    """A folder tfnb keeps private state in is not private (another owner, group/other writable)."""
+
+
 class RunCancelledError(TfnbError, KeyboardInterrupt):
     """The run was interrupted (notebook stop button / Ctrl-C); its processes were stopped."""
 

@@ -1,0 +1,46 @@
+"""Per-user private folders for the state tfnb keeps on a machine (TensorBoard bookkeeping, model cache).
+
+Drivers and executors are often shared by several users, and folder names under ``/tmp`` are
+predictable: a folder another user created first could plant files that tfnb would trust (a model to
+run, a bookkeeping entry that names a file to delete or a process to kill). So every such folder is
+created 0700 and checked on each use: it must be a real directory owned by this user with no group or
+other write bit. Otherwise nothing in it is read, run, killed or deleted.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+
+from .errors import UnsafePathError
+
+
+def check_private(path: str) -> str:
+    """Raise UnsafePathError unless ``path`` is a directory owned by this user, writable by no one else."""
+    st = os.lstat(path)
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory (a symlink or a file)"
+    elif st.st_uid != os.getuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    elif st.st_mode & 0o022:
+        problem = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    if problem:
+        raise UnsafePathError(
+            f"{path} {problem}, so tfnb will not trust what is in it; remove it (another user may have "
+            f"created it) or point tfnb elsewhere (TFNB_STATE_DIR)")
+    return path
+
+
+def private_dir(name: str, base: str | None = None) -> str:
+    """``<base>/tfnb-<name>-<uid>``, created mode 0700 if missing and verified (see :func:`check_private`).
+
+    ``base`` defaults to ``TFNB_STATE_DIR`` or the system temporary folder.
+    """
+    base = base or os.environ.get("TFNB_STATE_DIR") or tempfile.gettempdir()
+    path = os.path.join(base, f"tfnb-{name}-{os.getuid()}")
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        pass
+    return check_private(path)
