@@ -44,6 +44,9 @@ def get_spark(spark=None, num_slots: int = 2):
     For a new local session PYSPARK_PYTHON is set to this interpreter, so Spark's Python workers
     import the same packages as the notebook.
     """
+    from ._deps import require_spark
+
+    require_spark(spark)  # Spark >= 3.5, or one error naming the floor and the fix
     if spark is not None:
         return spark
     from pyspark.sql import SparkSession
