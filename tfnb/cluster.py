@@ -215,6 +215,7 @@ class _Attempt:
     def _job(self, spec) -> None:
         import functools
 
+        from ._deps import job_tag
         from ._worker import RESULT_SCHEMA, run_task
 
         try:
@@ -226,18 +227,17 @@ class _Attempt:
                 source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
             else:
                 source = self.spark.range(0, self.num_tasks, 1, self.num_tasks)
-            self.spark.addTag(self.tag)
-            try:
+            with job_tag(self.spark, self.tag):  # Spark 3.5 classic sessions have no tags: a job group then
                 rows = source.mapInArrow(functools.partial(run_task, spec), RESULT_SCHEMA, barrier=True).collect()
-            finally:
-                self.spark.removeTag(self.tag)
             self.q.put(("done", rows))
         except BaseException as e:  # noqa: BLE001 - reported to the main thread
             self.q.put(("error", e))
 
     def _cancel(self) -> None:
+        from ._deps import interrupt_jobs
+
         try:
-            self.spark.interruptTag(self.tag)
+            interrupt_jobs(self.spark, self.tag)
         except Exception as e:  # noqa: BLE001 - the session may already be gone
             log.debug("interruptTag failed: %s", e)
 
