@@ -93,7 +93,7 @@ def _wheel(out: Path) -> Path:
 
 
 TRAIN = textwrap.dedent("""
-    import json, sys
+    import json, sys, time
     import pyspark
     from pyspark.sql import SparkSession
     import tfnb
@@ -121,9 +121,20 @@ TRAIN = textwrap.dedent("""
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     try:
         result = tfnb.run(train, num_workers=2, spark=spark, display=False, timeout=600)
+        # Cancelling on Spark 3.5 (no job tags on classic sessions there): a run that outlives its timeout.
+        try:
+            tfnb.run(lambda ctx: __import__("time").sleep(600), num_workers=2, spark=spark, display=False, timeout=15)
+            cancelled = "not cancelled"
+        except tfnb.RunTimeoutError as e:
+            cancelled = type(e).__name__
+        deadline = time.monotonic() + 60
+        while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        active = list(spark.sparkContext.statusTracker().getActiveJobsIds())
     finally:
         spark.stop()
-    print("RESULT " + json.dumps({**result, "pyspark": pyspark.__version__, "tfnb": tfnb.__file__}))
+    print("RESULT " + json.dumps({**result, "pyspark": pyspark.__version__, "tfnb": tfnb.__file__,
+                                  "cancelled": cancelled, "active_jobs": active}))
 """)
 
 
@@ -150,6 +161,7 @@ def test_wheel_installs_into_a_runtime_without_changing_it_and_trains_on_spark_3
     assert result["pyspark"] == result["pyspark_worker"] == "3.5.0"
     assert result["replicas"] == 2 and result["epochs"] == 2 and result["keras"].startswith("tf_keras")
     assert "site-packages" in result["tfnb"] and str(ROOT) not in result["tfnb"]
+    assert result["cancelled"] == "RunTimeoutError" and result["active_jobs"] == []
 
 
 def test_import_tfnb_loads_nothing_heavy():
