@@ -73,6 +73,9 @@ def _runtime_env() -> Path:
 @pytest.fixture
 def runtime(tmp_path):
     base = _runtime_env()
+    for stale in CACHE.glob("run-*"):  # left by a test run that was killed
+        if not Path(f"/proc/{stale.name.split('-')[1]}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
     copy = CACHE / f"run-{os.getpid()}-{tmp_path.name}"
     # Hard links: a second or two for ~3 GB; pip writes new files, so the cached copy stays untouched.
     _run(["cp", "-al", base, copy])
@@ -123,7 +126,7 @@ TRAIN = textwrap.dedent("""
         result = tfnb.run(train, num_workers=2, spark=spark, display=False, timeout=600)
         # Cancelling on Spark 3.5 (no job tags on classic sessions there): a run that outlives its timeout.
         try:
-            tfnb.run(lambda ctx: __import__("time").sleep(600), num_workers=2, spark=spark, display=False, timeout=15)
+            tfnb.run(lambda ctx: __import__("time").sleep(600), num_workers=2, spark=spark, display=False, timeout=5)
             cancelled = "not cancelled"
         except tfnb.RunTimeoutError as e:
             cancelled = type(e).__name__
