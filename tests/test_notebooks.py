@@ -115,3 +115,44 @@ def test_notebooks_run_with_evaluator_beside_training(tmp_path, artifacts, no_or
     assert eval_events, "evaluator wrote no summaries"
     tb_runs = json.loads(re.search(r"TB_RUNS (.*)", texts["05_tensorboard"]).group(1))
     assert "eval" in tb_runs and any(r.startswith("train") for r in tb_runs), tb_runs
+
+
+def _cells(name: str) -> list[str]:
+    import nbformat
+
+    return [c.source for c in nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4).cells]
+
+
+def test_source_is_written_once_and_fresh_run_spares_a_watched_run(tmp_path):
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+
+    work = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", work)
+    runs = tmp_path / "runs"
+    source, model = runs / "ci" / "source", runs / "ci" / "model"
+    source.mkdir(parents=True)
+    (source / "meta.json").write_text('{"train_rows": 1}')  # data already there: 01 must leave it alone
+    model.mkdir()
+    (model / "ckpt-1.index").write_text("checkpoint")
+    ingest = next(s for s in _cells("01_data_ingest") if "ensure_digits_source(SOURCE_URL)" in s)
+    guard = next(s for s in _cells("03_train") if "if FRESH_RUN:" in s)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in [
+        f"BASE_DIR = {str(runs)!r}; RUN_NAME = 'ci'; FRESH_RUN = True",   # as papermill sets them
+        "%run ./00_constants.ipynb",
+        ingest,
+        # 04_evaluate's heartbeat, as it writes it while it watches this run
+        "import json, time\nwith open(EVALUATOR_MARK, 'w') as f:\n"
+        "    json.dump({'host': 'nb2', 'pid': 1, 'time': time.time(), 'interval': EVAL_INTERVAL}, f)",
+        guard,
+    ]]
+    path = work / "check.ipynb"
+    nbformat.write(nb, path)
+    with pytest.raises(CellExecutionError) as err:
+        _execute(path)
+    # the values set before the nested %run ./00_constants stuck: the guard speaks of this run's folder
+    assert f"FRESH_RUN=True would delete {model} while an evaluator watches" in str(err.value)
+    assert "04_evaluate on nb2" in str(err.value)
+    assert (model / "ckpt-1.index").exists()
+    assert (source / "meta.json").read_text() == '{"train_rows": 1}' and not (source / "train").exists()
