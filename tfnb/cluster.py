@@ -44,6 +44,9 @@ def get_spark(spark=None, num_slots: int = 2):
     For a new local session PYSPARK_PYTHON is set to this interpreter, so Spark's Python workers
     import the same packages as the notebook.
     """
+    from ._deps import require_spark
+
+    require_spark(spark)  # Spark >= 3.5, or one error naming the floor and the fix
     if spark is not None:
         return spark
     from pyspark.sql import SparkSession
@@ -212,6 +215,7 @@ class _Attempt:
     def _job(self, spec) -> None:
         import functools
 
+        from ._deps import job_tag
         from ._worker import RESULT_SCHEMA, run_task
 
         try:
@@ -223,18 +227,17 @@ class _Attempt:
                 source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
             else:
                 source = self.spark.range(0, self.num_tasks, 1, self.num_tasks)
-            self.spark.addTag(self.tag)
-            try:
+            with job_tag(self.spark, self.tag):  # Spark 3.5 classic sessions have no tags: a job group then
                 rows = source.mapInArrow(functools.partial(run_task, spec), RESULT_SCHEMA, barrier=True).collect()
-            finally:
-                self.spark.removeTag(self.tag)
             self.q.put(("done", rows))
         except BaseException as e:  # noqa: BLE001 - reported to the main thread
             self.q.put(("error", e))
 
     def _cancel(self) -> None:
+        from ._deps import interrupt_jobs
+
         try:
-            self.spark.interruptTag(self.tag)
+            interrupt_jobs(self.spark, self.tag)
         except Exception as e:  # noqa: BLE001 - the session may already be gone
             log.debug("interruptTag failed: %s", e)
 
