@@ -13,7 +13,9 @@ from browser import chromium_page, jupyter_lab  # noqa: F401  (fixtures)
 
 from tfnb.errors import ConfigError, WorkerError
 from tfnb.events import RunEvent
-from tfnb.progress import ConsoleDisplay, ProgressWidget, auto_display, keras_callback
+from tfnb.callbacks import keras_callback
+from tfnb.notebook import ProgressWidget
+from tfnb.progress import SUMMARY_ABOVE, ConsoleDisplay, auto_display
 
 EPOCHS, STEPS, BATCH = 2, 4, 16
 

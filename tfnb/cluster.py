@@ -24,6 +24,7 @@ from ._config import setting
 from .errors import (ClusterError, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure,
                      WorkerError)
 from .events import RunEvent
+from .progress import make_display
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,12 @@ class LaunchHooks:
     task_cwd: bool = False
 
 
-def _pickle_fn(train_fn: Callable, args: Sequence) -> bytes:
+def pickle_fn(train_fn: Callable, args: Sequence) -> bytes:
+    """``(train_fn, args)`` pickled as the tasks receive them; launcher surface for add-ons (tfnb.compat).
+
+    Raises:
+        ConfigError: they cannot be pickled; the message says what to change.
+    """
     import cloudpickle
 
     try:
@@ -451,7 +457,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
     if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigError("env must map str to str; convert values with str()")
-    payload = _pickle_fn(train_fn, args)
+    payload = pickle_fn(train_fn, args)
     num_tasks = num_workers + num_ps
     spark = get_spark(spark, num_tasks)
     check_cluster(spark, num_tasks)
@@ -465,7 +471,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         from .feeding import feed_spec
 
         feed = feed_spec(data)
-    sink = _make_display(display, num_workers, num_ps, max_attempts)
+    sink = make_display(display, num_workers, num_ps, max_attempts)
     run_id = uuid.uuid4().hex[:12]
     deadline = None if timeout is None else time.monotonic() + timeout
     if model_dir:
@@ -507,12 +513,3 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
 
             write_status(model_dir, final_state, run_id=run_id)
 
-
-def _make_display(display, num_workers: int, num_ps: int, max_attempts: int) -> Callable[[RunEvent], None]:
-    if display is False:
-        return lambda event: None
-    if callable(display):
-        return display
-    from .progress import auto_display
-
-    return auto_display(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
