@@ -206,6 +206,111 @@ def test_keras_callback_rejects_bad_options(kwargs):
         keras_callback(None, **kwargs)
 
 
+# ---------------------------------------------------------------- carriage returns and large runs
+
+BAR = "\r".join(f"{i}/10 [{'=' * i}{'.' * (10 - i)}] - loss: {1 / i:.4f}" for i in range(1, 11))
+
+
+def _bar_events(job, idx):
+    """A Keras verbose=1 bar: partial updates (folded by the task), then the finished line."""
+    out = [_ev("log", job, idx, stream="stdout", line=BAR.split("\r")[i], partial=True) for i in range(9)]
+    out.append(_ev("log", job, idx, stream="stdout", line="\r" + BAR + "\r"))
+    return out
+
+
+def test_widget_shows_one_updating_line_per_worker_for_carriage_returns():
+    widget = ProgressWidget(num_workers=2, refresh_interval=0)
+    for event in _bar_events("chief", 0)[:5] + _bar_events("worker", 1)[:3]:
+        widget(event)
+    live = widget.live.value
+    assert live.count("[chief 0]") == 1 and "5/10 [=====.....]" in live
+    assert live.count("[worker 1]") == 1 and "3/10 [===.......]" in live
+    assert widget.log_text() == "\n"  # partial updates are not log lines
+    for event in _bar_events("chief", 0)[5:]:
+        widget(event)
+    widget.close()
+    # the finished bar leaves its last state, once, as the chief's log line; worker 1's bar still runs
+    assert widget.log_text().splitlines() == ["[chief 0] 10/10 [==========] - loss: 0.1000"]
+    assert "[chief 0]" not in widget.live.value and "3/10" in widget.live.value
+
+
+def test_console_throttles_carriage_return_output(capsys):
+    display = ConsoleDisplay(num_workers=2, interval=30)
+    for event in _bar_events("chief", 0) + _bar_events("worker", 1)[:9]:
+        display(event)
+    display.close()
+    out = capsys.readouterr().out.splitlines()
+    # the first partial update shows at once, the rest wait for the interval; the finished line shows
+    # its final state; close() prints worker 1's latest unfinished state
+    assert out == ["[chief 0] 1/10 [=.........] - loss: 1.0000",
+                   "[chief 0] 10/10 [==========] - loss: 0.1000",
+                   "[worker 1] 9/10 [=========.] - loss: 0.1111"], out
+
+
+LARGE = 200  # tasks, far above SUMMARY_ABOVE
+
+
+def _large_run_events(rounds=10):
+    """A 200-task run: worker 7 lags, worker 9 stalls, worker 11 fails, the rest train in step."""
+    out = [_ev("state", "chief" if r == 0 else "worker", r, state="training") for r in range(LARGE)]
+    for step in range(1, rounds + 1):
+        if step == 6:
+            out.append(_ev("state", "worker", 9, state="stalled"))
+            out.append(_ev("failed", "worker", 11, exc_type="ValueError", message="bad shard 11"))
+        for r in range(LARGE):
+            job = "chief" if r == 0 else "worker"
+            if r == 7 and step > 2 or r in (9, 11) and step > 5:
+                continue
+            out.append(_ev("progress", job, r, epoch=1, epochs=1, step=step + (r == 3), steps=100,
+                           loss=0.5, examples_per_sec=10.0, batch_size=1))
+    return out
+
+
+def test_widget_summarises_a_large_run_and_pages_its_rows():
+    widget = ProgressWidget(num_workers=LARGE, refresh_interval=0)
+    events = _large_run_events()
+    start = time.monotonic()
+    for event in events:
+        widget(event)
+    elapsed = time.monotonic() - start
+    # a large run re-renders at most once a second, however fast its ~2,000 events come
+    assert widget.renders <= elapsed / 1.0 + 2, (widget.renders, elapsed)
+    widget.close()
+
+    summary = widget.summary.value
+    assert f"{LARGE} tasks" in summary
+    assert "198 training" in summary and "1 stalled" in summary and "1 failed" in summary
+    assert "slowest worker 7 (epoch 1/1 step 2/100" in summary and "fastest worker 3 (epoch 1/1 step 11/100" in summary
+    assert "1 straggler: worker 7" in summary and "stalled: worker 9" in summary
+    assert "page 1/13" in summary
+    # the table shows one page, the tasks of note first
+    rows = widget.table.value.count("<tr>") - 1
+    assert rows == SUMMARY_ABOVE
+    table = widget.table.value
+    assert table.index("worker 11") < table.index("worker 9") < table.index("worker 7") < table.index("chief 0")
+    assert "bad shard 11" in table
+    assert "1.98k examples/s in total" in summary
+    widget.show_page(12)
+    assert widget.table.value.count("<tr>") - 1 == LARGE - 12 * SUMMARY_ABOVE and "page 13/13" in widget.summary.value
+
+
+def test_console_summarises_a_large_run(capsys):
+    display = ConsoleDisplay(num_workers=LARGE, interval=0)
+    for event in _large_run_events(rounds=7):
+        display(event)
+    display(_ev("state", "driver", 0, state="failed", attempt=1))
+    display.close()
+    out = capsys.readouterr().out.splitlines()
+    # no per-task state lines for 200 tasks; the stall and the failure are always shown
+    assert not any(line.endswith("] training") for line in out)
+    assert "[worker 9] stalled" in out and "[worker 11] FAILED ValueError: bad shard 11" in out
+    summaries = [line for line in out if line.startswith("[tfnb] slowest")]
+    assert summaries and "worker 7 (epoch 1/1 step 2/100" in summaries[-1]
+    assert any(line.startswith("[tfnb] 1 straggler: worker 7") for line in out)
+    progress = [line for line in out if line.startswith("[tfnb] epoch")]
+    assert progress and "1 stalled" in progress[-1] and "1 failed" in progress[-1]
+
+
 # ---------------------------------------------------------------- real runs
 
 
@@ -286,6 +391,18 @@ def test_widget_follows_a_real_two_worker_run(spark, no_orphans):
         assert w.loss == pytest.approx(hist["loss"][-1], rel=1e-5)
         assert w.metrics["accuracy"] == pytest.approx(hist["accuracy"][-1], rel=1e-5)
         assert w.examples_per_sec > 0
+    # per-batch numbers are the means Keras reports at epoch end, not sums over the workers: the last
+    # batch's running value equals the epoch's (both workers see equal batches), and accuracy stays <= 1
+    for key in (("chief", 0), ("worker", 1)):
+        sent = [ev.data for ev, _, _ in rec.snapshots if (ev.job_name, ev.task_index) == key
+                and ev.kind == "progress" and "accuracy" in ev.data]
+        assert all(0 <= d["accuracy"] <= 1 for d in sent), sent
+        for epoch in range(1, EPOCHS + 1):
+            last = [d for d in sent if d["epoch"] == epoch and d["step"] == STEPS]
+            end = next(d for d in last if d.get("epoch_end"))
+            batch = next(d for d in last if not d.get("epoch_end"))
+            assert batch["accuracy"] == pytest.approx(end["accuracy"], rel=1e-4), (batch, end)
+            assert batch["loss"] == pytest.approx(end["loss"], rel=1e-4), (batch, end)
     table = widget.table.value
     assert table.count("done") == 2 and f"{EPOCHS}/{EPOCHS}" in table and f"{STEPS}/{STEPS}" in table
     assert f"{widget.workers[('chief', 0)].loss:.4g}" in table

@@ -25,23 +25,28 @@ def _number(value: Any) -> float | None:
 def _replica_divisor(model: Any) -> int:
     """How many replicas' values tf-keras summed into each per-batch log value.
 
-    tf-keras reduces a distributed train step's outputs with ``distribute_reduction_method``, whose
-    "auto" means "sum" outside TPUs: under MultiWorkerMirroredStrategy every per-batch loss and
-    metric is the sum of each replica's own mean (an accuracy of 1.6 with 2 workers). At epoch end
-    Keras reads the metrics themselves, which are true means. Dividing by the replica count turns the
-    per-batch values into those means (exact when replicas see equal batches, as tfnb feeds them).
+    tf-keras reduces a train step's outputs with ``distribute_reduction_method``, whose "auto" means
+    "sum" outside TPUs; under MultiWorkerMirroredStrategy in multi-worker mode that sum is a
+    cross-worker all-reduce of each replica's own running mean, so a per-batch accuracy of 1.6 shows
+    with 2 workers (a single-worker MirroredStrategy returns the mean itself). At epoch end Keras
+    reads the metrics, which are true means. Dividing by the replica count gives those means (exact
+    when replicas see equal batches, as tfnb feeds them). Keras 3 has no such attribute and averages.
     """
-    method = getattr(model, "distribute_reduction_method", None)  # tf-keras only; Keras 3 averages
+    method = getattr(model, "distribute_reduction_method", None)
     strategy = getattr(model, "distribute_strategy", None)
     if method not in ("auto", "sum") or strategy is None:
         return 1
-    if method == "auto" and "TPU" in type(strategy).__name__:
-        return 1  # "auto" is "first" on TPUs
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return 1
+    in_multi_worker = getattr(strategy.extended, "_in_multi_worker_mode", None)  # tf-keras asks the same
+    if in_multi_worker is not None and not in_multi_worker():
+        return 1
     try:
         return max(int(strategy.num_replicas_in_sync), 1)
     except (AttributeError, TypeError, ValueError):
         return 1
-
 
 
 def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: float = 0.5,

@@ -224,7 +224,9 @@ class RunProgress:
         training, stragglers = self.ranked()
         lines = []
         if training:
-            lines.append(f"slowest {_where(training[0])} · fastest {_where(training[-1])}")
+            rate = self.examples_per_sec()
+            total = f" · {_short(rate)} examples/s in total" if rate is not None else ""
+            lines.append(f"slowest {_where(training[0])} · fastest {_where(training[-1])}{total}")
         if stragglers:
             named = ", ".join(w.label for w in stragglers[:names])
             more = f" (+{len(stragglers) - names} more)" if len(stragglers) > names else ""
