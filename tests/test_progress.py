@@ -441,6 +441,7 @@ import tfnb
 def train_fn(ctx, flag):
     import pathlib, time
     print(f"LIVE-MARKER from task {ctx.task_index}", flush=True)
+    print("\\r".join(f"bar {i}/5" for i in range(1, 6)), flush=True)  # a carriage-return progress bar
     ctx.report(epoch=1, epochs=1, step=1, steps=2, loss=0.5, examples_per_sec=100.0)
     while not pathlib.Path(flag).exists():  # the test lets the run finish once it saw the live widget
         time.sleep(0.1)
@@ -452,6 +453,22 @@ print("RESULT", result)
 '''
 
 
+LARGE_RUN = '''
+import tfnb
+from tfnb.events import RunEvent
+
+w = tfnb.ProgressWidget(num_workers=200, refresh_interval=0)
+for r in range(200):
+    job = "chief" if r == 0 else "worker"
+    w(RunEvent("state", job, r, {"state": "training"}))
+    w(RunEvent("progress", job, r, {"epoch": 1, "epochs": 1, "step": 2 if r == 7 else 10, "steps": 100,
+                                    "examples_per_sec": 10.0}))
+    w(RunEvent("log", job, r, {"line": f"{r} [==>....]", "partial": True}))
+w(RunEvent("state", "worker", 9, {"state": "stalled"}))
+w.close()
+'''
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
@@ -460,6 +477,7 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
     nb = jupyter_lab.write_notebook("progress.ipynb", [
         f"FLAG = {str(flag)!r}" + NOTEBOOK_RUN,
         "from pyspark.sql import SparkSession\nSparkSession.getActiveSession().stop()",
+        LARGE_RUN,
     ])
     ms = 300_000
     # the test acts mid-run, so it starts "Run All" without waiting for the end
@@ -490,3 +508,19 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
         """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
                  .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=ms)
     page.screenshot(path=str(artifacts / "progress-done.png"))
+    # the bar's carriage-return updates became its final state, once per task
+    logs = first.locator(".jp-OutputArea-output").all_inner_texts()
+    assert any("[chief 0] bar 5/5" in t for t in logs) and not any("bar 1/5" in t for t in logs), logs
+
+    # a 200-task run: the summary, one page of rows with the tasks of note first, and a working pager
+    large = page.locator(".jp-CodeCell").nth(2)
+    summary = large.locator(".tfnb-summary")
+    summary.get_by_text("200 tasks").wait_for(timeout=ms)
+    text = summary.inner_text()
+    assert "1 stalled" in text and "stalled: worker 9" in text and "1 straggler: worker 7" in text, text
+    rows = large.locator("table.tfnb-progress tr").all_inner_texts()
+    assert len(rows) == 1 + SUMMARY_ABOVE and rows[1].startswith("worker 9") and rows[2].startswith("worker 7"), rows
+    assert large.locator(".tfnb-live").inner_text().count("\n") == SUMMARY_ABOVE - 1  # one bar line per row shown
+    page.screenshot(path=str(artifacts / "progress-large.png"))
+    large.get_by_role("button", name="▶").click()
+    summary.get_by_text("page 2/13").wait_for(timeout=ms)

@@ -226,7 +226,8 @@ class RunProgress:
         if training:
             rate = self.examples_per_sec()
             total = f" · {_short(rate)} examples/s in total" if rate is not None else ""
-            lines.append(f"slowest {_where(training[0])} · fastest {_where(training[-1])}{total}")
+            fastest = max(training, key=lambda w: w.progress)  # the lowest rank among equals
+            lines.append(f"slowest {_where(training[0])} · fastest {_where(fastest)}{total}")
         if stragglers:
             named = ", ".join(w.label for w in stragglers[:names])
             more = f" (+{len(stragglers) - names} more)" if len(stragglers) > names else ""
