@@ -296,7 +296,7 @@ def test_widget_summarises_a_large_run_and_pages_its_rows():
 
 def test_console_summarises_a_large_run(capsys):
     display = ConsoleDisplay(num_workers=LARGE, interval=0)
-    for event in _large_run_events(rounds=7):
+    for event in _large_run_events(rounds=7) + _bar_events("chief", 0)[-1:] + _bar_events("worker", 5)[-1:]:
         display(event)
     display(_ev("state", "driver", 0, state="failed", attempt=1))
     display.close()
@@ -304,6 +304,8 @@ def test_console_summarises_a_large_run(capsys):
     # no per-task state lines for 200 tasks; the stall and the failure are always shown
     assert not any(line.endswith("] training") for line in out)
     assert "[worker 9] stalled" in out and "[worker 11] FAILED ValueError: bad shard 11" in out
+    # finished carriage-return bars: the chief's final state only
+    assert [line for line in out if "10/10 [" in line] == ["[chief 0] 10/10 [==========] - loss: 0.1000"]
     summaries = [line for line in out if line.startswith("[tfnb] slowest")]
     assert summaries and "worker 7 (epoch 1/1 step 2/100" in summaries[-1]
     assert any(line.startswith("[tfnb] 1 straggler: worker 7") for line in out)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -482,7 +481,11 @@ class ConsoleDisplay:
             self._flush_live()
             return
         self._live_pending.pop(event.label, None)  # the finished line below says more
-        self._print(f"[{event.label}] {_last_segment(line) if chr(13) in line else line}")
+        if "\r" in line:
+            if self.run.large() and event.job_name != "chief":
+                return  # a finished bar from each of hundreds of tasks: the summary speaks for them
+            line = _last_segment(line)
+        self._print(f"[{event.label}] {line}")
 
     def _flush_live(self, force: bool = False) -> None:
         now = time.monotonic()
