@@ -96,6 +96,9 @@ def test_compat_imports_no_private_name_of_the_core():
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                     and node.value.id in core_aliases and node.attr.startswith("_")):
                 offending.append(f"{module}:{node.lineno} uses {node.value.id}.{node.attr}")
+            if isinstance(node, ast.Call):  # a private keyword such as run(..., _hooks=...) is private too
+                offending += [f"{module}:{node.lineno} passes {k.arg}=" for k in node.keywords
+                              if k.arg and k.arg.startswith("_")]
     assert not offending, "tfnb.compat must use the launcher's public surface:\n" + "\n".join(offending)
 
 

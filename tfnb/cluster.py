@@ -366,6 +366,20 @@ class _Attempt:
                 self._handle(item[1], item[2])
 
 
+def run_with_hooks(train_fn: Callable, hooks: LaunchHooks, **kwargs: Any) -> Any:
+    """:func:`run` with launcher hooks: the entry point add-ons such as tfnb.compat build on.
+
+    Args:
+        train_fn: as for :func:`run`.
+        hooks: what the add-on changes in the launch (see :class:`LaunchHooks`).
+        **kwargs: :func:`run`'s keyword arguments.
+
+    Example:
+        >>> run_with_hooks(node_fn, LaunchHooks(all_results=True), num_workers=2)
+    """
+    return run(train_fn, _hooks=hooks, **kwargs)
+
+
 def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
     """A TaskFailure for a job that failed without any task reporting why (a lost executor, say)."""
     text = str(exc).strip()

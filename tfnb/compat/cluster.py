@@ -176,9 +176,9 @@ class TFCluster:
         hooks = launcher.LaunchHooks(feeder=feeder, all_results=all_results,
                                      daemon_ranks=frozenset(self._daemons), cancel=cancel,
                                      keep_port=not self._meta.release_port, task_cwd=True)
-        return launcher.run(
-            run_node, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
-            spark=self.spark, log_dir=self._log_dir, display=display, data=data, _hooks=hooks)
+        return launcher.run_with_hooks(
+            run_node, hooks, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
+            spark=self.spark, log_dir=self._log_dir, display=display, data=data)
 
     def _start_background(self, reservation_timeout: float) -> None:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
