@@ -20,10 +20,11 @@ from types import SimpleNamespace
 import pytest
 
 from browser import kill_processes_with, processes_with
+import tfnb
 from tfnb import _tb_process as tbp
 from tfnb.errors import ConfigError
-from tfnb.tensorboard import (TensorBoardPanel, browser_url, databricks_proxy_url, status_html,
-                              tensorboard)
+from tfnb.notebook.tensorboard import TensorBoardPanel, status_html
+from tfnb.tensorboard import browser_url, databricks_proxy_url, tensorboard
 
 _WRITE_SCALARS = textwrap.dedent("""
     import sys
@@ -122,6 +123,7 @@ def test_second_call_reuses_the_same_process(tb, logdir):
     assert isinstance(tbp.ensure_tensorboard(logdir, port=tb.port), tbp.Reused)
     assert (again.pid, again.port, again.url) == (tb.pid, tb.port, tb.url)
     assert tb.instance in tbp.instances()
+    assert tfnb.tensorboard.instances() == tbp.instances()  # the public way to list them
 
 
 def test_outside_a_notebook_the_url_is_printed(tb, logdir, capsys):
@@ -194,13 +196,13 @@ def shell():
 
 
 def test_magic_shows_tensorboard(tb, logdir, shell, capsys):
-    shell.extension_manager.load_extension("tfnb.magics")
+    shell.extension_manager.load_extension("tfnb.notebook.magics")
     shell.run_line_magic("tfnb_tensorboard", f"--logdir {logdir} --reload_interval 1")
     assert f"at http://127.0.0.1:{tb.port}/ (pid {tb.pid})" in capsys.readouterr().out
 
 
 def test_magic_rejects_a_bad_line(shell):
-    shell.extension_manager.load_extension("tfnb.magics")
+    shell.extension_manager.load_extension("tfnb.notebook.magics")
     with pytest.raises(ConfigError, match="--logdir"):
         shell.run_line_magic("tfnb_tensorboard", "--port 6006")
     with pytest.raises(ConfigError, match="invalid int value: 'abc'"):
@@ -213,12 +215,12 @@ def test_load_ext_tfnb_offers_the_magic(shell):
 
 
 def test_tensorboards_own_magic_keeps_working_with_ours(shell):
-    shell.extension_manager.load_extension("tfnb.magics")
+    shell.extension_manager.load_extension("tfnb.notebook.magics")
     shell.extension_manager.load_extension("tensorboard")
     line = shell.magics_manager.magics["line"]
     assert line["tensorboard"].__module__ == "tensorboard.notebook"
-    assert line["tfnb_tensorboard"].__module__ == "tfnb.magics"
-    shell.extension_manager.reload_extension("tfnb.magics")  # loading ours again, after theirs
+    assert line["tfnb_tensorboard"].__module__ == "tfnb.notebook.magics"
+    shell.extension_manager.reload_extension("tfnb.notebook.magics")  # loading ours again, after theirs
     assert shell.magics_manager.magics["line"]["tensorboard"].__module__ == "tensorboard.notebook"
 
 

@@ -24,6 +24,7 @@ from ._config import setting
 from .errors import (ClusterError, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure,
                      WorkerError)
 from .events import RunEvent
+from .progress import make_display
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,12 @@ class LaunchHooks:
     task_cwd: bool = False
 
 
-def _pickle_fn(train_fn: Callable, args: Sequence) -> bytes:
+def pickle_fn(train_fn: Callable, args: Sequence) -> bytes:
+    """``(train_fn, args)`` pickled as the tasks receive them; launcher surface for add-ons (tfnb.compat).
+
+    Raises:
+        ConfigError: they cannot be pickled; the message says what to change.
+    """
     import cloudpickle
 
     try:
@@ -363,6 +369,20 @@ class _Attempt:
                 self._handle(item[1], item[2])
 
 
+def run_with_hooks(train_fn: Callable, hooks: LaunchHooks, **kwargs: Any) -> Any:
+    """:func:`run` with launcher hooks: the entry point add-ons such as tfnb.compat build on.
+
+    Args:
+        train_fn: as for :func:`run`.
+        hooks: what the add-on changes in the launch (see :class:`LaunchHooks`).
+        **kwargs: :func:`run`'s keyword arguments.
+
+    Example:
+        >>> run_with_hooks(node_fn, LaunchHooks(all_results=True), num_workers=2)
+    """
+    return run(train_fn, _hooks=hooks, **kwargs)
+
+
 def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
     """A TaskFailure for a job that failed without any task reporting why (a lost executor, say)."""
     text = str(exc).strip()
@@ -454,7 +474,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
     if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigError("env must map str to str; convert values with str()")
-    payload = _pickle_fn(train_fn, args)
+    payload = pickle_fn(train_fn, args)
     num_tasks = num_workers + num_ps
     spark = get_spark(spark, num_tasks)
     check_cluster(spark, num_tasks)
@@ -468,7 +488,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         from .feeding import feed_spec
 
         feed = feed_spec(data)
-    sink = _make_display(display, num_workers, num_ps, max_attempts)
+    sink = make_display(display, num_workers, num_ps, max_attempts)
     run_id = uuid.uuid4().hex[:12]
     deadline = None if timeout is None else time.monotonic() + timeout
     if model_dir:
@@ -510,12 +530,3 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
 
             write_status(model_dir, final_state, run_id=run_id)
 
-
-def _make_display(display, num_workers: int, num_ps: int, max_attempts: int) -> Callable[[RunEvent], None]:
-    if display is False:
-        return lambda event: None
-    if callable(display):
-        return display
-    from .progress import auto_display
-
-    return auto_display(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
