@@ -102,7 +102,9 @@ def test_wrong_token_is_refused(driver):
     honest.send("log", stream="stdout", line="still here")
     assert driver.got.next() == (1, {"kind": "log", "stream": "stdout", "line": "still here"})
     honest.close()
-    assert driver.got.lines() == [(1, {"kind": "disconnected"})]  # nothing from the refused one
+    assert driver.got.next() == (1, {"kind": "disconnected"})
+    assert driver.got.lines() == []  # nothing from the refused one
+    assert driver.rejected == 1
 
 
 def test_tampered_forged_and_replayed_frames_close_only_that_connection(driver):
