@@ -48,6 +48,12 @@ _MAC = 32
 _HEAD = struct.Struct(">I")
 
 
+def batch_window(num_tasks: int) -> float:
+    """Seconds a task gathers messages into one frame: 0.1 s, longer for large runs (up to 0.25 s at
+    2048 tasks), so the driver gets at most ~8,000 frames/s whatever the cluster size."""
+    return min(0.25, max(0.1, num_tasks / 8192))
+
+
 def _proof(token: str, label: str, first: str, second: str) -> str:
     return hmac.new(token.encode(), f"{label}|{first}|{second}".encode(), hashlib.sha256).hexdigest()
 
@@ -72,9 +78,8 @@ class _Sealer:
         self.seq += 1
         return _HEAD.pack(_MAC + len(payload)) + mac + payload
 
-    def open(self, body) -> object:
-        body = bytes(body)
-        payload = body[_MAC:]
+    def open(self, body: memoryview) -> object:
+        payload = bytes(body[_MAC:])
         expected = hmac.digest(self.key, self.seq.to_bytes(8, "big") + payload, "sha256")
         if len(body) < _MAC or not hmac.compare_digest(expected, body[:_MAC]):
             raise ConnectionError("a frame failed its authentication check")
@@ -475,7 +480,7 @@ class TaskChannel:
                 body = _recv_body(self._sock, _MAX_FRAME)
                 if body is None:
                     break
-                msg = self._rx.open(body)
+                msg = self._rx.open(memoryview(body))
                 if self._on_message and isinstance(msg, dict):
                     self._on_message(msg)
         except (OSError, ValueError, ConnectionError):
@@ -546,14 +551,19 @@ class TaskChannel:
             if not self.flush():
                 return
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Send what is waiting, then hang up once the driver has read it all (or after ``timeout``)."""
         if not self._closing:
             self.flush()
         self._closing = True
         with self._pending_lock:
             self._pending_lock.notify_all()
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            # Closing now could reset the connection while the driver is still behind on reading it
+            # (the kernel drops what it had not read): end the sending side, wait for its hang-up.
+            self._sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout)
         self._sock.close()

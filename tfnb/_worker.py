@@ -379,7 +379,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
-    from ._channel import TaskChannel
+    from ._channel import TaskChannel, batch_window
 
     bctx = BarrierTaskContext.get()
     rank = bctx.partitionId()
@@ -394,7 +394,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
         holder: dict = {}
         chan = TaskChannel(
-            spec.channel, spec.token, peer,
+            spec.channel, spec.token, peer, window=batch_window(spec.num_workers + spec.num_ps),
             on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
             on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None,
         )
