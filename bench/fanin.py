@@ -154,8 +154,9 @@ def driver(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict
                 att._drain(0.1)
             cpu, wall = _cpu() - cpu0, time.monotonic() - wall0
             shown.measuring = False
-            for p in procs:
-                p.wait(timeout=60)
+            finish = time.monotonic() + 120
+            while any(p.poll() is None for p in procs) and time.monotonic() < finish:
+                att._drain(0.1)  # the senders hang up once the driver has read all they sent
             while att.q.qsize():
                 att._drain(0.1)
         finally:
@@ -170,7 +171,7 @@ def driver(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict
     lags = sorted(shown.lags) or [float("nan")]
     offered = tasks * (lines_per_s + 2)
     return {"tasks": tasks, "lines": lines_per_s, "display": display, "offered": offered,
-            "handled": shown.count / wall, "cpu": cpu / wall,
+            "handled": shown.count / wall, "cpu": cpu / wall, "us_per_msg": cpu / max(shown.count, 1) * 1e6,
             "p50": lags[len(lags) // 2] * 1000, "p99": lags[int(len(lags) * 0.99)] * 1000, "max": lags[-1] * 1000,
             "dropped": att.q.dropped - dropped0, "peak_queue": att.q.peak, "log_lines": log_lines,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -204,8 +205,8 @@ def main() -> None:
     print(f"fan-in: {SENDERS} sender processes, {a.seconds:g} s measured per row, display={a.display}, "
           f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.1f}")
     print("| tasks | lines/s per task | display | msgs/s offered | msgs/s handled | driver CPU s/s "
-          "| lag p50 / p99 / max | progress merged | peak queue | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| CPU us/msg | lag p50 / p99 / max | progress merged | peak queue | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for lines in a.lines.split(","):
         for tasks in a.tasks.split(","):
             out = subprocess.run([sys.executable, __file__, "--_driver", tasks, lines, str(a.seconds), a.display],
@@ -215,7 +216,7 @@ def main() -> None:
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"| {r['tasks']} | {r['lines']:g} | {r['display']} | {r['offered']:,.0f} | {r['handled']:,.0f} "
-                  f"| {r['cpu']:.2f} | {r['p50']:.0f} / {r['p99']:.0f} / {r['max']:.0f} ms | {r['dropped']:,} "
+                  f"| {r['cpu']:.2f} | {r['us_per_msg']:.1f} | {r['p50']:.0f} / {r['p99']:.0f} / {r['max']:.0f} ms | {r['dropped']:,} "
                   f"| {r['peak_queue']:,} | {r['rss_mb']:.0f} MB |", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 

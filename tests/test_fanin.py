@@ -8,6 +8,7 @@ test runs a real Keras progress bar inside ``tfnb.run`` on Spark local[2].
 from __future__ import annotations
 
 import io
+import os
 import re
 import threading
 from collections import defaultdict
@@ -186,19 +187,40 @@ def test_keras_bar_through_tfnb_run_is_one_line_per_worker_and_the_log_file_has_
     log_file = [e.data["log_file"] for e in events if e.job_name == "driver" and "log_file" in e.data]
     assert len(log_file) == 1 and log_file[0].startswith(str(tmp_path))
     text = open(log_file[0]).read()
-    for worker in ("worker 0", "worker 1"):
+    for worker in ("chief 0", "worker 1"):
         lines = [e.data for e in events if e.kind == "log" and e.label == worker]
         finals = [d["line"] for d in lines if not d.get("partial")]
         bar_lines = [line for line in finals if re.match(r"\s*\d+/3000 \[", line)]
-        assert len(bar_lines) == 1 and bar_lines[0].startswith("3000/3000 [")
+        assert len(bar_lines) == 1 and bar_lines[0].startswith("3000/3000 ["), finals[:5]
         assert len(bar_lines[0]) < 200
         assert sum(1 for d in lines if d.get("partial")) < 30
         assert finals[-200:] == [f"line {i}" for i in range(200)]
         # the file keeps every finished line, not the intermediate bar states
-        for line in ["before the bar", bar_lines[0].rstrip(), "line 0", "line 199"]:
-            assert f"{worker.replace('worker', 'chief') if worker == 'worker 0' else worker} stdout: {line}" in text \
-                or f"{worker} stdout: {line}" in text
-        assert text.count(f"{worker} stdout: line ") == 200 or text.count(" stdout: line ") == 400
+        for line in ["before the bar", bar_lines[0], "line 0", "line 199"]:
+            assert f"{worker} stdout: {line}\n" in text
+        assert text.count(f"{worker} stdout: line ") == 200
     printed = out.getvalue().splitlines()
     assert not any(len(p) > 2100 for p in printed)
     assert sum("/3000 [" in p for p in printed) <= 2 * 30
+
+
+# ---------------------------------------------------------------- where the run's log file goes
+
+
+def test_the_run_log_is_local_never_at_a_remote_url(tmp_path, monkeypatch):
+    from tfnb._runlog import RunLog, run_log_path
+
+    monkeypatch.setenv("TFNB_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    assert run_log_path("r1", str(tmp_path / "model")) == str(tmp_path / "model" / "tfnb-logs" / "run-r1.log")
+    private = str(tmp_path / "state" / f"tfnb-runs-{os.getuid()}" / "r2" / "run.log")
+    for remote in ("s3://bucket/model", "dbfs:/models/m", "gs://b/m"):
+        assert run_log_path("r2", remote) == private
+    # a model_dir that cannot be written: the private run folder instead, and the run goes on
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    runlog = RunLog.for_run("r3", str(blocked / "model"))
+    runlog.message({"job_name": "chief", "task_index": 0}, {"kind": "log", "stream": "stderr", "line": "kept"})
+    runlog.close()
+    assert runlog.path.endswith(os.path.join("r3", "run.log"))
+    assert open(runlog.path).read().endswith(" chief 0 stderr: kept\n")

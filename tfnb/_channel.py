@@ -337,14 +337,18 @@ def _merges(msg: dict) -> bool:
             and not (msg.get("data") or {}).get("epoch_end"))
 
 
+_ENDS = ("done", "error", "closed")
+
+
 class Inbox:
     """The driver's bounded queue from the channel thread to the main thread.
 
     Log lines, states and failures are kept in order, never dropped: when ``bound`` messages wait,
     :meth:`put_message` blocks, so the channel stops reading and the tasks slow down. Progress waits
     at most once per task: a newer report merges into the one not yet handled (``dropped`` counts
-    them). A driver item (:meth:`put`: the job ended) lifts the bound, since what the tasks still
-    have to send is then finite.
+    them). The job's end (:meth:`put` of a "done", "error" or "closed" item) lifts the bound, since
+    what the tasks still have to send is then finite and the channel thread must not wait on a
+    queue nobody drains any more.
 
     Items come out as ``("msg", peer, message)`` or as put.
     """
@@ -360,7 +364,8 @@ class Inbox:
 
     def put(self, item) -> None:
         with self._cv:
-            self.bound = float("inf")
+            if item[0] in _ENDS:
+                self.bound = float("inf")
             self._items.append(item)
             self._cv.notify_all()
 

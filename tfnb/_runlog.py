@@ -3,7 +3,8 @@
 The display folds progress bars and cuts long lines so a large run stays readable; this file keeps
 the whole stream (every finished line, uncut up to the tasks' own bound) for reading afterwards. It
 lives in ``<model_dir>/tfnb-logs/run-<run_id>.log`` when model_dir is a local path, else in the
-user's private run folder (``<tmp>/tfnb-runs-<uid>/<run_id>/run.log``): never written to a remote URL.
+user's private run folder (``<tmp>/tfnb-runs-<uid>/<run_id>/run.log``, the newest 100 runs kept): never
+written to a remote URL.
 Every attempt of a run appends to the same file.
 """
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 
 log = logging.getLogger(__name__)
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # s3://, gs://, dbfs:/, hdfs://... (not C:/)
+_KEEP_RUNS = 100    # run folders kept in the private run folder; older ones are removed
 _FLUSH_EVERY = 1.0  # seconds: someone may be reading the file while the run goes on
 
 
@@ -28,7 +31,20 @@ def run_log_path(run_id: str, model_dir: str | None) -> str:
         return os.path.join(model_dir, "tfnb-logs", f"run-{run_id}.log")
     from ._private import private_dir
 
-    return os.path.join(private_dir("runs"), run_id, "run.log")
+    base = private_dir("runs")
+    _prune(base, run_id)
+    return os.path.join(base, run_id, "run.log")
+
+
+def _prune(base: str, current: str, keep: int = _KEEP_RUNS) -> None:
+    """Remove the oldest run folders in the private folder ``base`` beyond the newest ``keep``."""
+    try:
+        runs = [e for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name != current]
+        runs.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime)
+        for e in runs[:max(0, len(runs) - keep + 1)]:
+            shutil.rmtree(e.path, ignore_errors=True)
+    except OSError:
+        pass
 
 
 class RunLog:

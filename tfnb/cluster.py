@@ -221,6 +221,15 @@ class _Attempt:
         self.runlog.message(peer, msg)
         self.q.put_message(peer, msg)
 
+    def _log(self, job: str, idx: int, msg: dict) -> None:
+        line = str(msg.get("line", ""))
+        if len(line) > _MAX_SHOWN_LINE:
+            line = f"{line[:_MAX_SHOWN_LINE]} … [{len(line) - _MAX_SHOWN_LINE} more characters in the run's log file]"
+        data = {"stream": msg.get("stream"), "line": line}
+        if msg.get("partial"):
+            data["partial"] = True  # a carriage-return update: the next line of this task replaces it
+        self.display(RunEvent(events.LOG, job, idx, data))
+
     def _job(self, spec) -> None:
         import functools
 
@@ -252,20 +261,15 @@ class _Attempt:
 
     def _handle(self, peer: dict, msg: dict) -> None:
         kind = msg.get("kind")
+        job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
         if kind == "batch":  # what a task gathered over a short window, handled as one unit
             for m in msg.get("items") or ():
-                if isinstance(m, dict):
+                if isinstance(m, dict) and m.get("kind") == "log":
+                    self._log(job, idx, m)
+                elif isinstance(m, dict):
                     self._handle(peer, m)
-            return
-        job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
-        if kind == "log":
-            line = str(msg.get("line", ""))
-            if len(line) > _MAX_SHOWN_LINE:
-                line = f"{line[:_MAX_SHOWN_LINE]} … [{len(line) - _MAX_SHOWN_LINE} more characters in the run's log file]"
-            data = {"stream": msg.get("stream"), "line": line}
-            if msg.get("partial"):
-                data["partial"] = True  # a carriage-return update: the next line of this task replaces it
-            self.display(RunEvent(events.LOG, job, idx, data))
+        elif kind == "log":
+            self._log(job, idx, msg)
         elif kind == "event":
             self.display(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
         elif kind == "state":
