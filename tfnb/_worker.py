@@ -123,7 +123,10 @@ class _Lines:
         line = seg.replace(b"\x08", b"").decode("utf-8", "replace")
         if len(line) > _MAX_LINE:
             line = f"{line[:_MAX_LINE]} … [{len(line) - _MAX_LINE} more characters cut]"
-        self._emit(line, partial) if partial else self._emit(line)
+        if partial:
+            self._emit(line, True)
+        else:
+            self._emit(line)  # the events pipe's handler takes the line alone
 
 
 class TaskFailed(RuntimeError):
