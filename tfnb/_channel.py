@@ -229,7 +229,7 @@ class DriverChannel:
         c.buf += data
         try:
             self._frames(c)
-        except (ConnectionError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever one connection sent, the others go on
             log.warning("tfnb channel: closed a connection from %s: %s",
                         (c.peer or {}).get("host") or "an unauthenticated peer", e)
             self.rejected += 1
