@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -67,6 +68,65 @@ _TF_STARTUP_NOISE = re.compile(
 
 def is_startup_noise(line: str, min_log_level: str) -> bool:
     return min_log_level not in ("", "0") and bool(_TF_STARTUP_NOISE.match(line))
+
+
+_MAX_LINE = 64 << 10    # characters of one output line sent to the driver; longer ones are cut with a marker
+_PARTIAL_EVERY = 1.0    # seconds between two updates of a carriage-return line (a progress bar) sent on
+_LINE_END = re.compile(rb"[\r\n]")
+
+
+class _Lines:
+    """Splits a child's output into lines for ``emit(line, partial=False)``.
+
+    A carriage return rewrites the current line (Keras' ``verbose=1`` bar, tqdm): those updates are
+    folded to the latest state, sent as ``partial`` at most every _PARTIAL_EVERY seconds, and the
+    state the line ends in (at its newline) is sent as the line. Backspaces are dropped; lines past
+    _MAX_LINE characters are cut with a marker.
+    """
+
+    def __init__(self, emit, clock=time.monotonic):
+        self._emit = emit
+        self._clock = clock
+        self._buf = b""
+        self._latest: bytes | None = None   # the last carriage-return state of the current line
+        self._shown = float("-inf")
+
+    def feed(self, data: bytes) -> None:
+        buf = self._buf + data
+        pos = 0
+        for m in _LINE_END.finditer(buf):
+            seg = buf[pos:m.start()]
+            pos = m.end()
+            if m.group() == b"\n":
+                if not seg.strip(b"\x08") and self._latest is not None:
+                    seg = self._latest
+                self._latest = None
+                self._send(seg, False)
+            elif seg.strip(b"\x08"):
+                self._latest = seg
+                now = self._clock()
+                if now - self._shown >= _PARTIAL_EVERY:
+                    self._shown = now
+                    self._send(seg, True)
+        self._buf = buf[pos:]
+        if len(self._buf) > 4 * _MAX_LINE:
+            # no line end in sight: don't hold an unbounded line
+            self._send(self._buf, False)
+            self._buf = b""
+
+    def end(self) -> None:
+        if self._buf.strip(b"\x08") or self._latest is not None:
+            self._send(self._buf if self._buf.strip(b"\x08") else self._latest, False)
+        self._buf, self._latest = b"", None
+
+    def _send(self, seg: bytes, partial: bool) -> None:
+        line = seg.replace(b"\x08", b"").decode("utf-8", "replace")
+        if len(line) > _MAX_LINE:
+            line = f"{line[:_MAX_LINE]} … [{len(line) - _MAX_LINE} more characters cut]"
+        if partial:
+            self._emit(line, True)
+        else:
+            self._emit(line)  # the events pipe's handler takes the line alone
 
 
 class TaskFailed(RuntimeError):
@@ -193,8 +253,14 @@ class _Supervisor:
                 pass
 
     def _pump_lines(self, stream, handle) -> None:
-        for raw in iter(stream.readline, b""):
-            handle(raw.decode("utf-8", "replace").rstrip("\n"))
+        lines = _Lines(handle)
+        fd = stream.fileno()
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            lines.feed(chunk)
+        lines.end()
         stream.close()
 
     def _pump(self, stream, handle) -> None:
@@ -234,9 +300,11 @@ class _Supervisor:
         level = env.get("TF_CPP_MIN_LOG_LEVEL", "")
 
         def forward(stream):
-            def send(line):
-                if not is_startup_noise(line, level):
-                    self.chan.send("log", stream=stream, line=line)
+            def send(line, partial=False):
+                if partial:  # a progress bar's latest state: replaces the one still waiting to be sent
+                    self.chan.post("log", merge=stream, stream=stream, line=line, partial=True)
+                elif not is_startup_noise(line, level):
+                    self.chan.post("log", stream=stream, line=line)
             return send
 
         self._pump(self.proc.stdout, forward("stdout"))
@@ -266,7 +334,9 @@ class _Supervisor:
         except ValueError:
             return
         kind = msg.pop("kind", events.PROGRESS)
-        self.chan.send("event", event=kind, data=msg)
+        # progress: only the latest values matter, merged while a batch gathers; an epoch's end is kept
+        merge = "progress" if kind == events.PROGRESS and not msg.get("epoch_end") else None
+        self.chan.post("event", merge=merge, event=kind, data=msg)
 
     def wait(self) -> int:
         assert self.proc is not None
@@ -312,7 +382,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
-    from ._channel import TaskChannel
+    from ._channel import TaskChannel, batch_window
 
     bctx = BarrierTaskContext.get()
     rank = bctx.partitionId()
@@ -327,7 +397,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
         holder: dict = {}
         chan = TaskChannel(
-            spec.channel, spec.token, peer,
+            spec.channel, spec.token, peer, window=batch_window(spec.num_workers + spec.num_ps),
             on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
             on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None,
         )

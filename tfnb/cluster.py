@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 _CANCEL_WAIT = 20.0     # seconds to let Spark kill tasks after a cancel before giving up waiting
 _FAILURE_GRACE = 2.0    # seconds to wait for a task's own failure report after the Spark job failed
+_DRAIN_SLICE = 0.05     # seconds of task messages handled before the watch loop looks at its clock again
+_MAX_SHOWN_LINE = 2000  # characters of a log line the display gets; the run's log file has it whole
 
 
 # ---------------------------------------------------------------- session and cluster checks
@@ -205,7 +207,15 @@ class _Attempt:
         self.deadline = deadline
         self.num_tasks = num_tasks
         self.num_ps = num_ps
-        self.q: queue.Queue = queue.Queue()
+        from ._channel import Inbox
+        from ._runlog import RunLog
+
+        self.q = Inbox()  # bounded for the tasks' messages; see Inbox
+        self.runlog = RunLog.for_run(spec_kwargs["run_id"], spec_kwargs.get("model_dir"))
+        self.runlog.note(f"attempt {spec_kwargs['attempt']} of {spec_kwargs['max_attempts']}")
+        if spec_kwargs["attempt"] == 1 and self.runlog.path:
+            display(RunEvent(events.STATE, "driver", 0, {"log_file": self.runlog.path}))
+        self._dropped_shown = (0, time.monotonic())
         self.failures: list[TaskFailure] = []
         self.tag = f"tfnb-{spec_kwargs['run_id']}-{spec_kwargs['attempt']}"
         self.data = data
@@ -216,7 +226,18 @@ class _Attempt:
         self.cancel = cancel
 
     def _on_message(self, peer: dict, msg: dict) -> None:
-        self.q.put(("msg", peer, msg))
+        # the channel thread: the file gets every line even while the display is behind
+        self.runlog.message(peer, msg)
+        self.q.put_message(peer, msg)
+
+    def _log(self, job: str, idx: int, msg: dict) -> None:
+        line = str(msg.get("line", ""))
+        if len(line) > _MAX_SHOWN_LINE:
+            line = f"{line[:_MAX_SHOWN_LINE]} … [{len(line) - _MAX_SHOWN_LINE} more characters in the run's log file]"
+        data = {"stream": msg.get("stream"), "line": line}
+        if msg.get("partial"):
+            data["partial"] = True  # a carriage-return update: the next line of this task replaces it
+        self.display(RunEvent(events.LOG, job, idx, data))
 
     def _job(self, spec) -> None:
         import functools
@@ -250,8 +271,14 @@ class _Attempt:
     def _handle(self, peer: dict, msg: dict) -> None:
         kind = msg.get("kind")
         job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
-        if kind == "log":
-            self.display(RunEvent(events.LOG, job, idx, {"stream": msg.get("stream"), "line": msg.get("line", "")}))
+        if kind == "batch":  # what a task gathered over a short window, handled as one unit
+            for m in msg.get("items") or ():
+                if isinstance(m, dict) and m.get("kind") == "log":
+                    self._log(job, idx, m)
+                elif isinstance(m, dict):
+                    self._handle(peer, m)
+        elif kind == "log":
+            self._log(job, idx, msg)
         elif kind == "event":
             self.display(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
         elif kind == "state":
@@ -287,7 +314,9 @@ class _Attempt:
             job.start()
             return self._watch(job)
         finally:
+            self.q.put(("closed",))  # lifts the queue's bound so the channel thread never waits on it
             self.channel.close()
+            self.runlog.close()
 
     def _stop_everything(self, job: threading.Thread) -> None:
         self.channel.broadcast({"kind": "stop"})
@@ -307,14 +336,26 @@ class _Attempt:
                 continue
 
     def _drain(self, timeout: float):
+        """Handle the tasks' messages for up to _DRAIN_SLICE s; returns a driver item ("done", ...) if one came."""
         try:
             item = self.q.get(timeout=timeout)
         except queue.Empty:
             return None
-        if item[0] == "msg":
+        end = time.monotonic() + _DRAIN_SLICE
+        while item[0] == "msg":
             self._handle(item[1], item[2])
-            return None
-        return item
+            if time.monotonic() > end:
+                break
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                break
+        dropped, shown = self._dropped_shown
+        if self.q.dropped > dropped and time.monotonic() - shown > 5.0:
+            # progress reports merged while the driver was behind: say so, without repeating it often
+            self._dropped_shown = (self.q.dropped, time.monotonic())
+            self.display(RunEvent(events.PROGRESS, "driver", 0, {"dropped_progress": self.q.dropped}))
+        return None if item[0] == "msg" else item
 
     def _watch(self, job: threading.Thread) -> _Outcome:
         try:
