@@ -51,8 +51,9 @@ def run_probe(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
                TFNB_CHROMIUM=str(tmp_path / "no-chromium"))
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-ra", "-o", "markers=browser",
-                           "--rootdir", str(tmp_path), "--continue-on-collection-errors", str(tmp_path)],
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-ra",
+                           "-o", "markers=browser", "--rootdir", str(tmp_path), "--continue-on-collection-errors",
+                           str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 

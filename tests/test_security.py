@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -279,7 +278,7 @@ def _notebook(folder: Path, *sources: str) -> Path:
     f"%env AWS_SECRET_ACCESS_KEY={SECRET}",
     f"%sh\nexport AWS_SESSION_TOKEN={SECRET}",
     f'tfnb.stage("s3://b/train", storage_options={{"key": os.environ["K"], "secret": "{SECRET}"}})',
-    f'opts = dict(key="MINIO0EXAMPLE0KEY00", secret=os.environ["S"])',
+    'opts = dict(key="MINIO0EXAMPLE0KEY00", secret=os.environ["S"])',
     f'storage_options = {{"token": "{SECRET}"}}',
     f'creds = {{"AccessKeyId": "{KEY_ID}"}}',
     f'session = "{SESSION}"',

@@ -240,7 +240,7 @@ def ensure_tensorboard(logdir, *, host: str | None = None, port: int | None = No
         for inst in live:
             if (inst.logdir == logdir and inst.host == host and port in (None, 0, inst.port)
                     and asked_interval in (None, inst.reload_interval)):
-                return _reused(inst)
+                return _serving(Reused, inst)
         if port and not _port_free(host, port):
             owner = next((i for i in live if i.port == port), None)
             user = (f"the TensorBoard pid {owner.pid} serving {owner.logdir} (reload_interval="
@@ -418,7 +418,7 @@ def _read_info(path: str) -> TensorBoardInstance | None:
         return None
     for f in fields(inst):
         value = getattr(inst, f.name)
-        if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES[f.type]):
+        if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES.get(f.type, object)):
             return None
     return inst if inst.pid > 0 else None
 
@@ -438,7 +438,8 @@ def _remove_entry(inst: TensorBoardInstance, info_path: str | None = None) -> No
 def _own_log(path: str, folder: str) -> bool:
     """True for a log file tfnb names and places directly in ``folder``, after resolving links and ``..``."""
     real = os.path.realpath(path)
-    return os.path.dirname(real) == os.path.realpath(folder) and _LOG_NAME.fullmatch(os.path.basename(real)) is not None
+    return (os.path.dirname(real) == os.path.realpath(folder)
+            and _LOG_NAME.fullmatch(os.path.basename(real)) is not None)
 
 
 def _drop_tensorboard_record(pid: int) -> None:
@@ -485,11 +486,12 @@ def _live_instances() -> list[TensorBoardInstance]:
     return live
 
 
-def _reused(inst: TensorBoardInstance) -> Reused:
+def _serving(kind: type[_Serving], inst: TensorBoardInstance) -> _Serving:
+    """A Launched/Reused outcome, carrying (and logging) the warning when the network can reach it."""
     warning = _exposure(inst)
     if warning:
         log.warning("%s", warning)
-    return Reused(inst, warning=warning)
+    return kind(inst, warning=warning)
 
 
 def _url_matches(inst: TensorBoardInstance) -> bool:
@@ -614,10 +616,7 @@ def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: 
     _write_info(inst)
     # Holding `proc` here also keeps Popen from warning that a child it never waited for still runs.
     atexit.register(_stop_at_exit, inst, proc)
-    warning = _exposure(inst)
-    if warning:
-        log.warning("%s", warning)
-    return Launched(inst, warning=warning)
+    return _serving(Launched, inst)
 
 
 def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
