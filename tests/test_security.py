@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -125,6 +126,31 @@ def test_a_log_path_outside_the_folder_is_never_deleted(info, tmp_path, victim):
     assert not any(e.exists() for e in entries), "stale entries are removed"
     assert victim.read_text() == "years of work"
     assert not own_log.exists(), "the log tfnb wrote in its own folder is cleaned up"
+
+
+def test_tensorboards_shared_record_folder_is_not_followed(info, tmp_path, monkeypatch):
+    # TensorBoard's own records (read by %tensorboard) live in <tmp>/.tensorboard-info, shared by all
+    # users; tfnb removes a dead TensorBoard's record there, but never through a planted link.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    elsewhere = tmp_path / "someone-elses"
+    elsewhere.mkdir()
+    pid = dead_pid()
+    kept = elsewhere / f"pid-{pid}.info"
+    kept.write_text("{}")
+    (tmp / ".tensorboard-info").symlink_to(elsewhere)
+    entry(info, pid, tmp_path)
+    assert tbp.instances() == []
+    assert kept.exists()
+    # The real folder: this user's record of the dead TensorBoard goes.
+    (tmp / ".tensorboard-info").unlink()
+    (tmp / ".tensorboard-info").mkdir()
+    record = tmp / ".tensorboard-info" / f"pid-{pid}.info"
+    record.write_text("{}")
+    entry(info, pid, tmp_path)
+    assert tbp.instances() == []
+    assert not record.exists()
 
 
 def _own_session(cmd: list[str], **kwargs) -> subprocess.Popen:

@@ -42,6 +42,7 @@ import re
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -446,11 +447,21 @@ def _drop_tensorboard_record(pid: int) -> None:
     """Remove TensorBoard's own record (read by ``%tensorboard``) of a dead pid.
 
     TensorBoard deletes it on SIGTERM but not when SIGKILLed; a live pid's record is left alone,
-    since it may be another TensorBoard that got the recycled pid.
+    since it may be another TensorBoard that got the recycled pid. TensorBoard's folder is shared
+    by all users of the machine: only a regular file of this user is removed, never through a link.
     """
-    if not _alive(pid):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(tempfile.gettempdir(), ".tensorboard-info", f"pid-{pid}.info"))
+    if _alive(pid):
+        return
+    name = f"pid-{pid}.info"
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.join(tempfile.gettempdir(), ".tensorboard-info"),
+                     os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
 
 
 def _live_instances() -> list[TensorBoardInstance]:
