@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -18,10 +19,10 @@ from tfnb.errors import ConfigError, EvaluatorError
 from tfnb.evaluator import Evaluator
 from tfnb.sync import EventSync
 
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf  # hard dependencies: a broken install fails here, it does not skip
 # tf_keras by name (what tfnb's workers train with): tf.keras is Keras 3 unless TF_USE_LEGACY_KERAS=1
 # was set before the first TensorFlow import of this test process
-keras = pytest.importorskip("tf_keras")
+import tf_keras as keras
 WAIT = 120  # seconds: generous upper bound for background work on a contended 2-core box
 
 
@@ -167,8 +168,20 @@ def test_half_written_checkpoint_is_retried_then_evaluated(tmp_path, checkpoints
     shutil.copyfile(index, model_dir / index.name)
     caplog.set_level(logging.INFO, logger="tfnb.evaluator")
     ev = Evaluator(build_model, val_dataset, str(model_dir), str(log_dir), interval=0.1,
-                   export_format=None, max_retries=1000).start()
-    time.sleep(0.5)
+                   export_format=None, max_retries=1000)
+    polls = threading.Semaphore(0)
+    poll = ev._poll
+
+    def counted_poll(finished):
+        try:
+            return poll(finished)
+        finally:
+            polls.release()
+
+    ev._poll = counted_poll
+    ev.start()
+    for _ in range(2):  # two full looks at the index-only checkpoint, not a guessed sleep
+        assert polls.acquire(timeout=WAIT), "the evaluator did not poll"
     assert ev.history == () and ev.skipped == ()
     # 2) the data file is there but truncated: loading fails and is retried
     (model_dir / data.name).write_bytes(full[: len(full) // 2])

@@ -428,9 +428,37 @@ def test_proxy_template_wins():
     assert browser_url(_running(), environ=env, proxy_url="/p/%PORT%/") == "/p/6006/"
 
 
+# URL forms as the proxies document them, with their placeholders: the tests below check that what
+# browser_url gives parses as the documented form with the right parts, not that it equals the code's
+# own format string.
+# jupyter-server-proxy (docs/source/arbitrary-ports-hosts.md): "<notebook-base>/proxy/<port>" removes
+# the prefix before the request reaches the server (TensorBoard serves from "/", so this is the form it
+# needs); "<notebook-base>/proxy/absolute/<port>" passes the full path through.
+JSP_PROXY = "<notebook-base>/proxy/<port>/"
+JSP_ABSOLUTE = "<notebook-base>/proxy/absolute/<port>/"
+# Databricks driver proxy: the browser form (the workspace login's session) and the API form (bearer
+# token, for REST clients; an iframe cannot send one).
+DATABRICKS_BROWSER = "https://<workspace>/driver-proxy/o/<org-id>/<cluster-id>/<port>/"
+DATABRICKS_API = "https://<workspace>/driver-proxy-api/o/<org-id>/<cluster-id>/<port>/"
+
+
+def parse_as(form: str, url: str) -> dict | None:
+    """The placeholder values when ``url`` has the documented ``form``, else None."""
+    import re
+
+    pattern = ""
+    for literal, name in re.findall(r"([^<]*)(?:<([^>]+)>)?", form):
+        pattern += re.escape(literal)
+        if name:
+            pattern += f"(?P<{name.replace('-', '_')}>{'.*' if name == 'notebook-base' else '[^/]+'})"
+    m = re.fullmatch(pattern, url)
+    return m.groupdict() if m else None
+
+
 def test_jupyterhub_uses_jupyter_server_proxy():
-    assert browser_url(_running(7000), environ={"JUPYTERHUB_SERVICE_PREFIX": "/user/alice/"}) == \
-        "/user/alice/proxy/7000/"
+    url = browser_url(_running(7000), environ={"JUPYTERHUB_SERVICE_PREFIX": "/user/alice/"})
+    assert parse_as(JSP_PROXY, url) == {"notebook_base": "/user/alice", "port": "7000"}
+    assert parse_as(JSP_ABSOLUTE, url) is None
 
 
 # Databricks cannot run here: the Spark conf is given as a dict (what spark.conf.get would return there).
@@ -439,12 +467,18 @@ _TAGS = {"spark.databricks.clusterUsageTags.clusterOwnerOrgId": "1234567890",
 
 
 def test_databricks_driver_proxy_url():
-    assert databricks_proxy_url(6006, _TAGS) == "/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
     conf = dict(_TAGS, **{"spark.databricks.workspaceUrl": "dbc-1.cloud.databricks.com"})
-    assert databricks_proxy_url(6006, conf) == \
-        "https://dbc-1.cloud.databricks.com/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
-    assert browser_url(_running(), environ={"DATABRICKS_RUNTIME_VERSION": "15.4"}, spark_conf=conf) == \
-        "https://dbc-1.cloud.databricks.com/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
+    for url in (databricks_proxy_url(6006, conf),
+                browser_url(_running(), environ={"DATABRICKS_RUNTIME_VERSION": "15.4"}, spark_conf=conf)):
+        assert parse_as(DATABRICKS_BROWSER, url) == {"workspace": "dbc-1.cloud.databricks.com",
+                                                     "org_id": "1234567890", "cluster_id": "0101-123456-abcd",
+                                                     "port": "6006"}
+        assert parse_as(DATABRICKS_API, url) is None
+    # Without the workspace URL: the same path, relative to the workspace page that shows the iframe.
+    relative = databricks_proxy_url(6006, _TAGS)
+    assert parse_as(DATABRICKS_BROWSER, "https://dbc-1.cloud.databricks.com" + relative)["cluster_id"] == \
+        "0101-123456-abcd"
+    assert relative.startswith("/driver-proxy/")
 
 
 def test_databricks_without_tags_falls_back_to_the_driver_url():

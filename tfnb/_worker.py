@@ -45,7 +45,7 @@ class TaskSpec:
     model_dir: str | None = None
     log_dir: str | None = None
     use_gpu: bool | None = None
-    env: tuple = ()  # ((name, value), ...) added to the train_fn process environment
+    env: tuple = field(default=(), repr=False)  # ((name, value), ...) for the train_fn process; often credentials
     legacy_keras: bool = True
     preimport: tuple = ("tensorflow",)  # imported by the child while the barrier exchanges addresses
     feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)

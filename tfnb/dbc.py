@@ -22,9 +22,11 @@ Choices a reader of the archive should know about:
 * **Notebooks must be stored without outputs**: a notebook with outputs is refused (run
   ``jupyter nbconvert --clear-output --inplace notebooks/*.ipynb``) rather than silently
   cleared, so what is committed is what is shipped.
-* **No credentials**: a cell holding something that looks like an AWS access key id,
-  an ``aws_secret_access_key = "..."`` literal or a Databricks token is refused, naming the
-  notebook and cell (never the value).
+* **No credentials**: a cell holding something that looks like an AWS access key id or session
+  token, a secret assigned a literal (``aws_secret_access_key = "..."``,
+  ``os.environ["AWS_SECRET_ACCESS_KEY"] = "..."``, ``.setdefault``/``.update`` forms, tfnb's
+  storage options ``{"key": ..., "secret": ..., "token": ...}``), a private key block or a
+  Databricks token is refused, naming the notebook and cell (never the value).
 * **Databricks rules checked up front**: ``%run`` must be alone in its cell, and
   ``%run ./NAME`` must name a notebook of the same archive.
 * **Cell metadata**: Jupyter's hidden-source / hidden-output flags map to
@@ -93,13 +95,34 @@ _MAX_ENTRY_BYTES = 256 << 20    # a DBC notebook this large is not one we wrote;
 # What Databricks writes as "latestUser" in exports: no real user name goes into the archive.
 _EXPORT_USER = "a user"
 
+# A quoted literal of 8+ characters without spaces (placeholders such as "<your key>" pass), or the
+# unquoted base64-like value of a shell/ini/%env line that is not a name being read.
+_SECRET_VALUE = r"""(?:[rbuRBU]{0,2}(?:"[^"\s]{8,}"|'[^'\s]{8,}')|[A-Za-z0-9/+=]{16,}(?![\w.(\[/+=]))"""
+
+
+def _assigned_literal(names: str) -> re.Pattern:
+    """``NAME`` given a literal value: ``NAME = "v"``, ``os.environ["NAME"] = "v"``, ``.setdefault("NAME", "v")``,
+    ``.update(NAME="v")``, ``{"NAME": "v"}``, ``export NAME=v``, ``%env NAME=v`` (any case)."""
+    return re.compile(rf"""(?:{names})["']?\s*\]?\s*[=:,]\s*{_SECRET_VALUE}""", re.IGNORECASE)
+
+
 _CREDENTIALS = (
     ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("an aws_secret_access_key literal",
-     re.compile(r"""aws_secret_access_key["']?\s*[=:]\s*(?:[rbuRBU]?["'][^"'\s]+["']|[A-Za-z0-9/+]{40}\b)""",
-                re.IGNORECASE)),
+    ("an AWS session token", re.compile(r"\b(?:IQoJb3JpZ2lu|FwoGZXIvYXdz)[A-Za-z0-9/+=]{40,}")),
+    ("an aws_secret_access_key literal", _assigned_literal("aws_secret_access_key")),
+    ("an aws_session_token literal", _assigned_literal("aws_session_token|aws_security_token")),
+    ("a databricks_token literal", _assigned_literal("databricks_token")),
+    # tfnb's storage options: {"key": ..., "secret": ..., "token": ...} and their keyword forms
+    ("a storage secret or token literal",
+     re.compile(r"""(?<![\w.])["']?(?:secret|token|secret_key|session_token)["']?\s*[=:]\s*"""
+                r"""[rbuRBU]{0,2}(?:"[^"\s]{8,}"|'[^'\s]{8,}')""")),
+    ("a storage access key literal",
+     re.compile(r"""(?<![\w.])["']?(?:key|access_key)["']?\s*[=:]\s*["'][A-Z0-9]{16,128}["']""")),
+    ("a private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
     ("a Databricks token", re.compile(r"\bdapi[0-9a-f]{32}\b")),
 )
+
+
 _RUN_LINE = re.compile(r"""^%run\s+("[^"]*"|'[^']*'|\S+)""")
 # The same %run in each world: IPython runs ``./NAME.ipynb``, Databricks runs ``./NAME``.
 # Targets with spaces are quoted: ``%run "./00 setup"``.
