@@ -59,6 +59,27 @@ def get_spark(spark=None, num_slots: int = 2):
             .getOrCreate())
 
 
+def _check_session(spark) -> None:
+    """Refuse what is not a live SparkSession before anything calls into it (Py4J/AttributeError walls)."""
+    if not (hasattr(type(spark), "conf") and callable(getattr(spark, "range", None))
+            and callable(getattr(spark, "interruptTag", None))):
+        hint = ("pass the SparkSession (spark), not its SparkContext" if type(spark).__name__ == "SparkContext"
+                else "pass a SparkSession (classic or Spark Connect), or leave spark= out to use the active one")
+        raise ConfigError(f"spark={repr(spark)[:80]} ({type(spark).__name__}) is not a SparkSession; {hint}")
+    if _is_connect(spark):
+        stopped = bool(getattr(spark, "is_stopped", False))
+    else:
+        jsc = getattr(getattr(spark, "_sc", None), "_jsc", None)
+        try:
+            stopped = jsc is None or jsc.sc().isStopped()
+        except Exception:  # noqa: BLE001 - a dead JVM gateway: as stopped as it gets
+            stopped = True
+    if stopped:
+        raise ConfigError("spark= is a stopped SparkSession (spark.stop() was called, or its SparkContext "
+                          "ended); start a new one with SparkSession.builder.getOrCreate() and pass that, "
+                          "or leave spark= out")
+
+
 def _conf(spark, key: str, default: str | None = None) -> str | None:
     try:
         return spark.conf.get(key, default)
@@ -102,25 +123,40 @@ def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
     return slots, master
 
 
-def check_cluster(spark, needed: int, wait: float | None = None) -> None:
+def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None) -> None:
     """Fail fast when Spark could never schedule a barrier stage of ``needed`` tasks.
 
     Raises:
-        ClusterError: dynamic allocation is on, or the cluster has fewer task slots than needed.
+        ConfigError: ``spark`` is not a live SparkSession.
+        ClusterError: dynamic allocation is on, the cluster has fewer task slots than needed, or
+            GPUs are asked for (``use_gpu=True`` or spark.task.resource.gpu.amount) that it cannot give.
     """
+    _check_session(spark)
+    gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
+    if use_gpu and gpu_per_task <= 0:
+        # Spark hands GPUs only to tasks that ask for them; without this conf every task would fail after launch.
+        raise ClusterError(
+            f"use_gpu=True but spark.task.resource.gpu.amount is {gpu_per_task:g} on this session, so Spark "
+            "assigns the tasks no GPU; start the cluster with spark.task.resource.gpu.amount=1 and "
+            "spark.executor.resource.gpu.amount (plus a GPU discovery script), or pass use_gpu=None to run "
+            "on whatever the tasks get")
     if (_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
         raise ClusterError(
             "Spark barrier mode does not run with dynamic allocation; start the cluster with "
             "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)"
         )
+    master = _conf(spark, "spark.master", "") or ""
+    # Local tasks get the driver's GPUs; a cluster's, the executors' (a Connect client may not see that conf).
+    owner = "driver" if re.fullmatch(r"local(\[.*\])?", master) else "executor"
+    have = _conf(spark, f"spark.{owner}.resource.gpu.amount")
+    if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not _is_connect(spark)):
+        raise ClusterError(
+            f"spark.task.resource.gpu.amount={gpu_per_task:g} but spark.{owner}.resource.gpu.amount is "
+            f"{have or 'unset'} on {master}, so no task could ever be given its GPU; unset "
+            "spark.task.resource.gpu.amount, or run on executors with GPUs")
     # Seconds to let executors register on a cluster master before judging the slot count.
     wait = setting("slot_wait", wait, 30.0, float)
     slots, master = _cluster_slots(spark, needed, wait)
-    gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
-    if gpu_per_task > 0 and re.fullmatch(r"local(\[.*\])?", master) and not _conf(spark, "spark.driver.resource.gpu.amount"):
-        raise ClusterError(
-            f"spark.task.resource.gpu.amount={gpu_per_task:g} but {master} has no GPU resources, so the tasks "
-            "could never be scheduled; unset spark.task.resource.gpu.amount, or run on executors with GPUs")
     if slots is not None and slots < needed:
         raise ClusterError(
             f"the run needs {needed} task slots (num_workers + num_ps) but the cluster ({master}) has "
@@ -449,17 +485,20 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
     elif isinstance(preimport, str):
         raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
-    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ConfigError("env must map str to str; convert values with str()")
-    payload = _pickle_fn(train_fn, args)
-    num_tasks = num_workers + num_ps
-    spark = get_spark(spark, num_tasks)
-    check_cluster(spark, num_tasks)
-    feed = None
+    if env is not None:
+        bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))} \
+            if isinstance(env, dict) else env
+        if bad:
+            raise ConfigError(f"env must be a dict of str to str, not {bad!r}; convert values with str()")
     if data is not None and num_ps > 0:
         raise ConfigError(
             f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
             "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
+    payload = _pickle_fn(train_fn, args)
+    num_tasks = num_workers + num_ps
+    spark = get_spark(spark, num_tasks)
+    check_cluster(spark, num_tasks, use_gpu=use_gpu)
+    feed = None
     hooks = _hooks or LaunchHooks()
     if data is not None and hooks.feeder is None:
         from .feeding import feed_spec
