@@ -22,9 +22,11 @@ from typing import Callable
 
 import pytest
 
-import tfnb
-from tfnb import ClusterError, ConfigError, DbcFormatError, StagingError, WorkerError
-from tfnb._tb_process import Failed
+if __name__ == "__main__":  # run as a script: find tfnb in this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import tfnb  # noqa: E402
+from tfnb import ClusterError, ConfigError, DbcFormatError, StagingError, WorkerError  # noqa: E402
+from tfnb._tb_process import Failed  # noqa: E402
 
 
 @dataclass
@@ -904,5 +906,4 @@ def test_readme_lists_the_catalogue():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(__file__))
     print(readme_table())
