@@ -100,7 +100,8 @@ def run_num_workers_str(env):
     tfnb.run(one, num_workers="2", display=False)
 
 
-@case("launcher", "`num_ps=-1`", ConfigError, "num_ps=-1", "int >= 0", says="an int >= 0")
+@case("launcher", "`num_ps=-1`", ConfigError, "num_ps=-1", "num_ps=0 runs MultiWorkerMirroredStrategy",
+      says="an int >= 0 (0: MultiWorkerMirroredStrategy)")
 def run_num_ps_negative(env):
     tfnb.run(one, num_workers=2, num_ps=-1, display=False)
 
@@ -128,16 +129,40 @@ def run_timeout_env_not_a_number(env):
     tfnb.run(one, num_workers=2, display=False)
 
 
+@case("launcher", "`timeout='10'`", ConfigError, "timeout='10'", "number of seconds > 0",
+      says="a number of seconds > 0, or None")
+def run_timeout_str(env):
+    tfnb.run(one, num_workers=2, timeout="10", display=False)
+
+
 @case("launcher", "`max_attempts=0`", ConfigError, "max_attempts=0", "1 = never relaunch",
       says=">= 1 (1 = never relaunch)")
 def run_max_attempts_zero(env):
     tfnb.run(one, num_workers=2, max_attempts=0, display=False)
 
 
+@case("launcher", "`max_attempts=2.5`", ConfigError, "max_attempts=2.5", "int >= 1", says="an int >= 1")
+def run_max_attempts_float(env):
+    tfnb.run(one, num_workers=2, max_attempts=2.5, display=False)
+
+
+@case("launcher", "`TFNB_MAX_ATTEMPTS=many`", ConfigError, "TFNB_MAX_ATTEMPTS='many'", "fix or unset",
+      says="fix or unset the variable")
+def run_max_attempts_env(env):
+    env.setenv("TFNB_MAX_ATTEMPTS", "many")
+    tfnb.run(one, num_workers=2, display=False)
+
+
 @case("launcher", "`preimport='tensorflow'`", ConfigError, "preimport='tensorflow'", "preimport=('tensorflow',)",
       says="a sequence: preimport=('tensorflow',)")
 def run_preimport_str(env):
     tfnb.run(one, num_workers=2, preimport="tensorflow", display=False)
+
+
+@case("launcher", "`preimport=[1]`", ConfigError, "preimport=[1]", "preimport=('tensorflow',)",
+      says="module names as strings")
+def run_preimport_not_names(env):
+    tfnb.run(one, num_workers=2, preimport=[1], display=False)
 
 
 @case("launcher", "`env={'SEED': 1}`", ConfigError, "'SEED': 1", "str()", says="str -> str; convert with str()")
@@ -277,6 +302,12 @@ def stage_empty_url(env):
     tfnb.stage("", str(env.tmp / "out"), index=0, count=1)
 
 
+@case("staging", "`dest_dir=None`", ConfigError, "dest_dir=None", "'/local_disk0/train'",
+      says="a local folder path")
+def stage_dest_none(env):
+    tfnb.stage(str(env.tmp), None, index=0, count=1)
+
+
 @case("staging", "`concurrency=0`", ConfigError, "concurrency=0", "e.g. 16", says="an int >= 1, e.g. 16")
 def stage_concurrency_zero(env):
     tfnb.stage(str(env.tmp), str(env.tmp / "out"), index=0, count=1, concurrency=0)
@@ -300,11 +331,17 @@ def stage_unknown_scheme(env):
     tfnb.stage("nosuch://bucket/x", str(env.tmp / "out"), index=0, count=1)
 
 
-@case("staging", "a source folder with no files", StagingError, "empty-src", "",
-      says="check the URL/prefix (the message names it)")
+@case("staging", "a source folder with no files", StagingError, "empty-src", "check the path",
+      says="check the path or URL (the message names it)")
 def stage_empty_source(env):
     (env.tmp / "empty-src").mkdir()
     tfnb.stage(str(env.tmp / "empty-src"), str(env.tmp / "out"), index=0, count=1)
+
+
+@case("staging", "a source folder that does not exist", StagingError, "no-such-src", "check the path",
+      says="check the path or URL (the message names it)")
+def stage_missing_source(env):
+    tfnb.stage(str(env.tmp / "no-such-src"), str(env.tmp / "out"), index=0, count=1)
 
 
 @case("staging", "`dest_dir` that is a file", StagingError, "not-a-dir", "pick a writable local folder",
@@ -323,6 +360,17 @@ def stage_dest_is_file(env):
       says="seconds > 0, e.g. interval=10")
 def sync_interval_zero(env):
     tfnb.EventSync(str(env.tmp / "a"), str(env.tmp / "b"), interval=0)
+
+
+@case("sync", "`EventSync(None, ...)`", ConfigError, "src_dir=None", "'/tmp/tb/run1'", says="a directory path or URL")
+def sync_src_none(env):
+    tfnb.EventSync(None, str(env.tmp / "b"))
+
+
+@case("sync", "`dst_url='nosuch://b/x'` (unknown scheme)", ConfigError, "'nosuch://b/x'", "install the fsspec backend",
+      says="install the fsspec backend, or use a local path / s3://")
+def sync_unknown_scheme(env):
+    tfnb.EventSync(str(env.tmp / "a"), "nosuch://b/x")
 
 
 @case("sync", "`TFNB_SYNC_INTERVAL=often`", ConfigError, "TFNB_SYNC_INTERVAL='often'", "fix or unset",
@@ -415,6 +463,28 @@ def evaluator_interval_env(env):
     _evaluator(env)
 
 
+@case("evaluator", "`checkpoint_dir=None`", ConfigError, "checkpoint_dir=None", "model_dir given to tfnb.run",
+      says="a directory path or URL (the run's model_dir)")
+def evaluator_checkpoint_none(env):
+    _evaluator(env, checkpoint_dir=None)
+
+
+@case("evaluator", "`max_retries=0`", ConfigError, "max_retries=0", "int >= 1", says="an int >= 1")
+def evaluator_max_retries(env):
+    _evaluator(env, max_retries=0)
+
+
+@case("evaluator", "`best_metric=5`", ConfigError, "best_metric=5", "'loss'", says="a metric name such as 'loss', or None")
+def evaluator_best_metric(env):
+    _evaluator(env, best_metric=5)
+
+
+@case("evaluator", "`timeout=0`", ConfigError, "timeout=0", "or None to wait for training to end",
+      says="seconds > 0, or None")
+def evaluator_timeout(env):
+    _evaluator(env, timeout=0)
+
+
 # ---------------------------------------------------------------- TensorBoard (no process is started)
 
 
@@ -464,6 +534,19 @@ def tensorboard_height(env):
     tfnb.tensorboard(str(env.tmp), height=10, display=False)
 
 
+@case("tensorboard", "`timeout=-1`", ConfigError, "timeout=-1", "positive number of seconds",
+      says="a positive number of seconds")
+def tensorboard_timeout(env):
+    tfnb.tensorboard(str(env.tmp), timeout=-1, display=False)
+
+
+@case("tensorboard", "`TFNB_TENSORBOARD_TIMEOUT=later`", ConfigError, "TFNB_TENSORBOARD_TIMEOUT='later'",
+      "fix or unset", says="fix or unset the variable")
+def tensorboard_timeout_env(env):
+    env.setenv("TFNB_TENSORBOARD_TIMEOUT", "later")
+    tfnb.tensorboard(str(env.tmp), display=False)
+
+
 # ---------------------------------------------------------------- DBC archives
 
 
@@ -485,8 +568,8 @@ def dbc_missing_folder(env):
     dbc.build(env.tmp / "nope", env.tmp / "out.dbc")
 
 
-@case("dbc", "a folder without notebooks", ConfigError, "no .ipynb notebooks", "nothing to put",
-      says="add .ipynb notebooks")
+@case("dbc", "a folder without notebooks", ConfigError, "no .ipynb notebooks", "pass the folder holding",
+      says="pass the folder holding the .ipynb files")
 def dbc_empty_folder(env):
     from tfnb import dbc
 
@@ -526,6 +609,15 @@ def dbc_bad_folder(env):
 
     _notebook(env.tmp / "a.ipynb", [_code("x = 1")])
     dbc.build(env.tmp, env.tmp / "out.dbc", folder="a/b")
+
+
+@case("dbc", "an `.ipynb` that is not JSON", ConfigError, "a.ipynb is not valid .ipynb JSON", "re-save it in Jupyter",
+      says="open and re-save it in Jupyter")
+def dbc_not_json(env):
+    from tfnb import dbc
+
+    (env.tmp / "a.ipynb").write_text("{")
+    dbc.build(env.tmp, env.tmp / "out.dbc")
 
 
 @case("dbc", "`dbc.read(<missing archive>)`", ConfigError, "does not exist", "python -m tfnb.dbc build",
@@ -619,6 +711,37 @@ def predict_batch_size(env):
       says="'float', 'array', or leave it out")
 def predict_output_type(env):
     tfnb.predict(None, "model.keras", input_cols=["x"], output_type="int")
+
+
+@case("predict", "`input_cols=['x', 'x']`", ConfigError, "['x']", "name each column once", says="name each column once")
+def predict_duplicate_cols(env):
+    tfnb.predict(None, "model.keras", input_cols=["x", "x"])
+
+
+@case("predict", "`tfnb.predict(<pandas DataFrame>, ...)`", ConfigError, "got DataFrame", "spark.createDataFrame",
+      says="convert it with spark.createDataFrame")
+def predict_pandas(env):
+    import pandas as pd
+
+    tfnb.predict(pd.DataFrame({"x": [1.0]}), "model.keras", input_cols=["x"])
+
+
+# ---------------------------------------------------------------- progress display
+
+
+@case("progress", "`ctx.progress_callback(batch_size=0)`", ConfigError, "batch_size=0", "examples per step",
+      says="an int >= 1 (examples per step)")
+def progress_callback_batch(env):
+    from tfnb.context import WorkerContext
+
+    WorkerContext(task_index=0, num_workers=2, job_name="chief", cluster_spec={}, tf_config={}).progress_callback(
+        batch_size=0)
+
+
+@case("progress", "`tfnb.ConsoleDisplay(interval=-1)`", ConfigError, "interval=-1", "seconds >= 0",
+      says="seconds >= 0")
+def progress_console_interval(env):
+    tfnb.ConsoleDisplay(interval=-1)
 
 
 # ---------------------------------------------------------------- Spark cases (the shared local[2] session)
@@ -785,10 +908,25 @@ def compat_more_than_slots(env):
 
 # The last cases change or stop the shared session.
 
+_stopped: list = []
+
+
+def _stopped_session(env):
+    """The test process's session, stopped (once: starting another just to stop it costs seconds)."""
+    import conftest
+
+    if not _stopped:
+        session = conftest._current["session"] or env.spark
+        session.stop()
+        conftest._current.update(master=None, session=None)  # a later test module starts a fresh one
+        _stopped.append(session)
+    return _stopped[0]
+
 
 @case("cluster", "spark.task.resource.gpu.amount=1 on local[2] without driver GPUs", ClusterError,
       "spark.task.resource.gpu.amount=1", "spark.driver.resource.gpu.amount is unset",
-      "unset spark.task.resource.gpu.amount", says="unset the task GPU amount, or run on executors with GPUs",
+      "unset spark.task.resource.gpu.amount", "spark.driver.resource.gpu.discoveryScript",
+      says="unset the task GPU amount, or give the driver/executors GPUs",
       spark=True, order=1)
 def run_gpu_conf_without_gpus(env):
     from conftest import spark_session
@@ -802,11 +940,7 @@ def run_gpu_conf_without_gpus(env):
 @case("cluster", "stopped SparkSession", ConfigError, "stopped SparkSession", "SparkSession.builder.getOrCreate()",
       says="start a new session (or leave spark= out)", spark=True, order=2)
 def run_stopped_session(env):
-    import conftest
-
-    session = env.spark
-    session.stop()
-    conftest._current.update(master=None, session=None)  # the next test starts a fresh one
+    session = _stopped_session(env)
     yield
     tfnb.run(one, num_workers=2, spark=session, display=False)
 
@@ -814,12 +948,9 @@ def run_stopped_session(env):
 @case("compat", "stopped SparkContext", ConfigError, "stopped SparkContext", "SparkSession.builder.getOrCreate()",
       says="start a new session and pass spark.sparkContext", spark=True, order=2)
 def compat_stopped_context(env):
-    import conftest
-
-    session = env.spark
-    session.stop()
-    conftest._current.update(master=None, session=None)
     from tfnb.compat import TFCluster
+
+    session = _stopped_session(env)
 
     yield
     TFCluster.run(session.sparkContext, nothing, None, 2, 0)
@@ -827,6 +958,7 @@ def compat_stopped_context(env):
 
 CASES.sort(key=lambda c: (c.spark, c.order))  # stable: no-Spark cases first, session changers last
 TIMES: dict[str, float] = {}
+MESSAGES: dict[str, str] = {}
 
 
 def _message(outcome) -> str:
@@ -849,12 +981,18 @@ def time_table(request):
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     with capture.global_and_fixture_disabled():
         print("\n".join(lines), flush=True)
+    from conftest import ARTIFACTS
+
+    ARTIFACTS.mkdir(exist_ok=True)  # every message in full, for reading them side by side
+    (ARTIFACTS / "refusals.txt").write_text("".join(
+        f"{name} ({TIMES[name]:.3f} s): {text}\n\n" for name, text in MESSAGES.items()))
 
 
 @pytest.mark.parametrize("c", [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=c.xfail)]
                                             if c.xfail else []) for c in CASES])
 def test_refusal(c: Case, tmp_path, monkeypatch, capsys):
-    for var in ("TFNB_TIMEOUT", "TFNB_SYNC_INTERVAL", "TFNB_DISPLAY", "TFNB_EVAL_INTERVAL"):
+    for var in ("TFNB_TIMEOUT", "TFNB_MAX_ATTEMPTS", "TFNB_SYNC_INTERVAL", "TFNB_DISPLAY", "TFNB_EVAL_INTERVAL",
+                "TFNB_TENSORBOARD_TIMEOUT"):
         monkeypatch.delenv(var, raising=False)
     env = Env(tmp_path, monkeypatch)
     if c.spark:
@@ -878,6 +1016,7 @@ def test_refusal(c: Case, tmp_path, monkeypatch, capsys):
         assert isinstance(outcome, c.raises), f"{type(outcome).__name__}: {outcome}"
         assert not isinstance(outcome, (WorkerError, AttributeError)), outcome
     text = _message(outcome)
+    MESSAGES[c.name] = text
     for needle in c.needles:
         assert needle in text, f"{needle!r} not in: {text}"
 
@@ -897,7 +1036,8 @@ def readme_table() -> str:
     return "\n".join(rows)
 
 
-_AREAS = ["launcher", "cluster", "data", "staging", "sync", "evaluator", "tensorboard", "dbc", "compat", "predict"]
+_AREAS = ["launcher", "cluster", "data", "staging", "sync", "evaluator", "tensorboard", "progress", "dbc", "compat",
+          "predict"]
 
 
 def test_readme_lists_the_catalogue():

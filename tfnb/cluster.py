@@ -153,7 +153,8 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
         raise ClusterError(
             f"spark.task.resource.gpu.amount={gpu_per_task:g} but spark.{owner}.resource.gpu.amount is "
             f"{have or 'unset'} on {master}, so no task could ever be given its GPU; unset "
-            "spark.task.resource.gpu.amount, or run on executors with GPUs")
+            f"spark.task.resource.gpu.amount, or give the {owner} GPUs (spark.{owner}.resource.gpu.amount and "
+            f"spark.{owner}.resource.gpu.discoveryScript)")
     # Seconds to let executors register on a cluster master before judging the slot count.
     wait = setting("slot_wait", wait, 30.0, float)
     slots, master = _cluster_slots(spark, needed, wait)
@@ -468,23 +469,25 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
         raise ConfigError(f"num_workers={num_workers!r} but it must be an int >= 1; pass num_workers=2 for two workers")
     if not isinstance(num_ps, int) or num_ps < 0:
-        raise ConfigError(f"num_ps={num_ps!r} but it must be an int >= 0")
+        raise ConfigError(f"num_ps={num_ps!r} but it must be an int >= 0; num_ps=0 runs MultiWorkerMirroredStrategy")
     if num_ps > 0 and num_workers < 2:
         raise ConfigError(f"num_ps={num_ps} needs a chief and at least one worker; set num_workers >= 2 or num_ps=0")
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise ConfigError(f"args must be a tuple of positional arguments, got {type(args).__name__}; "
                           f"write args=(value,)")
     timeout = setting("timeout", timeout, None, float)
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"timeout={timeout} must be > 0 seconds (or None for no limit)")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigError(f"timeout={timeout!r} must be a number of seconds > 0 (or None for no limit)")
     max_attempts = setting("max_attempts", max_attempts, 2, int)
-    if max_attempts < 1:
-        raise ConfigError(f"max_attempts={max_attempts} must be >= 1 (1 = never relaunch)")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ConfigError(f"max_attempts={max_attempts!r} must be an int >= 1 (1 = never relaunch)")
     legacy_keras = setting("legacy_keras", legacy_keras, True, bool)
     if preimport is None:
         preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
     elif isinstance(preimport, str):
         raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
+    elif not all(isinstance(m, str) for m in preimport):
+        raise ConfigError(f"preimport={preimport!r} must name modules as strings, e.g. preimport=('tensorflow',)")
     if env is not None:
         bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))} \
             if isinstance(env, dict) else env
