@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -474,7 +473,8 @@ def evaluator_max_retries(env):
     _evaluator(env, max_retries=0)
 
 
-@case("evaluator", "`best_metric=5`", ConfigError, "best_metric=5", "'loss'", says="a metric name such as 'loss', or None")
+@case("evaluator", "`best_metric=5`", ConfigError, "best_metric=5", "'loss'",
+      says="a metric name such as 'loss', or None")
 def evaluator_best_metric(env):
     _evaluator(env, best_metric=5)
 
