@@ -24,7 +24,7 @@ import pytest
 if __name__ == "__main__":  # run as a script: find tfnb in this checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tfnb  # noqa: E402
-from tfnb import ClusterError, ConfigError, DbcFormatError, StagingError, WorkerError  # noqa: E402
+from tfnb import ClusterError, ConfigError, DbcFormatError, StagingError, SyncError, WorkerError  # noqa: E402
 from tfnb._tb_process import Failed  # noqa: E402
 
 
@@ -352,6 +352,14 @@ def stage_dest_is_file(env):
     tfnb.stage(str(env.tmp / "src"), str(env.tmp / "not-a-dir" / "sub"), index=0, count=1)
 
 
+@case("staging", "an S3 endpoint that refuses connections", StagingError, "http://127.0.0.1:9",
+      "check endpoint_url", says="check endpoint_url and that the server is reachable")
+def stage_endpoint_unreachable(env):
+    env.setenv("AWS_ACCESS_KEY_ID", "k")  # credentials are there; the server is not
+    env.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    tfnb.stage("s3://bucket/train", str(env.tmp / "out"), index=0, count=1, endpoint_url="http://127.0.0.1:9")
+
+
 # ---------------------------------------------------------------- event sync
 
 
@@ -402,6 +410,18 @@ def sync_append_to_s3(env):
       says="use endpoint_url, region_name, aws_* keys or client_kwargs")
 def sync_s3_unknown_option(env):
     tfnb.EventSync(str(env.tmp / "logs"), "s3://bucket/logs", storage_options={"endpoint": "http://127.0.0.1:9"})
+
+
+@case("sync", "`flush()` to an S3 endpoint that refuses connections", SyncError, "s3://bucket/logs",
+      "endpoint_url", says="check both locations and the store's storage_options")
+def sync_endpoint_unreachable(env):
+    (env.tmp / "logs").mkdir()
+    (env.tmp / "logs" / "events.out.tfevents.1").write_bytes(b"x" * 100)
+    sync = tfnb.EventSync(str(env.tmp / "logs"), "s3://bucket/logs",
+                          storage_options={"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1",
+                                           "aws_access_key_id": "k", "aws_secret_access_key": "s"})
+    yield
+    sync.flush()
 
 
 # ---------------------------------------------------------------- evaluator

@@ -615,7 +615,8 @@ class EventSync:
                                         s.errors + 1, f"{type(e).__name__}: {e}", s.last_pass)
                 if raise_errors:
                     raise SyncError(f"event sync {self.src_url} -> {self.dst_url} failed: "
-                                    f"{type(e).__name__}: {e}") from e
+                                    f"{type(e).__name__}: {e}; check both locations, and for a remote "
+                                    "store its storage_options (endpoint_url, credentials)") from e
                 log.warning("event sync %s -> %s failed (retrying in %.0f s): %s: %s",
                             self.src_url, self.dst_url, self.interval, type(e).__name__, e)
 
