@@ -65,6 +65,27 @@ def get_spark(spark=None, num_slots: int = 2):
             .getOrCreate())
 
 
+def _check_session(spark) -> None:
+    """Refuse what is not a live SparkSession before anything calls into it (Py4J/AttributeError walls)."""
+    if not (hasattr(type(spark), "conf") and callable(getattr(spark, "range", None))
+            and callable(getattr(spark, "interruptTag", None))):
+        hint = ("pass the SparkSession (spark), not its SparkContext" if type(spark).__name__ == "SparkContext"
+                else "pass a SparkSession (classic or Spark Connect), or leave spark= out to use the active one")
+        raise ConfigError(f"spark={repr(spark)[:80]} ({type(spark).__name__}) is not a SparkSession; {hint}")
+    if _is_connect(spark):
+        stopped = bool(getattr(spark, "is_stopped", False))
+    else:
+        jsc = getattr(getattr(spark, "_sc", None), "_jsc", None)
+        try:
+            stopped = jsc is None or jsc.sc().isStopped()
+        except Exception:  # noqa: BLE001 - a dead JVM gateway: as stopped as it gets
+            stopped = True
+    if stopped:
+        raise ConfigError("spark= is a stopped SparkSession (spark.stop() was called, or its SparkContext "
+                          "ended); start a new one with SparkSession.builder.getOrCreate() and pass that, "
+                          "or leave spark= out")
+
+
 def _conf(spark, key: str, default: str | None = None) -> str | None:
     try:
         return spark.conf.get(key, default)
@@ -108,25 +129,41 @@ def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
     return slots, master
 
 
-def check_cluster(spark, needed: int, wait: float | None = None) -> None:
+def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None) -> None:
     """Fail fast when Spark could never schedule a barrier stage of ``needed`` tasks.
 
     Raises:
-        ClusterError: dynamic allocation is on, or the cluster has fewer task slots than needed.
+        ConfigError: ``spark`` is not a live SparkSession.
+        ClusterError: dynamic allocation is on, the cluster has fewer task slots than needed, or
+            GPUs are asked for (``use_gpu=True`` or spark.task.resource.gpu.amount) that it cannot give.
     """
+    _check_session(spark)
+    gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
+    if use_gpu and gpu_per_task <= 0:
+        # Spark hands GPUs only to tasks that ask for them; without this conf every task would fail after launch.
+        raise ClusterError(
+            f"use_gpu=True but spark.task.resource.gpu.amount is {gpu_per_task:g} on this session, so Spark "
+            "assigns the tasks no GPU; start the cluster with spark.task.resource.gpu.amount=1 and "
+            "spark.executor.resource.gpu.amount (plus a GPU discovery script), or pass use_gpu=None to run "
+            "on whatever the tasks get")
     if (_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
         raise ClusterError(
             "Spark barrier mode does not run with dynamic allocation; start the cluster with "
             "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)"
         )
+    master = _conf(spark, "spark.master", "") or ""
+    # Local tasks get the driver's GPUs; a cluster's, the executors' (a Connect client may not see that conf).
+    owner = "driver" if re.fullmatch(r"local(\[.*\])?", master) else "executor"
+    have = _conf(spark, f"spark.{owner}.resource.gpu.amount")
+    if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not _is_connect(spark)):
+        raise ClusterError(
+            f"spark.task.resource.gpu.amount={gpu_per_task:g} but spark.{owner}.resource.gpu.amount is "
+            f"{have or 'unset'} on {master}, so no task could ever be given its GPU; unset "
+            f"spark.task.resource.gpu.amount, or give the {owner} GPUs (spark.{owner}.resource.gpu.amount and "
+            f"spark.{owner}.resource.gpu.discoveryScript)")
     # Seconds to let executors register on a cluster master before judging the slot count.
     wait = setting("slot_wait", wait, 30.0, float)
     slots, master = _cluster_slots(spark, needed, wait)
-    gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
-    if gpu_per_task > 0 and re.fullmatch(r"local(\[.*\])?", master) and not _conf(spark, "spark.driver.resource.gpu.amount"):
-        raise ClusterError(
-            f"spark.task.resource.gpu.amount={gpu_per_task:g} but {master} has no GPU resources, so the tasks "
-            "could never be scheduled; unset spark.task.resource.gpu.amount, or run on executors with GPUs")
     if slots is not None and slots < needed:
         raise ClusterError(
             f"the run needs {needed} task slots (num_workers + num_ps) but the cluster ({master}) has "
@@ -496,34 +533,42 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
         raise ConfigError(f"num_workers={num_workers!r} but it must be an int >= 1; pass num_workers=2 for two workers")
     if not isinstance(num_ps, int) or num_ps < 0:
-        raise ConfigError(f"num_ps={num_ps!r} but it must be an int >= 0")
+        raise ConfigError(f"num_ps={num_ps!r} but it must be an int >= 0; num_ps=0 runs MultiWorkerMirroredStrategy")
     if num_ps > 0 and num_workers < 2:
         raise ConfigError(f"num_ps={num_ps} needs a chief and at least one worker; set num_workers >= 2 or num_ps=0")
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise ConfigError(f"args must be a tuple of positional arguments, got {type(args).__name__}; "
                           f"write args=(value,)")
     timeout = setting("timeout", timeout, None, float)
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"timeout={timeout} must be > 0 seconds (or None for no limit)")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigError(f"timeout={timeout!r} must be a number of seconds > 0 (or None for no limit)")
     max_attempts = setting("max_attempts", max_attempts, 2, int)
-    if max_attempts < 1:
-        raise ConfigError(f"max_attempts={max_attempts} must be >= 1 (1 = never relaunch)")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ConfigError(f"max_attempts={max_attempts!r} must be an int >= 1 (1 = never relaunch)")
     legacy_keras = setting("legacy_keras", legacy_keras, True, bool)
     if preimport is None:
         preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
     elif isinstance(preimport, str):
         raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
-    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ConfigError("env must map str to str; convert values with str()")
-    payload = pickle_fn(train_fn, args)
-    num_tasks = num_workers + num_ps
-    spark = get_spark(spark, num_tasks)
-    check_cluster(spark, num_tasks)
-    feed = None
+    elif not all(isinstance(m, str) for m in preimport):
+        raise ConfigError(f"preimport={preimport!r} must name modules as strings, e.g. preimport=('tensorflow',)")
+    if env is not None:
+        bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))} \
+            if isinstance(env, dict) else env
+        if bad:
+            # name the entries by key and type only: env values are often credentials
+            what = ({repr(k): type(v).__name__ for k, v in bad.items()} if isinstance(bad, dict)
+                    else type(bad).__name__)
+            raise ConfigError(f"env must be a dict of str to str, not {what}; convert values with str()")
     if data is not None and num_ps > 0:
         raise ConfigError(
             f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
             "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
+    payload = pickle_fn(train_fn, args)
+    num_tasks = num_workers + num_ps
+    spark = get_spark(spark, num_tasks)
+    check_cluster(spark, num_tasks, use_gpu=use_gpu)
+    feed = None
     hooks = _hooks or LaunchHooks()
     if data is not None and hooks.feeder is None:
         from .feeding import feed_spec

@@ -247,7 +247,7 @@ def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb") -> tuple[by
         raise ConfigError(f"notebook folder {str(src)!r} does not exist; pass the folder holding the .ipynb files")
     files = sorted((p for p in src.glob("*.ipynb") if not p.name.startswith(".")), key=lambda p: p.name)
     if not files:
-        raise ConfigError(f"no .ipynb notebooks in {str(src)!r}; nothing to put in a DBC archive")
+        raise ConfigError(f"no .ipynb notebooks in {str(src)!r}; pass the folder holding the .ipynb files")
     notebooks = [_load_ipynb(p, folder) for p in files]
     names = {nb.name for nb in notebooks}
     for path, nb in zip(files, notebooks, strict=True):

@@ -197,6 +197,10 @@ class Evaluator:
         if best_metric is not None and not isinstance(best_metric, str):
             raise ConfigError(f"best_metric={best_metric!r} must be a metric name such as 'loss', or None")
         self.model_fn, self.dataset_fn = model_fn, dataset_fn
+        for name, value in (("checkpoint_dir", checkpoint_dir), ("log_dir", log_dir)):
+            if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+                raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. the model_dir "
+                                  "given to tfnb.run")
         self.checkpoint_dir = os.fspath(checkpoint_dir)
         self.log_dir = os.fspath(log_dir)
         self.model_dir = os.fspath(model_dir) if model_dir is not None else self.checkpoint_dir

@@ -129,6 +129,9 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
     if output_type is not None and output_type not in _OUTPUT_TYPES:
         raise ConfigError(f"output_type={output_type!r} is not one of {_OUTPUT_TYPES}; "
                           "pass 'float', 'array', or leave it out to read it from the model")
+    if not (hasattr(df, "schema") and hasattr(df, "mapInArrow")):
+        raise ConfigError(f"df must be a Spark DataFrame, got {type(df).__name__}; convert it with "
+                          "spark.createDataFrame(...) or read it with spark.read")
     _check_schema(df.schema, cols, output_col)
     source, version, remote = _locate(model_path)
     cache_dir = setting("model_cache_dir", None, "")

@@ -758,6 +758,8 @@ def stage(src_url: str, dest_dir: str | os.PathLike, *, index: int = 0, count: i
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1024 * 1024:
         raise ConfigError(f"chunk_size={chunk_size!r} but it must be an int of at least 1 MiB "
                           "(TFNB_STAGE_CHUNK_SIZE, in bytes); e.g. 8388608")
+    if not isinstance(dest_dir, (str, os.PathLike)) or not os.fspath(dest_dir):
+        raise ConfigError(f"dest_dir={dest_dir!r} but it must be a local folder path, e.g. '/local_disk0/train'")
     dest = Path(os.fspath(dest_dir)).expanduser().absolute()
 
     source = _open_source(src_url, endpoint_url=endpoint_url, concurrency=concurrency,

@@ -488,6 +488,10 @@ class EventSync:
             raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} must be one of {', '.join(MODES)}")
+        for name, value in (("src_dir", src_dir), ("dst_url", dst_url)):
+            if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+                raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. '/tmp/tb/run1' "
+                                  "or 's3://bucket/run1/logs'")
         self.src_url = os.fspath(src_dir)
         self.dst_url = os.fspath(dst_url)
         self.interval = float(interval)
@@ -611,7 +615,8 @@ class EventSync:
                                         s.errors + 1, f"{type(e).__name__}: {e}", s.last_pass)
                 if raise_errors:
                     raise SyncError(f"event sync {self.src_url} -> {self.dst_url} failed: "
-                                    f"{type(e).__name__}: {e}") from e
+                                    f"{type(e).__name__}: {e}; check both locations, and for a remote "
+                                    "store its storage_options (endpoint_url, credentials)") from e
                 log.warning("event sync %s -> %s failed (retrying in %.0f s): %s: %s",
                             self.src_url, self.dst_url, self.interval, type(e).__name__, e)
 

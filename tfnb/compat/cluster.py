@@ -81,6 +81,9 @@ def _session(sc):
         raise ConfigError(
             f"sc must be the SparkContext (or a classic SparkSession), got {type(sc).__name__}; pass "
             "spark.sparkContext. Spark Connect sessions have no RDDs: use tfnb.run(train_fn, data=df) there")
+    if sc._jsc is None:
+        raise ConfigError("sc is a stopped SparkContext (sc.stop() or spark.stop() was called); start a new "
+                          "session with SparkSession.builder.getOrCreate() and pass spark.sparkContext")
     active = SparkSession.getActiveSession()
     if active is not None and active.sparkContext is sc:
         return sc, active
