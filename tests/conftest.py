@@ -68,6 +68,15 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
+def _idle_standby(cmd: str) -> bool:
+    """A warm standby nobody claimed yet (its socket still exists): kept on purpose, not an orphan."""
+    parts = cmd.split()
+    if "--standby" not in parts:
+        return False
+    i = parts.index("--standby")
+    return i + 1 < len(parts) and os.path.exists(parts[i + 1])
+
+
 def child_processes() -> list[str]:
     """Command lines of tfnb train_fn processes still alive on this machine."""
     out = []
@@ -78,7 +87,7 @@ def child_processes() -> list[str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "tfnb._child" in cmd:
+        if "tfnb._child" in cmd and not _idle_standby(cmd):
             out.append(f"{d.name}: {cmd}")
     return out
 

@@ -55,6 +55,8 @@ class TaskSpec:
     all_results: bool = False  # every task returns its train_fn value, not only the chief
     keep_port: bool = False  # the child also gets ENV_KEPT_PORT_FD, open while train_fn runs
     task_cwd: bool = False  # the child runs in the Spark task's working directory, not in its scratch dir
+    warm: bool = False  # hand the payload to a warm standby when one matches, leave one after success
+    warm_idle: float = 600.0  # seconds an unclaimed standby waits before it exits
 
 
 # Start-up lines TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL: on every
@@ -268,6 +270,21 @@ class _Supervisor:
         t.start()
         self._threads.append(t)
 
+    def _claim_standby(self, env: dict, gpus: tuple, held: socket.socket):
+        """A warm standby that matches this run, now running as this task's child; None to start one."""
+        if not self.spec.warm or self.spec.keep_port:
+            return None
+        from . import _warm
+
+        try:
+            conn = _warm.claim(_warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus))
+            if conn is None:
+                return None
+            cwd = os.getcwd() if self.spec.task_cwd else self.workdir
+            return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno())
+        except OSError:
+            return None  # whatever went wrong, a fresh process does the same job
+
     def start(self, mode: str, gpus: tuple, held: socket.socket) -> None:
         """Start the child now; it imports TensorFlow while the barrier exchanges addresses."""
         import cloudpickle
@@ -275,8 +292,14 @@ class _Supervisor:
         fn, args = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, ())
         with open(os.path.join(self.workdir, PAYLOAD), "wb") as f:
             cloudpickle.dump({"fn": fn, "args": args, "mode": mode}, f)
-        ev_read, ev_write = os.pipe()
         env = child_env(os.environ, self.spec, gpus)
+        claimed = self._claim_standby(env, gpus, held) if mode == "train" else None
+        if claimed is not None:
+            self.proc = claimed
+            held.close()
+            self._start_pumps(env, claimed.events)
+            return
+        ev_read, ev_write = os.pipe()
         env[events.ENV_FD] = str(ev_write)
         env[ENV_HELD_PORT_FD] = str(held.fileno())
         pass_fds = (ev_write, held.fileno())
@@ -297,6 +320,9 @@ class _Supervisor:
                 os.close(kept)
         os.close(ev_write)
         held.close()
+        self._start_pumps(env, ev_read)
+
+    def _start_pumps(self, env: dict, ev_read: int) -> None:
         level = env.get("TF_CPP_MIN_LOG_LEVEL", "")
 
         def forward(stream):
@@ -361,6 +387,9 @@ class _Supervisor:
             self._signal_group_anyway()
             if self.proc.stdin:
                 self.proc.stdin.close()
+            close = getattr(self.proc, "conn", None)
+            if close is not None:
+                close.close()
 
 
 def _failure_from_child(workdir: str, code: int) -> dict:
@@ -393,6 +422,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
     chan = None
     sup = None
     held = None
+    warm_after = None  # (gpus, tasks of this run on this host) once train_fn succeeded
     try:
         peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
         holder: dict = {}
@@ -448,6 +478,8 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
                 return
             raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
         chan.send("state", state="done")
+        if mode == "train":
+            warm_after = (gpus, sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered))
         if rank == 0 or spec.all_results:
             with open(os.path.join(workdir, RESULT), "rb") as f:
                 data = f.read()
@@ -472,3 +504,17 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         if chan is not None:
             chan.close()
         shutil.rmtree(workdir, ignore_errors=True)
+        if spec.warm and warm_after is not None:
+            _leave_standby(spec, *warm_after)
+
+
+def _leave_standby(spec: TaskSpec, gpus: tuple, local_tasks: int) -> None:
+    """Keep one TensorFlow-imported process per task of this run on this host for the next run."""
+    from . import _warm
+
+    try:
+        want = _warm.key(spec.preimport, spec.legacy_keras, spec.env, gpus)
+        if _warm.count(want) < local_tasks:
+            _warm.spawn(want, child_env(os.environ, spec, gpus), spec.warm_idle)
+    except OSError:
+        pass  # no standby: the next run starts its processes as usual
