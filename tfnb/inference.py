@@ -145,6 +145,11 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
     _check_schema(df.schema, cols, output_col)
     options = dict(storage_options or {})
     source, version, files = _locate(model_path, options)
+    if files and source.startswith("s3://") and not options.get("endpoint_url"):
+        from ._storage.s3 import endpoint_url
+
+        # resolved here, once: the executors' environment may lack TFNB_S3_ENDPOINT_URL
+        options["endpoint_url"] = endpoint_url()
     cache_dir = setting("model_cache_dir", None, "")
     if output_type is None:
         local = _fetch(source, version, files, options, cache_dir) if files else source

@@ -201,7 +201,10 @@ class S3Store(Store):
         for attempt in range(_GET_ATTEMPTS):
             written = 0
             try:
-                body = self.client.get_object(Bucket=self.bucket, Key=self._key(rel), **extra)["Body"]
+                resp = self.client.get_object(Bucket=self.bucket, Key=self._key(rel), **extra)
+                if version and resp.get("ETag", "").strip('"') != version:   # servers that ignore If-Match
+                    raise StorageError(f"{self.url(rel)} changed since it was listed; run again")
+                body = resp["Body"]
                 with open(tmp, "wb") as fh:
                     for block in body.iter_chunks(_IO_CHUNK):
                         if cancel is not None and cancel.is_set():
