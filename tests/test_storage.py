@@ -223,3 +223,137 @@ def test_endpoint_resolution_order(monkeypatch):
     monkeypatch.setenv("TFNB_S3_ENDPOINT_URL", "http://127.0.0.1:2")
     assert open_store("s3://b", opts).endpoint == "http://127.0.0.1:2"
     assert open_store("s3a://b", dict(opts, endpoint_url="http://127.0.0.1:3")).endpoint == "http://127.0.0.1:3"
+
+
+# ---------------------------------------------------------------- the model cache
+
+
+def _plant(root: Path, folder_key: str, record: str, uid: int | None, mode: int | None) -> Path:
+    """Another user's model where this user's cache entry would be, with a record that vouches for it."""
+    entry = root / folder_key
+    entry.mkdir(parents=True)
+    (entry / "m.keras").write_bytes(b"PLANTED" * 3)
+    (entry / "source.json").write_text(record)
+    for p in (root, entry, entry / "m.keras", entry / "source.json"):
+        if uid is not None:
+            os.chown(p, uid, uid)
+        if mode is not None:
+            os.chmod(p, mode)
+    return entry / "m.keras"
+
+
+@pytest.mark.parametrize("uid, mode", [(65534, None), (None, 0o777)], ids=["other-owner", "world-writable"])
+def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, uid, mode):
+    import hashlib
+    import json
+
+    from tfnb import inference
+
+    client, bucket = rclone_s3.client(), f"models-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    real = os.urandom(21)                                  # the same size as the planted file
+    client.put_object(Bucket=bucket, Key="m.keras", Body=real)
+    options, url = s3_options(rclone_s3), f"s3://{bucket}/m.keras"
+    source, version, files = inference._locate(url, options)
+    key = hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24]
+    record = json.dumps({"url": url, "version": version, "files": files})
+    planted = _plant(tmp_path / f"tfnb-model-cache-{os.getuid()}", key, record, uid, mode)
+    got = inference._fetch(source, version, files, options, str(tmp_path))
+    assert Path(got).read_bytes() == real and Path(got) != planted
+    assert planted.read_bytes() == b"PLANTED" * 3          # nothing in the foreign folder touched
+    inference._fallback_cache.clear()
+
+
+def test_a_cached_model_that_does_not_match_the_source_is_fetched_again(rclone_s3, tmp_path):
+    from tfnb import inference
+
+    client = rclone_s3.client()
+    client.create_bucket(Bucket="models2")
+    client.put_object(Bucket="models2", Key="m.keras", Body=b"version one")
+    options, url = s3_options(rclone_s3), "s3://models2/m.keras"
+    first = inference._fetch(*inference._locate(url, options), options, str(tmp_path))
+    Path(first).write_bytes(b"tampered")                   # same record, wrong size: not trusted
+    again = inference._fetch(*inference._locate(url, options), options, str(tmp_path))
+    assert again == first and Path(again).read_bytes() == b"version one"
+    client.put_object(Bucket="models2", Key="m.keras", Body=b"version two!")
+    assert Path(inference._fetch(*inference._locate(url, options), options, str(tmp_path))).read_bytes() \
+        == b"version two!"
+    assert oct(os.stat(tmp_path / f"tfnb-model-cache-{os.getuid()}").st_mode & 0o777) == "0o700"
+
+
+# ---------------------------------------------------------------- S3 with nothing but the environment
+
+ONLY_ENV = r"""
+import hashlib, json, os, sys
+import numpy as np
+bucket, work = sys.argv[1:3]
+import boto3
+admin = boto3.client("s3", endpoint_url=os.environ["TFNB_S3_ENDPOINT_URL"])   # test set-up only
+admin.create_bucket(Bucket=bucket)
+data = {f"data/part-{i}.bin": bytes([i]) * (1000 + i) for i in range(4)}
+for k, v in data.items():
+    admin.put_object(Bucket=bucket, Key=k, Body=v)
+import tfnb
+from tfnb import inference
+
+staged = tfnb.stage(f"s3://{bucket}/data", f"{work}/staged")
+assert {os.path.basename(p): open(p, "rb").read() for p in staged.paths} == {k[5:]: v for k, v in data.items()}
+
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+out = tfnb.run(lambda ctx: ctx.model_dir, num_workers=1, model_dir=f"s3://{bucket}/run1", preimport=(),
+               spark=spark, display=False)
+assert out == f"s3://{bucket}/run1", out
+status = json.loads(admin.get_object(Bucket=bucket, Key="run1/tfnb_status.json")["Body"].read())
+assert status["state"] == "succeeded", status
+
+import tensorflow as tf, tf_keras
+x = np.random.RandomState(0).rand(12, 4).astype("float32")
+def dense(init):
+    return tf_keras.Sequential([tf_keras.layers.Input((4,)), tf_keras.layers.Dense(3, kernel_initializer=init)])
+model = dense("glorot_uniform")
+model.save(f"{work}/m.keras")
+admin.upload_file(f"{work}/m.keras", bucket, "models/m.keras")
+url = f"s3://{bucket}/models/m.keras"
+# another user's model where this user's cache entry would be, vouched for by a forged record
+source, version, files = inference._locate(url, {})
+root = os.path.join(os.environ["TFNB_MODEL_CACHE_DIR"], f"tfnb-model-cache-{os.getuid()}")
+entry = os.path.join(root, hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24])
+os.makedirs(entry)
+dense("ones").save(os.path.join(entry, "m.keras"))
+with open(os.path.join(entry, "source.json"), "w") as f:
+    f.write(json.dumps({"url": url, "version": version, "files": files}))
+for d, _, names in os.walk(root):
+    for p in [d] + [os.path.join(d, n) for n in names]:
+        os.chown(p, 65534, 65534)
+df = spark.createDataFrame([(i, x[i].tolist()) for i in range(len(x))], "id long, features array<float>")
+rows = sorted(tfnb.predict(df, url, input_cols=["features"]).collect())
+np.testing.assert_allclose(np.array([r.prediction for r in rows]), model.predict(x, verbose=0), rtol=1e-5)
+
+with tf.summary.create_file_writer(f"{work}/tb/train").as_default():
+    for step in range(3):
+        tf.summary.scalar("loss", 1.0 / (step + 1), step=step)
+tfnb.EventSync(f"{work}/tb", f"s3://{bucket}/logs").stop()
+tfnb.EventSync(f"s3://{bucket}/logs", f"{work}/tb2").stop()
+def tree(d):
+    return {os.path.relpath(os.path.join(p, n), d): open(os.path.join(p, n), "rb").read()
+            for p, _, ns in os.walk(d) for n in ns}
+assert tree(f"{work}/tb") == tree(f"{work}/tb2") and tree(f"{work}/tb"), tree(f"{work}/tb2")
+spark.stop()
+print("ALL OK")
+"""
+
+
+def test_s3_everywhere_with_only_an_endpoint_and_credentials_in_the_environment(rclone_s3, tmp_path):
+    """stage, run(model_dir=s3://), predict from s3:// (past a planted cache) and EventSync both ways,
+    with boto3 alone: no storage options anywhere, only TFNB_S3_ENDPOINT_URL and AWS keys."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TFNB_"))}
+    env.update(AWS_ACCESS_KEY_ID=rclone_s3.access_key, AWS_SECRET_ACCESS_KEY=rclone_s3.secret_key,
+               TFNB_S3_ENDPOINT_URL=rclone_s3.endpoint_url, TFNB_MODEL_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", ONLY_ENV, f"only-env-{uuid.uuid4().hex[:8]}", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ALL OK"), done.stderr[-3000:]
