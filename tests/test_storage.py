@@ -261,7 +261,7 @@ def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, uid, mode):
     got = inference._fetch(source, version, files, options, str(tmp_path))
     assert Path(got).read_bytes() == real and Path(got) != planted
     assert planted.read_bytes() == b"PLANTED" * 3          # nothing in the foreign folder touched
-    inference._fallback_cache.clear()
+    inference._fresh_cache.cache_clear()
 
 
 def test_a_cached_model_that_does_not_match_the_source_is_fetched_again(rclone_s3, tmp_path):

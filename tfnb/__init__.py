@@ -38,6 +38,7 @@ _EXPORTS = {
     "RunCancelledError": "errors",
     "MissingDependencyError": "errors",
     "StagingError": "errors",
+    "StorageError": "errors",
     "EvaluatorError": "errors",
     "DbcFormatError": "errors",
 }

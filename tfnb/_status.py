@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Mapping
+from typing import Any
 
 from ._storage import Store, open_store
 
@@ -11,29 +11,20 @@ STATUS_FILE = "tfnb_status.json"
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
-def _store(model_dir: str | Store, options: Mapping[str, Any] | None, purpose: str) -> Store:
-    return model_dir if isinstance(model_dir, Store) else open_store(model_dir, options, purpose=purpose)
-
-
-def write_status(model_dir: str | Store, state: str, options: Mapping[str, Any] | None = None, **info: Any) -> None:
+def write_status(model_dir: str, state: str, **info: Any) -> None:
     """Write ``{"state": state, ...}`` atomically: a reader sees the previous status or this one."""
     body = json.dumps({"state": state, "time": time.time(), **info}, default=str).encode()
-    _store(model_dir, options, "writing the run status to").write(STATUS_FILE, body)
+    open_store(model_dir, purpose="writing the run status to").write(STATUS_FILE, body)
 
 
-def read_status(model_dir: str | Store, options: Mapping[str, Any] | None = None) -> dict | None:
+def read_status(model_dir: str | Store) -> dict | None:
     """The last status written to ``model_dir``, or None when there is none (yet).
 
     Raises:
-        StorageError: the file exists (or may) but cannot be read: credentials, bucket, endpoint.
+        StorageError: the status cannot be read (credentials, bucket, endpoint, permission).
     """
+    store = model_dir if isinstance(model_dir, Store) else open_store(model_dir, purpose="reading the run status in")
     try:
-        return json.loads(_store(model_dir, options, "reading the run status in").read(STATUS_FILE))
+        return json.loads(store.read(STATUS_FILE))
     except (FileNotFoundError, ValueError):
         return None
-
-
-def is_finished(model_dir: str | Store, options: Mapping[str, Any] | None = None) -> bool:
-    """True once the run that writes to ``model_dir`` has ended (succeeded, failed or cancelled)."""
-    status = read_status(model_dir, options)
-    return bool(status) and status.get("state") in FINAL_STATES

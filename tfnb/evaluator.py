@@ -412,8 +412,7 @@ class Evaluator:
             if self._status_failures >= _STATUS_ATTEMPTS:
                 raise _Fatal(f"cannot read the run status in {self.model_dir} ({self._status_failures} "
                              f"polls in a row): {e}") from e
-            log.warning("reading the run status failed (attempt %d of %d): %s", self._status_failures,
-                        _STATUS_ATTEMPTS, e)
+            log.warning("reading the run status failed (%d of %d): %s", self._status_failures, _STATUS_ATTEMPTS, e)
             return False
         self._status_failures = 0
         return isinstance(status, dict) and status.get("state") in FINAL_STATES

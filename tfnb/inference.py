@@ -51,8 +51,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from ._config import setting
 from ._private import private_dir
-from ._storage import normalize, open_store
-from ._storage.local import atomic_write
+from ._storage import atomic_write, normalize, open_store
 from .errors import ConfigError, MissingDependencyError, UnsafePathError
 
 log = logging.getLogger(__name__)
@@ -240,17 +239,18 @@ def _local_version(path: str) -> int:
     return max(stamps)
 
 
-_fallback_cache: list[str] = []   # this process's fresh private cache, when the usual one is not private
+@functools.lru_cache(maxsize=None)
+def _fresh_cache() -> str:
+    """This process's own cache, for when the usual one is not private: mkdtemp makes it 0700."""
+    return tempfile.mkdtemp(prefix="tfnb-model-cache-")
 
 
 def _cache_root(base: str) -> str:
     try:
         return private_dir("model-cache", base or None)
     except UnsafePathError as e:
-        if not _fallback_cache:
-            _fallback_cache.append(tempfile.mkdtemp(prefix="tfnb-model-cache-"))   # mode 0700, ours
-        log.warning("%s; downloading models to %s instead", e, _fallback_cache[0])
-        return _fallback_cache[0]
+        log.warning("%s; downloading models to %s instead", e, _fresh_cache())
+        return _fresh_cache()
 
 
 def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cache_base: str) -> str:

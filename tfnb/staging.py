@@ -47,8 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ._config import setting
 from ._deps import require
-from ._storage import PART, Store, open_store
-from ._storage.local import atomic_write, locked
+from ._storage import PART, Store, atomic_write, locked, open_store
 from .errors import ConfigError, MissingDependencyError, StagingError
 
 log = logging.getLogger(__name__)
@@ -62,8 +61,6 @@ _DEFAULT_CHUNK = 8 * 1024 * 1024
 _CALLBACK_INTERVAL = 0.25              # seconds between progress callbacks
 _MANIFEST_INTERVAL = 1.0               # seconds between manifest writes while downloading
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")  # S3's ETag of a single-part, non-KMS object is its MD5
-
-
 
 # ---------------------------------------------------------------- typed values
 
@@ -269,11 +266,9 @@ def _verify(f: RemoteFile, local: Path) -> bool:
     Finds files a killed run renamed into place but had not yet written to the manifest.
     """
     try:
-        if not _MD5_ETAG.fullmatch(f.version) or local.stat().st_size != f.size:
-            return False
+        return bool(_MD5_ETAG.fullmatch(f.version)) and local.stat().st_size == f.size and _md5(local) == f.version
     except OSError:
         return False
-    return _md5(local) == f.version
 
 
 def _md5(path: Path) -> str:

@@ -15,22 +15,21 @@ part (local: a hidden temporary name renamed into place; object stores: one PUT)
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Iterator, Mapping
 
 from ..errors import ConfigError, MissingDependencyError, StorageError
 
 PART = ".tfnb-part"          # temporary names carry this; listings skip them
 S3_SCHEMES = ("s3", "s3a", "s3n")
-S3_OPTIONS = {  # the vocabulary -> boto3 client keyword; long boto3 names are accepted too
+S3_OPTIONS = {  # the vocabulary -> boto3's name (its own names are accepted too)
     "key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
-    "endpoint_url": "endpoint_url", "region": "region_name", "profile": "profile", "anon": "anon",
-    "config": "config", "client_kwargs": "client_kwargs", "aws_access_key_id": "aws_access_key_id",
-    "aws_secret_access_key": "aws_secret_access_key", "aws_session_token": "aws_session_token",
-    "region_name": "region_name"}
-_NOT_APPENDABLE = ("/dbfs/", "/Volumes/")   # FUSE mounts that cannot append in place
+    "region": "region_name", "endpoint_url": "endpoint_url", "profile": "profile", "anon": "anon",
+    "config": "config", "client_kwargs": "client_kwargs"}
 
 
 class MissingError(StorageError, FileNotFoundError):
@@ -61,15 +60,13 @@ def normalize(url: str | os.PathLike) -> str:
     if not isinstance(text, str) or not text:
         raise ConfigError(f"expected a path or URL, got {url!r}; e.g. '/dbfs/data' or 's3://bucket/prefix'")
     scheme, sep, rest = text.partition("://")
-    if text.startswith("dbfs:") and not sep:            # dbfs:/x (the Spark spelling)
+    if text.lower().startswith("dbfs:"):                # dbfs:/x (Spark's spelling), dbfs:///x
         return "/dbfs/" + text[len("dbfs:"):].lstrip("/")
     if not sep or "/" in scheme:
         return os.path.abspath(os.path.expanduser(text))
     scheme = scheme.lower()
     if scheme == "file":
-        return os.path.abspath(rest) if rest.startswith("/") else os.path.abspath(os.path.expanduser(rest))
-    if scheme == "dbfs":                                # dbfs:///x
-        return "/dbfs/" + rest.lstrip("/")
+        return os.path.abspath(os.path.expanduser(rest))
     if scheme in S3_SCHEMES:
         return "s3://" + rest
     return f"{scheme}://{rest}"
@@ -108,7 +105,22 @@ def open_store(url: str | os.PathLike, options: Mapping[str, Any] | None = None,
 
 
 class Store:
-    """A directory tree (or one file) addressed by relative ``/``-separated paths."""
+    """A directory tree (or one file) addressed by relative ``/``-separated paths (``""``: the root).
+
+    Every backend has these operations; each failure is a StorageError (a MissingError when absent):
+
+    * ``list(rel="", recursive=True) -> {sub: Entry}``: files below ``rel``, relative to it; ``{}``
+      when it does not exist; temporary names skipped.
+    * ``stat(rel="") -> Entry | None``: the file ``rel``, None when no file is there (a folder is not).
+    * ``read(rel="", offset=0, length=None) -> bytes``: all of it, or a range.
+    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None)``: download
+      atomically (via ``.NAME.tfnb-part-*`` beside ``local_path``). ``size``/``version`` are what a
+      listing said: a file that no longer matches fails instead of arriving mixed or torn;
+      ``on_bytes(n)`` reports progress (negative when a retry restarts); a set ``cancel`` Event stops it.
+    * ``put(rel, local_path)``, ``write(rel, data)``: create or replace ``rel`` atomically.
+    * ``append(rel, data)``: only where :attr:`appendable`. ``delete(rel)``: a missing file is fine.
+    * ``put_dir(rel, local_dir)``: make ``rel`` a copy of ``local_dir``. ``close()``: release pools.
+    """
 
     root = ""            # the normalised URL or absolute path
     local = False        # a path this process can open directly (TensorFlow can read/write it)
@@ -118,53 +130,11 @@ class Store:
         """The full URL (or local path) of ``rel``."""
         return self.root.rstrip("/") + ("/" + rel if rel else "")
 
-    def list(self, rel: str = "", recursive: bool = True) -> dict[str, Entry]:
-        """Files below ``rel`` (relative to it); empty when it does not exist. Temporary names skipped."""
-        raise NotImplementedError
-
-    def stat(self, rel: str = "") -> Entry | None:
-        """The file ``rel``, or None when there is no file there (a folder is not a file)."""
-        raise NotImplementedError
-
-    def read(self, rel: str = "", offset: int = 0, length: int | None = None) -> bytes:
-        """Bytes of ``rel`` from ``offset`` (``length`` bytes, or to the end)."""
-        raise NotImplementedError
-
-    def get(self, rel: str, local_path: str, *, size: int | None = None, version: str | None = None,
-            on_bytes: Callable[[int], None] | None = None, cancel=None) -> None:
-        """Download ``rel`` to ``local_path`` atomically (via ``.NAME.tfnb-part-*`` beside it).
-
-        Args:
-            size, version: what a listing said; a file that no longer matches fails (if-version)
-                instead of arriving mixed or torn.
-            on_bytes: called with each count of bytes received (negative when a retry restarts).
-            cancel: a ``threading.Event``; when set, the download stops with a StorageError.
-        """
-        raise NotImplementedError
-
-    def put(self, rel: str, local_path: str) -> None:
-        """Upload the local file to ``rel`` atomically."""
-        raise NotImplementedError
-
-    def write(self, rel: str, data: bytes) -> None:
-        """Create or replace ``rel`` with ``data`` atomically."""
-        raise NotImplementedError
-
     def append(self, rel: str, data: bytes) -> None:
-        """Add ``data`` to the end of ``rel`` (only where :attr:`appendable`)."""
         raise StorageError(f"{self.url(rel)} cannot be appended to in place; write a new file instead")
 
-    def delete(self, rel: str) -> None:
-        """Remove the file ``rel``; a missing one is not an error."""
-        raise NotImplementedError
-
-    def get_dir(self, rel: str, local_dir: str) -> None:
-        """Download every file below ``rel`` into ``local_dir``, keeping relative paths."""
-        for sub in self.list(rel):
-            self.get(_join(rel, sub), os.path.join(local_dir, *sub.split("/")))
-
     def put_dir(self, rel: str, local_dir: str) -> None:
-        """Make ``rel`` a copy of ``local_dir``: upload every file, then delete what is not in it."""
+        # every file uploaded first, then what is not in local_dir deleted (no directory swap on objects)
         wanted = set()
         for dirpath, _, files in os.walk(local_dir):
             for name in files:
@@ -176,7 +146,7 @@ class Store:
                 self.delete(_join(rel, sub))
 
     def close(self) -> None:
-        """Release pools and connections."""
+        pass
 
 
 def _join(rel: str, sub: str) -> str:
@@ -214,5 +184,43 @@ def os_error(e: BaseException, url: str, doing: str) -> StorageError:
     return StorageError(f"{doing} {url} failed: {type(e).__name__}: {e}")
 
 
-def appendable(path: str) -> bool:
-    return not (path.rstrip("/") + "/").startswith(_NOT_APPENDABLE)
+def temp_name(path: str, named: bool = False) -> str:
+    """A hidden temporary name beside ``path``: ``.NAME.tfnb-part-X`` when ``named`` (so the owner of
+    ``NAME`` can find its leftovers), else ``.tfnb-part-X`` (no part of the name: an event file's
+    temporary copy must not look like an event file to TensorBoard)."""
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name if named else ''}{PART}-{uuid.uuid4().hex[:12]}")
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that readers see the old content or all of the new."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """An exclusive lock on ``path`` across processes (a no-op where fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: one process per folder is assumed
+        yield
+        return
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)

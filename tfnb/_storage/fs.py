@@ -1,6 +1,7 @@
 """Any other scheme through fsspec (``gs://`` with gcsfs, ``abfs://``, ``memory://``, ``zip://...::``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import uuid
@@ -8,8 +9,7 @@ from typing import Any, Mapping
 
 from .._deps import require
 from ..errors import ConfigError, MissingDependencyError, StorageError
-from . import PART, Entry, Store, guarded, is_temp, os_error
-from .local import _remove, temp_name
+from . import PART, Entry, Store, _remove, guarded, is_temp, os_error, temp_name
 
 # object stores: a PUT is atomic already, and a rename would be a second full copy
 _OBJECT_STORES = frozenset({"gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2", "memory"})
@@ -20,12 +20,8 @@ _MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "modified", 
 def _mtime(info: Mapping[str, Any]) -> float:
     for key in _MTIME_KEYS:
         value = info.get(key)
-        if hasattr(value, "timestamp"):
-            return value.timestamp()
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            continue
+        with contextlib.suppress(TypeError, ValueError):
+            return value.timestamp() if hasattr(value, "timestamp") else float(value)
     return 0.0
 
 
@@ -112,11 +108,15 @@ class FsspecStore(Store):
                     on_bytes(self.value - self.reported)
                     self.reported = self.value
 
+        if cancel is not None and cancel.is_set():
+            raise StorageError(f"downloading {self.url(rel)} was cancelled")
         os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-        tmp = temp_name(local_path, named=True)
+        tmp, progress = temp_name(local_path, named=True), Progress()
         try:
-            self.fs.get_file(self._full(rel), tmp, callback=Progress())
+            self.fs.get_file(self._full(rel), tmp, callback=progress)
             got = os.path.getsize(tmp)
+            if on_bytes and got > progress.reported:   # local copies report nothing on the way
+                on_bytes(got - progress.reported)
             if size is not None and got != size:
                 raise StorageError(f"{self.url(rel)} has {got} bytes but was listed with {size}; it changed, "
                                    "run again")
@@ -146,7 +146,5 @@ class FsspecStore(Store):
 
     @guarded("deleting")
     def delete(self, rel: str = "") -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._full(rel))
-        except FileNotFoundError:
-            pass

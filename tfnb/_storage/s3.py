@@ -8,8 +8,7 @@ from typing import Any, Mapping
 from .._config import setting
 from .._deps import require
 from ..errors import ConfigError, StorageError
-from . import S3_OPTIONS, Entry, MissingError, Store, guarded, is_temp
-from .local import _remove, temp_name
+from . import S3_OPTIONS, Entry, MissingError, Store, _remove, guarded, is_temp, temp_name
 
 _IO_CHUNK = 1 << 20        # s3transfer's write unit; its 256 KiB default costs more CPU
 _IO_QUEUE = 128            # chunks waiting for the disk: bounds memory to 128 MiB per store
@@ -37,8 +36,8 @@ def s3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int = 10
     kwargs: dict[str, Any] = {}
     profile = None
     for key, value in dict(options).items():
-        name = S3_OPTIONS.get(key)
-        if name is None:
+        name = S3_OPTIONS.get(key, key)
+        if name not in S3_OPTIONS.values():
             raise ConfigError(f"storage option {key!r} is not understood for {url}; use key, secret, token, "
                               "endpoint_url, region, profile, anon or config (see the README, 'Storage URLs "
                               "and options')")
@@ -266,6 +265,6 @@ class S3Store(Store):
 
     def close(self) -> None:
         with self._lock:
-            if self._manager is not None:
-                self._manager.shutdown()
-                self._manager = None
+            manager, self._manager = self._manager, None
+        if manager is not None:
+            manager.shutdown()
