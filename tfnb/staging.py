@@ -74,7 +74,7 @@ class RemoteFile:
         rel: its path below the source prefix, ``/``-separated; the path below ``dest_dir``.
         size: bytes.
         version: ETag, checksum or modification time; a change means the file must be fetched again.
-        key: what the backend calls it (the S3 key, or the fsspec path).
+        key: its path below the store's root ("" when the URL names this one file).
     """
 
     url: str
