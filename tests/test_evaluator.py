@@ -327,6 +327,18 @@ def test_s3_checkpoints_and_s3_log_dir(tmp_path, checkpoints, rclone_s3):
     assert sorted(scalars(local / "eval")["epoch_accuracy"]) == [0, 1, 2]
 
 
+def test_unreadable_status_file_stops_the_evaluator_after_a_few_polls(tmp_path, rclone_s3):
+    """A model_dir whose status cannot be read (here: no such bucket) ends the loop with that error."""
+    options = {"endpoint_url": rclone_s3.endpoint_url, "key": rclone_s3.access_key,
+               "secret": rclone_s3.secret_key, "region": "us-east-1"}
+    ev = Evaluator(build_model, val_dataset, str(tmp_path / "ckpts"), str(tmp_path / "logs"), interval=0.05,
+                   model_dir="s3://no-such-bucket/run", storage_options=options, export_format=None)
+    with pytest.raises(EvaluatorError, match=r"cannot read the run status in s3://no-such-bucket/run "
+                                             r"\(5 polls in a row\).*bucket 'no-such-bucket' does not exist"):
+        ev.run()
+    assert ev.state == "failed"
+
+
 def test_timeout_stops_a_run_that_never_ends(tmp_path, checkpoints):
     model_dir = tmp_path / "model"
     model_dir.mkdir()

@@ -46,6 +46,7 @@ _EXPORTS = {
     "RunCancelledError": "errors",
     "MissingDependencyError": "errors",
     "StagingError": "errors",
+    "StorageError": "errors",
     "EvaluatorError": "errors",
 }
 
