@@ -24,7 +24,8 @@ import pytest
 if __name__ == "__main__":  # run as a script: find tfnb in this checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tfnb  # noqa: E402
-from tfnb import ClusterError, ConfigError, DbcFormatError, StagingError, SyncError, WorkerError  # noqa: E402
+from tfnb import ClusterError, ConfigError, StagingError, SyncError, WorkerError  # noqa: E402
+from tfnb.errors import DbcFormatError  # noqa: E402
 from tfnb._tb_process import Failed  # noqa: E402
 
 
@@ -330,14 +331,14 @@ def stage_unknown_scheme(env):
     tfnb.stage("nosuch://bucket/x", str(env.tmp / "out"), index=0, count=1)
 
 
-@case("staging", "a source folder with no files", StagingError, "empty-src", "check the path",
+@case("staging", "a source folder with no files", StagingError, "empty-src", "check the URL or path",
       says="check the path or URL (the message names it)")
 def stage_empty_source(env):
     (env.tmp / "empty-src").mkdir()
     tfnb.stage(str(env.tmp / "empty-src"), str(env.tmp / "out"), index=0, count=1)
 
 
-@case("staging", "a source folder that does not exist", StagingError, "no-such-src", "check the path",
+@case("staging", "a source folder that does not exist", StagingError, "no-such-src", "check the URL or path",
       says="check the path or URL (the message names it)")
 def stage_missing_source(env):
     tfnb.stage(str(env.tmp / "no-such-src"), str(env.tmp / "out"), index=0, count=1)

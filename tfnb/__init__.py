@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # what the lazy exports are, for type checkers and IDEs
     from .cluster import run
     from .context import WorkerContext
     from .errors import (ClusterError, ConfigError, EvaluatorError, MissingDependencyError, RunCancelledError,
-                         RunTimeoutError, StagingError, SyncError, TfnbError, WorkerError)
+                         RunTimeoutError, StagingError, StorageError, SyncError, TfnbError, WorkerError)
     from .evaluator import EvalResult, Evaluator
     from .events import RunEvent
     from .inference import predict
