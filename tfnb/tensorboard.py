@@ -92,6 +92,8 @@ def tensorboard(logdir, *, host: str | None = None, port: int | None = None,
         url = browser_url(outcome, proxy_url=proxy_url)
         verb = "Reusing" if isinstance(outcome, Reused) else "Started"
         print(f"{verb} TensorBoard for {outcome.logdir} at {url} (pid {outcome.pid})", flush=True)
+        if outcome.warning:
+            print(f"TensorBoard: {outcome.warning}", file=sys.stderr, flush=True)
     else:
         print(f"TensorBoard: {problem_text(outcome)}", file=sys.stderr, flush=True)
     return outcome

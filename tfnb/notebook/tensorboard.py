@@ -43,12 +43,14 @@ def _ago(start_time: float) -> str:
 def status_html(outcome: Outcome) -> str:
     """One status paragraph for an outcome (escaped HTML)."""
     e = html.escape
+    warning = getattr(outcome, "warning", "")
+    warning = f" <b style='color:#b45309'>{e(warning)}</b>" if warning else ""
     if isinstance(outcome, Reused):
         return (f"Reusing the TensorBoard serving <code>{e(outcome.logdir)}</code> (pid {outcome.pid}, "
-                f"port {outcome.port}, started {_ago(outcome.instance.start_time)} ago).")
+                f"port {outcome.port}, started {_ago(outcome.instance.start_time)} ago).{warning}")
     if isinstance(outcome, Launched):
         return (f"TensorBoard started for <code>{e(outcome.logdir)}</code> (pid {outcome.pid}, "
-                f"port {outcome.port}).")
+                f"port {outcome.port}).{warning}")
     text = f"<b>TensorBoard {e(problem_text(outcome))}</b>"
     if outcome.output:
         text += f"<pre style='max-height:12em;overflow:auto'>{e(outcome.output)}</pre>"
