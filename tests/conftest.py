@@ -69,12 +69,12 @@ def artifacts() -> Path:
 
 
 def _idle_standby(cmd: str) -> bool:
-    """A warm standby nobody claimed yet (its socket still exists): kept on purpose, not an orphan."""
+    """A warm standby nobody claimed yet (its socket, or while it imports its .part, exists): kept on purpose."""
     parts = cmd.split()
     if "--standby" not in parts:
         return False
     i = parts.index("--standby")
-    return i + 1 < len(parts) and os.path.exists(parts[i + 1])
+    return i + 1 < len(parts) and (os.path.exists(parts[i + 1]) or os.path.exists(parts[i + 1] + ".part"))
 
 
 def child_processes() -> list[str]:

@@ -138,11 +138,6 @@ def main(argv: list[str]) -> int:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    if conn is not None:  # a claimed standby is not its supervisor's child: say how it ended
-        try:
-            conn.sendall(f"{code}\n".encode())
-        except OSError:
-            pass
     # TensorFlow leaves non-daemon threads behind that can block a normal interpreter exit.
     os._exit(code)
 

@@ -19,7 +19,6 @@ import glob
 import hashlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import time
 from ._private import private_dir
 
 _FOLDER = "warm"
+UNKNOWN_EXIT = -1000  # a claimed standby died without saying how (a signal or a crash in native code)
 _MAX_MSG = 1 << 20
 
 
@@ -128,12 +128,12 @@ class Claimed:
         return buf.strip()
 
     def wait(self) -> int:
-        """The exit code the process sent before exiting, or -SIGKILL if it died without one."""
+        """The exit code the process sent before exiting, or UNKNOWN_EXIT when it died without one."""
         if self.returncode is None:
             try:
                 self.returncode = int(self._line(self.conn))
             except (ConnectionError, OSError, ValueError):
-                self.returncode = -signal.SIGKILL
+                self.returncode = UNKNOWN_EXIT
             self._reap()
         return self.returncode
 
@@ -181,13 +181,14 @@ def serve(path: str, idle: float, watch_pid: int, preimport) -> tuple[socket.soc
         while not claimed.wait(1.0):
             if time.monotonic() > deadline or not _alive(watch_pid):
                 _unlink(path)
+                _unlink(path + ".part")
                 os._exit(0)
 
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".part")  # the file says what this process is while it imports
+    os.chmod(path + ".part", 0o600)
     threading.Thread(target=watch, name="tfnb-standby-watch", daemon=True).start()
     preimport()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path + ".part")
-    os.chmod(path + ".part", 0o600)
     listener.listen(1)
     os.replace(path + ".part", path)  # findable only once warm
     try:
@@ -213,4 +214,19 @@ def serve(path: str, idle: float, watch_pid: int, preimport) -> tuple[socket.soc
     os.environ.update(env)
     os.chdir(info["cwd"])
     conn.sendall(f"{os.getpid()}\n".encode())
+    _report_exit_codes(conn)
     return conn, info["workdir"]
+
+
+def _report_exit_codes(conn: socket.socket) -> None:
+    """This process is not its supervisor's child, so it tells the supervisor how it exits, os._exit included."""
+    real_exit = os._exit
+
+    def _exit(code: int) -> None:
+        try:
+            conn.sendall(f"{code}\n".encode())
+        except OSError:
+            pass
+        real_exit(code)
+
+    os._exit = _exit

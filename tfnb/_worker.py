@@ -397,6 +397,11 @@ def _failure_from_child(workdir: str, code: int) -> dict:
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
+    from ._warm import UNKNOWN_EXIT
+
+    if code == UNKNOWN_EXIT:
+        return {"exc_type": "ProcessDied", "message": "the train_fn process died without an exit status "
+                "(killed by a signal, a crash in native code, or out of memory)", "traceback": "", "exit_code": None}
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         return {"exc_type": "ProcessDied", "message": f"the train_fn process was killed by {name}",
