@@ -402,9 +402,10 @@ def test_widget_follows_a_real_two_worker_run(spark, no_orphans):
         for epoch in range(1, EPOCHS + 1):
             last = [d for d in sent if d["epoch"] == epoch and d["step"] == STEPS]
             end = next(d for d in last if d.get("epoch_end"))
-            batch = next(d for d in last if not d.get("epoch_end"))
-            assert batch["accuracy"] == pytest.approx(end["accuracy"], rel=1e-4), (batch, end)
-            assert batch["loss"] == pytest.approx(end["loss"], rel=1e-4), (batch, end)
+            # the task may merge the last batch's report into the epoch end's (same window)
+            for batch in (d for d in last if not d.get("epoch_end")):
+                assert batch["accuracy"] == pytest.approx(end["accuracy"], rel=1e-4), (batch, end)
+                assert batch["loss"] == pytest.approx(end["loss"], rel=1e-4), (batch, end)
     table = widget.table.value
     assert table.count("done") == 2 and f"{EPOCHS}/{EPOCHS}" in table and f"{STEPS}/{STEPS}" in table
     assert f"{widget.workers[('chief', 0)].loss:.4g}" in table

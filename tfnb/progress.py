@@ -251,14 +251,15 @@ class RunProgress:
             return self._apply_driver(event.kind, data)
         if event.kind == events.LOG:
             line = str(data.get("line", ""))
+            w = self.worker(event.job_name, event.task_index)
             if data.get("partial") or "\r" in line:
                 # carriage-return output (progress bars): one updating line per task, not a flood
-                w = self.worker(event.job_name, event.task_index)
                 shown = _last_segment(line)[:_MAX_LINE]
                 if data.get("partial"):
                     w.live = shown
                     return True
-                w.live, line = None, shown  # the bar's line ended: keep its final state as a log line
+                line = shown
+            w.live = None  # the bar's line ended (tasks send its final state as the line): keep it in the log
             self.logs.append(f"[{event.label}] {line[:_MAX_LINE]}")
             return True
         w = self.worker(event.job_name, event.task_index)

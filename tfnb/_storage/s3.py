@@ -171,7 +171,14 @@ class S3Store(Store):
         args = {"Bucket": self.bucket, "Key": self._key(rel)}
         if offset or length is not None:
             args["Range"] = f"bytes={offset}-" + ("" if length is None else str(offset + length - 1))
-        return self.client.get_object(**args)["Body"].read()
+        resp = self.client.get_object(**args)
+        body = resp["Body"].read()
+        if len(body) != resp.get("ContentLength", len(body)):
+            # a server rewriting the object while it sends it (rclone's local backend does) must not
+            # hand back a mix of two versions as one
+            raise StorageError(f"{self.url(rel)} changed while it was read ({len(body)} of "
+                               f"{resp['ContentLength']} bytes); read it again")
+        return body
 
     @guarded("downloading")
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
