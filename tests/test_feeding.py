@@ -306,6 +306,7 @@ def test_no_rows_is_refused_by_the_task_and_train_fn(tmp_path):
 def _feed_report(ctx):
     import pyarrow as pa
 
+    ctx.feed.rows_per_worker  # the counts are final once the file is complete
     with pa.memory_map(ctx.feed.path) as f:
         table = pa.ipc.open_file(f).read_all()
     try:

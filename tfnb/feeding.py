@@ -448,7 +448,7 @@ class FeedInfo:
     whole partition; reading them waits until then. ``ctx.dataset`` does not wait for them.
     """
 
-    path: str
+    path: str  # an Arrow IPC file, whole (footer included) once the counts are known
     spec: FeedSpec
     known: dict | None = None  # the final state, when the part was complete before train_fn started
 
