@@ -807,6 +807,11 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
     DataFrame is fed as it is), so up to ``batch_size * num_workers`` + imbalance rows per epoch.
     Without ``shuffle`` the same rows are left out every epoch; with it, different ones.
 
+    The first epoch streams: batches come while the task is still receiving the partition (never
+    more rows than every worker is known to have); later epochs read the finished local file. The
+    dataset's cardinality is known when the final counts are (call ``ctx.steps_per_epoch`` first to
+    wait for them); a shuffled epoch, and ``drop_remainder=False``, wait for them.
+
     Elements are ``(features, label)`` when ``label_col`` is given, else ``features`` alone:
     ``features`` is one float32 matrix ``[batch, width]``, the feature columns side by side in
     ``feature_cols`` order (a number column gives one column, an array column its length);
