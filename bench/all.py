@@ -120,7 +120,10 @@ def run(bench: str, args: list[str]) -> Outcome:
     command = [sys.executable, os.path.join("bench", f"{bench}.py"), *args]
     print(f"[all] {' '.join(command[1:])}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # This checkout's tfnb, in the bench and in the Spark executors it starts.
+    path = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, PYTHONPATH=path, PYSPARK_PYTHON=sys.executable))
     seconds = time.perf_counter() - start
     out = Outcome(bench, command, seconds, proc.returncode, proc.stdout, parse(bench, proc.stdout))
     shown = ", ".join(f"{r.name} {_fmt(r.value)}" for r in out.ratios) or "no ratio found"
