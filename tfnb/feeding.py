@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -391,7 +392,9 @@ class FeedStream:
     def pump(self, batches: Iterable, all_gather: Callable[[str], list]) -> list[int]:
         """Write the partition and agree on the counts; returns the rows per worker.
 
-        Every task must call it (``all_gather`` is the barrier's): the rounds end together.
+        Every task must call it (``all_gather`` is the barrier's): the rounds end together. The
+        rounds run in a thread beside the receiving loop, because Spark's barrier answers no faster
+        than its one-second poll: receiving never waits for a round.
 
         Raises:
             ConfigError: nulls or ragged arrays in a batch, or a worker without rows.
@@ -399,43 +402,68 @@ class FeedStream:
         start = time.perf_counter()
         spill = ArrowSpill(self.info.path, _arrow_schema(self.spec))
         lengths: dict[str, int] = {}
-        it = iter(batches)
-        done, budget, first = False, _FIRST_ROUND_BYTES, None
-        try:
+        progress = threading.Condition()
+        shared: dict = {"rows": 0, "bytes": 0, "done": False, "counts": None, "error": None}
+        first = None
+
+        def rounds() -> None:
+            budget = _FIRST_ROUND_BYTES
             try:
                 while True:
-                    got = 0
-                    while not done and got < budget:
-                        batch = next(it, None)
-                        if batch is None:
-                            done = True
-                        elif batch.num_rows:
-                            first = first or time.time()
-                            batch = _prepare(self.spec, batch, lengths)
-                            spill.write(batch)
-                            got += batch.nbytes
-                            self._state.update(end=spill.end, rows=spill.rows, lengths=lengths)
-                            self._publish()
-                    counts = [json.loads(m) for m in all_gather(json.dumps([spill.rows, done]))]
-                    counts = counts[: self.num_workers]
+                    with progress:
+                        progress.wait_for(lambda: shared["done"] or shared["bytes"] >= budget)
+                        message = json.dumps([shared["rows"], shared["done"]])
+                        shared["bytes"] = 0
+                    counts = [json.loads(m) for m in all_gather(message)][: self.num_workers]
                     if all(d for _, d in counts):
-                        break
-                    self._state["safe"] = min(r for r, _ in counts)
-                    self._publish()
+                        shared["counts"] = counts
+                        return
+                    with progress:
+                        self._state["safe"] = min(r for r, _ in counts)
+                        self._publish()
                     budget = min(2 * budget, _MAX_ROUND_BYTES)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the receiving loop
+                shared["error"] = e
+
+        agree = threading.Thread(target=rounds, name="tfnb-feed-rounds", daemon=True)
+        agree.start()
+        try:
+            try:
+                for batch in batches:
+                    if shared["error"] is not None:
+                        raise shared["error"]
+                    if not batch.num_rows:
+                        continue
+                    first = first or time.time()
+                    batch = _prepare(self.spec, batch, lengths)
+                    spill.write(batch)
+                    with progress:
+                        self._state.update(end=spill.end, rows=spill.rows, lengths=lengths)
+                        self._publish()
+                        shared["rows"] = spill.rows
+                        shared["bytes"] += batch.nbytes
+                        progress.notify()
             finally:
                 nbytes = spill.close()
-            rows = [r for r, _ in counts]
+            last = time.time()
+            with progress:
+                shared["done"] = True
+                progress.notify()
+            agree.join()
+            if shared["error"] is not None:
+                raise shared["error"]
+            rows = [r for r, _ in shared["counts"]]
             self._state.update(safe=min(rows), lengths=lengths, final={
                 "rows_per_worker": rows, "nbytes": nbytes, "seconds": time.perf_counter() - start,
-                "first": first, "last": time.time()})
+                "first": first, "last": last})
             if not min(rows):
                 raise ConfigError(_no_rows_message(rows))
         except BaseException as e:
             self._state["error"] = f"{type(e).__name__}: {e}"
             raise
         finally:
-            self._publish()
+            with progress:
+                self._publish()
             os.close(self._wake)
         return rows
 
