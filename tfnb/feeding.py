@@ -403,7 +403,7 @@ class FeedStream:
         spill = ArrowSpill(self.info.path, _arrow_schema(self.spec))
         lengths: dict[str, int] = {}
         progress = threading.Condition()
-        shared: dict = {"rows": 0, "bytes": 0, "done": False, "counts": None, "error": None}
+        shared: dict = {"rows": 0, "bytes": 0, "done": False, "stop": False, "counts": None, "error": None}
         first = None
 
         def rounds() -> None:
@@ -411,7 +411,9 @@ class FeedStream:
             try:
                 while True:
                     with progress:
-                        progress.wait_for(lambda: shared["done"] or shared["bytes"] >= budget)
+                        progress.wait_for(lambda: shared["stop"] or shared["done"] or shared["bytes"] >= budget)
+                        if shared["stop"]:
+                            return
                         message = json.dumps([shared["rows"], shared["done"]])
                         shared["bytes"] = 0
                     counts = [json.loads(m) for m in all_gather(message)][: self.num_workers]
@@ -463,6 +465,8 @@ class FeedStream:
             raise
         finally:
             with progress:
+                shared["stop"] = True  # a failed receive leaves no thread waiting in this Python worker
+                progress.notify()
                 self._publish()
             os.close(self._wake)
         return rows
