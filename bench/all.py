@@ -4,7 +4,8 @@
 
 Runs each bench under bench/ in its own process at a size that keeps the whole run to a few
 minutes, reads its ratios, and writes ``bench/results.md`` (ratios first, then the command lines
-and the machine) and ``bench/results.png`` (one bar per ratio, its goal drawn across it).
+and the machine) ``bench/results.png`` (one bar per ratio, its goal drawn across it) and ``bench/results.log`` (every
+bench's full output).
 
 Convention: a bench may end with one line ``RESULT {json}`` holding ``{"ratios": {name: value},
 "goals": {name: goal}}`` (bench/feeding.py and bench/launch.py do); for the others the ratios are
@@ -223,6 +224,9 @@ def main() -> int:
     outcomes = [run(name, BENCHES[name]) for name in (a.only or list(BENCHES))]
     md, png = os.path.join(a.out, "results.md"), os.path.join(a.out, "results.png")
     write_markdown(md, outcomes, ["./dev", "bench", "all"] + sys.argv[1:])
+    with open(os.path.join(a.out, "results.log"), "w") as f:  # every bench's full output, for the details
+        for o in outcomes:
+            f.write(f"===== {' '.join(['python'] + o.command[1:])} (exit {o.code}, {o.seconds:.0f} s)\n{o.output}\n")
     try:
         write_picture(png, outcomes)
     except ImportError as e:
