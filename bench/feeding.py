@@ -158,6 +158,7 @@ def run_tfnb(spark, df, rows: int, workers: int = 2) -> tuple[float, float, dict
     moving = max(r["epoch1_end"] - max(r["received_first"], r["ready"]) for r in reports)
     details = {"rows": fed, "check": check, "moving": moving,
                "spill": max(r["spill"] for r in reports), "loop": max(r["loop"] for r in reports),
+               "build": max(r["build"] for r in reports),
                "receive": max(r["received_last"] - r["received_first"] for r in reports),
                "ready_after_first_batch": max(r["ready"] - r["received_first"] for r in reports),
                # What Keras' steps_per_epoch (the final counts) costs on top of a streamed loop.
