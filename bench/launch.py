@@ -1,13 +1,15 @@
 """Call -> first training step under tfnb.run, broken into phases, against the floor measured in the same run.
 
 Floor = a warm empty barrier job (2 tasks) + ``import tensorflow`` in a fresh process: the two costs no
-launcher can avoid. Goal: tfnb's call -> first step <= 1.15 x floor.
+launcher can avoid. Goal: tfnb's call -> first step <= 1.0 x floor (issue 12).
+The last line is ``RESULT {json}`` for bench/all.py.
 
     ./dev bench launch [--repeats 3] [--workers 2]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -46,6 +48,11 @@ def first_step(ctx):
     step(tf.ones((32, 64))).numpy()
     done = _t.time()
     emit("phase", name="first step done", t=done)
+    if ctx.task_index != 0:
+        # A worker whose part of the all-reduce is done may still owe the chief bytes in flight; its
+        # process exiting at once aborts the chief's step ("Socket closed") on a loaded machine.
+        # Only the chief's timestamp is measured, so the other workers linger a moment.
+        _t.sleep(3)
     return done
 
 
@@ -111,7 +118,10 @@ def main():
         vals = [r[name] for r in runs if name in r]
         print(f"    {name:<22} {statistics.median(vals):6.2f}")
     print(f"  call -> first step: {total:.2f} s")
-    print(f"  ratio to floor: {total / floor:.2f}  (goal <= 1.15)")
+    print(f"  ratio to floor: {total / floor:.2f}  (goal <= 1.0)")
+    print("RESULT " + json.dumps({"bench": "launch", "ratios": {"launch vs floor": round(total / floor, 3)},
+                                  "goals": {"launch vs floor": 1.0}, "seconds": round(total, 2),
+                                  "floor": round(floor, 2)}))
 
 
 if __name__ == "__main__":

@@ -161,12 +161,152 @@ def test_empty_part_and_missing_data_say_what_to_do(tmp_path):
         _ctx(None).steps_per_epoch(8)
 
 
+# ---------------------------------------------------------------- streaming (task writes, train_fn reads), no Spark
+
+
+class _Gather:
+    """BarrierTaskContext.allGather for tasks played by threads: each call returns every task's message."""
+
+    def __init__(self, n: int):
+        import threading
+
+        self._barrier = threading.Barrier(n, timeout=60)
+        self._slots = [None] * n
+
+    def of(self, rank: int):
+        def all_gather(message: str) -> list:
+            self._slots[rank] = message
+            self._barrier.wait()
+            out = list(self._slots)
+            self._barrier.wait()
+            return out
+        return all_gather
+
+
+def _id_batches(start: int, sizes, width: int = 64):
+    """Arrow batches of a float32 array column whose first element is the row id."""
+    import numpy as np
+
+    for n in sizes:
+        ids = np.arange(start, start + n, dtype="float32")
+        start += n
+        values = np.repeat(ids, width)
+        offsets = pa.array(np.arange(0, n * width + 1, width, dtype="int32"))
+        yield pa.RecordBatch.from_arrays([pa.ListArray.from_arrays(offsets, pa.array(values))], names=["v"])
+
+
+_V = feeding.FeedSpec((feeding.FeedColumn("v", "float32", True),))
+
+
+def _read_epochs(info, batch_size: int, epochs: int, shuffle: bool = False, seed: int | None = None) -> list:
+    """Row ids train_fn's dataset would serve, one list per epoch (the dataset's reader without TensorFlow)."""
+    plan = feeding._plan(info, batch_size, None, None, True)
+    part = feeding._Part(info, plan)
+    return [[int(i) for x, _ in part.epoch(batch_size * 3, shuffle, seed) for i in x[:, 0]] for _ in range(epochs)]
+
+
+def test_train_fn_reads_rows_before_the_partition_is_complete(tmp_path):
+    import threading
+
+    stream = feeding.FeedStream(_V, str(tmp_path), num_workers=1)
+    first_rows = threading.Event()
+    seen = {}
+
+    def source():
+        # 4096 rows of 256 B: the first batch fills the first agreement round (1 MB).
+        yield from _id_batches(0, [4096])
+        # Without streaming the reader would get nothing until this generator ends: the wait would
+        # time out instead of being released by the reader.
+        seen["released_by_reader"] = first_rows.wait(timeout=60)
+        yield from _id_batches(4096, [3000, 1000])
+
+    def read():
+        try:
+            plan = feeding._plan(stream.info, 100, None, None, True)
+            part = feeding._Part(stream.info, plan)
+            epochs = []
+            for _ in range(2):
+                ids = []
+                for x, _ in part.epoch(300, False, None):
+                    if not first_rows.is_set():
+                        seen["complete_at_first_rows"] = stream.info.state(lambda s: True)["final"] is not None
+                        first_rows.set()
+                    ids.extend(int(i) for i in x[:, 0])
+                epochs.append(ids)
+            seen["epochs"] = epochs
+        except BaseException as e:  # noqa: BLE001 - reported by the assertions below
+            seen["error"] = repr(e)
+            first_rows.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert stream.pump(source(), _Gather(1).of(0)) == [8096]
+    reader.join(60)
+    assert "error" not in seen, seen.get("error")
+    assert seen["released_by_reader"] and seen["complete_at_first_rows"] is False
+    assert seen["epochs"] == [list(range(8000))] * 2  # 80 whole batches of 100, the same rows each epoch
+    assert stream.info.rows == 8096 and stream.info.array_lengths == (("v", 64),)
+
+
+def test_streamed_workers_serve_equal_batches(tmp_path, monkeypatch):
+    import threading
+
+    # Small rounds: the readers go through several safe counts before the final one.
+    monkeypatch.setattr(feeding, "_FIRST_ROUND_BYTES", 64 << 10)
+    parts = {0: [1000, 1000, 1000, 1000, 313], 1: [500] * 7 + [77], 2: [4000, 2500]}
+    starts = {0: 0, 1: 100_000, 2: 200_000}
+    gather = _Gather(3)
+    for r in parts:
+        (tmp_path / str(r)).mkdir()
+    streams = {r: feeding.FeedStream(_V, str(tmp_path / str(r)), 3) for r in parts}
+    out, errors = {}, []
+
+    def read(rank):
+        try:
+            info = streams[rank].info
+            out[rank] = _read_epochs(info, 64, 2) + _read_epochs(info, 64, 2, shuffle=True, seed=rank)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertions below
+            errors.append(repr(e))
+
+    def pump(rank):
+        try:
+            streams[rank].pump(_id_batches(starts[rank], parts[rank]), gather.of(rank))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=f, args=(r,)) for r in parts for f in (read, pump)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    smallest = min(sum(p) for p in parts.values())  # 3577 rows: 55 batches of 64 per worker per epoch
+    for rank, epochs in out.items():
+        mine = set(range(starts[rank], starts[rank] + sum(parts[rank])))
+        for ids in epochs:
+            assert len(ids) == smallest // 64 * 64 and len(set(ids)) == len(ids) and set(ids) <= mine
+        assert epochs[0] == epochs[1] == sorted(epochs[0])  # sequential: the same rows in order
+        assert epochs[2] != epochs[3]  # shuffled: another order each epoch
+    assert streams[2].info.rows_per_worker == (4313, 3577, 6500)
+
+
+def test_no_rows_is_refused_by_the_task_and_train_fn(tmp_path):
+    stream = feeding.FeedStream(_V, str(tmp_path), num_workers=1)
+    with pytest.raises(ConfigError, match=r"data= has 0 rows \(rows per worker: \[0\]\).*df.count\(\) > 0"):
+        stream.pump(iter([]), _Gather(1).of(0))
+    with pytest.raises(ConfigError, match="data= has 0 rows"):
+        _read_epochs(stream.info, 8, 1)
+    with pytest.raises(ConfigError, match=r"worker\(s\) \[1\] got no rows .* data= has 1 rows for 2 workers"):
+        feeding._steps_for([1, 0], 1, True)
+
+
 # ---------------------------------------------------------------- through tfnb.run, no TensorFlow
 
 
 def _feed_report(ctx):
     import pyarrow as pa
 
+    ctx.feed.rows_per_worker  # the counts are final once the file is complete
     with pa.memory_map(ctx.feed.path) as f:
         table = pa.ipc.open_file(f).read_all()
     try:
@@ -195,6 +335,15 @@ def test_nulls_fail_the_run_with_the_fix(spark, no_orphans):
         tfnb.run(_feed_report, num_workers=2, data=df, spark=spark, display=False, max_attempts=1)
     assert e.value.exc_type.endswith("ConfigError")
     assert "column 'x' has null values" in str(e.value) and "dropna" in str(e.value)
+
+
+def test_empty_dataframe_fails_the_run_with_the_fix(spark, no_orphans):
+    # train_fn does not even read the data: a run fed no rows must still not pass as a success.
+    df = spark.range(0, 10, 1, 2).where("id < 0").selectExpr("CAST(id AS double) AS x")
+    with pytest.raises(WorkerError) as e:
+        tfnb.run(lambda ctx: None, num_workers=2, data=df, spark=spark, display=False, max_attempts=1)
+    assert e.value.exc_type.endswith("ConfigError")
+    assert "data= has 0 rows (rows per worker: [0, 0])" in str(e.value) and "df.count() > 0" in str(e.value)
 
 
 # ---------------------------------------------------------------- TensorFlow runs
@@ -243,7 +392,7 @@ def _dataset_report(ctx):
     def rows(ds):
         return [tuple(np.asarray(t) for t in el) if isinstance(el, tuple) else np.asarray(el) for el in ds]
 
-    out = {}
+    out = {"steps": ctx.steps_per_epoch(8)}  # waits for the final counts: the cardinality is known
     ds = ctx.dataset(8, label_col="y")
     out["spec"] = [str(s) for s in ds.element_spec]
     out["cardinality"] = int(ds.cardinality())
@@ -291,7 +440,7 @@ def test_dataset_columns_shuffle_and_remainder(spark, no_orphans):
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert out["spec"] == ["TensorSpec(shape=(8, 5), dtype=tf.float32, name=None)",
                            "TensorSpec(shape=(8,), dtype=tf.int64, name=None)"]
-    assert out["cardinality"] == out["n_batches"] == 101 // 8
+    assert out["cardinality"] == out["n_batches"] == out["steps"] == 101 // 8
     assert len(out["ids"]) == len(set(out["ids"])) == 96 and set(out["ids"]) <= set(range(101))
     assert out["consistent"] and out["explicit_ok"]
     assert out["features_only_shape"] == [8, 1]

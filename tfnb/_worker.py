@@ -444,26 +444,23 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         port = held.getsockname()[1]
         sup.start(mode, gpus, held)
         held = None
-        fed = None
+        fed = stream = feed_info = None
         if spec.feeder is not None:
-            fed = spec.feeder.spill(batches, workdir)
-        elif spec.feed is not None:
-            from .feeding import spill_partition
-
-            fed = spill_partition(spec.feed, batches, workdir)
-        else:
+            fed = spec.feeder.spill(batches, workdir)  # tfnb.compat: the whole partition before train_fn
+        elif spec.feed is None:
             for _ in batches:
                 pass
         gathered = [json.loads(x) for x in bctx.allGather(json.dumps(
             {"addr": f"{host}:{port}", "rows": fed.rows if fed is not None else 0}))]
         cluster = build_cluster([g["addr"] for g in gathered], spec.num_workers, spec.num_ps)
-        feed_info = None
         if spec.feeder is not None:
             feed_info = spec.feeder.finish(fed, [g["rows"] for g in gathered])
-        elif fed is not None:
-            from .feeding import finish_feed
+        elif spec.feed is not None:
+            from .feeding import FeedStream
 
-            feed_info = finish_feed(spec.feed, fed, [g["rows"] for g in gathered[: spec.num_workers]])
+            # Streamed: train_fn starts now and reads the partition while this task receives it.
+            stream = FeedStream(spec.feed, workdir, spec.num_workers)
+            feed_info = stream.info
         ctx = WorkerContext(
             task_index=task_index, num_workers=spec.num_workers, num_ps=spec.num_ps, job_name=job_name,
             cluster_spec=cluster, tf_config=tf_config_for(cluster, job_name, task_index, spec.num_ps),
@@ -471,6 +468,8 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
             max_attempts=spec.max_attempts, run_id=spec.run_id, host=host, local_dir=workdir, feed=feed_info,
         )
         sup.release(ctx, mode)
+        if stream is not None:
+            stream.pump(batches, bctx.allGather)
         code = sup.wait()
         if sup.stop_requested.is_set() and code != 0:
             chan.send("state", state="stopped")

@@ -4,23 +4,29 @@ The rows travel as Arrow end to end and are never pickled one by one:
 
 1. driver: :func:`feed_spec` checks the schema (numeric columns and fixed-length numeric arrays)
    and :func:`split_for_workers` gives the DataFrame one balanced partition per worker;
-2. barrier task (Spark's Python worker): :func:`spill_partition` streams the partition's Arrow
-   record batches into a local Arrow IPC file, before the barrier; :func:`finish_feed` adds every
-   worker's row count once the tasks have met;
-3. train_fn process: :func:`worker_dataset` (``ctx.dataset``) memory-maps that file and hands
-   tf.data whole numpy batches, as many epochs as asked for.
+2. barrier task (Spark's Python worker): once the tasks know each other's addresses train_fn
+   starts, and :class:`FeedStream` writes the partition's Arrow record batches to a local Arrow
+   IPC file while train_fn already reads it, publishing how far the file is whole;
+3. train_fn process: :func:`worker_dataset` (``ctx.dataset``) follows that file as it grows and
+   hands tf.data whole numpy batches; later epochs read the finished file.
 
 Every worker yields exactly ``steps_per_epoch`` batches per epoch, computed from the smallest
 worker's row count, so MultiWorkerMirroredStrategy never waits for a batch that does not come.
+The count needs no job before launch: the tasks exchange their row counts through the barrier
+(``allGather``) in rounds while they receive, and train_fn never serves more rows than every worker
+is known to have.
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .errors import ConfigError
 
@@ -202,6 +208,53 @@ def split_for_workers(df, num_workers: int, num_ps: int = 0):
 
 # ---------------------------------------------------------------- task side (no TensorFlow here)
 
+STATE_FILE = "tfnb-feed.json"  # how far the task has written, replaced atomically on every change
+WAKE_FIFO = "tfnb-feed.wake"   # one byte per state change, so train_fn waits without polling
+# The tasks agree on a row count every worker already has after ~1 MB per worker, then after twice
+# as much each round up to 64 MB: train_fn gets rows after about one Arrow batch per worker, for
+# one allGather (a few ms) per round.
+_FIRST_ROUND_BYTES = 1 << 20
+_MAX_ROUND_BYTES = 64 << 20
+_MAGIC_BYTES = 8  # "ARROW1" and padding before the first message of an Arrow IPC file
+
+
+class ArrowSpill:
+    """An Arrow IPC file written batch by batch that a reader may follow while it grows.
+
+    Both tfnb's feed and tfnb.compat's write their partition through it. ``end`` is the offset just
+    past the last whole batch: a reader may parse messages up to there (see ``_arrow_batches``).
+    """
+
+    def __init__(self, path: str, empty_schema):
+        self.path = path
+        self._empty_schema = empty_schema  # the file's schema when no batch comes
+        self._sink = self._writer = None
+        self.rows = self.batches = self.end = 0
+
+    def _open(self, schema) -> None:
+        import pyarrow as pa
+
+        self._sink = pa.OSFile(self.path, "wb")
+        self._writer = pa.ipc.new_file(self._sink, schema)
+
+    def write(self, batch) -> None:
+        if self._writer is None:
+            self._open(batch.schema)
+        self._writer.write_batch(batch)
+        self.rows += batch.num_rows
+        self.batches += 1
+        self.end = self._sink.tell()
+
+    def close(self) -> int:
+        """Write the footer; returns the file's size."""
+        if self._writer is None:
+            self._open(self._empty_schema)
+        try:
+            self._writer.close()
+        finally:
+            self._sink.close()
+        return os.path.getsize(self.path)
+
 
 @dataclass(frozen=True)
 class Spilled:
@@ -212,6 +265,7 @@ class Spilled:
     array_lengths: tuple[tuple[str, int], ...]  # (column, elements per row) for array columns
     nbytes: int
     seconds: float
+    end: int = 0  # offset past the last batch
 
 
 def _arrow_schema(spec: FeedSpec):
@@ -253,20 +307,22 @@ def _check_batch(spec: FeedSpec, batch, lengths: dict[str, int]) -> None:
                 f"F.slice(F.concat({c.name!r}, F.array_repeat(F.lit(0.0), n)), 1, n)")
 
 
+def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
+    """The batch's fed columns in spec order, checked."""
+    import pyarrow as pa
+
+    names = list(spec.names)
+    if batch.schema.names != names:
+        batch = pa.RecordBatch.from_arrays([batch.column(n) for n in names], names=names)
+    _check_batch(spec, batch, lengths)
+    return batch
+
+
 def spill_partition(spec: FeedSpec, batches: Iterable, workdir: str) -> Spilled:
-    """Write this task's partition (an iterator of pyarrow.RecordBatch) to ``workdir``.
+    """Write a whole partition (an iterator of pyarrow.RecordBatch) to ``workdir``, batch by batch.
 
-    Runs in the barrier task before the tasks meet; streams batch by batch, so memory stays at
-    one Arrow batch whatever the partition's size. The train_fn process reads the file
-    memory-mapped: the rows cross the process boundary as a shared Arrow file.
-
-    Args:
-        spec: the run's FeedSpec.
-        batches: the partition's Arrow record batches (the ``mapInArrow`` iterator).
-        workdir: the task's scratch directory (removed when the task ends).
-
-    Returns:
-        Spilled: the file's path, row count and array lengths.
+    ``tfnb.run`` streams instead (:class:`FeedStream`); this is the same write without the
+    agreement between tasks, for callers that have the whole partition before train_fn starts.
 
     Raises:
         ConfigError: a column has nulls or arrays of different lengths.
@@ -276,62 +332,240 @@ def spill_partition(spec: FeedSpec, batches: Iterable, workdir: str) -> Spilled:
         >>> spilled.rows
         100000
     """
-    import pyarrow as pa
-
     start = time.perf_counter()
-    path = os.path.join(workdir, SPILL_FILE)
-    names = list(spec.names)
-    writer = None
-    rows = 0
+    spill = ArrowSpill(os.path.join(workdir, SPILL_FILE), _arrow_schema(spec))
     lengths: dict[str, int] = {}
     try:
         for batch in batches:
-            if batch.schema.names != names:
-                batch = pa.RecordBatch.from_arrays([batch.column(n) for n in names], names=names)
-            if writer is None:
-                writer = pa.ipc.new_file(path, batch.schema)
-            if batch.num_rows == 0:
-                continue
-            _check_batch(spec, batch, lengths)
-            writer.write_batch(batch)
-            rows += batch.num_rows
-        if writer is None:
-            writer = pa.ipc.new_file(path, _arrow_schema(spec))
+            if batch.num_rows:
+                spill.write(_prepare(spec, batch, lengths))
     finally:
-        if writer is not None:
-            writer.close()
-    return Spilled(path=path, rows=rows, array_lengths=tuple(sorted(lengths.items())),
-                   nbytes=os.path.getsize(path), seconds=time.perf_counter() - start)
+        nbytes = spill.close()
+    return Spilled(path=spill.path, rows=spill.rows, array_lengths=tuple(sorted(lengths.items())),
+                   nbytes=nbytes, seconds=time.perf_counter() - start, end=spill.end)
+
+
+def _no_rows_message(rows_per_worker: Sequence[int]) -> str:
+    rows = list(rows_per_worker)
+    if not sum(rows):
+        return (f"data= has 0 rows (rows per worker: {rows}), so there is nothing to train on; check the "
+                "DataFrame's source and filters (df.count() > 0) before tfnb.run(data=df)")
+    empty = [i for i, r in enumerate(rows) if r == 0]
+    return (f"worker(s) {empty} got no rows of the data (rows per worker: {rows}): data= has {sum(rows)} "
+            f"rows for {len(rows)} workers, so no worker can be given a batch; feed a DataFrame with at "
+            "least batch_size rows per worker, or lower num_workers")
+
+
+class FeedStream:
+    """Task side of ``tfnb.run(data=df)``: writes the partition while train_fn already reads it.
+
+    Made before train_fn starts (``info`` becomes ``ctx.feed``). :meth:`pump` then writes the
+    partition batch by batch, publishing after each batch how far the file is whole, and meets the
+    other tasks in rounds (``allGather`` of rows received so far): the smallest count is a number of
+    rows every worker will have, so train_fn may hand out that many (in whole batches) before the
+    final counts are known. The last round, once every task has its whole partition, fixes the
+    counts, so every worker serves the same number of batches without a counting job before launch.
+    """
+
+    def __init__(self, spec: FeedSpec, workdir: str, num_workers: int):
+        self.spec = spec
+        self.num_workers = num_workers
+        self._dir = workdir
+        fifo = os.path.join(workdir, WAKE_FIFO)
+        os.mkfifo(fifo, 0o600)
+        # Read-write: opening never blocks, and the pipe has a writer until pump() ends.
+        self._wake: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        self._state: dict = {"end": 0, "rows": 0, "safe": 0, "lengths": None, "final": None, "error": None}
+        self._publish()
+        self.info = FeedInfo(path=os.path.join(workdir, SPILL_FILE), spec=spec)
+
+    def _publish(self) -> None:
+        path = os.path.join(self._dir, STATE_FILE)
+        with open(path + ".part", "w") as f:
+            json.dump(self._state, f)
+        os.replace(path + ".part", path)
+        try:
+            os.write(self._wake, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups the reader has not taken yet: it will look anyway
+
+    def pump(self, batches: Iterable, all_gather: Callable[[str], list]) -> list[int]:
+        """Write the partition and agree on the counts; returns the rows per worker.
+
+        Every task must call it (``all_gather`` is the barrier's): the rounds end together. The
+        rounds run in a thread beside the receiving loop, because Spark's barrier answers no faster
+        than its one-second poll: receiving never waits for a round.
+
+        Raises:
+            ConfigError: nulls or ragged arrays in a batch, or a worker without rows.
+        """
+        start = time.perf_counter()
+        spill = ArrowSpill(self.info.path, _arrow_schema(self.spec))
+        lengths: dict[str, int] = {}
+        progress = threading.Condition()
+        shared: dict = {"rows": 0, "bytes": 0, "done": False, "stop": False, "counts": None, "error": None}
+        first = None
+
+        def rounds() -> None:
+            budget = _FIRST_ROUND_BYTES
+            try:
+                while True:
+                    with progress:
+                        progress.wait_for(lambda: shared["stop"] or shared["done"] or shared["bytes"] >= budget)
+                        if shared["stop"]:
+                            return
+                        message = json.dumps([shared["rows"], shared["done"]])
+                        shared["bytes"] = 0
+                    counts = [json.loads(m) for m in all_gather(message)][: self.num_workers]
+                    if all(d for _, d in counts):
+                        shared["counts"] = counts
+                        return
+                    with progress:
+                        self._state["safe"] = min(r for r, _ in counts)
+                        self._publish()
+                    budget = min(2 * budget, _MAX_ROUND_BYTES)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the receiving loop
+                shared["error"] = e
+
+        agree = threading.Thread(target=rounds, name="tfnb-feed-rounds", daemon=True)
+        agree.start()
+        try:
+            try:
+                for batch in batches:
+                    if shared["error"] is not None:
+                        raise shared["error"]
+                    if not batch.num_rows:
+                        continue
+                    first = first or time.time()
+                    batch = _prepare(self.spec, batch, lengths)
+                    spill.write(batch)
+                    with progress:
+                        self._state.update(end=spill.end, rows=spill.rows, lengths=lengths)
+                        self._publish()
+                        shared["rows"] = spill.rows
+                        shared["bytes"] += batch.nbytes
+                        progress.notify()
+            finally:
+                nbytes = spill.close()
+            last = time.time()
+            with progress:
+                shared["done"] = True
+                progress.notify()
+            agree.join()
+            if shared["error"] is not None:
+                raise shared["error"]
+            rows = [r for r, _ in shared["counts"]]
+            self._state.update(safe=min(rows), lengths=lengths, final={
+                "rows_per_worker": rows, "nbytes": nbytes, "seconds": time.perf_counter() - start,
+                "first": first, "last": last})
+            if not min(rows):
+                raise ConfigError(_no_rows_message(rows))
+        except BaseException as e:
+            self._state["error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            with progress:
+                shared["stop"] = True  # a failed receive leaves no thread waiting in this Python worker
+                progress.notify()
+                self._publish()
+            os.close(self._wake)
+        return rows
 
 
 @dataclass(frozen=True)
 class FeedInfo:
-    """This worker's part of the fed DataFrame, as ``ctx.feed`` (read it with ``ctx.dataset``)."""
+    """This worker's part of the fed DataFrame, as ``ctx.feed`` (read it with ``ctx.dataset``).
 
-    path: str
-    rows: int                                   # rows in this worker's part
-    min_rows: int                               # the smallest worker's part: what every worker can serve
-    rows_per_worker: tuple[int, ...]
+    The counts (``rows``, ``min_rows``, ``rows_per_worker``...) are known once every task has its
+    whole partition; reading them waits until then. ``ctx.dataset`` does not wait for them.
+    """
+
+    path: str  # an Arrow IPC file, whole (footer included) once the counts are known
     spec: FeedSpec
-    array_lengths: tuple[tuple[str, int], ...] = ()
-    nbytes: int = 0
-    spill_seconds: float = 0.0
+    known: dict | None = None  # the final state, when the part was complete before train_fn started
+
+    def state(self, ready: Callable[[dict], bool] = lambda st: False) -> dict:
+        """The task's published state once ``ready(state)`` holds or the counts are final."""
+        if self.known is not None:
+            return self.known
+        return _live(os.path.dirname(self.path)).wait(ready)
+
+    @property
+    def rows(self) -> int:
+        return self.state()["rows"]
+
+    @property
+    def rows_per_worker(self) -> tuple[int, ...]:
+        return tuple(self.state()["final"]["rows_per_worker"])
+
+    @property
+    def min_rows(self) -> int:
+        return min(self.rows_per_worker, default=0)
+
+    @property
+    def array_lengths(self) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted((self.state()["lengths"] or {}).items()))
+
+    @property
+    def nbytes(self) -> int:
+        return self.state()["final"]["nbytes"]
+
+    @property
+    def spill_seconds(self) -> float:
+        return self.state()["final"]["seconds"]
 
 
 def finish_feed(spec: FeedSpec, spilled: Spilled, rows_per_worker: Sequence[int]) -> FeedInfo:
-    """Combine this task's spill with every worker's row count (known after the barrier).
+    """Combine a whole spill with every worker's row count.
 
     Example:
         >>> finish_feed(spec, spilled, [100_000, 99_999]).min_rows
         99999
     """
-    rows = tuple(int(r) for r in rows_per_worker)
-    return FeedInfo(path=spilled.path, rows=spilled.rows, min_rows=min(rows) if rows else 0,
-                    rows_per_worker=rows, spec=spec, array_lengths=spilled.array_lengths,
-                    nbytes=spilled.nbytes, spill_seconds=spilled.seconds)
+    rows = [int(r) for r in rows_per_worker]
+    return FeedInfo(path=spilled.path, spec=spec, known={
+        "end": spilled.end, "rows": spilled.rows, "safe": min(rows, default=0),
+        "lengths": dict(spilled.array_lengths), "error": None,
+        "final": {"rows_per_worker": rows, "nbytes": spilled.nbytes, "seconds": spilled.seconds}})
 
 
 # ---------------------------------------------------------------- train_fn process
+
+
+class _Live:
+    """The state a task publishes for its train_fn process, waited on through the wake-up FIFO."""
+
+    def __init__(self, workdir: str):
+        self._path = os.path.join(workdir, STATE_FILE)
+        self._wake = os.open(os.path.join(workdir, WAKE_FIFO), os.O_RDONLY | os.O_NONBLOCK)
+
+    def wait(self, ready: Callable[[dict], bool]) -> dict:
+        import select
+
+        while True:
+            with open(self._path) as f:
+                st = json.load(f)
+            if st["error"]:
+                raise ConfigError(st["error"]) if st["error"].startswith("ConfigError: ") else RuntimeError(
+                    f"the Spark task feeding this worker failed: {st['error']}")
+            if st["final"] is not None or ready(st):
+                return st
+            # The timeout only covers a wake-up taken by another reader thread of this process.
+            if select.select([self._wake], [], [], 0.5)[0]:
+                try:
+                    if not os.read(self._wake, 1 << 16):
+                        with open(self._path) as f:
+                            st = json.load(f)
+                        if st["final"] is None and not st["error"]:
+                            raise RuntimeError("the Spark task stopped feeding this worker before its part "
+                                               "of the data was complete")
+                except BlockingIOError:
+                    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _live(workdir: str) -> _Live:
+    return _Live(workdir)
 
 
 def _feed_of(ctx) -> FeedInfo:
@@ -343,28 +577,30 @@ def _feed_of(ctx) -> FeedInfo:
     return info
 
 
-def _steps(info: FeedInfo, batch_size: int, drop_remainder: bool) -> int:
+def _check_batch_size(batch_size) -> None:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} but it must be an int >= 1 (rows per batch on each worker)")
-    per_worker = list(info.rows_per_worker)
-    if info.min_rows == 0:
-        empty = [i for i, r in enumerate(per_worker) if r == 0]
-        raise ConfigError(
-            f"worker(s) {empty} got no rows of the data (rows per worker: {per_worker}), so no worker can "
-            "be given a batch; feed a DataFrame with at least batch_size rows per worker, or lower num_workers")
-    steps = info.min_rows // batch_size if drop_remainder else -(-info.min_rows // batch_size)
+
+
+def _steps_for(rows_per_worker: Sequence[int], batch_size: int, drop_remainder: bool) -> int:
+    per_worker = list(rows_per_worker)
+    low = min(per_worker, default=0)
+    if low == 0:
+        raise ConfigError(_no_rows_message(per_worker))
+    steps = low // batch_size if drop_remainder else -(-low // batch_size)
     if steps == 0:
         raise ConfigError(
-            f"batch_size={batch_size} but the smallest worker's part of the data has {info.min_rows} rows "
+            f"batch_size={batch_size} but the smallest worker's part of the data has {low} rows "
             f"(rows per worker: {per_worker}), so every worker would get 0 batches; lower batch_size to at "
-            f"most {info.min_rows}, feed more rows, or pass drop_remainder=False")
+            f"most {low}, feed more rows, or pass drop_remainder=False")
     return steps
 
 
 def steps_per_epoch(ctx, batch_size: int, *, drop_remainder: bool = True) -> int:
     """Batches per epoch that ``ctx.dataset(batch_size)`` yields on every worker (the same on all).
 
-    It is ``min_rows // batch_size``, ``min_rows`` being the smallest worker's row count.
+    It is ``min_rows // batch_size``, ``min_rows`` being the smallest worker's row count, so it
+    waits until every task has received its whole partition (train_fn's set-up runs meanwhile).
 
     Raises:
         ConfigError: the run has no ``data=``, or a worker has fewer than ``batch_size`` rows.
@@ -373,7 +609,8 @@ def steps_per_epoch(ctx, batch_size: int, *, drop_remainder: bool = True) -> int
         >>> ds = ctx.dataset(64, label_col="y", strategy=strategy)
         >>> model.fit(ds, epochs=5, steps_per_epoch=ctx.steps_per_epoch(64))
     """
-    return _steps(_feed_of(ctx), batch_size, drop_remainder)
+    _check_batch_size(batch_size)
+    return _steps_for(_feed_of(ctx).rows_per_worker, batch_size, drop_remainder)
 
 
 def _label_dtype(col: FeedColumn) -> str:
@@ -385,16 +622,29 @@ def _label_dtype(col: FeedColumn) -> str:
 class _Plan:
     features: tuple[FeedColumn, ...]
     label: FeedColumn | None
+    lengths: tuple[tuple[str, int], ...]
     width: int
     label_width: int | None   # elements per row for an array label, None for a scalar label
-    steps: int
-    take: int                 # rows served per epoch on every worker
+    batch_size: int
+    drop_remainder: bool
+
+    def bound(self, st: dict) -> int:
+        """Rows this worker may serve in an epoch, as far as ``st`` tells: exact once the counts are final.
+
+        Before that, whole batches of the rows every worker already has, which is never more than the
+        final number (the smallest part only grows, and the final number is whole batches of it).
+        """
+        final = st["final"]
+        if final is None:
+            return st["safe"] // self.batch_size * self.batch_size
+        steps = _steps_for(final["rows_per_worker"], self.batch_size, self.drop_remainder)
+        return min(min(final["rows_per_worker"]), steps * self.batch_size)
 
 
 def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remainder: bool) -> _Plan:
     spec = info.spec
     names = spec.names
-    steps = _steps(info, batch_size, drop_remainder)
+    _check_batch_size(batch_size)
     if label_col is not None and label_col not in names:
         raise ConfigError(f"label_col={label_col!r} is not a fed column; the columns are {list(names)}")
     if feature_cols is None:
@@ -411,34 +661,56 @@ def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remaind
                           "feed at least one feature column")
     if label_col is not None and label_col in feature_cols:
         raise ConfigError(f"label_col={label_col!r} is also in feature_cols; take it out of feature_cols")
-    lengths = dict(info.array_lengths)
+    # Array lengths come with this worker's first batch; counts known by now are checked now.
+    st = info.state(lambda s: s["lengths"] is not None)
+    lengths = dict(st["lengths"] or {})
     features = tuple(spec.column(c) for c in feature_cols)
-    width = sum(lengths[c.name] if c.is_array else 1 for c in features)
     label = spec.column(label_col) if label_col is not None else None
+    if st["final"] is not None:
+        _steps_for(st["final"]["rows_per_worker"], batch_size, drop_remainder)
+    width = sum(lengths[c.name] if c.is_array else 1 for c in features)
     label_width = lengths[label.name] if label is not None and label.is_array else None
-    take = min(info.min_rows, steps * batch_size)
-    return _Plan(features, label, width, label_width, steps, take)
+    return _Plan(features, label, tuple(sorted(lengths.items())), width, label_width, batch_size, drop_remainder)
 
 
 class _Part:
-    """This worker's spilled rows as numpy batches, read from the memory-mapped Arrow file.
+    """This worker's rows as numpy pieces, read from the spill file as the task writes it.
 
     Sequential epochs convert one Arrow batch at a time (a float32 array column is used without a
-    copy); shuffled epochs keep the whole feature matrix in memory to draw random rows from it.
+    copy), so memory stays at about one batch; shuffled epochs keep the whole feature matrix in
+    memory to draw random rows from it, and so start once the whole part has arrived.
     """
 
     def __init__(self, info: FeedInfo, plan: _Plan):
-        import numpy as np
-        import pyarrow as pa
-
+        self.info = info
         self._plan = plan
-        self._lengths = dict(info.array_lengths)
-        self._file = pa.memory_map(info.path)
-        reader = pa.ipc.open_file(self._file)
-        self._chunks = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        self._starts = np.cumsum([0] + [b.num_rows for b in self._chunks])
+        self._lengths = dict(plan.lengths)
         self._whole = None
         self._passes = 0
+
+    def _arrow_batches(self) -> Iterator:
+        """This worker's Arrow batches in order, each as soon as the task has written it whole."""
+        import pyarrow as pa
+
+        pos, schema, f = _MAGIC_BYTES, None, None
+        try:
+            while True:
+                end = self.info.state(lambda s: s["end"] > pos)["end"]
+                if end <= pos:
+                    return  # final, and every batch read
+                if f is None:
+                    f = pa.OSFile(self.info.path)  # reads, not a memory map: memory stays at a batch
+                f.seek(pos)
+                while f.tell() < end:
+                    msg = pa.ipc.read_message(f)
+                    if schema is None:
+                        schema = pa.ipc.read_schema(msg)
+                    else:
+                        yield pa.ipc.read_record_batch(msg, schema)
+                pos = end
+        finally:
+            if f is not None:
+                f.close()
 
     def _values(self, col: FeedColumn, batch, dtype: str):
         import numpy as np
@@ -450,10 +722,9 @@ class _Part:
             return np.asarray(flat, dtype=dtype).reshape(n, self._lengths[col.name])
         return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
 
-    def _convert(self, k: int):
+    def _convert(self, batch):
         import numpy as np
 
-        batch = self._chunks[k]
         plan = self._plan
         if len(plan.features) == 1 and plan.features[0].is_array:
             x = self._values(plan.features[0], batch, "float32")
@@ -471,42 +742,57 @@ class _Part:
     def _sequential(self, rows: int) -> Iterator:
         import numpy as np
 
-        take, starts = self._plan.take, self._starts
-        k, current = -1, None
-        for a in range(0, take, rows):
-            b = min(a + rows, take)
-            xs, ys = [], []
-            while a < b:
-                while starts[k + 1] <= a:
-                    k += 1
-                    current = None
-                if current is None:
-                    current = self._convert(k)
-                lo, hi = a - starts[k], min(b, starts[k + 1]) - starts[k]
-                xs.append(current[0][lo:hi])
-                ys.append(None if current[1] is None else current[1][lo:hi])
-                a = starts[k] + hi
+        plan, info = self._plan, self.info
+        given = 0             # rows handed out this epoch
+        xs, ys, have = [], [], 0
+        limit = plan.bound(info.state(lambda s: True))
+
+        def piece():
             x = xs[0] if len(xs) == 1 else np.concatenate(xs)
             y = ys[0] if len(ys) == 1 or ys[0] is None else np.concatenate(ys)
-            yield x, y
+            return x, y
+
+        for batch in self._arrow_batches():
+            x, y = self._convert(batch)
+            at = 0
+            while at < len(x):
+                if given + have >= limit:
+                    if have:  # hand out what every worker can match now, then wait for more
+                        yield piece()
+                        given, xs, ys, have = given + have, [], [], 0
+                    limit = plan.bound(info.state(lambda s: plan.bound(s) > given))
+                    if given >= limit:
+                        return
+                    continue
+                n = min(len(x) - at, limit - given - have, rows - have)
+                xs.append(x[at:at + n])
+                ys.append(None if y is None else y[at:at + n])
+                have += n
+                at += n
+                if have == rows:
+                    yield piece()
+                    given, xs, ys, have = given + have, [], [], 0
+        if have:
+            yield piece()
 
     def _shuffled(self, rows: int, seed: int | None, epoch: int) -> Iterator:
         import numpy as np
 
+        take = self._plan.bound(self.info.state())
         if self._whole is None:
-            parts = [self._convert(k) for k in range(len(self._chunks))]
+            parts = [self._convert(b) for b in self._arrow_batches()]
             x = np.concatenate([p[0] for p in parts])
             y = None if self._plan.label is None else np.concatenate([p[1] for p in parts])
             self._whole = (x, y)
         x, y = self._whole
         rng = np.random.default_rng(None if seed is None else [seed, epoch])
-        order = rng.permutation(len(x))[: self._plan.take]
+        order = rng.permutation(len(x))[:take]
         for a in range(0, len(order), rows):
             idx = order[a:a + rows]
             yield x[idx], None if y is None else y[idx]
 
     def epoch(self, rows: int, shuffle: bool, seed: int | None) -> Iterator:
-        """One epoch: ``plan.take`` rows as (features, label or None) pieces of ``rows`` rows (the last may be short).
+        """One epoch: every row this worker serves, as (features, label or None) pieces of at most ``rows`` rows.
 
         Each call is a new epoch: with ``shuffle`` and a ``seed``, epoch k draws order ``(seed, k)``.
         """
@@ -552,6 +838,11 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
     one row per input partition after tfnb's round-robin split, at most 1% of the rows when the
     DataFrame is fed as it is), so up to ``batch_size * num_workers`` + imbalance rows per epoch.
     Without ``shuffle`` the same rows are left out every epoch; with it, different ones.
+
+    The first epoch streams: batches come while the task is still receiving the partition (never
+    more rows than every worker is known to have); later epochs read the finished local file. The
+    dataset's cardinality is known when the final counts are (call ``ctx.steps_per_epoch`` first to
+    wait for them); a shuffled epoch, and ``drop_remainder=False``, wait for them.
 
     Elements are ``(features, label)`` when ``label_col`` is given, else ``features`` alone:
     ``features`` is one float32 matrix ``[batch, width]``, the feature columns side by side in
@@ -626,7 +917,7 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
 
 def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffle: bool,
              seed: int | None, drop_remainder: bool):
-    """tf.data over ``part``: batches of ``rows`` rows, ``plan.take`` rows per epoch.
+    """tf.data over ``part``: batches of ``rows`` rows, the same number of batches per epoch on every worker.
 
     The generator hands over blocks of several batches (a few MB), which tf.data's ``rebatch``
     cuts into batches in C++: one Python call per block instead of one per batch runs the loop
@@ -645,14 +936,18 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
             for x, y in part.epoch(block, shuffle, seed):
                 yield x if y is None else (x, y)
 
-    full, rest = divmod(plan.take, rows)
-    # Batch sizes of one epoch, cycled by rebatch, so a short last batch ends every epoch.
+    # Batch sizes of one epoch, cycled by rebatch, so a short last batch ends every epoch; that
+    # needs the final counts, which whole batches (drop_remainder) do not wait for.
+    st = part.info.state(lambda s: drop_remainder)
+    final = st["final"] is not None
+    full, rest = divmod(plan.bound(st), rows) if final else (0, 0)
     sizes = rows if rest == 0 else [rows] * full + [rest]
     ds = tf.data.Dataset.from_generator(generate, output_signature=signature)
     ds = ds.rebatch(sizes, drop_remainder=drop_remainder and rest == 0)
-    per_epoch = full + (rest > 0)
-    total = tf.data.INFINITE_CARDINALITY if epochs is None else per_epoch * epochs
-    ds = ds.apply(tf.data.experimental.assert_cardinality(total))
+    if epochs is None:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    elif final:
+        ds = ds.apply(tf.data.experimental.assert_cardinality((full + (rest > 0)) * epochs))
     options = tf.data.Options()
     # Each worker already holds only its own rows: sharding them again would drop most of them.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

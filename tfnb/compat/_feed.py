@@ -258,19 +258,20 @@ class RddFeeder:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        path = os.path.join(workdir, SPILL_FILE)
+        from ..feeding import ArrowSpill
+
         schema = pa.schema([("part", pa.int32()), ("seq", pa.int32()), ("rows", pa.int32()), ("data", pa.binary())])
-        rows = chunks = 0
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        spill = ArrowSpill(os.path.join(workdir, SPILL_FILE), schema)
+        rows = 0
+        try:
             for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                batch = pa.RecordBatch.from_arrays([batch.column(n).cast(schema.field(n).type)
-                                                    for n in schema.names], schema=schema)
-                writer.write_batch(batch)
-                rows += int(pc.sum(batch.column("rows")).as_py() or 0)
-                chunks += batch.num_rows
-        return Spilled(path=path, rows=rows, chunks=chunks)
+                if batch.num_rows:
+                    spill.write(pa.RecordBatch.from_arrays(
+                        [batch.column(n).cast(schema.field(n).type) for n in schema.names], schema=schema))
+                    rows += int(pc.sum(batch.column("rows")).as_py() or 0)
+        finally:
+            spill.close()
+        return Spilled(path=spill.path, rows=rows, chunks=spill.rows)
 
     def finish(self, spilled: Spilled, rows_per_task: Sequence[int]) -> FeedFile:
         return FeedFile(path=spilled.path, rows=spilled.rows, mode=self.mode, epochs=self.epochs,

@@ -1,0 +1,239 @@
+"""Every bench in one command: a table of ratios against their goals and a picture of it.
+
+    ./dev bench all [--only feeding launch] [--out bench]
+
+Runs each bench under bench/ in its own process at a size that keeps the whole run to a few
+minutes, reads its ratios, and writes ``bench/results.md`` (ratios first, then the command lines
+and the machine) ``bench/results.png`` (one bar per ratio, its goal drawn across it) and ``bench/results.log`` (every
+bench's full output).
+
+Convention: a bench may end with one line ``RESULT {json}`` holding ``{"ratios": {name: value},
+"goals": {name: goal}}`` (bench/feeding.py and bench/launch.py do); for the others the ratios are
+read from the text they print. A ratio a bench did not print shows as "n/a"; a bench that fails
+is listed with its exit code and the end of its output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# name -> arguments at "a few minutes in total" sizes; every bench keeps its anchor in the same run.
+BENCHES = {
+    "launch": ["--repeats", "2"],
+    "feeding": ["--repeat", "1"],
+    "staging": ["--repeat", "1"],
+    "inference": ["--repeats", "2"],
+    "evaluator": ["--checkpoints", "8"],
+    "sync": ["--minutes", "0.5", "--interval", "5"],
+    "overhead": ["--steps", "150", "--repeats", "1"],
+}
+
+
+@dataclass
+class Ratio:
+    bench: str
+    name: str
+    value: float | None
+    goal: float
+    higher_is_better: bool = True
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value >= self.goal if self.higher_is_better else self.value <= self.goal
+
+
+@dataclass
+class Outcome:
+    bench: str
+    command: list[str]
+    seconds: float
+    code: int
+    output: str
+    ratios: list[Ratio] = field(default_factory=list)
+
+
+def _num(pattern: str, text: str) -> float | None:
+    m = re.findall(pattern, text, re.MULTILINE)
+    return float(m[-1]) if m else None
+
+
+def _result_line(text: str) -> dict | None:
+    lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        return None
+    try:
+        return json.loads(lines[-1][len("RESULT "):])
+    except ValueError:
+        return None
+
+
+# What each bench is held to (the project's goals); the parsers fill in the values.
+_LOWER_IS_BETTER = {"launch vs floor", "evaluator p95 lag vs goal"}
+
+
+def parse(bench: str, text: str) -> list[Ratio]:
+    """The ratios in one bench's output; a value it did not print is None."""
+    found = _result_line(text)
+    if found is not None:
+        goals = found.get("goals", {})
+        return [Ratio(bench, name, value, goals.get(name, float("nan")), name not in _LOWER_IS_BETTER)
+                for name, value in found.get("ratios", {}).items()]
+    if bench == "staging":
+        out = []
+        rows = re.findall(r"^(\d+x[\d.]+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s+([\d.]+)\s*$", text, re.M)
+        for spec, rtt, s5, seq in rows:
+            out.append(Ratio(bench, f"staging {spec} MiB, {rtt} ms vs s5cmd", float(s5), 0.9))
+            out.append(Ratio(bench, f"staging {spec} MiB, {rtt} ms vs boto3 loop", float(seq), 1.0))
+        return out or [Ratio(bench, "staging vs s5cmd", None, 0.9)]
+    if bench == "inference":
+        wall = {name.strip(): float(v) for name, v in
+                re.findall(r"^ratio (.+?)\s+wall ([\d.]+)\s+cpu [\d.]+", text, re.M)}
+        mine = next((v for k, v in wall.items() if "tfnb" in k), None)
+        udf = next((v for k, v in wall.items() if "predict_batch_udf" in k), None)
+        return [Ratio(bench, "predict vs model.predict per core", mine, 0.8),
+                Ratio(bench, "predict vs predict_batch_udf",
+                      mine / udf if mine is not None and udf else None, 2.0)]
+    if bench == "evaluator":
+        return [Ratio(bench, "evaluator p95 lag vs goal", _num(r"p95 / anchor = ([\d.]+)", text), 1.0, False)]
+    if bench == "sync":
+        return [Ratio(bench, "sync: naive bytes / EventSync bytes",
+                      _num(r"naive S3 sends ([\d.]+)x the bytes", text), 1.0)]
+    if bench == "overhead":
+        return [Ratio(bench, "steps/s vs by hand", _num(r"ratio tfnb / by hand: ([\d.]+)", text), 0.97)]
+    if bench == "launch":
+        return [Ratio(bench, "launch vs floor", _num(r"ratio to floor: ([\d.]+)", text), 1.0, False)]
+    return []
+
+
+def run(bench: str, args: list[str]) -> Outcome:
+    command = [sys.executable, os.path.join("bench", f"{bench}.py"), *args]
+    print(f"[all] {' '.join(command[1:])}", flush=True)
+    start = time.perf_counter()
+    # This checkout's tfnb, in the bench and in the Spark executors it starts.
+    path = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, PYTHONPATH=path, PYSPARK_PYTHON=sys.executable))
+    seconds = time.perf_counter() - start
+    out = Outcome(bench, command, seconds, proc.returncode, proc.stdout, parse(bench, proc.stdout))
+    shown = ", ".join(f"{r.name} {_fmt(r.value)}" for r in out.ratios) or "no ratio found"
+    print(f"[all] {bench}: exit {proc.returncode} in {seconds:.0f} s: {shown}", flush=True)
+    return out
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def machine() -> list[str]:
+    import multiprocessing
+
+    facts = [f"{platform.platform()}", f"Python {platform.python_version()}",
+             f"{multiprocessing.cpu_count()} CPUs", f"load average {os.getloadavg()[0]:.1f} at the end"]
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        facts.append(f"{kb / 2**20:.0f} GiB memory")
+    except OSError:
+        pass
+    for mod in ("pyspark", "tensorflow", "pyarrow"):
+        try:
+            from importlib.metadata import version
+
+            facts.append(f"{mod} {version(mod)}")
+        except Exception:  # noqa: BLE001 - a fact we cannot read is left out
+            pass
+    return facts
+
+
+def write_markdown(path: str, outcomes: list[Outcome], argv: list[str]) -> None:
+    ratios = [r for o in outcomes for r in o.ratios]
+    lines = ["# Benchmark results", "",
+             f"`{' '.join(argv)}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Each ratio compares "
+             "tfnb with an anchor measured in the same run; compare ratios, not absolute figures.", "",
+             "| bench | ratio | value | goal | met |", "|---|---|---|---|---|"]
+    for r in ratios:
+        goal = ("≥ " if r.higher_is_better else "≤ ") + f"{r.goal:g}"
+        met = {True: "yes", False: "**no**", None: "n/a"}[r.met]
+        lines.append(f"| {r.bench} | {r.name} | {_fmt(r.value)} | {goal} | {met} |")
+    lines += ["", "## Runs", "", "| bench | command | exit | seconds |", "|---|---|---|---|"]
+    for o in outcomes:
+        lines.append(f"| {o.bench} | `{' '.join(['python'] + o.command[1:])}` | {o.code} | {o.seconds:.0f} |")
+    failed = [o for o in outcomes if o.code != 0]
+    for o in failed:
+        tail = "\n".join(o.output.strip().splitlines()[-15:])
+        lines += ["", f"### {o.bench} failed (exit {o.code})", "", "```", tail, "```"]
+    lines += ["", "## Machine", ""] + [f"- {fact}" for fact in machine()]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+_CLIP = 3.0
+
+
+def write_picture(path: str, outcomes: list[Outcome]) -> None:
+    """Bars of value / goal (1.0 = goal met exactly), so ratios of any scale share one axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = [r for o in outcomes for r in o.ratios]
+    names = [r.name if r.name.startswith(r.bench) else f"{r.bench}: {r.name}" for r in ratios]
+    # "Lower is better" ratios are drawn inverted, so every bar above 1 meets its goal.
+    score = []
+    for r in ratios:
+        if r.value is None or not r.goal or r.value <= 0:
+            score.append(0.0)
+        else:
+            score.append(r.value / r.goal if r.higher_is_better else r.goal / r.value)
+    score = [min(s, _CLIP) for s in score]  # one large lead must not flatten every other bar
+    colors = ["#9e9e9e" if r.value is None else ("#2e7d32" if r.met else "#c62828") for r in ratios]
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(ratios) + 1.4))
+    ax.barh(range(len(ratios)), score, color=colors)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(ratios)), names, fontsize=8)
+    ax.invert_yaxis()
+    for i, r in enumerate(ratios):
+        goal = ("≥" if r.higher_is_better else "≤") + f"{r.goal:g}"
+        ax.text(max(score[i], 0) + 0.02, i, f"{_fmt(r.value)} (goal {goal})", va="center", fontsize=7)
+    ax.set_xlabel(f"ratio / goal, cut at {_CLIP:g} (dashed line = goal; right of it = met; grey = not measured)")
+    ax.set_xlim(0, max([1.3] + [s * 1.3 for s in score]))
+    ax.set_title("tfnb benchmarks: ratios against anchors measured in the same run", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", choices=sorted(BENCHES), help="run these benches only")
+    p.add_argument("--out", default=HERE, help="folder for results.md and results.png")
+    a = p.parse_args()
+    outcomes = [run(name, BENCHES[name]) for name in (a.only or list(BENCHES))]
+    md, png = os.path.join(a.out, "results.md"), os.path.join(a.out, "results.png")
+    write_markdown(md, outcomes, ["./dev", "bench", "all"] + sys.argv[1:])
+    with open(os.path.join(a.out, "results.log"), "w") as f:  # every bench's full output, for the details
+        for o in outcomes:
+            f.write(f"===== {' '.join(['python'] + o.command[1:])} (exit {o.code}, {o.seconds:.0f} s)\n{o.output}\n")
+    try:
+        write_picture(png, outcomes)
+    except ImportError as e:
+        print(f"[all] no picture: {e}; install matplotlib (pip install 'tfnb[bench]')", file=sys.stderr)
+    print(open(md).read())
+    return 0 if all(o.code == 0 for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
