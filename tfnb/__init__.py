@@ -34,6 +34,7 @@ _EXPORTS = {
     "ConfigError": "errors",
     "ClusterError": "errors",
     "WorkerError": "errors",
+    "WorkerStalledError": "errors",
     "RunTimeoutError": "errors",
     "RunCancelledError": "errors",
     "MissingDependencyError": "errors",
