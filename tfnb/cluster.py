@@ -383,8 +383,7 @@ class _Attempt:
                 self.job_error = item[1]
                 first = next((l for l in str(item[1]).splitlines() if l.strip()), type(item[1]).__name__)
                 if _EXECUTOR_LOST.search(str(item[1])):
-                    self.lost.append(TaskFailure(job_name="spark", task_index=-1, exc_type="ExecutorLost",
-                                                 message=first.strip()[:500], attempt=self.attempt))
+                    self.lost.append(self._lost_in_spark(str(item[1]), first))
                 self._trouble()
         except KeyboardInterrupt:
             self._stop_quietly(job)
@@ -431,6 +430,14 @@ class _Attempt:
             life.final = True
         elif kind == "stack":
             life.stack = str(msg.get("text", ""))
+
+    def _lost_in_spark(self, text: str, first: str) -> TaskFailure:
+        # "barrier task ResultTask(<stage>, <partition>) finished unsuccessfully": the partition is the rank
+        m = re.search(r"ResultTask\(\d+, (\d+)\)", text)
+        life = self.lives.get(int(m.group(1))) if m else None
+        return TaskFailure(job_name=life.job_name if life else "spark", task_index=life.task_index if life else -1,
+                           exc_type="ExecutorLost", message=first.strip()[:500], attempt=self.attempt,
+                           host=life.host if life else "")
 
     def _trouble(self) -> None:
         if self.first_bad is None:
@@ -555,9 +562,10 @@ def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
     """One readable line for the progress panel, the status file and the error: who, what, when."""
     label = failure.label
     if failure.exc_type == "ExecutorLost":
-        text = f"{label}'s executor lost" if failure.task_index >= 0 else f"an executor was lost ({failure.message})"
+        text = f"{label}'s executor lost" if failure.task_index >= 0 else f"executor lost ({failure.message})"
     elif failure.exc_type == "ProcessDied":
-        text = f"{label}'s train_fn process died ({failure.message.replace('the train_fn process ', '')})"
+        what = re.split(r" without | \(| before ", failure.message.replace("the train_fn process ", ""))[0]
+        text = f"{label}'s train_fn process {what}"
     elif failure.exc_type == STALLED:
         text = f"{label} stalled, {failure.message.split(' (')[0]}"
     elif failure.exc_type == "TaskLost":
