@@ -182,3 +182,23 @@ def test_keras_mwms_recovers_from_a_lost_executor(cluster, tmp_path, no_orphans,
     relaunch = [e.data for e in seen if e.kind == "attempt"]
     assert result["attempt"] == 2 and len(relaunch) == 1, relaunch
     assert result["began"] == [1, 2]  # epoch 0 was done; epoch 1, interrupted, is the only one trained twice
+
+
+@pytest.mark.parametrize("exc_type, message, retryable", [
+    # the survivor's error from issue 15, as the train_fn process reports it
+    ("tensorflow.python.framework.errors_impl.UnavailableError",
+     "{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/task:0/device:CPU:0}} "
+     "Collective ops is aborted by: failed to connect to all addresses", True),
+    ("tensorflow.python.framework.errors_impl.CancelledError", "Cancelled", True),
+    ("tensorflow.python.framework.errors_impl.AbortedError", "Socket closed", True),
+    ("tensorflow.python.framework.errors_impl.DeadlineExceededError", "Deadline Exceeded", True),
+    ("tensorflow.python.framework.errors_impl.InternalError", "Connection reset by peer", True),
+    ("ProcessDied", "the train_fn process was killed by SIGKILL", True),
+    ("ValueError", "Input 0 is incompatible with the layer", False),
+    ("tensorflow.python.framework.errors_impl.InvalidArgumentError", "Incompatible shapes: [32,8] vs. [32,7]", False),
+    ("mymodule.UnavailableError", "my own service is down", False),  # not TensorFlow's
+])
+def test_which_failures_are_bad_luck(exc_type, message, retryable):
+    from tfnb.errors import TaskFailure
+
+    assert TaskFailure("chief", 0, exc_type, message).retryable is retryable
