@@ -738,6 +738,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     except KeyboardInterrupt:
         final_state = "cancelled"
         raise
+    except RunTimeoutError:
+        final_state = "timed out"  # only in the history: the status file's state stays "failed"
+        raise
     finally:
         close = getattr(sink, "close", None)
         if close:
@@ -745,6 +748,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         if len(history) < attempt:  # interrupted or timed out mid-attempt
             history.append({"attempt": attempt, "started": round(started, 3),
                             "seconds": round(time.time() - started, 1), "outcome": final_state})
+            final_state = "failed" if final_state == "timed out" else final_state
         if model_dir:
             from ._status import write_status
 
