@@ -36,13 +36,23 @@ POINTS = [0, "mid", "ckpt", 1, 2]  # where in the step the task dies, rotated ov
 EPOCHS, STEPS = 3, 3
 
 
-def _processes_left() -> int:
+def _processes_left(model_dir: Path) -> int:
+    """train_fn processes of this trial's run still alive 10 s after it returned (other runs on the
+    machine are not counted: a process is this run's when its work folder names the run id)."""
     from conftest import child_processes
 
+    try:
+        run_id = json.loads((model_dir / "tfnb_status.json").read_text())["run_id"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+    def mine():
+        return [p for p in child_processes() if f"tfnb-{run_id}-" in p]
+
     deadline = time.monotonic() + 10
-    while child_processes() and time.monotonic() < deadline:
+    while mine() and time.monotonic() < deadline:
         time.sleep(0.2)
-    return len(child_processes())
+    return len(mine())
 
 
 def trial(spark, kind: str, i: int) -> dict:
@@ -82,7 +92,7 @@ def trial(spark, kind: str, i: int) -> dict:
     except Exception as e:  # noqa: BLE001 - a failed trial is a data point
         out.update(recovered=False, error=f"{type(e).__name__}: {str(e)[:300]}")
     out["seconds"] = time.monotonic() - start
-    out["left"] = _processes_left()
+    out["left"] = _processes_left(model_dir)
     return out
 
 
