@@ -116,8 +116,8 @@ def _spec(df, model_path, batch_size):
     """The same worker spec tfnb.predict builds, for the alternative wirings."""
     import tfnb.inference as inference
 
-    source, version, remote = inference._locate(model_path)
-    return inference._Spec(source=source, version=version, remote=remote, input_cols=("features",),
+    source, version, files = inference._locate(model_path, {})
+    return inference._Spec(source=source, version=version, remote=bool(files), files=files, input_cols=("features",),
                            scalar_output=False, batch_size=batch_size, threads=1,
                            cache_dir="", trace_dir=None)
 

@@ -25,7 +25,8 @@ atexit hooks run), and fails the test if any process whose command line mentions
 is still alive (then kills those, by pid, so nothing leaks into later tests).
 
 Tests are skipped, with the reason, when chromium (``/usr/bin/chromium``, or ``$TFNB_CHROMIUM``),
-Playwright or JupyterLab is missing; ``./dev test`` installs chromium.
+Playwright or JupyterLab is missing, and fail instead when CI is set (components.need);
+``./dev test`` installs chromium.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ from typing import Iterator
 
 import pytest
 
+from components import need
+
 CHROMIUM = os.environ.get("TFNB_CHROMIUM", "/usr/bin/chromium")
 # Flags that make Debian's chromium run in a container without a display or network (FACTS.md).
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -55,16 +58,27 @@ _HTTP_POLL = 0.25           # seconds between readiness probes of the starting s
 _STDERR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
 
 
+def require_chromium() -> None:
+    """Skip the calling test (fail it under CI, see components.need) unless chromium and Playwright are there."""
+    need("Debian chromium", os.access(CHROMIUM, os.X_OK),
+         f"{CHROMIUM} not found: apt-get install chromium (./dev test does), or set TFNB_CHROMIUM")
+    _need_modules(("playwright.sync_api", "playwright"))
+
+
 def require_browser_stack() -> None:
-    """Skip the calling test, saying what is missing, unless chromium, Playwright and JupyterLab are there."""
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} not found: apt-get install chromium (./dev test does), or set TFNB_CHROMIUM")
-    for module, package in (("playwright.sync_api", "playwright"), ("jupyterlab", "jupyterlab"),
-                            ("nbformat", "nbformat"), ("ipykernel", "ipykernel")):
+    """:func:`require_chromium`, and JupyterLab with a kernel to run notebooks in."""
+    require_chromium()
+    _need_modules(("jupyterlab", "jupyterlab"), ("nbformat", "nbformat"), ("ipykernel", "ipykernel"))
+
+
+def _need_modules(*modules: tuple[str, str]) -> None:
+    for module, package in modules:
         try:
             __import__(module)
+            found = True
         except ImportError:
-            pytest.skip(f"{module} not importable: pip install {package}")
+            found = False
+        need(f"the {module} module", found, f"pip install {package}")
 
 
 def processes_with(text: str) -> list[str]:

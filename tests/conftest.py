@@ -1,4 +1,5 @@
-"""Shared fixtures: a real SparkSession, process/port leak checks, an artifacts folder."""
+"""Shared fixtures: a real SparkSession, process/port leak checks, an artifacts folder; under CI, a
+skip for a missing real component is a failure (see components.py)."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from components import IN_CI, is_missing_component
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -65,6 +68,15 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
+def _idle_standby(cmd: str) -> bool:
+    """A warm standby nobody claimed yet (its socket still exists): kept on purpose, not an orphan."""
+    parts = cmd.split()
+    if "--standby" not in parts:
+        return False
+    i = parts.index("--standby")
+    return i + 1 < len(parts) and os.path.exists(parts[i + 1])
+
+
 def child_processes() -> list[str]:
     """Command lines of tfnb train_fn processes still alive on this machine."""
     out = []
@@ -75,7 +87,7 @@ def child_processes() -> list[str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "tfnb._child" in cmd:
+        if "tfnb._child" in cmd and not _idle_standby(cmd):
             out.append(f"{d.name}: {cmd}")
     return out
 
@@ -93,6 +105,40 @@ def no_orphans():
         time.sleep(0.2)
         left = [p for p in child_processes() if p not in before]
     assert not left, f"train_fn processes left running: {left}"
+
+
+def _fail_in_ci(report) -> None:
+    """Turn a skip for a missing component into a failure when CI is set (components.need's rule,
+    applied to importorskip and to skips raised in fixtures and helpers)."""
+    if not IN_CI or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if is_missing_component(reason):
+        report.outcome = "failed"
+        report.longrepr = f"CI is set, so a missing component fails instead of skipping: {reason}"
+
+
+def pytest_runtest_setup(item):
+    # A browser test finds out before it starts (not midway, after minutes of training) that
+    # chromium is missing: a skip here, a failure under CI.
+    if item.get_closest_marker("browser"):
+        from browser import require_chromium
+
+        require_chromium()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    _fail_in_ci(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    _fail_in_ci(report)
+    return report
 
 
 def pytest_sessionfinish(session, exitstatus):

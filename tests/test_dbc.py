@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -96,10 +97,17 @@ def test_build_writes_databricks_entries_in_run_order_with_full_field_set(src, t
     assert res.sha256 == hashlib.sha256(data).hexdigest()
     with zipfile.ZipFile(res.path) as zf:
         assert zf.testzip() is None
-        assert zf.namelist() == ["tfnb/", "tfnb/00_constants.python", "tfnb/01_train.python"]
+        # Like a Databricks export: manifest first, a FolderV1 entry, every entry deflated.
+        assert zf.namelist() == ["manifest.mf", "tfnb/", "tfnb/00_constants.python", "tfnb/01_train.python"]
         for info in zf.infolist():
             assert info.date_time == (1980, 1, 1, 0, 0, 0)
-        docs = {n: json.loads(zf.read(n)) for n in zf.namelist()[1:]}
+            assert info.compress_type == zipfile.ZIP_DEFLATED and info.compress_size < info.file_size
+        manifest = json.loads(zf.read("manifest.mf"))
+        assert list(manifest) == ["version", "guid", "origId", "name"]
+        assert (manifest["version"], manifest["origId"], manifest["name"]) == ("Manifest", -1, "manifest.mf")
+        folder = json.loads(zf.read("tfnb/"))
+        assert (folder["version"], folder["name"], folder["children"]) == ("FolderV1", "tfnb", [])
+        docs = {n: json.loads(zf.read(n)) for n in zf.namelist()[2:]}
 
     train = docs["tfnb/01_train.python"]
     assert list(train) == NOTEBOOK_FIELDS
@@ -118,7 +126,7 @@ def test_build_writes_databricks_entries_in_run_order_with_full_field_set(src, t
         "import tfnb\n\n\nresult = tfnb.run(train_fn, num_workers=NUM_WORKERS)\n",
         "%md\n",
     ]
-    assert cmds[3]["metadata"] == {"tags": ["parameters"]}
+    assert all(c["metadata"] == {} for c in cmds)  # as in exports; the papermill tag stays in Jupyter
     assert cmds[4]["hideCommandCode"] is True and cmds[3]["hideCommandCode"] is False
     # Ids look like Databricks' and are unique across the archive.
     all_cmds = cmds + docs["tfnb/00_constants.python"]["commands"]
@@ -145,7 +153,7 @@ def test_build_is_byte_identical_whatever_the_file_times(src, tmp_path):
     assert not dbc.is_fresh(src, first.path)
 
 
-def test_round_trip_to_ipynb_keeps_every_cell_source_type_and_tag(src, tmp_path):
+def test_round_trip_to_ipynb_keeps_every_cell_source_type_and_hidden_flag(src, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     archive = dbc.build(src, tmp_path / "tfnb.dbc").path
     written = dbc.extract(archive, tmp_path / "out", formats=("ipynb",))
@@ -156,7 +164,7 @@ def test_round_trip_to_ipynb_keeps_every_cell_source_type_and_tag(src, tmp_path)
         nbformat.validate(nb)
         original = nbformat.read(src / path.name, as_version=4)
         assert [(c.cell_type, c.source) for c in nb.cells] == [(c.cell_type, c.source) for c in original.cells]
-        assert [c.metadata.get("tags", []) for c in nb.cells] == [c.metadata.get("tags", []) for c in original.cells]
+        assert all("tags" not in c.metadata for c in nb.cells)  # exports carry no tags
         assert [c.metadata.get("jupyter", {}) for c in nb.cells] == \
             [c.metadata.get("jupyter", {}) for c in original.cells]
         assert nb.metadata.kernelspec.name == "python3"
@@ -164,7 +172,7 @@ def test_round_trip_to_ipynb_keeps_every_cell_source_type_and_tag(src, tmp_path)
     # read() gives the same, typed.
     train = dbc.read(archive)[1]
     assert (train.path, train.name, train.language, train.folder) == ("tfnb/01_train", "01_train", "python", "tfnb")
-    assert train.cells[3] == dbc.Cell("code", "epochs = 3\nbatch_size = 64", tags=("parameters",))
+    assert train.cells[3] == dbc.Cell("code", "epochs = 3\nbatch_size = 64")
     assert train.cells[2].source == "%run ./00_constants"
 
 
@@ -222,6 +230,82 @@ def test_read_accepts_a_databricks_export(tmp_path):
     assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in written) == [
         "Shared/demo/Analysis.ipynb", "Shared/demo/Analysis.py", "Shared/demo/Report.ipynb", "Shared/demo/Report.sql"]
     assert (tmp_path / "out/Shared/demo/Report.sql").read_text() == "-- Databricks notebook source\nSELECT 1\n"
+
+
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def test_read_real_databricks_exports():
+    # Public files exported by Databricks (tests/fixtures/README.md): data descriptors, manifest.mf,
+    # FolderV1 folder entries, commands opening with a blank line, %md-sandbox, no metadata field.
+    with zipfile.ZipFile(FIXTURES / "learning_spark_v2_ch11.dbc") as zf:
+        assert all(i.flag_bits & 0x08 and i.compress_type == zipfile.ZIP_DEFLATED for i in zf.infolist())
+    hyperopt, readme = dbc.read(FIXTURES / "learning_spark_v2_ch11.dbc")
+    assert hyperopt.path == "Learning-Spark/Python/Chapter11/11-6 Hyperopt"
+    # "\n%md\n# README..." in the export: one markdown cell, the magic line and blank line gone
+    (cell,) = readme.cells
+    assert cell.cell_type == "markdown" and cell.source.startswith("# README\n\nTo run the notebooks")
+    kinds = [c.cell_type for c in hyperopt.cells]
+    assert kinds.count("markdown") >= 3 and kinds.count("code") >= 3
+    sandbox = next(c for c in hyperopt.cells if "## Keras Model" in c.source)
+    assert sandbox.cell_type == "markdown" and not sandbox.source.startswith("%md")
+    (sales,) = dbc.read(FIXTURES / "mslearn_sample_sales.dbc")
+    assert (sales.path, sales.language, [c.cell_type for c in sales.cells]) == (
+        "Sample_sales Notebook", "python", ["code", "code"])
+
+
+def test_extract_real_export_to_ipynb_and_source(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    written = dbc.extract(FIXTURES / "learning_spark_v2_ch11.dbc", tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "Learning-Spark/Python/Chapter11/11-6 Hyperopt.ipynb", "Learning-Spark/Python/Chapter11/11-6 Hyperopt.py",
+        "Learning-Spark/Python/Chapter11/README.ipynb", "Learning-Spark/Python/Chapter11/README.py"]
+    nb = nbformat.read(tmp_path / "Learning-Spark/Python/Chapter11/11-6 Hyperopt.ipynb", as_version=4)
+    nbformat.validate(nb)
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# Hyperopt")
+    source = (tmp_path / "Learning-Spark/Python/Chapter11/11-6 Hyperopt.py").read_text()
+    assert source.startswith("# Databricks notebook source\n# MAGIC %md\n# MAGIC # Hyperopt")
+
+
+class _Unseekable(io.RawIOBase):
+    """A write-only stream: zipfile then writes data descriptors, as Databricks' exporter does."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self.buf += b
+        return len(b)
+
+
+def test_read_export_quirks(tmp_path):
+    out = _Unseekable()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("manifest.mf", '{"version":"Manifest","guid":"g","origId":-1,"name":"manifest.mf"}')
+        zf.writestr("Course/", '{"version":"FolderV1","origId":1,"name":"Course","guid":"","children":[]}')
+        zf.writestr("Course/Lesson.python", json.dumps({
+            "version": "NotebookV1", "origId": 2, "name": "Lesson", "language": "python", "commands": [
+                _export_cmd(1.0, "\n%md-sandbox\n<div>Setup</div>"),
+                _export_cmd(2.0, '%run "./Includes/Classroom Setup"'),
+                _export_cmd(3.0, '\n%run "./00 setup"', metadata={}),
+                _export_cmd(4.0, "%run ./00_constants", metadata=None),
+                _export_cmd(5.0, "print(1)", subtype="results")]}))
+    archive = tmp_path / "export.dbc"
+    archive.write_bytes(bytes(out.buf))
+    with zipfile.ZipFile(archive) as zf:
+        assert all(i.flag_bits & 0x08 for i in zf.infolist())
+    (lesson,) = dbc.read(archive)
+    assert lesson.path == "Course/Lesson"
+    assert [(c.cell_type, c.source) for c in lesson.cells] == [
+        ("markdown", "<div>Setup</div>"), ("code", '%run "./Includes/Classroom Setup"'),
+        ("code", '\n%run "./00 setup"'), ("code", "%run ./00_constants")]
+    cells = json.loads(dbc.to_ipynb(lesson))["cells"]
+    # Notebooks of the same folder become .ipynb files: the %run lines follow, quoted or not.
+    assert ["".join(c["source"]) for c in cells[1:]] == [
+        '%run "./Includes/Classroom Setup"', '\n%run "./00 setup.ipynb"', "%run ./00_constants.ipynb"]
 
 
 NB = {"version": "NotebookV1", "name": "x", "language": "python", "commands": [_export_cmd(1.0, "1")]}
@@ -358,6 +442,5 @@ def test_committed_dbc_is_fresh(tmp_path):
         pytest.skip("notebooks/ has no .ipynb yet; once notebooks are added, commit dbc/tfnb.dbc built from them")
     committed = ROOT / "dbc" / "tfnb.dbc"
     assert committed.is_file(), "dbc/tfnb.dbc is missing: run `python -m tfnb.dbc build notebooks/ -o dbc/tfnb.dbc`"
-    fresh = dbc.build(ROOT / "notebooks", tmp_path / "tfnb.dbc", folder="tfnb")
-    assert fresh.path.read_bytes() == committed.read_bytes(), (
+    assert dbc.is_fresh(ROOT / "notebooks", committed, folder="tfnb"), (
         "dbc/tfnb.dbc is stale: run `python -m tfnb.dbc build notebooks/ -o dbc/tfnb.dbc` and commit it")

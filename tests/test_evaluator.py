@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -18,10 +19,10 @@ from tfnb.errors import ConfigError, EvaluatorError
 from tfnb.evaluator import Evaluator
 from tfnb.sync import EventSync
 
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf  # hard dependencies: a broken install fails here, it does not skip
 # tf_keras by name (what tfnb's workers train with): tf.keras is Keras 3 unless TF_USE_LEGACY_KERAS=1
 # was set before the first TensorFlow import of this test process
-keras = pytest.importorskip("tf_keras")
+import tf_keras as keras
 WAIT = 120  # seconds: generous upper bound for background work on a contended 2-core box
 
 
@@ -167,8 +168,20 @@ def test_half_written_checkpoint_is_retried_then_evaluated(tmp_path, checkpoints
     shutil.copyfile(index, model_dir / index.name)
     caplog.set_level(logging.INFO, logger="tfnb.evaluator")
     ev = Evaluator(build_model, val_dataset, str(model_dir), str(log_dir), interval=0.1,
-                   export_format=None, max_retries=1000).start()
-    time.sleep(0.5)
+                   export_format=None, max_retries=1000)
+    polls = threading.Semaphore(0)
+    poll = ev._poll
+
+    def counted_poll(finished):
+        try:
+            return poll(finished)
+        finally:
+            polls.release()
+
+    ev._poll = counted_poll
+    ev.start()
+    for _ in range(2):  # two full looks at the index-only checkpoint, not a guessed sleep
+        assert polls.acquire(timeout=WAIT), "the evaluator did not poll"
     assert ev.history == () and ev.skipped == ()
     # 2) the data file is there but truncated: loading fails and is retried
     (model_dir / data.name).write_bytes(full[: len(full) // 2])
@@ -312,6 +325,18 @@ def test_s3_checkpoints_and_s3_log_dir(tmp_path, checkpoints, rclone_s3):
     local = tmp_path / "tb"
     EventSync("s3://evalrun/logs", str(local), storage_options=options).stop()  # one pass: S3 -> local
     assert sorted(scalars(local / "eval")["epoch_accuracy"]) == [0, 1, 2]
+
+
+def test_unreadable_status_file_stops_the_evaluator_after_a_few_polls(tmp_path, rclone_s3):
+    """A model_dir whose status cannot be read (here: no such bucket) ends the loop with that error."""
+    options = {"endpoint_url": rclone_s3.endpoint_url, "key": rclone_s3.access_key,
+               "secret": rclone_s3.secret_key, "region": "us-east-1"}
+    ev = Evaluator(build_model, val_dataset, str(tmp_path / "ckpts"), str(tmp_path / "logs"), interval=0.05,
+                   model_dir="s3://no-such-bucket/run", storage_options=options, export_format=None)
+    with pytest.raises(EvaluatorError, match=r"cannot read the run status in s3://no-such-bucket/run "
+                                             r"\(5 polls in a row\).*bucket 'no-such-bucket' does not exist"):
+        ev.run()
+    assert ev.state == "failed"
 
 
 def test_timeout_stops_a_run_that_never_ends(tmp_path, checkpoints):

@@ -272,12 +272,12 @@ def test_missing_model_path(df, tmp_path):
 def test_url_without_its_filesystem_package(df):
     pytest.importorskip("fsspec")
     try:
-        import s3fs  # noqa: F401
-        pytest.skip("s3fs is installed")
+        import gcsfs  # noqa: F401
+        pytest.skip("gcsfs is installed")
     except ImportError:
         pass
-    with pytest.raises(MissingDependencyError, match="s3fs"):
-        inference.predict(df, "s3://bucket/model.keras", input_cols=["features"])
+    with pytest.raises(MissingDependencyError, match="gcsfs"):
+        inference.predict(df, "gs://bucket/model.keras", input_cols=["features"])
 
 
 def test_file_that_is_not_a_model(df, tmp_path):
@@ -289,11 +289,8 @@ def test_file_that_is_not_a_model(df, tmp_path):
 
 def test_model_description_in_a_subprocess_matches_in_process(models):
     """The driver reads the output shape in a subprocess when it has not imported TensorFlow."""
-    import json
-
     path = str(models["keras"][0])  # one TensorFlow import in a subprocess; the loaders are shared
-    req = json.dumps({"source": path, "version": "0", "remote": False, "cache_dir": ""})
-    assert inference._describe_in_subprocess(req) == inference._load(path, threads=None).describe()
+    assert inference._describe_in_subprocess(path) == inference._load(path, threads=None).describe()
 
 
 # ------------------------------------------------------------------ Spark Connect

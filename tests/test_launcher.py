@@ -203,7 +203,7 @@ def test_keyboard_interrupt_cancels_the_job(spark, no_orphans):
 
 
 def test_use_gpu_true_without_gpus_is_a_clear_error(spark):
-    with pytest.raises(WorkerError) as info:
+    with pytest.raises(ClusterError) as info:  # refused on the driver, before launch
         tfnb.run(describe, num_workers=2, args=("x",), spark=spark, display=False, use_gpu=True)
     assert "spark.task.resource.gpu.amount" in str(info.value)
 

@@ -1,7 +1,8 @@
 """The whole monitoring loop with real processes: training in one "cell" (a 2-worker tfnb.run whose chief
 syncs event files to persistent storage), the driver-side evaluator and TensorBoard in another. The
 evaluator's summaries and the synced training summaries must show up in the same TensorBoard WHILE
-training runs; a real browser takes a screenshot of it."""
+training runs; a real browser takes a screenshot of it (so the test carries the ``browser`` marker and
+conftest checks for chromium before the test starts training, not midway)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import tfnb
+from browser import running_chromium
 
 
 def build_model():
@@ -72,6 +74,7 @@ def _scalar_tags(port):
 
 
 @pytest.mark.slow
+@pytest.mark.browser
 def test_eval_and_training_summaries_in_one_tensorboard_while_training(spark, tmp_path, artifacts, no_orphans):
     from tfnb._status import read_status
     from tfnb._tb_process import Launched, Reused, ensure_tensorboard, stop
@@ -103,7 +106,8 @@ def test_eval_and_training_summaries_in_one_tensorboard_while_training(spark, tm
             time.sleep(1)
         assert "eval" in tags and "train" in tags, tags
         state_when_seen = read_status(str(model_dir))["state"]
-        _screenshot(f"http://127.0.0.1:{board.port}/#scalars", artifacts / "monitoring_tensorboard.png")
+        _screenshot(f"http://127.0.0.1:{board.port}/#scalars", artifacts / "monitoring_tensorboard.png",
+                    tmp_path / "browser")
         flag.touch()
         trainer.join(timeout=900)
         assert result.get("value") == "trained"
@@ -120,22 +124,10 @@ def test_eval_and_training_summaries_in_one_tensorboard_while_training(spark, tm
             stop(board.instance)
 
 
-def _screenshot(url: str, path: Path) -> None:
-    chromium = "/usr/bin/chromium"
-    if not os.path.exists(chromium):
-        pytest.skip("Debian chromium not installed (./dev test installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(url)
-            page.wait_for_selector("text=eval", timeout=60000)
-            page.wait_for_selector("text=train", timeout=60000)
-            page.wait_for_timeout(1500)  # let the charts draw
-            page.screenshot(path=str(path))
-        finally:
-            browser.close()
+def _screenshot(url: str, path: Path, workdir: Path) -> None:
+    with running_chromium(workdir, height=900) as page:
+        page.goto(url)
+        page.wait_for_selector("text=eval", timeout=60000)
+        page.wait_for_selector("text=train", timeout=60000)
+        page.wait_for_timeout(1500)  # let the charts draw
+        page.screenshot(path=str(path))

@@ -13,7 +13,9 @@ from browser import chromium_page, jupyter_lab  # noqa: F401  (fixtures)
 
 from tfnb.errors import ConfigError, WorkerError
 from tfnb.events import RunEvent
-from tfnb.progress import ConsoleDisplay, ProgressWidget, auto_display, keras_callback
+from tfnb.callbacks import keras_callback
+from tfnb.notebook import ProgressWidget
+from tfnb.progress import SUMMARY_ABOVE, ConsoleDisplay, auto_display
 
 EPOCHS, STEPS, BATCH = 2, 4, 16
 
@@ -204,6 +206,113 @@ def test_keras_callback_rejects_bad_options(kwargs):
         keras_callback(None, **kwargs)
 
 
+# ---------------------------------------------------------------- carriage returns and large runs
+
+BAR = "\r".join(f"{i}/10 [{'=' * i}{'.' * (10 - i)}] - loss: {1 / i:.4f}" for i in range(1, 11))
+
+
+def _bar_events(job, idx):
+    """A Keras verbose=1 bar: partial updates (folded by the task), then the finished line."""
+    out = [_ev("log", job, idx, stream="stdout", line=BAR.split("\r")[i], partial=True) for i in range(9)]
+    out.append(_ev("log", job, idx, stream="stdout", line="\r" + BAR + "\r"))
+    return out
+
+
+def test_widget_shows_one_updating_line_per_worker_for_carriage_returns():
+    widget = ProgressWidget(num_workers=2, refresh_interval=0)
+    for event in _bar_events("chief", 0)[:5] + _bar_events("worker", 1)[:3]:
+        widget(event)
+    live = widget.live.value
+    assert live.count("[chief 0]") == 1 and "5/10 [=====.....]" in live
+    assert live.count("[worker 1]") == 1 and "3/10 [===.......]" in live
+    assert widget.log_text() == "\n"  # partial updates are not log lines
+    for event in _bar_events("chief", 0)[5:]:
+        widget(event)
+    widget.close()
+    # the finished bar leaves its last state, once, as the chief's log line; worker 1's bar still runs
+    assert widget.log_text().splitlines() == ["[chief 0] 10/10 [==========] - loss: 0.1000"]
+    assert "[chief 0]" not in widget.live.value and "3/10" in widget.live.value
+
+
+def test_console_throttles_carriage_return_output(capsys):
+    display = ConsoleDisplay(num_workers=2, interval=30)
+    for event in _bar_events("chief", 0) + _bar_events("worker", 1)[:9]:
+        display(event)
+    display.close()
+    out = capsys.readouterr().out.splitlines()
+    # the first partial update shows at once, the rest wait for the interval; the finished line shows
+    # its final state; close() prints worker 1's latest unfinished state
+    assert out == ["[chief 0] 1/10 [=.........] - loss: 1.0000",
+                   "[chief 0] 10/10 [==========] - loss: 0.1000",
+                   "[worker 1] 9/10 [=========.] - loss: 0.1111"], out
+
+
+LARGE = 200  # tasks, far above SUMMARY_ABOVE
+
+
+def _large_run_events(rounds=10):
+    """A 200-task run: worker 7 lags, worker 9 stalls, worker 11 fails, the rest train in step."""
+    out = [_ev("state", "chief" if r == 0 else "worker", r, state="training") for r in range(LARGE)]
+    for step in range(1, rounds + 1):
+        if step == 6:
+            out.append(_ev("state", "worker", 9, state="stalled"))
+            out.append(_ev("failed", "worker", 11, exc_type="ValueError", message="bad shard 11"))
+        for r in range(LARGE):
+            job = "chief" if r == 0 else "worker"
+            if r == 7 and step > 2 or r in (9, 11) and step > 5:
+                continue
+            out.append(_ev("progress", job, r, epoch=1, epochs=1, step=step + (r == 3), steps=100,
+                           loss=0.5, examples_per_sec=10.0, batch_size=1))
+    return out
+
+
+def test_widget_summarises_a_large_run_and_pages_its_rows():
+    widget = ProgressWidget(num_workers=LARGE, refresh_interval=0)
+    events = _large_run_events()
+    start = time.monotonic()
+    for event in events:
+        widget(event)
+    elapsed = time.monotonic() - start
+    # a large run re-renders at most once a second, however fast its ~2,000 events come
+    assert widget.renders <= elapsed / 1.0 + 2, (widget.renders, elapsed)
+    widget.close()
+
+    summary = widget.summary.value
+    assert f"{LARGE} tasks" in summary
+    assert "198 training" in summary and "1 stalled" in summary and "1 failed" in summary
+    assert "slowest worker 7 (epoch 1/1 step 2/100" in summary and "fastest worker 3 (epoch 1/1 step 11/100" in summary
+    assert "1 straggler: worker 7" in summary and "stalled: worker 9" in summary
+    assert "page 1/13" in summary
+    # the table shows one page, the tasks of note first
+    rows = widget.table.value.count("<tr>") - 1
+    assert rows == SUMMARY_ABOVE
+    table = widget.table.value
+    assert table.index("worker 11") < table.index("worker 9") < table.index("worker 7") < table.index("chief 0")
+    assert "bad shard 11" in table
+    assert "1.98k examples/s in total" in summary
+    widget.show_page(12)
+    assert widget.table.value.count("<tr>") - 1 == LARGE - 12 * SUMMARY_ABOVE and "page 13/13" in widget.summary.value
+
+
+def test_console_summarises_a_large_run(capsys):
+    display = ConsoleDisplay(num_workers=LARGE, interval=0)
+    for event in _large_run_events(rounds=7) + _bar_events("chief", 0)[-1:] + _bar_events("worker", 5)[-1:]:
+        display(event)
+    display(_ev("state", "driver", 0, state="failed", attempt=1))
+    display.close()
+    out = capsys.readouterr().out.splitlines()
+    # no per-task state lines for 200 tasks; the stall and the failure are always shown
+    assert not any(line.endswith("] training") for line in out)
+    assert "[worker 9] stalled" in out and "[worker 11] FAILED ValueError: bad shard 11" in out
+    # finished carriage-return bars: the chief's final state only
+    assert [line for line in out if "10/10 [" in line] == ["[chief 0] 10/10 [==========] - loss: 0.1000"]
+    summaries = [line for line in out if line.startswith("[tfnb] slowest")]
+    assert summaries and "worker 7 (epoch 1/1 step 2/100" in summaries[-1]
+    assert any(line.startswith("[tfnb] 1 straggler: worker 7") for line in out)
+    progress = [line for line in out if line.startswith("[tfnb] epoch")]
+    assert progress and "1 stalled" in progress[-1] and "1 failed" in progress[-1]
+
+
 # ---------------------------------------------------------------- real runs
 
 
@@ -284,6 +393,18 @@ def test_widget_follows_a_real_two_worker_run(spark, no_orphans):
         assert w.loss == pytest.approx(hist["loss"][-1], rel=1e-5)
         assert w.metrics["accuracy"] == pytest.approx(hist["accuracy"][-1], rel=1e-5)
         assert w.examples_per_sec > 0
+    # per-batch numbers are the means Keras reports at epoch end, not sums over the workers: the last
+    # batch's running value equals the epoch's (both workers see equal batches), and accuracy stays <= 1
+    for key in (("chief", 0), ("worker", 1)):
+        sent = [ev.data for ev, _, _ in rec.snapshots if (ev.job_name, ev.task_index) == key
+                and ev.kind == "progress" and "accuracy" in ev.data]
+        assert all(0 <= d["accuracy"] <= 1 for d in sent), sent
+        for epoch in range(1, EPOCHS + 1):
+            last = [d for d in sent if d["epoch"] == epoch and d["step"] == STEPS]
+            end = next(d for d in last if d.get("epoch_end"))
+            batch = next(d for d in last if not d.get("epoch_end"))
+            assert batch["accuracy"] == pytest.approx(end["accuracy"], rel=1e-4), (batch, end)
+            assert batch["loss"] == pytest.approx(end["loss"], rel=1e-4), (batch, end)
     table = widget.table.value
     assert table.count("done") == 2 and f"{EPOCHS}/{EPOCHS}" in table and f"{STEPS}/{STEPS}" in table
     assert f"{widget.workers[('chief', 0)].loss:.4g}" in table
@@ -322,6 +443,7 @@ import tfnb
 def train_fn(ctx, flag):
     import pathlib, time
     print(f"LIVE-MARKER from task {ctx.task_index}", flush=True)
+    print("\\r".join(f"bar {i}/5" for i in range(1, 6)), flush=True)  # a carriage-return progress bar
     ctx.report(epoch=1, epochs=1, step=1, steps=2, loss=0.5, examples_per_sec=100.0)
     while not pathlib.Path(flag).exists():  # the test lets the run finish once it saw the live widget
         time.sleep(0.1)
@@ -333,6 +455,22 @@ print("RESULT", result)
 '''
 
 
+LARGE_RUN = '''
+import tfnb
+from tfnb.events import RunEvent
+
+w = tfnb.ProgressWidget(num_workers=200, refresh_interval=0)
+for r in range(200):
+    job = "chief" if r == 0 else "worker"
+    w(RunEvent("state", job, r, {"state": "training"}))
+    w(RunEvent("progress", job, r, {"epoch": 1, "epochs": 1, "step": 2 if r == 7 else 10, "steps": 100,
+                                    "examples_per_sec": 10.0}))
+    w(RunEvent("log", job, r, {"line": f"{r} [==>....]", "partial": True}))
+w(RunEvent("state", "worker", 9, {"state": "stalled"}))
+w.close()
+'''
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
@@ -341,6 +479,7 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
     nb = jupyter_lab.write_notebook("progress.ipynb", [
         f"FLAG = {str(flag)!r}" + NOTEBOOK_RUN,
         "from pyspark.sql import SparkSession\nSparkSession.getActiveSession().stop()",
+        LARGE_RUN,
     ])
     ms = 300_000
     # the test acts mid-run, so it starts "Run All" without waiting for the end
@@ -371,3 +510,19 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
         """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
                  .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=ms)
     page.screenshot(path=str(artifacts / "progress-done.png"))
+    # the bar's carriage-return updates became its final state, once per task
+    logs = first.locator(".jp-OutputArea-output").all_inner_texts()
+    assert any("[chief 0] bar 5/5" in t for t in logs) and not any("bar 1/5" in t for t in logs), logs
+
+    # a 200-task run: the summary, one page of rows with the tasks of note first, and a working pager
+    large = page.locator(".jp-CodeCell").nth(2)
+    summary = large.locator(".tfnb-summary")
+    summary.get_by_text("200 tasks").wait_for(timeout=ms)
+    text = summary.inner_text()
+    assert "1 stalled" in text and "stalled: worker 9" in text and "1 straggler: worker 7" in text, text
+    rows = large.locator("table.tfnb-progress tr").all_inner_texts()
+    assert len(rows) == 1 + SUMMARY_ABOVE and rows[1].startswith("worker 9") and rows[2].startswith("worker 7"), rows
+    assert large.locator(".tfnb-live").inner_text().count("\n") == SUMMARY_ABOVE - 1  # one bar line per row shown
+    page.screenshot(path=str(artifacts / "progress-large.png"))
+    large.get_by_role("button", name="▶").click()
+    summary.get_by_text("page 2/13").wait_for(timeout=ms)

@@ -304,7 +304,7 @@ def test_no_such_bucket(s3, tmp_path):
 
 
 def test_empty_prefix(s3, tmp_path):
-    with pytest.raises(StagingError, match=r"s3://tfnb-empty/nothing-here matched no objects.*check the URL"):
+    with pytest.raises(StagingError, match=r"s3://tfnb-empty/nothing-here has no files.*check the URL"):
         s3_stage(s3, tmp_path, url="s3://tfnb-empty/nothing-here")
     assert not (tmp_path / MANIFEST_NAME).exists()
 
@@ -420,7 +420,7 @@ def test_local_and_file_url_sources(tmp_path, as_url):
     os.utime(src / "part-001.tfrecord", ns=(1, 1))
     changed = stage(url, tmp_path / "dst")
     assert changed.downloaded_files == 1 and (tmp_path / "dst" / "part-001.tfrecord").read_bytes() == b"changed"
-    with pytest.raises(StagingError, match=r"has no files .*check the path"):
+    with pytest.raises(StagingError, match=r"has no files .*check the URL or path"):
         stage(str(tmp_path / "nowhere"), tmp_path / "dst2")
 
 
@@ -445,7 +445,7 @@ def test_command_line(s3, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tfnb.staging", f"s3://{BUCKET}/nothing", str(tmp_path)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1
-    assert bad.stderr.startswith("tfnb stage: s3://tfnb-data/nothing matched no objects")
+    assert bad.stderr.startswith("tfnb stage: s3://tfnb-data/nothing has no files")
 
 
 # ---------------------------------------------------------------- inside tfnb.run

@@ -13,7 +13,7 @@ from s3server import rclone_s3  # noqa: F401
 from tfnb.errors import ConfigError, TfnbError
 from tfnb.sync import TMP_MARK, EventSync, complete_records
 
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf  # a hard dependency: a broken install fails here, it does not skip
 
 
 class Run:

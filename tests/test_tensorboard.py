@@ -20,10 +20,11 @@ from types import SimpleNamespace
 import pytest
 
 from browser import kill_processes_with, processes_with
+import tfnb
 from tfnb import _tb_process as tbp
 from tfnb.errors import ConfigError
-from tfnb.tensorboard import (TensorBoardPanel, browser_url, databricks_proxy_url, status_html,
-                              tensorboard)
+from tfnb.notebook.tensorboard import TensorBoardPanel, status_html
+from tfnb.tensorboard import browser_url, databricks_proxy_url, tensorboard
 
 _WRITE_SCALARS = textwrap.dedent("""
     import sys
@@ -122,6 +123,7 @@ def test_second_call_reuses_the_same_process(tb, logdir):
     assert isinstance(tbp.ensure_tensorboard(logdir, port=tb.port), tbp.Reused)
     assert (again.pid, again.port, again.url) == (tb.pid, tb.port, tb.url)
     assert tb.instance in tbp.instances()
+    assert tfnb.tensorboard.instances() == tbp.instances()  # the public way to list them
 
 
 def test_outside_a_notebook_the_url_is_printed(tb, logdir, capsys):
@@ -194,13 +196,13 @@ def shell():
 
 
 def test_magic_shows_tensorboard(tb, logdir, shell, capsys):
-    shell.extension_manager.load_extension("tfnb.magics")
+    shell.extension_manager.load_extension("tfnb.notebook.magics")
     shell.run_line_magic("tfnb_tensorboard", f"--logdir {logdir} --reload_interval 1")
     assert f"at http://127.0.0.1:{tb.port}/ (pid {tb.pid})" in capsys.readouterr().out
 
 
 def test_magic_rejects_a_bad_line(shell):
-    shell.extension_manager.load_extension("tfnb.magics")
+    shell.extension_manager.load_extension("tfnb.notebook.magics")
     with pytest.raises(ConfigError, match="--logdir"):
         shell.run_line_magic("tfnb_tensorboard", "--port 6006")
     with pytest.raises(ConfigError, match="invalid int value: 'abc'"):
@@ -213,12 +215,12 @@ def test_load_ext_tfnb_offers_the_magic(shell):
 
 
 def test_tensorboards_own_magic_keeps_working_with_ours(shell):
-    shell.extension_manager.load_extension("tfnb.magics")
+    shell.extension_manager.load_extension("tfnb.notebook.magics")
     shell.extension_manager.load_extension("tensorboard")
     line = shell.magics_manager.magics["line"]
     assert line["tensorboard"].__module__ == "tensorboard.notebook"
-    assert line["tfnb_tensorboard"].__module__ == "tfnb.magics"
-    shell.extension_manager.reload_extension("tfnb.magics")  # loading ours again, after theirs
+    assert line["tfnb_tensorboard"].__module__ == "tfnb.notebook.magics"
+    shell.extension_manager.reload_extension("tfnb.notebook.magics")  # loading ours again, after theirs
     assert shell.magics_manager.magics["line"]["tensorboard"].__module__ == "tensorboard.notebook"
 
 
@@ -426,9 +428,37 @@ def test_proxy_template_wins():
     assert browser_url(_running(), environ=env, proxy_url="/p/%PORT%/") == "/p/6006/"
 
 
+# URL forms as the proxies document them, with their placeholders: the tests below check that what
+# browser_url gives parses as the documented form with the right parts, not that it equals the code's
+# own format string.
+# jupyter-server-proxy (docs/source/arbitrary-ports-hosts.md): "<notebook-base>/proxy/<port>" removes
+# the prefix before the request reaches the server (TensorBoard serves from "/", so this is the form it
+# needs); "<notebook-base>/proxy/absolute/<port>" passes the full path through.
+JSP_PROXY = "<notebook-base>/proxy/<port>/"
+JSP_ABSOLUTE = "<notebook-base>/proxy/absolute/<port>/"
+# Databricks driver proxy: the browser form (the workspace login's session) and the API form (bearer
+# token, for REST clients; an iframe cannot send one).
+DATABRICKS_BROWSER = "https://<workspace>/driver-proxy/o/<org-id>/<cluster-id>/<port>/"
+DATABRICKS_API = "https://<workspace>/driver-proxy-api/o/<org-id>/<cluster-id>/<port>/"
+
+
+def parse_as(form: str, url: str) -> dict | None:
+    """The placeholder values when ``url`` has the documented ``form``, else None."""
+    import re
+
+    pattern = ""
+    for literal, name in re.findall(r"([^<]*)(?:<([^>]+)>)?", form):
+        pattern += re.escape(literal)
+        if name:
+            pattern += f"(?P<{name.replace('-', '_')}>{'.*' if name == 'notebook-base' else '[^/]+'})"
+    m = re.fullmatch(pattern, url)
+    return m.groupdict() if m else None
+
+
 def test_jupyterhub_uses_jupyter_server_proxy():
-    assert browser_url(_running(7000), environ={"JUPYTERHUB_SERVICE_PREFIX": "/user/alice/"}) == \
-        "/user/alice/proxy/7000/"
+    url = browser_url(_running(7000), environ={"JUPYTERHUB_SERVICE_PREFIX": "/user/alice/"})
+    assert parse_as(JSP_PROXY, url) == {"notebook_base": "/user/alice", "port": "7000"}
+    assert parse_as(JSP_ABSOLUTE, url) is None
 
 
 # Databricks cannot run here: the Spark conf is given as a dict (what spark.conf.get would return there).
@@ -437,12 +467,18 @@ _TAGS = {"spark.databricks.clusterUsageTags.clusterOwnerOrgId": "1234567890",
 
 
 def test_databricks_driver_proxy_url():
-    assert databricks_proxy_url(6006, _TAGS) == "/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
     conf = dict(_TAGS, **{"spark.databricks.workspaceUrl": "dbc-1.cloud.databricks.com"})
-    assert databricks_proxy_url(6006, conf) == \
-        "https://dbc-1.cloud.databricks.com/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
-    assert browser_url(_running(), environ={"DATABRICKS_RUNTIME_VERSION": "15.4"}, spark_conf=conf) == \
-        "https://dbc-1.cloud.databricks.com/driver-proxy/o/1234567890/0101-123456-abcd/6006/"
+    for url in (databricks_proxy_url(6006, conf),
+                browser_url(_running(), environ={"DATABRICKS_RUNTIME_VERSION": "15.4"}, spark_conf=conf)):
+        assert parse_as(DATABRICKS_BROWSER, url) == {"workspace": "dbc-1.cloud.databricks.com",
+                                                     "org_id": "1234567890", "cluster_id": "0101-123456-abcd",
+                                                     "port": "6006"}
+        assert parse_as(DATABRICKS_API, url) is None
+    # Without the workspace URL: the same path, relative to the workspace page that shows the iframe.
+    relative = databricks_proxy_url(6006, _TAGS)
+    assert parse_as(DATABRICKS_BROWSER, "https://dbc-1.cloud.databricks.com" + relative)["cluster_id"] == \
+        "0101-123456-abcd"
+    assert relative.startswith("/driver-proxy/")
 
 
 def test_databricks_without_tags_falls_back_to_the_driver_url():

@@ -13,23 +13,31 @@ Heavy modules (TensorFlow, pyspark, ipywidgets, boto3) are imported only when us
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it (imported on first use)
 _EXPORTS = {
     "run": "cluster",
     "stage": "staging",
     "StageResult": "staging",
+    "StageProgress": "staging",
     "predict": "inference",
     "Evaluator": "evaluator",
     "EvalResult": "evaluator",
     "EventSync": "sync",
+    "SyncStats": "sync",
     "SyncError": "errors",
     "WorkerContext": "context",
     "RunEvent": "events",
-    "ProgressWidget": "progress",
+    "ProgressWidget": "notebook",
     "ConsoleDisplay": "progress",
+    "Launched": "_tb_process",
+    "Reused": "_tb_process",
+    "Failed": "_tb_process",
+    "TimedOut": "_tb_process",
     "TfnbError": "errors",
     "ConfigError": "errors",
     "ClusterError": "errors",
@@ -39,11 +47,26 @@ _EXPORTS = {
     "RunCancelledError": "errors",
     "MissingDependencyError": "errors",
     "StagingError": "errors",
+    "StorageError": "errors",
     "EvaluatorError": "errors",
-    "DbcFormatError": "errors",
 }
 
 __all__ = sorted([*_EXPORTS, "tensorboard"])
+
+if TYPE_CHECKING:  # what the lazy exports are, for type checkers and IDEs
+    from . import tensorboard
+    from ._tb_process import Failed, Launched, Reused, TimedOut
+    from .cluster import run
+    from .context import WorkerContext
+    from .errors import (ClusterError, ConfigError, EvaluatorError, MissingDependencyError, RunCancelledError,
+                         RunTimeoutError, StagingError, StorageError, SyncError, TfnbError, WorkerError)
+    from .evaluator import EvalResult, Evaluator
+    from .events import RunEvent
+    from .inference import predict
+    from .notebook import ProgressWidget
+    from .progress import ConsoleDisplay
+    from .staging import StageProgress, StageResult, stage
+    from .sync import EventSync, SyncStats
 
 
 def __getattr__(name: str):
@@ -64,7 +87,14 @@ def __dir__():
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext tfnb``: registers tfnb's notebook magics (see tfnb.magics)."""
-    from .magics import load_ipython_extension as load
+    """``%load_ext tfnb``: loads the notebook layer and registers its magics (see tfnb.notebook.magics)."""
+    from .notebook import load_ipython_extension as load
 
     load(ipython)
+
+
+# The notebook layer plugs its widget into the core's display registry. Loading it here, only when
+# IPython is, gives notebook users the widget by default while the core modules never import it
+# (Spark's Python workers and train_fn processes have no IPython, so they never load it either).
+if "IPython" in sys.modules:
+    from . import notebook  # noqa: E402,F401

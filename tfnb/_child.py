@@ -4,7 +4,8 @@ A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark
 session (TensorFlow configures collective ops once per process) and lets the
 supervising task capture its output and kill it as a group.
 
-Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``. The supervisor starts this
+Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``, or ``--standby SOCKET IDLE PID`` for a
+warm standby that a later task claims (see tfnb._warm). The supervisor starts this
 process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the barrier's
 address exchange. WORKDIR holds ``payload.pkl`` (train_fn, args, mode) from the start; once the
 cluster is known the supervisor writes ``ctx.pkl`` and sends ``go`` on stdin. This process then
@@ -28,15 +29,15 @@ ENV_PREIMPORT = "TFNB_PREIMPORT"
 GO = b"go\n"
 
 
-def _watch_parent() -> threading.Event:
-    """Returns an event set when the supervisor says go; kills this process group if it dies first."""
+def _watch_parent(fd: int = 0) -> threading.Event:
+    """Returns an event set when the supervisor says go on ``fd``; kills this process group if it dies first."""
     go = threading.Event()
 
     def watch():
         buf = b""
         try:
             while True:
-                chunk = os.read(0, 1024)
+                chunk = os.read(fd, 1024)
                 if not chunk:
                     break
                 buf += chunk
@@ -107,15 +108,24 @@ def _dump_stacks_on_signal(workdir: str):
     return stacks
 
 
-def main(workdir: str) -> int:
-    go = _watch_parent()
+def main(argv: list[str]) -> int:
+    conn = None
+    if argv[0] == "--standby":
+        from ._warm import serve
+
+        conn, workdir = serve(argv[1], float(argv[2]), int(argv[3]), _preimport)
+        go = _watch_parent(conn.fileno())
+    else:
+        workdir = argv[0]
+        go = _watch_parent()
     _stacks = _dump_stacks_on_signal(workdir)  # noqa: F841 - must stay open for the process' lifetime
     try:
         import cloudpickle
 
         with open(os.path.join(workdir, PAYLOAD), "rb") as f:
             payload = cloudpickle.load(f)
-        _preimport()
+        if conn is None:
+            _preimport()
         go.wait()
         with open(os.path.join(workdir, CONTEXT), "rb") as f:
             ctx = cloudpickle.load(f)
@@ -145,9 +155,14 @@ def main(workdir: str) -> int:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if conn is not None:  # a claimed standby is not its supervisor's child: say how it ended
+        try:
+            conn.sendall(f"{code}\n".encode())
+        except OSError:
+            pass
     # TensorFlow leaves non-daemon threads behind that can block a normal interpreter exit.
     os._exit(code)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

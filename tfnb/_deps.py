@@ -1,16 +1,23 @@
-"""Lazy imports of heavy or optional packages, with an install hint when missing."""
+"""Lazy imports of heavy or optional packages, with an install hint when missing or too old.
+
+Spark and TensorFlow are not install requirements of tfnb (a Databricks runtime brings its own,
+and pip must not replace them), so their floors are checked here, at first use.
+"""
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
+import re
 from types import ModuleType
 
 from .errors import MissingDependencyError
 
 # module -> what to pip install
 _HINTS = {
-    "tensorflow": "tensorflow-cpu (or tensorflow) and tf-keras",
+    "tensorflow": "'tfnb[tf]' (tensorflow and tf-keras)",
     "tf_keras": "tf-keras",
-    "pyspark": "pyspark",
+    "pyspark": "'tfnb[spark]' (pyspark)",
     "boto3": "boto3",
     "fsspec": "fsspec",
     "ipywidgets": "ipywidgets",
@@ -21,9 +28,19 @@ _HINTS = {
     "cloudpickle": "cloudpickle",
 }
 
+# Floors, and why (README "Requirements" says the same).
+SPARK_FLOOR = (3, 5)       # DataFrame.mapInArrow(..., barrier=True) is Spark 3.5+
+TENSORFLOW_FLOOR = (2, 16)  # Keras 3 default from 2.16: MultiWorkerMirroredStrategy training needs tf-keras
+_SPARK_FIX = ("on Databricks use Runtime 14.3 LTS or later (Runtime ML 15.4 LTS or later for TensorFlow); "
+              "elsewhere pip install 'tfnb[spark]' (pyspark>=3.5)")
+_TF_FIX = ("on Databricks use Runtime ML 15.4 LTS or later, or %pip install 'tensorflow>=2.16' tf-keras; "
+           "elsewhere pip install 'tfnb[tf]'")
+
 
 def require(module: str, purpose: str = "") -> ModuleType:
     """Import ``module`` or raise MissingDependencyError naming the package to install.
+
+    ``tensorflow`` goes through :func:`require_tensorflow`, so its floor is checked too.
 
     Args:
         module: dotted module name, e.g. ``"boto3"``.
@@ -33,8 +50,10 @@ def require(module: str, purpose: str = "") -> ModuleType:
         The imported module.
 
     Raises:
-        MissingDependencyError: when the import fails.
+        MissingDependencyError: when the import fails (or TensorFlow is too old).
     """
+    if module == "tensorflow":
+        return require_tensorflow(purpose)
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -44,3 +63,96 @@ def require(module: str, purpose: str = "") -> ModuleType:
         raise MissingDependencyError(
             f"{module} is needed{why} but is not installed; pip install {pkg}"
         ) from e
+
+
+def _version(text: str) -> tuple[int, ...]:
+    # "3.5.0", "3.5.1.dev0", "2.16.1+cpu": the leading numbers are what the floors compare.
+    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:2])
+
+
+def _floor(name: str, found: str, floor: tuple[int, ...], why: str, fix: str) -> None:
+    if _version(found) < floor:
+        raise MissingDependencyError(
+            f"{name} {found} is too old: tfnb needs {name} >= {'.'.join(map(str, floor))} ({why}); {fix}")
+
+
+def require_spark(spark=None) -> ModuleType:
+    """Import pyspark and check it (and ``spark``'s server, when given) is Spark >= 3.5.
+
+    Args:
+        spark: a SparkSession whose ``version`` to check as well (a Spark Connect server may
+            run another version than the local client).
+
+    Returns:
+        The ``pyspark`` module.
+
+    Raises:
+        MissingDependencyError: pyspark is missing or older than 3.5, naming the fix.
+    """
+    pyspark = require("pyspark", "tfnb.run")
+    why = "tfnb launches TensorFlow as one barrier DataFrame.mapInArrow job"
+    _floor("Spark", getattr(pyspark, "__version__", "0"), SPARK_FLOOR, why, _SPARK_FIX)
+    if spark is not None:
+        try:
+            server = spark.version
+        except Exception:  # noqa: BLE001 - a session that cannot say is checked by its first job
+            server = None
+        if isinstance(server, str):
+            _floor("Spark", server, SPARK_FLOOR, why, _SPARK_FIX)
+    return pyspark
+
+
+def require_tensorflow(purpose: str = "") -> ModuleType:
+    """Import TensorFlow and check it is >= 2.16 with tf-keras installed.
+
+    Raises:
+        MissingDependencyError: TensorFlow is missing or too old, or tf-keras is missing.
+    """
+    why = f" for {purpose}" if purpose else ""
+    if importlib.util.find_spec("tf_keras") is None:
+        raise MissingDependencyError(
+            f"tf-keras is needed{why} (Keras 3 model.fit fails under MultiWorkerMirroredStrategy; tfnb "
+            f"trains with tf.keras = tf-keras) but is not installed; {_TF_FIX}")
+    try:
+        tf = importlib.import_module("tensorflow")
+    except ImportError as e:
+        raise MissingDependencyError(f"tensorflow is needed{why} but is not installed; {_TF_FIX}") from e
+    _floor("TensorFlow", getattr(tf, "__version__", "0"), TENSORFLOW_FLOOR,
+           "tf.keras is tf-keras only from 2.16 on with TF_USE_LEGACY_KERAS=1", _TF_FIX)
+    return tf
+
+
+def _has_job_tags(spark) -> bool:
+    # Job tags: every Spark Connect session, classic sessions from Spark 4.0 (3.5 raises on addTag).
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return True
+    return _version(require("pyspark").__version__) >= (4, 0)
+
+
+@contextlib.contextmanager
+def job_tag(spark, tag: str):
+    """Tag the Spark jobs this thread starts inside the block, so :func:`interrupt_jobs` can cancel them.
+
+    Spark 3.5 classic sessions have no job tags: a job group (interrupting on cancel) stands in.
+    """
+    if _has_job_tags(spark):
+        spark.addTag(tag)
+        try:
+            yield
+        finally:
+            spark.removeTag(tag)
+        return
+    sc = spark.sparkContext
+    sc.setJobGroup(tag, tag, interruptOnCancel=True)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+
+
+def interrupt_jobs(spark, tag: str) -> None:
+    """Cancel the jobs started under :func:`job_tag` ``tag``."""
+    if _has_job_tags(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobGroup(tag)

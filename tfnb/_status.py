@@ -5,47 +5,26 @@ import json
 import time
 from typing import Any
 
+from ._storage import Store, open_store
+
 STATUS_FILE = "tfnb_status.json"
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
-def _join(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + name
-
-
 def write_status(model_dir: str, state: str, **info: Any) -> None:
-    """Write ``{"state": state, ...}`` atomically where the filesystem allows (local: rename)."""
-    import fsspec
-
-    from fsspec.implementations.local import LocalFileSystem
-
-    fs, path = fsspec.core.url_to_fs(_join(model_dir, STATUS_FILE))
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    body = json.dumps({"state": state, "time": time.time(), **info}, default=str)
-    if isinstance(fs, LocalFileSystem):
-        # a reader never sees a half-written file
-        tmp = path + ".tmp"
-        with fs.open(tmp, "w") as f:
-            f.write(body)
-        fs.mv(tmp, path)
-    else:
-        with fs.open(path, "w") as f:
-            f.write(body)
+    """Write ``{"state": state, ...}`` atomically: a reader sees the previous status or this one."""
+    body = json.dumps({"state": state, "time": time.time(), **info}, default=str).encode()
+    open_store(model_dir, purpose="writing the run status to").write(STATUS_FILE, body)
 
 
-def read_status(model_dir: str) -> dict | None:
-    """The last status written to ``model_dir``, or None when there is none (yet)."""
-    import fsspec
+def read_status(model_dir: str | Store) -> dict | None:
+    """The last status written to ``model_dir``, or None when there is none (yet).
 
-    fs, path = fsspec.core.url_to_fs(_join(model_dir, STATUS_FILE))
+    Raises:
+        StorageError: the status cannot be read (credentials, bucket, endpoint, permission).
+    """
+    store = model_dir if isinstance(model_dir, Store) else open_store(model_dir, purpose="reading the run status in")
     try:
-        with fs.open(path, "r") as f:
-            return json.load(f)
+        return json.loads(store.read(STATUS_FILE))
     except (FileNotFoundError, ValueError):
         return None
-
-
-def is_finished(model_dir: str) -> bool:
-    """True once the run that writes to ``model_dir`` has ended (succeeded, failed or cancelled)."""
-    status = read_status(model_dir)
-    return bool(status) and status.get("state") in FINAL_STATES

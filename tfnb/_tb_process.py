@@ -9,10 +9,17 @@ default) is what protects it: only processes on the driver machine (including ot
 that machine), and a notebook proxy running there (jupyter-server-proxy, the Databricks driver
 proxy, which add their own login), can reach it. Pass ``host="0.0.0.0"`` only on a trusted network.
 
-Bookkeeping: one JSON info file per running instance, in a per-user directory under the temp
-dir (``TFNB_TENSORBOARD_DIR`` overrides it). An entry is stale when its process is gone, is not
-a TensorBoard, or no longer answers on its port; stale entries are removed (and a hung
-TensorBoard of ours is killed) whenever instances are listed.
+A TensorBoard bound to any other address (``host="0.0.0.0"``, a LAN address) is reachable from
+the network: its outcome carries a ``warning`` saying so, which is also logged.
+
+Bookkeeping: one JSON info file per running instance, in a private per-user folder
+(``tfnb-tensorboard-<uid>`` under ``TFNB_STATE_DIR`` or the temp dir; ``TFNB_TENSORBOARD_DIR``
+names another). The folder must be this user's and writable by no one else, checked on every use,
+else :class:`~tfnb.errors.UnsafePathError` and nothing in it is read, killed or deleted. An entry
+is stale when its process is gone or is not the TensorBoard recorded (start time, owner, command
+line, own process group), when its URL is not the host and port it was launched on, or when it no
+longer answers on its port; stale entries are removed (and a hung TensorBoard of ours is killed)
+whenever instances are listed. Only log files tfnb created inside the folder are ever deleted.
 
 Lifetime: each TensorBoard runs in its own session, so Ctrl-C / interrupting the kernel (which
 signals the kernel's process group) does not hit it. An ``atexit`` hook stops the instances this
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -34,15 +42,18 @@ import re
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Iterator, Union
+from urllib.parse import urlsplit
 
 from ._config import setting
+from ._private import check_private, private_dir
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -60,6 +71,7 @@ _TAIL_LINES = 20
 _READY_LINE = re.compile(r"TensorBoard (\S+) at (https?://\S+) \(Press CTRL\+C")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
 _WILDCARDS = ("", "0.0.0.0", "::")
+_LOG_NAME = re.compile(r"tb-[0-9a-f]{12}\.log")
 
 
 # ---------------------------------------------------------------- outcomes
@@ -99,9 +111,16 @@ class TensorBoardInstance:
 
 @dataclass(frozen=True)
 class _Serving:
-    """A TensorBoard that answers; ``url``/``port``/``pid``/``logdir`` are its instance's."""
+    """A TensorBoard that answers; ``url``/``port``/``pid``/``logdir`` are its instance's.
+
+    Attributes:
+        instance: the running instance.
+        warning: non-empty when TensorBoard is reachable from the network (bound to a non-loopback
+            host): what is exposed and how to avoid it. Also logged.
+    """
 
     instance: TensorBoardInstance
+    warning: str = ""
 
     @property
     def url(self) -> str:
@@ -197,6 +216,7 @@ def ensure_tensorboard(logdir, *, host: str | None = None, port: int | None = No
     Raises:
         ConfigError: an argument has the wrong type or range.
         MissingDependencyError: the ``tensorboard`` package is not installed.
+        UnsafePathError: the bookkeeping folder is not private to this user (see the module docs).
 
     Example:
         >>> outcome = ensure_tensorboard("/tmp/run1/logs")
@@ -221,7 +241,7 @@ def ensure_tensorboard(logdir, *, host: str | None = None, port: int | None = No
         for inst in live:
             if (inst.logdir == logdir and inst.host == host and port in (None, 0, inst.port)
                     and asked_interval in (None, inst.reload_interval)):
-                return Reused(inst)
+                return _serving(Reused, inst)
         if port and not _port_free(host, port):
             owner = next((i for i in live if i.port == port), None)
             user = (f"the TensorBoard pid {owner.pid} serving {owner.logdir} (reload_interval="
@@ -268,10 +288,9 @@ def stop(target) -> bool:
 
 def _stop(inst: TensorBoardInstance, grace: float) -> bool:
     with _locked():
-        recorded = _read_info(_info_path(inst.pid))
         # Only the process our info file still describes is signalled: after a stop, its pid may
         # belong to an unrelated process.
-        mine = recorded is not None and recorded.start_time == inst.start_time
+        mine = _read_info(_info_path(inst.pid)) == inst
         running = mine and _is_ours(inst)
         if running:
             _terminate_group(inst.pid)
@@ -349,10 +368,12 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def _info_dir() -> str:
-    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    path = setting("tensorboard_dir", None, os.path.join(tempfile.gettempdir(), f"tfnb-tensorboard-{uid}"))
+    """The bookkeeping folder, verified private on every call (raises UnsafePathError otherwise)."""
+    path = setting("tensorboard_dir", None, None, str)
+    if not path:
+        return private_dir("tensorboard")
     os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    return check_private(path)
 
 
 def _info_path(pid: int) -> str:
@@ -383,34 +404,64 @@ def _write_info(inst: TensorBoardInstance) -> None:
     os.replace(tmp, path)
 
 
+_FIELD_TYPES = {"int": int, "float": (int, float), "str": str}
+
+
 def _read_info(path: str) -> TensorBoardInstance | None:
+    """The instance an info file records, or None when it is unreadable or any field has the wrong type."""
     try:
         with open(path) as fh:
             raw = json.load(fh)
         if raw.pop("format", None) != _INFO_FORMAT:
             return None
-        return TensorBoardInstance(**raw)
-    except (OSError, ValueError, TypeError):
+        inst = TensorBoardInstance(**raw)
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
+    for f in fields(inst):
+        value = getattr(inst, f.name)
+        if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES.get(f.type, object)):
+            return None
+    return inst if inst.pid > 0 else None
 
 
-def _remove_entry(inst: TensorBoardInstance) -> None:
-    for path in (_info_path(inst.pid), inst.log_path):
-        if path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+def _remove_entry(inst: TensorBoardInstance, info_path: str | None = None) -> None:
+    folder = _info_dir()
+    _unlink(info_path or _info_path(inst.pid))
+    if inst.log_path:
+        if _own_log(inst.log_path, folder):
+            _unlink(inst.log_path)
+        else:
+            log.warning("not deleting %s named as a TensorBoard log by an info file: tfnb only deletes the "
+                        "tb-*.log files it created in %s", inst.log_path, folder)
     _drop_tensorboard_record(inst.pid)
+
+
+def _own_log(path: str, folder: str) -> bool:
+    """True for a log file tfnb names and places directly in ``folder``, after resolving links and ``..``."""
+    real = os.path.realpath(path)
+    return (os.path.dirname(real) == os.path.realpath(folder)
+            and _LOG_NAME.fullmatch(os.path.basename(real)) is not None)
 
 
 def _drop_tensorboard_record(pid: int) -> None:
     """Remove TensorBoard's own record (read by ``%tensorboard``) of a dead pid.
 
     TensorBoard deletes it on SIGTERM but not when SIGKILLed; a live pid's record is left alone,
-    since it may be another TensorBoard that got the recycled pid.
+    since it may be another TensorBoard that got the recycled pid. TensorBoard's folder is shared
+    by all users of the machine: only a regular file of this user is removed, never through a link.
     """
-    if not _alive(pid):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(tempfile.gettempdir(), ".tensorboard-info", f"pid-{pid}.info"))
+    if _alive(pid):
+        return
+    name = f"pid-{pid}.info"
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.join(tempfile.gettempdir(), ".tensorboard-info"),
+                     os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
 
 
 def _live_instances() -> list[TensorBoardInstance]:
@@ -421,42 +472,87 @@ def _live_instances() -> list[TensorBoardInstance]:
             continue
         path = os.path.join(folder, name)
         inst = _read_info(path)
-        if inst is None:
+        if inst is None or name != f"{inst.pid}.json":
             log.info("removing unreadable TensorBoard info file %s", path)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            _unlink(path)
             continue
         if not _is_ours(inst):
-            log.info("removing stale TensorBoard entry (pid %d is gone) for %s", inst.pid, inst.logdir)
-            _remove_entry(inst)
+            log.info("removing stale TensorBoard entry for %s: pid %d is gone or is not that TensorBoard",
+                     inst.logdir, inst.pid)
+            _remove_entry(inst, path)
+            continue
+        if not _url_matches(inst):
+            # never show it: an iframe pointed elsewhere would hand the page to whoever serves there
+            log.warning("removing TensorBoard entry %s: its url %s is not host %s port %d it was launched on",
+                        path, inst.url, inst.host, inst.port)
+            _remove_entry(inst, path)
             continue
         if not _answers(inst):
             log.warning("TensorBoard pid %d for %s does not answer on port %d; stopping it",
                         inst.pid, inst.logdir, inst.port)
             _kill_group(inst.pid)
-            _remove_entry(inst)
+            _remove_entry(inst, path)
             continue
         live.append(inst)
     return live
+
+
+def _serving(kind: type[_Serving], inst: TensorBoardInstance) -> _Serving:
+    """A Launched/Reused outcome, carrying (and logging) the warning when the network can reach it."""
+    warning = _exposure(inst)
+    if warning:
+        log.warning("%s", warning)
+    return kind(inst, warning=warning)
+
+
+def _url_matches(inst: TensorBoardInstance) -> bool:
+    """The recorded URL is ``http://<host>:<port>/`` for the host and port the instance was launched on."""
+    try:
+        u = urlsplit(inst.url)
+        port = u.port
+    except ValueError:
+        return False
+    return (u.scheme == "http" and u.hostname == inst.host.strip("[]").lower() and port == inst.port
+            and u.path in ("", "/") and not u.query and not u.username)
+
+
+def _exposure(inst: TensorBoardInstance) -> str:
+    """A warning when the instance is reachable from the network, else ""."""
+    host = inst.host.strip("[]")
+    try:
+        local = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False  # a host name: it may well resolve to a network address
+    if local:
+        return ""
+    return (f"TensorBoard listens on {inst.host} port {inst.port}, reachable from the network: anyone who can "
+            f"connect to it reads everything under {inst.logdir} (TensorBoard has no login). Use "
+            f"host='127.0.0.1' (the default) unless the network is trusted.")
 
 
 # ---------------------------------------------------------------- processes
 
 
 def _is_ours(inst: TensorBoardInstance) -> bool:
-    """True when the entry's process is alive and is still the one recorded (pids get recycled)."""
+    """True when the entry's process is alive and is still the TensorBoard tfnb launched.
+
+    Every check must hold before tfnb signals its process group or shows its URL: the recorded
+    start time (pids get recycled), this user as owner, "tensorboard" in the command line, and
+    leader of its own process group (tfnb starts it in a new session and signals the group).
+    """
     if not _alive(inst.pid):
         return False
-    now = _proc_start(inst.pid)
-    if now is not None and inst.proc_start:
-        return now == inst.proc_start
     if not os.path.isdir("/proc/self"):
-        return True  # nothing better to check with than "alive"
+        return True  # not Linux: nothing better to check with than "alive"
     try:
+        owner = os.stat(f"/proc/{inst.pid}").st_uid
         with open(f"/proc/{inst.pid}/cmdline", "rb") as fh:
-            return b"tensorboard" in fh.read()
+            cmdline = fh.read()
+        group = os.getpgid(inst.pid)
     except OSError:
         return False
+    return (owner == os.getuid() and b"tensorboard" in cmdline and group == inst.pid
+            and inst.proc_start != 0 and _proc_start(inst.pid) == inst.proc_start)
 
 
 def _proc_start(pid: int) -> int | None:
@@ -531,7 +627,7 @@ def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: 
     _write_info(inst)
     # Holding `proc` here also keeps Popen from warning that a child it never waited for still runs.
     atexit.register(_stop_at_exit, inst, proc)
-    return Launched(inst)
+    return _serving(Launched, inst)
 
 
 def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):

@@ -46,7 +46,7 @@ class TaskSpec:
     model_dir: str | None = None
     log_dir: str | None = None
     use_gpu: bool | None = None
-    env: tuple = ()  # ((name, value), ...) added to the train_fn process environment
+    env: tuple = field(default=(), repr=False)  # ((name, value), ...) for the train_fn process; often credentials
     legacy_keras: bool = True
     preimport: tuple = ("tensorflow",)  # imported by the child while the barrier exchanges addresses
     feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
@@ -56,6 +56,8 @@ class TaskSpec:
     all_results: bool = False  # every task returns its train_fn value, not only the chief
     keep_port: bool = False  # the child also gets ENV_KEPT_PORT_FD, open while train_fn runs
     task_cwd: bool = False  # the child runs in the Spark task's working directory, not in its scratch dir
+    warm: bool = False  # hand the payload to a warm standby when one matches, leave one after success
+    warm_idle: float = 600.0  # seconds an unclaimed standby waits before it exits
 
 
 # Start-up lines TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL: on every
@@ -69,6 +71,65 @@ _TF_STARTUP_NOISE = re.compile(
 
 def is_startup_noise(line: str, min_log_level: str) -> bool:
     return min_log_level not in ("", "0") and bool(_TF_STARTUP_NOISE.match(line))
+
+
+_MAX_LINE = 64 << 10    # characters of one output line sent to the driver; longer ones are cut with a marker
+_PARTIAL_EVERY = 1.0    # seconds between two updates of a carriage-return line (a progress bar) sent on
+_LINE_END = re.compile(rb"[\r\n]")
+
+
+class _Lines:
+    """Splits a child's output into lines for ``emit(line, partial=False)``.
+
+    A carriage return rewrites the current line (Keras' ``verbose=1`` bar, tqdm): those updates are
+    folded to the latest state, sent as ``partial`` at most every _PARTIAL_EVERY seconds, and the
+    state the line ends in (at its newline) is sent as the line. Backspaces are dropped; lines past
+    _MAX_LINE characters are cut with a marker.
+    """
+
+    def __init__(self, emit, clock=time.monotonic):
+        self._emit = emit
+        self._clock = clock
+        self._buf = b""
+        self._latest: bytes | None = None   # the last carriage-return state of the current line
+        self._shown = float("-inf")
+
+    def feed(self, data: bytes) -> None:
+        buf = self._buf + data
+        pos = 0
+        for m in _LINE_END.finditer(buf):
+            seg = buf[pos:m.start()]
+            pos = m.end()
+            if m.group() == b"\n":
+                if not seg.strip(b"\x08") and self._latest is not None:
+                    seg = self._latest
+                self._latest = None
+                self._send(seg, False)
+            elif seg.strip(b"\x08"):
+                self._latest = seg
+                now = self._clock()
+                if now - self._shown >= _PARTIAL_EVERY:
+                    self._shown = now
+                    self._send(seg, True)
+        self._buf = buf[pos:]
+        if len(self._buf) > 4 * _MAX_LINE:
+            # no line end in sight: don't hold an unbounded line
+            self._send(self._buf, False)
+            self._buf = b""
+
+    def end(self) -> None:
+        if self._buf.strip(b"\x08") or self._latest is not None:
+            self._send(self._buf if self._buf.strip(b"\x08") else self._latest, False)
+        self._buf, self._latest = b"", None
+
+    def _send(self, seg: bytes, partial: bool) -> None:
+        line = seg.replace(b"\x08", b"").decode("utf-8", "replace")
+        if len(line) > _MAX_LINE:
+            line = f"{line[:_MAX_LINE]} … [{len(line) - _MAX_LINE} more characters cut]"
+        if partial:
+            self._emit(line, True)
+        else:
+            self._emit(line)  # the events pipe's handler takes the line alone
 
 
 class TaskFailed(RuntimeError):
@@ -224,14 +285,35 @@ class _Supervisor:
                 pass
 
     def _pump_lines(self, stream, handle) -> None:
-        for raw in iter(stream.readline, b""):
-            handle(raw.decode("utf-8", "replace").rstrip("\n"))
+        lines = _Lines(handle)
+        fd = stream.fileno()
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            lines.feed(chunk)
+        lines.end()
         stream.close()
 
     def _pump(self, stream, handle) -> None:
         t = threading.Thread(target=self._pump_lines, args=(stream, handle), daemon=True)
         t.start()
         self._threads.append(t)
+
+    def _claim_standby(self, env: dict, gpus: tuple, held: socket.socket):
+        """A warm standby that matches this run, now running as this task's child; None to start one."""
+        if not self.spec.warm or self.spec.keep_port:
+            return None
+        from . import _warm
+
+        try:
+            conn = _warm.claim(_warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus))
+            if conn is None:
+                return None
+            cwd = os.getcwd() if self.spec.task_cwd else self.workdir
+            return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno())
+        except OSError:
+            return None  # whatever went wrong, a fresh process does the same job
 
     def start(self, mode: str, gpus: tuple, held: socket.socket) -> None:
         """Start the child now; it imports TensorFlow while the barrier exchanges addresses."""
@@ -240,8 +322,14 @@ class _Supervisor:
         fn, args = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, ())
         with open(os.path.join(self.workdir, PAYLOAD), "wb") as f:
             cloudpickle.dump({"fn": fn, "args": args, "mode": mode}, f)
-        ev_read, ev_write = os.pipe()
         env = child_env(os.environ, self.spec, gpus)
+        claimed = self._claim_standby(env, gpus, held) if mode == "train" else None
+        if claimed is not None:
+            self.proc = claimed
+            held.close()
+            self._start_pumps(env, claimed.events)
+            return
+        ev_read, ev_write = os.pipe()
         env[events.ENV_FD] = str(ev_write)
         env[ENV_HELD_PORT_FD] = str(held.fileno())
         pass_fds = (ev_write, held.fileno())
@@ -262,12 +350,17 @@ class _Supervisor:
                 os.close(kept)
         os.close(ev_write)
         held.close()
+        self._start_pumps(env, ev_read)
+
+    def _start_pumps(self, env: dict, ev_read: int) -> None:
         level = env.get("TF_CPP_MIN_LOG_LEVEL", "")
 
         def forward(stream):
-            def send(line):
-                if not is_startup_noise(line, level):
-                    self.chan.send("log", stream=stream, line=line)
+            def send(line, partial=False):
+                if partial:  # a progress bar's latest state: replaces the one still waiting to be sent
+                    self.chan.post("log", merge=stream, stream=stream, line=line, partial=True)
+                elif not is_startup_noise(line, level):
+                    self.chan.post("log", stream=stream, line=line)
             return send
 
         self._pump(self.proc.stdout, forward("stdout"))
@@ -297,7 +390,9 @@ class _Supervisor:
         except ValueError:
             return
         kind = msg.pop("kind", events.PROGRESS)
-        self.chan.send("event", event=kind, data=msg)
+        # progress: only the latest values matter, merged while a batch gathers; an epoch's end is kept
+        merge = "progress" if kind == events.PROGRESS and not msg.get("epoch_end") else None
+        self.chan.post("event", merge=merge, event=kind, data=msg)
 
     def wait(self) -> int:
         assert self.proc is not None
@@ -322,6 +417,9 @@ class _Supervisor:
             self._signal_group_anyway()
             if self.proc.stdin:
                 self.proc.stdin.close()
+            close = getattr(self.proc, "conn", None)
+            if close is not None:
+                close.close()
 
 
 def _failure_from_child(workdir: str, code: int | None) -> dict:
@@ -346,7 +444,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
-    from ._channel import TaskChannel
+    from ._channel import TaskChannel, batch_window
 
     bctx = BarrierTaskContext.get()
     rank = bctx.partitionId()
@@ -357,11 +455,12 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
     chan = None
     sup = None
     held = None
+    warm_after = None  # (gpus, tasks of this run on this host) once train_fn succeeded
     try:
         peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
         holder: dict = {}
         chan = TaskChannel(
-            spec.channel, spec.token, peer,
+            spec.channel, spec.token, peer, window=batch_window(spec.num_workers + spec.num_ps),
             on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
             on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None,
         )
@@ -414,6 +513,8 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
                 return
             raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
         chan.send("state", state="done")
+        if mode == "train":
+            warm_after = (gpus, sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered))
         if rank == 0 or spec.all_results:
             with open(os.path.join(workdir, RESULT), "rb") as f:
                 data = f.read()
@@ -438,3 +539,17 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         if chan is not None:
             chan.close()
         shutil.rmtree(workdir, ignore_errors=True)
+        if spec.warm and warm_after is not None:
+            _leave_standby(spec, *warm_after)
+
+
+def _leave_standby(spec: TaskSpec, gpus: tuple, local_tasks: int) -> None:
+    """Keep one TensorFlow-imported process per task of this run on this host for the next run."""
+    from . import _warm
+
+    try:
+        want = _warm.key(spec.preimport, spec.legacy_keras, spec.env, gpus)
+        if _warm.count(want) < local_tasks:
+            _warm.spawn(want, child_env(os.environ, spec, gpus), spec.warm_idle)
+    except OSError:
+        pass  # no standby: the next run starts its processes as usual

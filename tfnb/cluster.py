@@ -25,6 +25,7 @@ from ._config import setting
 from .errors import (STALLED, ClusterError, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure,
                      WorkerError, WorkerStalledError)
 from .events import RunEvent
+from .progress import make_display
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ _STALL_DEFAULT = 1800.0
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (was )?lost|Executor heartbeat timed out|"
                             r"Remote RPC client disassociated|Python worker exited unexpectedly|worker lost",
                             re.IGNORECASE)
+_DRAIN_SLICE = 0.05     # seconds of task messages handled before the watch loop looks at its clock again
+_MAX_SHOWN_LINE = 2000  # characters of a log line the display gets; the run's log file has it whole
 
 
 # ---------------------------------------------------------------- session and cluster checks
@@ -50,6 +53,9 @@ def get_spark(spark=None, num_slots: int = 2):
     For a new local session PYSPARK_PYTHON is set to this interpreter, so Spark's Python workers
     import the same packages as the notebook.
     """
+    from ._deps import require_spark
+
+    require_spark(spark)  # Spark >= 3.5, or one error naming the floor and the fix
     if spark is not None:
         return spark
     from pyspark.sql import SparkSession
@@ -63,6 +69,27 @@ def get_spark(spark=None, num_slots: int = 2):
     return (SparkSession.builder.master(f"local[{cores}]").appName("tfnb")
             .config("spark.ui.showConsoleProgress", "false")
             .getOrCreate())
+
+
+def _check_session(spark) -> None:
+    """Refuse what is not a live SparkSession before anything calls into it (Py4J/AttributeError walls)."""
+    if not (hasattr(type(spark), "conf") and callable(getattr(spark, "range", None))
+            and callable(getattr(spark, "interruptTag", None))):
+        hint = ("pass the SparkSession (spark), not its SparkContext" if type(spark).__name__ == "SparkContext"
+                else "pass a SparkSession (classic or Spark Connect), or leave spark= out to use the active one")
+        raise ConfigError(f"spark={repr(spark)[:80]} ({type(spark).__name__}) is not a SparkSession; {hint}")
+    if _is_connect(spark):
+        stopped = bool(getattr(spark, "is_stopped", False))
+    else:
+        jsc = getattr(getattr(spark, "_sc", None), "_jsc", None)
+        try:
+            stopped = jsc is None or jsc.sc().isStopped()
+        except Exception:  # noqa: BLE001 - a dead JVM gateway: as stopped as it gets
+            stopped = True
+    if stopped:
+        raise ConfigError("spark= is a stopped SparkSession (spark.stop() was called, or its SparkContext "
+                          "ended); start a new one with SparkSession.builder.getOrCreate() and pass that, "
+                          "or leave spark= out")
 
 
 def _conf(spark, key: str, default: str | None = None) -> str | None:
@@ -108,25 +135,41 @@ def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
     return slots, master
 
 
-def check_cluster(spark, needed: int, wait: float | None = None) -> None:
+def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None) -> None:
     """Fail fast when Spark could never schedule a barrier stage of ``needed`` tasks.
 
     Raises:
-        ClusterError: dynamic allocation is on, or the cluster has fewer task slots than needed.
+        ConfigError: ``spark`` is not a live SparkSession.
+        ClusterError: dynamic allocation is on, the cluster has fewer task slots than needed, or
+            GPUs are asked for (``use_gpu=True`` or spark.task.resource.gpu.amount) that it cannot give.
     """
+    _check_session(spark)
+    gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
+    if use_gpu and gpu_per_task <= 0:
+        # Spark hands GPUs only to tasks that ask for them; without this conf every task would fail after launch.
+        raise ClusterError(
+            f"use_gpu=True but spark.task.resource.gpu.amount is {gpu_per_task:g} on this session, so Spark "
+            "assigns the tasks no GPU; start the cluster with spark.task.resource.gpu.amount=1 and "
+            "spark.executor.resource.gpu.amount (plus a GPU discovery script), or pass use_gpu=None to run "
+            "on whatever the tasks get")
     if (_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
         raise ClusterError(
             "Spark barrier mode does not run with dynamic allocation; start the cluster with "
             "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)"
         )
+    master = _conf(spark, "spark.master", "") or ""
+    # Local tasks get the driver's GPUs; a cluster's, the executors' (a Connect client may not see that conf).
+    owner = "driver" if re.fullmatch(r"local(\[.*\])?", master) else "executor"
+    have = _conf(spark, f"spark.{owner}.resource.gpu.amount")
+    if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not _is_connect(spark)):
+        raise ClusterError(
+            f"spark.task.resource.gpu.amount={gpu_per_task:g} but spark.{owner}.resource.gpu.amount is "
+            f"{have or 'unset'} on {master}, so no task could ever be given its GPU; unset "
+            f"spark.task.resource.gpu.amount, or give the {owner} GPUs (spark.{owner}.resource.gpu.amount and "
+            f"spark.{owner}.resource.gpu.discoveryScript)")
     # Seconds to let executors register on a cluster master before judging the slot count.
     wait = setting("slot_wait", wait, 30.0, float)
     slots, master = _cluster_slots(spark, needed, wait)
-    gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
-    if gpu_per_task > 0 and re.fullmatch(r"local(\[.*\])?", master) and not _conf(spark, "spark.driver.resource.gpu.amount"):
-        raise ClusterError(
-            f"spark.task.resource.gpu.amount={gpu_per_task:g} but {master} has no GPU resources, so the tasks "
-            "could never be scheduled; unset spark.task.resource.gpu.amount, or run on executors with GPUs")
     if slots is not None and slots < needed:
         raise ClusterError(
             f"the run needs {needed} task slots (num_workers + num_ps) but the cluster ({master}) has "
@@ -203,7 +246,12 @@ class LaunchHooks:
     task_cwd: bool = False
 
 
-def _pickle_fn(train_fn: Callable, args: Sequence) -> bytes:
+def pickle_fn(train_fn: Callable, args: Sequence) -> bytes:
+    """``(train_fn, args)`` pickled as the tasks receive them; launcher surface for add-ons (tfnb.compat).
+
+    Raises:
+        ConfigError: they cannot be pickled; the message says what to change.
+    """
     import cloudpickle
 
     try:
@@ -228,7 +276,15 @@ class _Attempt:
         self.deadline = deadline
         self.num_tasks = num_tasks
         self.num_ps = num_ps
-        self.q: queue.Queue = queue.Queue()
+        from ._channel import Inbox
+        from ._runlog import RunLog
+
+        self.q = Inbox()  # bounded for the tasks' messages; see Inbox
+        self.runlog = RunLog.for_run(spec_kwargs["run_id"], spec_kwargs.get("model_dir"))
+        self.runlog.note(f"attempt {spec_kwargs['attempt']} of {spec_kwargs['max_attempts']}")
+        if spec_kwargs["attempt"] == 1 and self.runlog.path:
+            display(RunEvent(events.STATE, "driver", 0, {"log_file": self.runlog.path}))
+        self._dropped_shown = (0, time.monotonic())
         self.failures: list[TaskFailure] = []
         self.tag = f"tfnb-{spec_kwargs['run_id']}-{spec_kwargs['attempt']}"
         self.data = data
@@ -246,11 +302,23 @@ class _Attempt:
         self.decided = False  # past this point, disconnects are tfnb's own stopping of the tasks
 
     def _on_message(self, peer: dict, msg: dict) -> None:
-        self.q.put(("msg", peer, msg))
+        # the channel thread: the file gets every line even while the display is behind
+        self.runlog.message(peer, msg)
+        self.q.put_message(peer, msg)
+
+    def _log(self, job: str, idx: int, msg: dict) -> None:
+        line = str(msg.get("line", ""))
+        if len(line) > _MAX_SHOWN_LINE:
+            line = f"{line[:_MAX_SHOWN_LINE]} … [{len(line) - _MAX_SHOWN_LINE} more characters in the run's log file]"
+        data = {"stream": msg.get("stream"), "line": line}
+        if msg.get("partial"):
+            data["partial"] = True  # a carriage-return update: the next line of this task replaces it
+        self.display(RunEvent(events.LOG, job, idx, data))
 
     def _job(self, spec) -> None:
         import functools
 
+        from ._deps import job_tag
         from ._worker import RESULT_SCHEMA, run_task
 
         try:
@@ -262,18 +330,17 @@ class _Attempt:
                 source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
             else:
                 source = self.spark.range(0, self.num_tasks, 1, self.num_tasks)
-            self.spark.addTag(self.tag)
-            try:
+            with job_tag(self.spark, self.tag):  # Spark 3.5 classic sessions have no tags: a job group then
                 rows = source.mapInArrow(functools.partial(run_task, spec), RESULT_SCHEMA, barrier=True).collect()
-            finally:
-                self.spark.removeTag(self.tag)
             self.q.put(("done", rows))
         except BaseException as e:  # noqa: BLE001 - reported to the main thread
             self.q.put(("error", e))
 
     def _cancel(self) -> None:
+        from ._deps import interrupt_jobs
+
         try:
-            self.spark.interruptTag(self.tag)
+            interrupt_jobs(self.spark, self.tag)
         except Exception as e:  # noqa: BLE001 - the session may already be gone
             log.debug("interruptTag failed: %s", e)
 
@@ -281,8 +348,14 @@ class _Attempt:
         self._note(peer, msg)
         kind = msg.get("kind")
         job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
-        if kind == "log":
-            self.display(RunEvent(events.LOG, job, idx, {"stream": msg.get("stream"), "line": msg.get("line", "")}))
+        if kind == "batch":  # what a task gathered over a short window, handled as one unit
+            for m in msg.get("items") or ():
+                if isinstance(m, dict) and m.get("kind") == "log":
+                    self._log(job, idx, m)
+                elif isinstance(m, dict):
+                    self._handle(peer, m)
+        elif kind == "log":
+            self._log(job, idx, msg)
         elif kind == "event":
             self.display(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
         elif kind == "state":
@@ -315,7 +388,9 @@ class _Attempt:
             job.start()
             return self._watch(job)
         finally:
+            self.q.put(("closed",))  # lifts the queue's bound so the channel thread never waits on it
             self.channel.close()
+            self.runlog.close()
 
     def _stop_everything(self, job: threading.Thread) -> None:
         self.channel.broadcast({"kind": "stop"})
@@ -335,14 +410,26 @@ class _Attempt:
                 continue
 
     def _drain(self, timeout: float):
+        """Handle the tasks' messages for up to _DRAIN_SLICE s; returns a driver item ("done", ...) if one came."""
         try:
             item = self.q.get(timeout=timeout)
         except queue.Empty:
             return None
-        if item[0] == "msg":
+        end = time.monotonic() + _DRAIN_SLICE
+        while item[0] == "msg":
             self._handle(item[1], item[2])
-            return None
-        return item
+            if time.monotonic() > end:
+                break
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                break
+        dropped, shown = self._dropped_shown
+        if self.q.dropped > dropped and time.monotonic() - shown > 5.0:
+            # progress reports merged while the driver was behind: say so, without repeating it often
+            self._dropped_shown = (self.q.dropped, time.monotonic())
+            self.display(RunEvent(events.PROGRESS, "driver", 0, {"dropped_progress": self.q.dropped}))
+        return None if item[0] == "msg" else item
 
     def _watch(self, job: threading.Thread) -> _Outcome:
         try:
@@ -414,7 +501,10 @@ class _Attempt:
             life.final = True
             return
         life.seen = time.monotonic()
-        if kind == "log":
+        if kind == "batch":  # its other items come back through _handle, its log lines do not
+            lines = [m.get("line", "") for m in msg.get("items") or () if isinstance(m, dict) and m.get("kind") == "log"]
+            life.line = str(lines[-1]) if lines else life.line
+        elif kind == "log":
             life.line = str(msg.get("line", ""))
         elif kind == "event" and msg.get("event", events.PROGRESS) == events.PROGRESS:
             data = msg.get("data") or {}
@@ -550,6 +640,20 @@ class _Attempt:
                 self._handle(item[1], item[2])
 
 
+def run_with_hooks(train_fn: Callable, hooks: LaunchHooks, **kwargs: Any) -> Any:
+    """:func:`run` with launcher hooks: the entry point add-ons such as tfnb.compat build on.
+
+    Args:
+        train_fn: as for :func:`run`.
+        hooks: what the add-on changes in the launch (see :class:`LaunchHooks`).
+        **kwargs: :func:`run`'s keyword arguments.
+
+    Example:
+        >>> run_with_hooks(node_fn, LaunchHooks(all_results=True), num_workers=2)
+    """
+    return run(train_fn, _hooks=hooks, **kwargs)
+
+
 def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
     """A TaskFailure for a job that failed without any task reporting why (a lost executor, say)."""
     text = str(exc).strip()
@@ -581,7 +685,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         use_gpu: bool | None = None, timeout: float | None = None, model_dir: str | None = None,
         log_dir: str | None = None, data=None, max_attempts: int | None = None,
         stall_timeout: float | str | None = "auto", env: dict | None = None, legacy_keras: bool | None = None,
-        preimport: Sequence[str] | None = None,
+        preimport: Sequence[str] | None = None, warm: bool | None = None,
         display: Callable[[RunEvent], None] | bool | None = None, _hooks: LaunchHooks | None = None) -> Any:
     """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
 
@@ -618,6 +722,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         preimport: modules each train_fn process imports while the barrier exchanges addresses,
             hiding their import time (default ``("tensorflow",)``; ``()`` for train_fns without
             TensorFlow). Env: TFNB_PREIMPORT (comma-separated).
+        warm: after a successful run, leave per task a standby process with ``preimport`` already
+            imported, so a rerun with the same settings skips that import (default True; ~600 MB per
+            standby with TensorFlow; it exits after TFNB_WARM_IDLE seconds, default 600). Env: TFNB_WARM.
         display: a callable receiving every RunEvent; False for none; default: a live widget in
             notebooks, prefixed log lines and a progress line on the console.
 
@@ -650,18 +757,18 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
         raise ConfigError(f"num_workers={num_workers!r} but it must be an int >= 1; pass num_workers=2 for two workers")
     if not isinstance(num_ps, int) or num_ps < 0:
-        raise ConfigError(f"num_ps={num_ps!r} but it must be an int >= 0")
+        raise ConfigError(f"num_ps={num_ps!r} but it must be an int >= 0; num_ps=0 runs MultiWorkerMirroredStrategy")
     if num_ps > 0 and num_workers < 2:
         raise ConfigError(f"num_ps={num_ps} needs a chief and at least one worker; set num_workers >= 2 or num_ps=0")
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise ConfigError(f"args must be a tuple of positional arguments, got {type(args).__name__}; "
                           f"write args=(value,)")
     timeout = setting("timeout", timeout, None, float)
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"timeout={timeout} must be > 0 seconds (or None for no limit)")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigError(f"timeout={timeout!r} must be a number of seconds > 0 (or None for no limit)")
     max_attempts = setting("max_attempts", max_attempts, 2, int)
-    if max_attempts < 1:
-        raise ConfigError(f"max_attempts={max_attempts} must be >= 1 (1 = never relaunch)")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ConfigError(f"max_attempts={max_attempts!r} must be an int >= 1 (1 = never relaunch)")
     legacy_keras = setting("legacy_keras", legacy_keras, True, bool)
     stall_timeout = _stall_timeout(stall_timeout)
     grace = setting("failure_grace", None, 3.0, float)
@@ -671,23 +778,33 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
     elif isinstance(preimport, str):
         raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
-    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ConfigError("env must map str to str; convert values with str()")
-    payload = _pickle_fn(train_fn, args)
-    num_tasks = num_workers + num_ps
-    spark = get_spark(spark, num_tasks)
-    check_cluster(spark, num_tasks)
-    feed = None
+    elif not all(isinstance(m, str) for m in preimport):
+        raise ConfigError(f"preimport={preimport!r} must name modules as strings, e.g. preimport=('tensorflow',)")
+    if env is not None:
+        bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))} \
+            if isinstance(env, dict) else env
+        if bad:
+            # name the entries by key and type only: env values are often credentials
+            what = ({k: type(v).__name__ for k, v in bad.items()} if isinstance(bad, dict)
+                    else type(bad).__name__)
+            raise ConfigError(f"env must be a dict of str to str, not {what}; convert values with str()")
     if data is not None and num_ps > 0:
         raise ConfigError(
             f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
             "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
+    warm = setting("warm", warm, True, bool)
+    warm_idle = setting("warm_idle", None, 600.0, float)
+    payload = pickle_fn(train_fn, args)
+    num_tasks = num_workers + num_ps
+    spark = get_spark(spark, num_tasks)
+    check_cluster(spark, num_tasks, use_gpu=use_gpu)
+    feed = None
     hooks = _hooks or LaunchHooks()
     if data is not None and hooks.feeder is None:
         from .feeding import feed_spec
 
         feed = feed_spec(data)
-    sink = _make_display(display, num_workers, num_ps, max_attempts)
+    sink = make_display(display, num_workers, num_ps, max_attempts)
     run_id = uuid.uuid4().hex[:12]
     deadline = None if timeout is None else time.monotonic() + timeout
     if model_dir:
@@ -705,7 +822,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
                                env=tuple(sorted((env or {}).items())), legacy_keras=legacy_keras,
                                preimport=tuple(preimport), feed=feed, feeder=hooks.feeder,
                                all_results=hooks.all_results, keep_port=hooks.keep_port,
-                               task_cwd=hooks.task_cwd)
+                               task_cwd=hooks.task_cwd, warm=warm, warm_idle=warm_idle)
             outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps,
                                daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel, grace=grace,
                                stall_timeout=stall_timeout).run()
@@ -786,12 +903,3 @@ def _wait_for_slots(spark, needed: int) -> None:
     except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
         log.debug("slot check before relaunch failed: %s", e)
 
-
-def _make_display(display, num_workers: int, num_ps: int, max_attempts: int) -> Callable[[RunEvent], None]:
-    if display is False:
-        return lambda event: None
-    if callable(display):
-        return display
-    from .progress import auto_display
-
-    return auto_display(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)

@@ -84,7 +84,25 @@ class WorkerContext:
         emit("progress", **metrics)
 
     def progress_callback(self, **kwargs: Any):
-        """A Keras callback that reports epoch/step, loss and examples/s to the driver's progress widget."""
-        from .progress import keras_callback
+        """A Keras callback that reports epoch/step, loss and examples/s to the driver's progress display.
+
+        See :func:`tfnb.callbacks.keras_callback` for the keyword arguments.
+        """
+        from .callbacks import keras_callback
 
         return keras_callback(self, **kwargs)
+
+    def reserved_port(self):
+        """The socket holding this task's reserved port, or None.
+
+        Part of the launcher surface for add-ons such as tfnb.compat: with ``LaunchHooks(keep_port=True)``
+        the port in ``cluster_spec`` stays bound while train_fn runs, so no other process takes it before
+        the add-on's own server does. The first call hands the socket over (close it to free the port).
+        """
+        import os
+        import socket
+
+        from ._worker import ENV_KEPT_PORT_FD
+
+        fd = os.environ.pop(ENV_KEPT_PORT_FD, None)
+        return socket.socket(fileno=int(fd)) if fd else None

@@ -5,31 +5,38 @@ A DBC archive is a zip of notebook JSON documents, one entry per notebook at
 ``NotebookV1`` object whose ``commands`` are the cells, in ``position`` order; a markdown
 cell is a command whose source starts with ``%md``. :func:`build` writes every field
 Databricks' own exporter writes, in its order, so that importing the archive
-(Workspace > Import, or ``databricks workspace import --format DBC``) gives the notebooks
+(Workspace > Import, or ``databricks workspace import TARGET --file tfnb.dbc --format DBC``) gives the notebooks
 exactly as they are in ``notebooks/``: same names (so ``%run ./00_constants`` resolves),
 same order, same cells, magics (``%run``, ``%pip``, ``%sh``) untouched.
 
 Choices a reader of the archive should know about:
 
-* **Byte-identical builds.** Entries are sorted, stored uncompressed (deflate output
-  depends on the zlib build, e.g. zlib-ng, so compressing would break byte identity across
-  machines), dated 1980-01-01, with fixed permissions; ids (``origId``, ``guid``, ``nuid``)
-  are derived from a hash of the notebook path and the cell position, never random; the
-  JSON is compact with a fixed field order. The same notebooks give the same bytes, so the
-  committed ``dbc/tfnb.dbc`` can be checked against a fresh build.
+* **Like an export.** As Databricks' exporter does: a root ``manifest.mf``, a ``FolderV1``
+  entry for the folder, every entry deflated, command ``metadata`` ``{}``.
+* **Byte-identical builds.** Entries in a fixed order, deflated at a fixed level, dated
+  1980-01-01, with fixed permissions; ids (``origId``, ``guid``, ``nuid``) are derived from a
+  hash of the notebook path and the cell position, never random; the JSON is compact with a
+  fixed field order. The same notebooks give the same bytes on one machine. Deflate output
+  may differ between zlib builds (zlib-ng), so :func:`is_fresh` compares what the entries
+  hold (names, dates, modes, uncompressed bytes), not the compressed bytes.
 * **Notebooks must be stored without outputs**: a notebook with outputs is refused (run
   ``jupyter nbconvert --clear-output --inplace notebooks/*.ipynb``) rather than silently
   cleared, so what is committed is what is shipped.
-* **No credentials**: a cell holding something that looks like an AWS access key id,
-  an ``aws_secret_access_key = "..."`` literal or a Databricks token is refused, naming the
-  notebook and cell (never the value).
+* **No credentials**: a cell holding something that looks like an AWS access key id or session
+  token, a secret assigned a literal (``aws_secret_access_key = "..."``,
+  ``os.environ["AWS_SECRET_ACCESS_KEY"] = "..."``, ``.setdefault``/``.update`` forms, tfnb's
+  storage options ``{"key": ..., "secret": ..., "token": ...}``), a private key block or a
+  Databricks token is refused, naming the notebook and cell (never the value).
 * **Databricks rules checked up front**: ``%run`` must be alone in its cell, and
   ``%run ./NAME`` must name a notebook of the same archive.
-* **Cell metadata**: the cell's tags (papermill's ``parameters``) travel in the command's
-  free-form ``metadata`` map and Jupyter's hidden-source / hidden-output flags map to
-  ``hideCommandCode`` / ``hideCommandResult``; Databricks itself ignores the tags, and other
-  cell and notebook metadata (kernelspec, cell ids) is not carried. :func:`extract` writes
-  fresh kernel metadata and ids derived from the command ids.
+* **Cell metadata**: Jupyter's hidden-source / hidden-output flags map to
+  ``hideCommandCode`` / ``hideCommandResult``. Cell tags (papermill's ``parameters``) are
+  not carried: exports have ``metadata: {}`` and Databricks parameters are widgets. Other
+  cell and notebook metadata (kernelspec, cell ids) is not carried either. :func:`extract`
+  writes fresh kernel metadata and ids derived from the command ids.
+* **Reading real exports**: data descriptors, ``FolderV1`` folder entries, ``manifest.mf``,
+  commands that start with a blank line, ``%md-sandbox``, ``%run "./NAME"`` with quotes and
+  commands without ``metadata`` are all read.
 * ``environmentMetadata`` (serverless environment version) is left out: writing the
   exporter's value would pin imported notebooks to an old serverless environment.
 
@@ -80,6 +87,7 @@ _LANGUAGES = {
 _FORMATS = ("ipynb", "py")
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 _MANIFEST = "manifest.mf"       # Databricks exports carry one at the root; it holds no cells
+_ZIP_LEVEL = 9
 _NOTEBOOK_VERSION = "NotebookV1"
 _COMMAND_VERSION = "CommandV1"
 _MAX_ENTRY_BYTES = 256 << 20    # a DBC notebook this large is not one we wrote; refuse, don't inflate
@@ -87,17 +95,40 @@ _MAX_ENTRY_BYTES = 256 << 20    # a DBC notebook this large is not one we wrote;
 # What Databricks writes as "latestUser" in exports: no real user name goes into the archive.
 _EXPORT_USER = "a user"
 
+# A quoted literal of 8+ characters without spaces (placeholders such as "<your key>" pass), or the
+# unquoted base64-like value of a shell/ini/%env line that is not a name being read.
+_SECRET_VALUE = r"""(?:[rbuRBU]{0,2}(?:"[^"\s]{8,}"|'[^'\s]{8,}')|[A-Za-z0-9/+=]{16,}(?![\w.(\[/+=]))"""
+
+
+def _assigned_literal(names: str) -> re.Pattern:
+    """``NAME`` given a literal value: ``NAME = "v"``, ``os.environ["NAME"] = "v"``, ``.setdefault("NAME", "v")``,
+    ``.update(NAME="v")``, ``{"NAME": "v"}``, ``export NAME=v``, ``%env NAME=v`` (any case)."""
+    return re.compile(rf"""(?:{names})["']?\s*\]?\s*[=:,]\s*{_SECRET_VALUE}""", re.IGNORECASE)
+
+
 _CREDENTIALS = (
     ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("an aws_secret_access_key literal",
-     re.compile(r"""aws_secret_access_key["']?\s*[=:]\s*(?:[rbuRBU]?["'][^"'\s]+["']|[A-Za-z0-9/+]{40}\b)""",
-                re.IGNORECASE)),
+    ("an AWS session token", re.compile(r"\b(?:IQoJb3JpZ2lu|FwoGZXIvYXdz)[A-Za-z0-9/+=]{40,}")),
+    ("an aws_secret_access_key literal", _assigned_literal("aws_secret_access_key")),
+    ("an aws_session_token literal", _assigned_literal("aws_session_token|aws_security_token")),
+    ("a databricks_token literal", _assigned_literal("databricks_token")),
+    # tfnb's storage options: {"key": ..., "secret": ..., "token": ...} and their keyword forms
+    ("a storage secret or token literal",
+     re.compile(r"""(?<![\w.])["']?(?:secret|token|secret_key|session_token)["']?\s*[=:]\s*"""
+                r"""[rbuRBU]{0,2}(?:"[^"\s]{8,}"|'[^'\s]{8,}')""")),
+    ("a storage access key literal",
+     re.compile(r"""(?<![\w.])["']?(?:key|access_key)["']?\s*[=:]\s*["'][A-Z0-9]{16,128}["']""")),
+    ("a private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
     ("a Databricks token", re.compile(r"\bdapi[0-9a-f]{32}\b")),
 )
-_RUN_LINE = re.compile(r"^%run\s+(\S+)")
+
+
+_RUN_LINE = re.compile(r"""^%run\s+("[^"]*"|'[^']*'|\S+)""")
 # The same %run in each world: IPython runs ``./NAME.ipynb``, Databricks runs ``./NAME``.
-_RUN_IPYNB = re.compile(r"^(\s*%run\s+)(\./[^/\s]+)\.ipynb(\s*)$", re.MULTILINE)
-_RUN_DATABRICKS = re.compile(r"^(\s*%run\s+)(\./[^/\s.]+)(\s*)$", re.MULTILINE)
+# Targets with spaces are quoted: ``%run "./00 setup"``.
+_RUN_IPYNB = re.compile(r"^(\s*%run\s+)(?:(\./[^/\s\"']+)\.ipynb|([\"'])(\./[^/\"']+)\.ipynb\3)(\s*)$",
+                        re.MULTILINE)
+_RUN_DATABRICKS = re.compile(r"^(\s*%run\s+)(?:(\./[^/\s.\"']+)|([\"'])(\./[^/.\"']+)\3)(\s*)$", re.MULTILINE)
 _MD_LINE = re.compile(r"^%md(?:-sandbox)?(?:[ \t]|$)")
 
 
@@ -216,20 +247,31 @@ def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb") -> tuple[by
         raise ConfigError(f"notebook folder {str(src)!r} does not exist; pass the folder holding the .ipynb files")
     files = sorted((p for p in src.glob("*.ipynb") if not p.name.startswith(".")), key=lambda p: p.name)
     if not files:
-        raise ConfigError(f"no .ipynb notebooks in {str(src)!r}; nothing to put in a DBC archive")
+        raise ConfigError(f"no .ipynb notebooks in {str(src)!r}; pass the folder holding the .ipynb files")
     notebooks = [_load_ipynb(p, folder) for p in files]
     names = {nb.name for nb in notebooks}
     for path, nb in zip(files, notebooks, strict=True):
         _check_runs(path, nb, names)
 
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        _zip_write(zf, folder + "/", b"")
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=_ZIP_LEVEL) as zf:
+        _zip_write(zf, _MANIFEST, _compact({"version": "Manifest", "guid": _uuid("manifest", folder),
+                                            "origId": -1, "name": _MANIFEST}))
+        _zip_write(zf, folder + "/", _compact({"version": "FolderV1", "origId": _orig_id("folder", folder),
+                                               "name": folder, "guid": "", "children": []}))
         for nb in notebooks:
             doc = _notebook_json(nb)
-            _zip_write(zf, f"{nb.path}.{_LANGUAGES[nb.language][0]}",
-                       json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+            _zip_write(zf, f"{nb.path}.{_LANGUAGES[nb.language][0]}", _compact(doc))
     return buf.getvalue(), [nb.path for nb in notebooks]
+
+
+def _compact(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _contents(data: bytes) -> list[tuple]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return [(i.filename, i.date_time, i.external_attr, i.compress_type, zf.read(i)) for i in zf.infolist()]
 
 
 def is_fresh(src_dir: str | os.PathLike, archive: str | os.PathLike, *, folder: str | None = None) -> bool:
@@ -242,8 +284,9 @@ def is_fresh(src_dir: str | os.PathLike, archive: str | os.PathLike, *, folder: 
     arc = Path(archive)
     data, _ = build_bytes(src_dir, folder=arc.stem if folder is None else folder)
     try:
-        return arc.read_bytes() == data
-    except FileNotFoundError:
+        old = arc.read_bytes()
+        return old == data or _contents(old) == _contents(data)
+    except (FileNotFoundError, zipfile.BadZipFile):
         return False
 
 
@@ -256,7 +299,7 @@ def _check_folder(folder: str) -> str:
 
 def _zip_write(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     info = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
-    info.compress_type = zipfile.ZIP_STORED
+    info.compress_type = zipfile.ZIP_DEFLATED
     info.create_system = 3  # unix, whatever OS builds it, so the bytes match everywhere
     info.external_attr = ((0o40755 << 16) | 0x10) if name.endswith("/") else (0o100644 << 16)
     zf.writestr(info, data)
@@ -343,7 +386,8 @@ def _orig_id(*parts: object) -> int:
 def _command_source(cell: Cell) -> str:
     if cell.cell_type == "markdown":
         return "%md\n" + cell.source
-    return _RUN_IPYNB.sub(r"\1\2\3", cell.source)
+    return _RUN_IPYNB.sub(lambda m: m.group(1) + (m.group(2) or f"{m.group(3)}{m.group(4)}{m.group(3)}")
+                          + m.group(5), cell.source)
 
 
 def _notebook_json(nb: Notebook) -> dict[str, Any]:
@@ -367,7 +411,6 @@ def _notebook_json(nb: Notebook) -> dict[str, Any]:
 
 
 def _command_json(nb: Notebook, cell: Cell, position: int, base: int) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"tags": list(cell.tags)} if cell.tags else {}
     return {
         "version": _COMMAND_VERSION,
         "origId": base + position,
@@ -416,7 +459,7 @@ def _command_json(nb: Notebook, cell: Cell, position: int, base: int) -> dict[st
         "hideCommandResult": cell.hide_result,
         "isLockedInExamMode": False,
         "iPythonMetadata": None,
-        "metadata": metadata,
+        "metadata": {},
         "streamStates": {},
         "datasetPreviewNameToCmdIdMap": {},
         "tableResultIndex": None,
@@ -533,7 +576,7 @@ def _parse_notebook(arc: Path, entry: str, raw: bytes) -> Notebook:
 
 def _cell_of(cmd: dict[str, Any]) -> Cell:
     text = cmd["command"]
-    first, sep, rest = text.partition("\n")
+    first, sep, rest = text.lstrip("\n").partition("\n")  # exports often start a command with a blank line
     meta = cmd.get("metadata") if isinstance(cmd.get("metadata"), dict) else {}
     tags = meta.get("tags") if isinstance(meta.get("tags"), list) else []
     common = dict(tags=tuple(str(t) for t in tags), hide_code=bool(cmd.get("hideCommandCode", False)),
@@ -592,6 +635,11 @@ def extract(archive: str | os.PathLike, out_dir: str | os.PathLike, *,
     return written
 
 
+def _run_ipynb(m: re.Match) -> str:
+    q = m.group(3) or ""
+    return f"{m.group(1)}{q}{m.group(2) or m.group(4)}.ipynb{q}{m.group(5)}"
+
+
 def _lines(text: str) -> list[str]:
     return text.splitlines(keepends=True)
 
@@ -614,8 +662,7 @@ def to_ipynb(nb: Notebook) -> str:
         out: dict[str, Any] = {"cell_type": cell.cell_type, "id": _uuid("cell", nb.path, pos)[:8] + f"-{pos}",
                                "metadata": meta, "source": _lines(cell.source)}
         if cell.cell_type == "code":
-            out.update(execution_count=None, outputs=[],
-                       source=_lines(_RUN_DATABRICKS.sub(r"\1\2.ipynb\3", cell.source)))
+            out.update(execution_count=None, outputs=[], source=_lines(_RUN_DATABRICKS.sub(_run_ipynb, cell.source)))
         cells.append(out)
     metadata: dict[str, Any] = {"language_info": {"name": nb.language}}
     if nb.language == "python":

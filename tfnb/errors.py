@@ -168,8 +168,12 @@ class WorkerStalledError(WorkerError):
         return text
 
 
-class StagingError(TfnbError):
-    """Copying data from storage to a worker's disk failed; the message names the URL and the fix."""
+class StorageError(TfnbError):
+    """Reading or writing storage failed; the message names the URL, what failed and the fix."""
+
+
+# Older names of StorageError, kept so that existing ``except`` clauses still catch every storage failure.
+StagingError = SyncError = StorageError
 
 
 class DbcFormatError(TfnbError, ValueError):
@@ -178,7 +182,3 @@ class DbcFormatError(TfnbError, ValueError):
 
 class EvaluatorError(TfnbError):
     """The driver-side evaluator cannot run (bad model_fn / dataset_fn / directories)."""
-
-
-class SyncError(TfnbError):
-    """Copying event files to or from storage failed; the cause is chained."""

@@ -54,14 +54,14 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ._config import setting
-from ._status import FINAL_STATES, STATUS_FILE
-from .errors import ConfigError, EvaluatorError
-from .sync import TMP_MARK, EventSync, open_store
+from ._status import FINAL_STATES, read_status
+from ._storage import is_temp, open_store
+from .errors import ConfigError, EvaluatorError, StorageError
+from .sync import EventSync
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ STEP_RULES = ("epoch", "name", "iterations")
 EXPORT_FORMATS = ("savedmodel", "keras")
 _SHARD_RE = re.compile(r"^(?P<prefix>.+)\.data-(?P<i>\d{5})-of-(?P<n>\d{5})$")
 _MISMATCH_RE = re.compile(r"incompatible|not bound|shape|unmatched|does not match", re.I)
+_STATUS_ATTEMPTS = 5   # polls in a row that fail to read the status file before the evaluator stops
 _STEP_KEYS = ("step/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE",
               "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE", "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")
 
@@ -197,6 +198,10 @@ class Evaluator:
         if best_metric is not None and not isinstance(best_metric, str):
             raise ConfigError(f"best_metric={best_metric!r} must be a metric name such as 'loss', or None")
         self.model_fn, self.dataset_fn = model_fn, dataset_fn
+        for name, value in (("checkpoint_dir", checkpoint_dir), ("log_dir", log_dir)):
+            if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+                raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. the model_dir "
+                                  "given to tfnb.run")
         self.checkpoint_dir = os.fspath(checkpoint_dir)
         self.log_dir = os.fspath(log_dir)
         self.model_dir = os.fspath(model_dir) if model_dir is not None else self.checkpoint_dir
@@ -208,8 +213,9 @@ class Evaluator:
             "min" if best_metric and ("loss" in best_metric or "error" in best_metric) else "max")
         self.tag_prefix = tag_prefix
         self._options = dict(storage_options or {})
-        self._ckpt_store = open_store(self.checkpoint_dir, self._options)
-        self._status_store = open_store(self.model_dir, self._options)
+        self._ckpt_store = open_store(self.checkpoint_dir, self._options, purpose="reading checkpoints from")
+        self._status_store = open_store(self.model_dir, self._options, purpose="reading the run status in")
+        self._status_failures = 0
         self._history: list[EvalResult] = []
         self._skipped: list[SkippedCheckpoint] = []
         self._candidates: dict[str, _Candidate] = {}
@@ -403,9 +409,16 @@ class Evaluator:
 
     def _training_finished(self) -> bool:
         try:
-            status = json.loads(self._status_store.read(STATUS_FILE))
-        except Exception:  # noqa: BLE001 - absent or half-written (non-local stores): not finished yet
+            status = read_status(self._status_store)
+        except StorageError as e:
+            # a blip is retried next poll; a status that stays unreadable ends the evaluator
+            self._status_failures += 1
+            if self._status_failures >= _STATUS_ATTEMPTS:
+                raise _Fatal(f"cannot read the run status in {self.model_dir} ({self._status_failures} "
+                             f"polls in a row): {e}") from e
+            log.warning("reading the run status failed (%d of %d): %s", self._status_failures, _STATUS_ATTEMPTS, e)
             return False
+        self._status_failures = 0
         return isinstance(status, dict) and status.get("state") in FINAL_STATES
 
     # ------------------------------------------------------------ discovery
@@ -420,7 +433,7 @@ class Evaluator:
                 shards.setdefault(m.group("prefix"), []).append((int(m.group("i")), int(m.group("n")), rel))
         seen = set()
         for rel, info in listing.items():
-            if not rel.endswith(".index") or TMP_MARK in rel:
+            if not rel.endswith(".index") or is_temp(rel):
                 continue
             name = rel[: -len(".index")]
             seen.add(name)
@@ -529,7 +542,7 @@ class Evaluator:
         except Exception as e:
             raise _Fatal(f"model.evaluate on the first batch of dataset_fn() failed: {type(e).__name__}: {e}; "
                          f"check that model_fn and dataset_fn fit together") from e
-        store = open_store(self.log_dir, self._options)
+        store = open_store(self.log_dir, self._options, purpose="writing evaluation logs to")
         if store.local:
             eval_dir = os.path.join(store.url(), "eval")
         else:
@@ -571,7 +584,7 @@ class Evaluator:
             else:
                 local_dir = tempfile.mkdtemp(prefix="tfnb-eval-ckpt-")
                 for rel in cand.files:
-                    self._ckpt_store.get_file(rel, os.path.join(local_dir, rel))
+                    self._ckpt_store.get(rel, os.path.join(local_dir, rel))
                 prefix = os.path.join(local_dir, cand.name)
             try:
                 step = self._restore(tf, prefix, cand)
@@ -678,76 +691,30 @@ class Evaluator:
             self._event_sync.flush()
 
     def _export(self, result: EvalResult) -> None:
-        store = open_store(self.export_dir, self._options)
+        store = open_store(self.export_dir, self._options, purpose="exporting the best model to")
         info = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "metrics": dict(result.metrics),
                            "best_metric": self.best_metric, "mode": self.mode, "format": self.export_format,
                            "time": time.time()}, indent=1).encode()
-        local = store.local
-        base = store.url() if local else tempfile.mkdtemp(prefix="tfnb-eval-export-")
+        tmp = tempfile.mkdtemp(prefix="tfnb-eval-export-")
         try:
-            os.makedirs(base, exist_ok=True)
-            tmp = os.path.join(base, f"{TMP_MARK}{uuid.uuid4().hex[:12]}")
             if self.export_format == "keras":
                 # "keras_v3" by name: tf-keras keeps its .keras switch in a thread-local that is only
                 # on in the importing thread, so from this thread a plain .keras path would write HDF5
-                self._model.save(tmp + ".keras", save_format="keras_v3")
-                final = os.path.join(base, "best.keras")
-                if local:
-                    os.replace(tmp + ".keras", final)
-                else:
-                    store.put_file(tmp + ".keras", "best.keras")
+                self._model.save(os.path.join(tmp, "best.keras"), save_format="keras_v3")
+                store.put("best.keras", os.path.join(tmp, "best.keras"))
             else:
-                self._model.save(tmp, save_format="tf", include_optimizer=False)
-                if local:
-                    _swap_dir(tmp, os.path.join(base, "best"))
-                else:
-                    _upload_dir(store, tmp, "best")
+                self._model.save(os.path.join(tmp, "best"), save_format="tf", include_optimizer=False)
+                store.put_dir("best", os.path.join(tmp, "best"))
             # written last: once best.json names a step, that step's model is in place
             store.write("best.json", info)
         finally:
-            if not local:
-                shutil.rmtree(base, ignore_errors=True)
-            else:
-                for leftover in os.listdir(base):
-                    if leftover.startswith(TMP_MARK):
-                        path = os.path.join(base, leftover)
-                        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _remove(path)
+            shutil.rmtree(tmp, ignore_errors=True)
         log.info("exported the best model (step %d, %s=%.4g) to %s", result.step, self.best_metric,
                  result.metrics[self.best_metric], store.url("best.keras" if self.export_format == "keras" else "best"))
 
 
 class _Mismatch(Exception):
     """The checkpoint's variables do not fit the model (raised from the restore's own error)."""
-
-
-def _swap_dir(new: str, final: str) -> None:
-    """Put directory ``new`` at ``final``: readers see the old or the new tree, never a partial one."""
-    if not os.path.exists(final):
-        os.replace(new, final)
-        return
-    old = os.path.join(os.path.dirname(final), f"{TMP_MARK}old-{uuid.uuid4().hex[:12]}")
-    os.replace(final, old)
-    os.replace(new, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _upload_dir(store, local_dir: str, rel_dir: str) -> None:
-    wanted = set()
-    for dirpath, _, files in os.walk(local_dir):
-        for name in files:
-            rel = os.path.relpath(os.path.join(dirpath, name), local_dir).replace(os.sep, "/")
-            store.put_file(os.path.join(dirpath, name), f"{rel_dir}/{rel}")
-            wanted.add(f"{rel_dir}/{rel}")
-    for rel in store.list():
-        if rel.startswith(rel_dir + "/") and rel not in wanted:
-            store.delete(rel)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _number(name: str) -> int | None:

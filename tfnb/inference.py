@@ -17,11 +17,14 @@ along (mapInArrow moves every column through Python and back), and ~2x faster th
 
 The model is loaded once per Python worker process, not per batch or task: a per-process cache
 keyed by (model path, version), where the version is the file's mtime (or the remote object's
-ETag/mtime) read on the driver when ``predict`` is called. Spark reuses Python workers
+size and ETag) read on the driver when ``predict`` is called. Spark reuses Python workers
 (``spark.python.worker.reuse``, on by default), so later tasks and later ``predict`` calls on the
-same model reuse the loaded model. A model at an fsspec URL (``s3://...``) is downloaded once per
-(URL, version) into a local cache directory on each executor (``TFNB_MODEL_CACHE_DIR``, default
-``<tmp>/tfnb-model-cache``) and loaded from there.
+same model reuse the loaded model. A model at a URL (``s3://...``, any scheme of tfnb's storage
+layer) is downloaded once per (URL, version) into this user's private cache folder on each executor
+(``tfnb-model-cache-<uid>`` under ``TFNB_MODEL_CACHE_DIR`` or the temp folder: mode 0700, checked to
+be owned by this user) and used only when its files have the sizes and the recorded version the
+driver listed; each GET is conditional on that version. A cache folder that is not private (another
+owner, group/other-writable) is not read: the model goes to a fresh private folder instead.
 
 Settings (keyword, then environment, then default): ``TFNB_PREDICT_BATCH_SIZE`` (1024),
 ``TFNB_MODEL_CACHE_DIR``, and, for diagnostics only, ``TFNB_PREDICT_TRACE_DIR``: when set on the
@@ -42,11 +45,14 @@ import tempfile
 import time
 import warnings
 import zipfile
-from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
 
 from ._config import setting
-from .errors import ConfigError, MissingDependencyError
+from ._private import private_dir
+from ._storage import atomic_write, normalize, open_store
+from .errors import ConfigError, MissingDependencyError, UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -62,30 +68,33 @@ _MODELS_CACHED = 2  # loaded models kept per Python worker; models can be large
 class _Spec:
     """Everything a Python worker needs to predict, as plain values fixed on the driver."""
 
-    source: str                 # absolute local path, or an fsspec URL when remote
+    source: str                 # absolute local path, or a URL when remote
     version: str                # changes when the model does; part of every cache key
     remote: bool
+    files: tuple                # remote: ((rel, size, version), ...) as listed on the driver; else ()
     input_cols: tuple[str, ...]
     scalar_output: bool         # one float per row, else array<float>
     batch_size: int
     threads: int                # TensorFlow intra-op threads per Python worker (spark.task.cpus)
-    cache_dir: str              # where remote models are downloaded; "" = <tmp>/tfnb-model-cache there
+    cache_dir: str              # base of the private model cache; "" = the temp folder there
     trace_dir: str | None       # diagnostics only: one file per worker pid logging loads and batches
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False)   # storage options: secrets
 
 
 # ---------------------------------------------------------------- driver side
 
 
 def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], output_col: str = "prediction",
-            batch_size: int | None = None, output_type: str | None = None):
+            batch_size: int | None = None, output_type: str | None = None,
+            storage_options: Mapping[str, Any] | None = None):
     """Add a column of model predictions to ``df`` (lazily; nothing runs until the result is used).
 
     Args:
         df: a Spark DataFrame (classic or Spark Connect).
         model_path: the saved model: a Keras ``.keras`` or ``.h5`` file or a TF SavedModel directory,
             as a local path readable at the same place on the executors (``/dbfs/...``; ``dbfs:/x``
-            is read as ``/dbfs/x``) or an fsspec URL (``s3://bucket/model.keras``, needs that
-            filesystem's fsspec package on driver and executors). Keras files are loaded with
+            is read as ``/dbfs/x``) or a URL (``s3://bucket/model.keras`` through boto3; other
+            schemes through fsspec), downloaded once per executor. Keras files are loaded with
             tf-keras (Keras 2), or with Keras 3 when the ``.keras`` file was saved by Keras 3.
         input_cols: columns that make one model input row, in order: numeric columns (one value
             each) and/or fixed-length arrays of numbers (``array<float>`` etc., the same length on
@@ -103,6 +112,8 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
             the model once on the driver, per model version: in this process if TensorFlow is
             already imported here, else in a short-lived subprocess (a TensorFlow import, ~4 s).
             Pass ``output_type`` to skip that, e.g. on a Spark Connect client without TensorFlow.
+        storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (README,
+            "Storage URLs and options"); sent to the executors with the task, never logged.
 
     Returns:
         ``df`` with ``output_col`` appended; all other columns and rows unchanged.
@@ -110,8 +121,9 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
     Raises:
         ConfigError: a missing or non-numeric input column, an existing ``output_col``, a bad
             ``batch_size``/``output_type``, a model path that does not exist or does not load.
-        MissingDependencyError: the URL's filesystem package or TensorFlow (for reading the output
-            type) is not installed on the driver.
+        MissingDependencyError: the URL's backend (boto3, an fsspec package) or TensorFlow (for
+            reading the output type) is not installed on the driver.
+        StorageError: the model URL cannot be read (credentials, bucket, endpoint, permission).
 
     Example:
         >>> import tfnb
@@ -129,19 +141,30 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
     if output_type is not None and output_type not in _OUTPUT_TYPES:
         raise ConfigError(f"output_type={output_type!r} is not one of {_OUTPUT_TYPES}; "
                           "pass 'float', 'array', or leave it out to read it from the model")
+    if not (hasattr(df, "schema") and hasattr(df, "mapInArrow")):
+        raise ConfigError(f"df must be a Spark DataFrame, got {type(df).__name__}; convert it with "
+                          "spark.createDataFrame(...) or read it with spark.read")
     _check_schema(df.schema, cols, output_col)
-    source, version, remote = _locate(model_path)
+    options = dict(storage_options or {})
+    source, version, files = _locate(model_path, options)
+    if files and source.startswith("s3://") and not options.get("endpoint_url"):
+        from ._storage.s3 import endpoint_url
+
+        # resolved here, once: the executors' environment may lack TFNB_S3_ENDPOINT_URL
+        options["endpoint_url"] = endpoint_url()
     cache_dir = setting("model_cache_dir", None, "")
     if output_type is None:
-        output_type = "float" if _describe(source, version, remote, cache_dir)["scalar_output"] else "array"
+        local = _fetch(source, version, files, options, cache_dir) if files else source
+        output_type = "float" if _describe(local, version)["scalar_output"] else "array"
     spark = df.sparkSession
     try:
         threads = int(spark.conf.get("spark.task.cpus", "1") or 1)
     except Exception:  # noqa: BLE001 - Connect raises its own types for unreadable confs
         threads = 1
-    spec = _Spec(source=source, version=version, remote=remote, input_cols=cols,
+    spec = _Spec(source=source, version=version, remote=bool(files), files=files, input_cols=cols,
                  scalar_output=output_type == "float", batch_size=size, threads=threads,
-                 cache_dir=cache_dir, trace_dir=setting("predict_trace_dir", None, "") or None)
+                 cache_dir=cache_dir, trace_dir=setting("predict_trace_dir", None, "") or None,
+                 options=options)
     return _with_predictions(df, spec, output_col)
 
 
@@ -186,41 +209,28 @@ def _input_kind(dtype) -> str | None:
     return None
 
 
-def _locate(model_path) -> tuple[str, str, bool]:
-    """(where to read the model, its version, whether it is remote), checked to exist."""
+def _locate(model_path, options: Mapping[str, Any]) -> tuple[str, str, tuple]:
+    """(where to read the model, its version, its files when remote), checked to exist."""
     if not isinstance(model_path, (str, os.PathLike)):
         raise ConfigError(f"model_path={model_path!r} must be a path or URL string")
-    path = os.fspath(model_path)
-    if path.startswith("dbfs:/"):
-        path = "/dbfs/" + path[len("dbfs:/"):].lstrip("/")
-    elif path.startswith("file://"):
-        path = path[len("file://"):]
-    if "://" not in path and "::" not in path:
-        path = os.path.abspath(os.path.expanduser(path))
+    path = normalize(model_path)
+    if "://" not in path:
         if not os.path.exists(path):
             raise ConfigError(f"model_path {path!r} does not exist on the driver; give the path of a "
                               ".keras/.h5 file or a SavedModel directory (on a cluster: a path every "
                               "executor can read, e.g. /dbfs/..., or a URL such as s3://...)")
-        return path, str(_local_version(path)), False
+        return path, str(_local_version(path)), ()
     try:
-        fs, rpath = _url_fs(path)
-        if not fs.exists(rpath):
-            raise FileNotFoundError(rpath)
-        info = fs.info(rpath)
-        if info.get("type") == "directory" and fs.exists(rpath.rstrip("/") + "/saved_model.pb"):
-            info = fs.info(rpath.rstrip("/") + "/saved_model.pb")
-    except (ConfigError, MissingDependencyError):
-        raise
-    except FileNotFoundError as e:
-        raise ConfigError(f"model_path {path!r} does not exist ({e}); check the URL (for a SavedModel, the "
-                          "directory that holds saved_model.pb)") from e
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types
-        raise ConfigError(f"cannot read model_path {path!r}: {type(e).__name__}: {e}; check the URL "
-                          "and the credentials of that filesystem") from e
-    keys = ("ETag", "etag", "mtime", "LastModified", "last_modified", "modified", "created", "date_time",
-            "CRC", "size")
-    version = json.dumps({k: str(info[k]) for k in keys if k in info}, sort_keys=True)
-    return path, version, True
+        store = open_store(path, options, purpose="reading model_path")
+        one = store.stat()
+        files = ((("", one.size, one.version),) if one else
+                 tuple(sorted((rel, e.size, e.version) for rel, e in store.list().items())))
+    except FileNotFoundError:
+        files = ()
+    if not files:
+        raise ConfigError(f"model_path {path!r} does not exist; check the URL (for a SavedModel, the "
+                          "directory that holds saved_model.pb)")
+    return path, hashlib.sha256(json.dumps(files).encode()).hexdigest()[:24], files
 
 
 def _local_version(path: str) -> int:
@@ -232,47 +242,85 @@ def _local_version(path: str) -> int:
     return max(stamps)
 
 
-def _url_fs(url: str):
-    fsspec = _require_fsspec(url)
+@functools.lru_cache(maxsize=None)
+def _fresh_cache() -> str:
+    """This process's own cache, for when the usual one is not private: mkdtemp makes it 0700."""
+    return tempfile.mkdtemp(prefix="tfnb-model-cache-")
+
+
+def _cache_root(base: str) -> str:
     try:
-        return fsspec.core.url_to_fs(url)
-    except ImportError as e:
-        raise MissingDependencyError(f"reading model_path {url!r} needs the fsspec filesystem for its "
-                                     f"protocol, which is not installed: {e}") from e
-    except ValueError as e:
-        raise ConfigError(f"model_path {url!r} is not a URL fsspec knows: {e}; use a local path or "
-                          "a URL like s3://bucket/model.keras") from e
+        return private_dir("model-cache", base or None)
+    except UnsafePathError as e:
+        log.warning("%s; downloading models to %s instead", e, _fresh_cache())
+        return _fresh_cache()
 
 
-def _require_fsspec(url: str):
-    from ._deps import require
+def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cache_base: str) -> str:
+    """The local copy of the model at ``url``: downloaded once per (url, version), verified before use.
 
-    return require("fsspec", f"reading model_path {url!r}")
+    A cached copy is used only when a record written after its download names this version and
+    every file has the size the driver listed; anything else in the cache is replaced, not trusted.
+    """
+    folder = os.path.join(_cache_root(cache_base), hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24])
+    name = os.path.basename(url.split("::")[0].rstrip("/")) or "model"
+    dest, record = os.path.join(folder, name), os.path.join(folder, "source.json")
+    want = json.dumps({"url": url, "version": version, "files": files})
+    if _verified(dest, record, want, files):
+        return dest
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    # download beside the destination and rename: other workers on this node may race for the same model
+    tmp = tempfile.mkdtemp(prefix=".part-", dir=folder)
+    try:
+        store = open_store(url, options, purpose="downloading model_path")
+        target = os.path.join(tmp, name)
+        for rel, size, ver in files:
+            store.get(rel, os.path.join(target, *rel.split("/")) if rel else target, size=size, version=ver)
+        if os.path.isdir(dest):
+            shutil.rmtree(dest, ignore_errors=True)
+        try:
+            os.replace(target, dest)
+        except OSError:
+            if not _verified(dest, record, want, files):   # another worker's copy got there first
+                raise
+        atomic_write(record, want.encode())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _verified(dest: str, record: str, want: str, files: tuple) -> bool:
+    try:
+        with open(record) as f:
+            if f.read() != want:
+                return False
+        return all(os.path.getsize(os.path.join(dest, *rel.split("/")) if rel else dest) == size
+                   for rel, size, _ in files)
+    except OSError:
+        return False
 
 
 # Reading the model costs ~1 s, plus a TensorFlow import (~4 s) when the driver has not imported it;
 # remember the answer per model version.
 @functools.lru_cache(maxsize=16)
-def _describe(source: str, version: str, remote: bool, cache_dir: str) -> dict:
-    """Input shape/dtype and output shapes of the model, read on the driver.
+def _describe(path: str, version: str) -> dict:
+    """Input shape/dtype and output shapes of the model at the local ``path``, read on the driver.
 
     In this process when TensorFlow is already imported here (the model is loaded with tf_keras /
     tf.saved_model and dropped; no environment or thread settings are touched), else in a
     short-lived subprocess so the notebook does not pay TensorFlow's import and memory.
     """
-    req = {"source": source, "version": version, "remote": remote, "cache_dir": cache_dir}
     if "tensorflow" in sys.modules:
-        local = _download(source, version, cache_dir) if remote else source
         try:
-            return _load(local, threads=None).describe()
+            return _load(path, threads=None).describe()
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - loaders raise many types for unreadable models
-            raise _unloadable(source, f"{type(e).__name__}: {e}") from e
-    return _describe_in_subprocess(json.dumps(req))
+            raise _unloadable(path, f"{type(e).__name__}: {e}") from e
+    return _describe_in_subprocess(path)
 
 
-def _describe_in_subprocess(req: str) -> dict:
+def _describe_in_subprocess(path: str) -> dict:
     import tfnb
 
     env = dict(os.environ)
@@ -282,21 +330,20 @@ def _describe_in_subprocess(req: str) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     code = "import sys; from tfnb.inference import _describe_main; _describe_main(sys.argv[1])"
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", code, req], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True)
     log.debug("reading the model took %.1f s", time.monotonic() - started)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1])
     err = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-    source = json.loads(req)["source"]
     own = "tfnb.errors.ConfigError: "
     if err.startswith(own):
         raise ConfigError(err[len(own):])
     if "No module named 'tensorflow'" in err or "No module named 'tf_keras'" in err:
         raise MissingDependencyError(
-            f"reading the output shape of {source!r} needs tensorflow and tf-keras on the driver ({err}); "
+            f"reading the output shape of {path!r} needs tensorflow and tf-keras on the driver ({err}); "
             "pip install tensorflow-cpu tf-keras, or pass output_type='float' or 'array' to tfnb.predict")
-    raise _unloadable(source, err)
+    raise _unloadable(path, err)
 
 
 def _unloadable(source: str, why: str) -> ConfigError:
@@ -304,11 +351,9 @@ def _unloadable(source: str, why: str) -> ConfigError:
                        "file or a TF SavedModel directory with a serving signature")
 
 
-def _describe_main(req: str) -> None:
+def _describe_main(path: str) -> None:
     """Subprocess entry point of :func:`_describe_in_subprocess`: print one JSON line."""
-    args = json.loads(req)
-    local = _download(args["source"], args["version"], args["cache_dir"]) if args["remote"] else args["source"]
-    print(json.dumps(_load(local, threads=None).describe()))
+    print(json.dumps(_load(path, threads=None).describe()))
 
 
 def _with_predictions(df, spec: _Spec, output_col: str):
@@ -454,53 +499,27 @@ class _Model:
                 "output_shapes": self.output_shapes, "scalar_output": self.scalar_output}
 
 
-def _model_for(spec: _Spec) -> _Model:
-    misses = _cached_model.cache_info().misses
-    model = _cached_model(spec.source, spec.version, spec.remote, spec.threads, spec.cache_dir)
-    if spec.trace_dir and _cached_model.cache_info().misses > misses:
-        _trace(spec.trace_dir, f"load {spec.source}")
-    return model
-
-
 # Spark reuses Python workers, so this cache lives across tasks and predict() calls; the version in
 # the key makes a changed model load again.
-@functools.lru_cache(maxsize=_MODELS_CACHED)
-def _cached_model(source: str, version: str, remote: bool, threads: int, cache_dir: str) -> _Model:
+_loaded: "OrderedDict[tuple, _Model]" = OrderedDict()
+
+
+def _model_for(spec: _Spec) -> _Model:
+    key = (spec.source, spec.version, spec.threads)
+    if key in _loaded:
+        _loaded.move_to_end(key)
+        return _loaded[key]
     started = time.monotonic()
     # tf.keras must mean tf-keras in this worker (custom layers may use it): set before TF is imported.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    local = _download(source, version, cache_dir) if remote else source
-    model = _load(local, threads)
-    log.info("loaded model %s in process %d in %.1f s", source, os.getpid(), time.monotonic() - started)
+    local = _fetch(spec.source, spec.version, spec.files, spec.options, spec.cache_dir) if spec.remote else spec.source
+    model = _loaded[key] = _load(local, spec.threads)
+    while len(_loaded) > _MODELS_CACHED:
+        _loaded.popitem(last=False)
+    log.info("loaded model %s in process %d in %.1f s", spec.source, os.getpid(), time.monotonic() - started)
+    if spec.trace_dir:
+        _trace(spec.trace_dir, f"load {spec.source}")
     return model
-
-
-def _download(url: str, version: str, cache_dir: str) -> str:
-    """Copy the model at ``url`` to ``cache_dir`` once per (url, version); return the local path."""
-    cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "tfnb-model-cache")
-    key = hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24]
-    name = os.path.basename(url.split("::")[0].rstrip("/")) or "model"
-    dest = os.path.join(cache_dir, key, name)
-    if os.path.exists(dest):
-        return dest
-    fs, rpath = _url_fs(url)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    # Download beside the destination and rename: other workers on this node may race for the same model.
-    tmp = tempfile.mkdtemp(prefix=".part-", dir=os.path.dirname(dest))
-    try:
-        target = os.path.join(tmp, name)
-        if fs.isdir(rpath):
-            fs.get(rpath.rstrip("/") + "/", target, recursive=True)
-        else:
-            fs.get(rpath, target)
-        try:
-            os.rename(target, dest)
-        except OSError:
-            if not os.path.exists(dest):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def _load(path: str, threads: int | None) -> _Model:

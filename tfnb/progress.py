@@ -1,28 +1,30 @@
-"""Notebook layer for a run's events: live per-worker progress, log lines, failures.
+"""What a run's events mean on the driver, and the console display.
 
-``tfnb.run`` hands every :class:`tfnb.events.RunEvent` to a display on the driver's main
-thread. :func:`auto_display` picks one:
+``tfnb.run`` hands every :class:`tfnb.events.RunEvent` to a *display*: any callable taking a
+RunEvent, with an optional ``close()`` called once when the run ends (see :class:`Display`). This
+module is core: it never imports the notebook layer. It holds
 
-* :class:`ProgressWidget` inside a Jupyter kernel: a table with one row per task (state,
-  epoch/step, loss, examples/s), a status line (attempt, outcome) and the latest log lines;
-* :class:`ConsoleDisplay` elsewhere: prefixed log lines plus a tqdm status line on a terminal,
-  or a plain progress line at a modest rate when output goes to a file or CI log.
+* :class:`RunProgress` (one :class:`WorkerProgress` per task): the plain-data state of a run that
+  every display renders and tests inspect; above :data:`SUMMARY_ABOVE` tasks its summary (counts by
+  state, slowest/fastest task, stragglers, total examples/s) replaces the per-task view;
+* :class:`ConsoleDisplay`: prefixed log lines plus a tqdm status line on a terminal, or a plain
+  progress line at a modest rate when output goes to a file or CI log;
+* :func:`make_display`: the display ``tfnb.run`` uses. Display modes are a registry:
+  ``console`` and ``none`` are built in; ``tfnb.notebook`` registers ``widget`` when it is imported
+  (``import tfnb`` does that inside an IPython kernel), and ``auto`` picks the widget in a notebook.
 
-Both keep the run's state in a plain-data :class:`RunProgress` (one :class:`WorkerProgress` per
-task), which is what they render and what tests inspect. The numbers come from
-``ctx.report(...)`` or the Keras callback :func:`keras_callback` (``ctx.progress_callback()``),
-which run in the train_fn processes and reach the driver over the run's authenticated channel.
+The numbers come from ``ctx.report(...)`` or the Keras callback of :mod:`tfnb.callbacks`
+(``ctx.progress_callback()``), which run in the train_fn processes and reach the driver over the
+run's authenticated channel.
 """
 from __future__ import annotations
 
-import html
 import logging
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Protocol, TextIO
 
 from . import events
 from ._config import setting
@@ -38,6 +40,17 @@ _CORE_FIELDS = frozenset({"epoch", "epochs", "step", "steps", "global_step", "st
                           "examples_per_sec", "batch_size", "epoch_end", "loss", "time"})
 _ROLE_ORDER = {"chief": 0, "worker": 1, "ps": 2, "evaluator": 3}
 _MAX_LINE = 2000  # characters of one log line kept for display; a runaway line should not flood the page
+SUMMARY_ABOVE = 16  # tasks; more than this and displays show a summary with the rows paged or left out
+STATES = ("pending", "starting", "training", "serving", "stalled", "done", "stopped", "failed")
+
+
+class Display(Protocol):
+    """What ``tfnb.run(display=...)`` accepts: called with every RunEvent on the driver's main thread.
+
+    A display may also have ``close()``, called once when the run ends (also on failure or Ctrl-C).
+    """
+
+    def __call__(self, event: RunEvent) -> None: ...
 
 
 # ---------------------------------------------------------------- plain-data model
@@ -50,8 +63,8 @@ class WorkerProgress:
     Attributes:
         job_name: ``"chief"``, ``"worker"`` or ``"ps"``.
         task_index: the task's index (the worker's rank).
-        state: ``pending`` (no word yet), ``starting``, ``training``, ``serving``, ``done``,
-            ``stopped`` or ``failed``.
+        state: ``pending`` (no word yet), ``starting``, ``training``, ``serving``, ``stalled`` (alive
+            but silent too long), ``done``, ``stopped`` or ``failed``.
         history: the states this task went through in this attempt, in order.
         epoch: the epoch being trained (1-based), as last reported.
         epochs: epochs the fit will run, when reported.
@@ -62,6 +75,8 @@ class WorkerProgress:
         steps_per_sec: latest batches per second of this task.
         metrics: other numbers reported (accuracy, val_loss, ...).
         error: ``"ExcType: message"`` when the task failed.
+        live: the task's current carriage-return line (a Keras ``verbose=1`` bar), as a terminal
+            would show it; None when its last such line has ended.
     """
 
     job_name: str
@@ -77,6 +92,7 @@ class WorkerProgress:
     steps_per_sec: float | None = None
     metrics: dict = field(default_factory=dict)
     error: str | None = None
+    live: str | None = None
 
     @property
     def label(self) -> str:
@@ -165,6 +181,62 @@ class RunProgress:
     def count(self, state: str) -> int:
         return sum(1 for w in self.workers.values() if w.state == state)
 
+    def counts(self) -> dict:
+        """``state -> number of tasks`` in it."""
+        out: dict = {}
+        for w in self.workers.values():
+            out[w.state] = out.get(w.state, 0) + 1
+        return out
+
+    def large(self) -> bool:
+        """True when displays should summarise rather than list every task."""
+        return len(self.workers) > SUMMARY_ABOVE
+
+    def ranked(self) -> tuple[list, list]:
+        """``(training, stragglers)``: reporting training tasks slowest first, and the ones that lag.
+
+        A straggler trains but has done at least 10% fewer batches than the median task (and at
+        least one fewer), so it holds the synchronous step of everybody else back.
+        """
+        training = sorted((w for w in self.workers.values() if w.state == "training" and w.progress is not None),
+                          key=lambda w: (w.progress, _sort_key((w.job_name, w.task_index))))
+        if len(training) < 3:
+            return training, []
+        median = training[len(training) // 2].progress
+        lag = max(0.1 * median, 1.0)
+        return training, [w for w in training if w.progress <= median - lag]
+
+    def notable(self) -> list:
+        """The tasks a large run's display shows first: failed, stalled, stragglers, then the rest."""
+        _, stragglers = self.ranked()
+        slow = {id(w): i for i, w in enumerate(stragglers)}
+        order = {"failed": 0, "stalled": 1}
+
+        def key(w):
+            first = order.get(w.state, 3 if id(w) not in slow else 2)
+            return (first, slow.get(id(w), 0), _sort_key((w.job_name, w.task_index)))
+
+        return sorted(self.workers.values(), key=key)
+
+    def summary_lines(self, names: int = 5) -> list[str]:
+        """The summary a large run shows: slowest/fastest task, stragglers (up to ``names`` named)."""
+        training, stragglers = self.ranked()
+        lines = []
+        if training:
+            rate = self.examples_per_sec()
+            total = f" · {_short(rate)} examples/s in total" if rate is not None else ""
+            fastest = max(training, key=lambda w: w.progress)  # the lowest rank among equals
+            lines.append(f"slowest {_where(training[0])} · fastest {_where(fastest)}{total}")
+        if stragglers:
+            named = ", ".join(w.label for w in stragglers[:names])
+            more = f" (+{len(stragglers) - names} more)" if len(stragglers) > names else ""
+            lines.append(f"{len(stragglers)} straggler{'s' if len(stragglers) > 1 else ''}: {named}{more}")
+        stalled = [w.label for w in self.workers.values() if w.state == "stalled"]
+        if stalled:
+            more = f" (+{len(stalled) - names} more)" if len(stalled) > names else ""
+            lines.append(f"stalled: {', '.join(stalled[:names])}{more}")
+        return lines
+
     def examples_per_sec(self) -> float | None:
         rates = [w.examples_per_sec for w in self.workers.values()
                  if w.state == "training" and w.examples_per_sec is not None]
@@ -179,6 +251,14 @@ class RunProgress:
             return self._apply_driver(event.kind, data)
         if event.kind == events.LOG:
             line = str(data.get("line", ""))
+            if data.get("partial") or "\r" in line:
+                # carriage-return output (progress bars): one updating line per task, not a flood
+                w = self.worker(event.job_name, event.task_index)
+                shown = _last_segment(line)[:_MAX_LINE]
+                if data.get("partial"):
+                    w.live = shown
+                    return True
+                w.live, line = None, shown  # the bar's line ended: keep its final state as a log line
             self.logs.append(f"[{event.label}] {line[:_MAX_LINE]}")
             return True
         w = self.worker(event.job_name, event.task_index)
@@ -261,8 +341,9 @@ class RunProgress:
             return f"Stopped ({attempt}) after {elapsed}: interrupted or timed out"
         total = len(self.workers)
         parts = [f"Running ({attempt}), {elapsed}"]
-        for state in ("starting", "training", "serving", "done", "stopped", "failed"):
-            n = self.count(state)
+        counts = self.counts()
+        for state in STATES[1:]:
+            n = counts.get(state)
             if n:
                 parts.append(f"{n}/{total} {state}")
         rate = self.examples_per_sec()
@@ -271,6 +352,18 @@ class RunProgress:
         if self.attempt > 1 and self.relaunch_reason:
             parts.append(f"relaunched after {self.relaunch_reason}")
         return " · ".join(parts)
+
+
+def _last_segment(line: str) -> str:
+    """What a terminal shows for a line with carriage returns: the text after the last one."""
+    parts = [p for p in line.split("\r") if p.strip()]
+    return parts[-1] if parts else ""
+
+
+def _where(w: WorkerProgress) -> str:
+    at = f"epoch {_of(w.epoch, w.epochs)} step {_of(w.step, w.steps)}" if w.epoch else f"step {_of(w.step, w.steps)}"
+    rate = f", {_short(w.examples_per_sec)} examples/s" if w.examples_per_sec is not None else ""
+    return f"{w.label} ({at}{rate})"
 
 
 def _duration(seconds: float) -> str:
@@ -306,168 +399,6 @@ def format_metrics(data: dict) -> str:
     return " ".join(parts)
 
 
-# ---------------------------------------------------------------- notebook widget
-
-_STATE_COLOURS = {"pending": "#888", "starting": "#888", "training": "#1f6feb", "serving": "#1f6feb",
-                  "done": "#1a7f37", "stopped": "#bf8700", "failed": "#cf222e"}
-
-
-def _render_table(run: RunProgress) -> str:
-    """The per-task table as HTML (escaped; log text and error messages come from user code)."""
-    pad = 'style="padding:2px 14px 2px 0;text-align:left;vertical-align:top"'
-    head = "<tr>" + "".join(f"<th {pad}>{name}</th>" for name in
-                            ("task", "state", "epoch", "step", "loss", "examples/s", "metrics")) + "</tr>"
-    body = []
-    for w in run.rows():
-        colour = _STATE_COLOURS.get(w.state, "#888")
-        state = f'<span style="color:{colour};font-weight:600">{html.escape(w.state)}</span>'
-        if w.error:
-            state += f'<br><span style="color:#cf222e">{html.escape(w.error[:300])}</span>'
-        if w.examples_per_sec is not None:
-            speed = _short(w.examples_per_sec)
-        elif w.steps_per_sec is not None:
-            speed = f"({_short(w.steps_per_sec)} steps/s)"
-        else:
-            speed = ""
-        metrics = " ".join(f"{html.escape(k)}={v:.4g}" for k, v in sorted(w.metrics.items()))
-        cells = [html.escape(w.label), state, _of(w.epoch, w.epochs), _of(w.step, w.steps), _num(w.loss),
-                 speed, metrics]
-        body.append("<tr>" + "".join(f"<td {pad}>{c}</td>" for c in cells) + "</tr>")
-    return ('<table class="tfnb-progress" style="border-collapse:collapse">'
-            + head + "".join(body) + "</table>")
-
-
-def _render_status(run: RunProgress) -> str:
-    colour = {"succeeded": "#1a7f37", "failed": "#cf222e", "stopped": "#bf8700"}.get(run.outcome or "", "inherit")
-    return f'<div style="color:{colour};font-weight:600">tfnb: {html.escape(run.status_text())}</div>'
-
-
-class ProgressWidget:
-    """Live ipywidgets panel of a run: per-task table, status line and the latest log lines.
-
-    Pass it as ``tfnb.run(..., display=widget)`` (``tfnb.run`` builds one by itself in a notebook).
-    Events update :attr:`run` at once; the widgets re-render at most every ``refresh_interval``
-    seconds, so a chatty TensorFlow does not flood the front end, and once more when the run ends.
-
-    Args:
-        num_workers: chief + worker tasks, to show their rows before they report (optional).
-        num_ps: parameter-server tasks.
-        max_attempts: launches the run may make, for the status line (optional).
-        log_lines: how many of the latest log lines to show; older ones scroll out.
-        refresh_interval: minimum seconds between two re-renders.
-
-    Attributes:
-        run: the :class:`RunProgress` rendered; ``widget.workers[("worker", 1)].step`` reads it.
-        status, table: ``ipywidgets.HTML`` with the status line and the per-task table.
-        logs: ``ipywidgets.Output`` with the latest log lines, each prefixed by its task.
-        box: the ``ipywidgets.VBox`` holding them (what the notebook shows).
-        renders: how many times the widgets were re-rendered.
-
-    Example:
-        >>> from tfnb.progress import ProgressWidget
-        >>> widget = ProgressWidget(num_workers=2)
-        >>> widget                       # shows the panel in this cell
-        >>> tfnb.run(train_fn, num_workers=2, display=widget)
-        >>> widget.workers[("worker", 1)].loss
-        0.213
-    """
-
-    def __init__(self, num_workers: int | None = None, num_ps: int = 0, *, max_attempts: int | None = None,
-                 log_lines: int = 30, refresh_interval: float = 0.1):
-        if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
-            raise ConfigError(f"num_workers={num_workers!r} must be an int >= 1 or None")
-        if not isinstance(log_lines, int) or log_lines < 1:
-            raise ConfigError(f"log_lines={log_lines!r} must be an int >= 1 (lines of log kept on screen)")
-        if _number(refresh_interval) is None or refresh_interval < 0:
-            raise ConfigError(f"refresh_interval={refresh_interval!r} must be a number of seconds >= 0")
-        from ._deps import require
-
-        widgets = require("ipywidgets", "the tfnb progress widget")
-        self._shape = dict(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts,
-                           log_lines=log_lines)
-        self.run = RunProgress.for_run(**self._shape)
-        self.refresh_interval = float(refresh_interval)
-        self.status = widgets.HTML()
-        self.table = widgets.HTML()
-        # No scroll box: a scrolled area would open at its oldest line (measured in JupyterLab 4),
-        # so the newest lines would be hidden; log_lines bounds the height instead.
-        self.logs = widgets.Output(layout=widgets.Layout(border="1px solid #ddd"))
-        self.box = widgets.VBox([self.status, self.table, self.logs])
-        self.renders = 0
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-        self._last_render = float("-inf")
-        self._dirty = False
-        self._logs_dirty = False
-        self._closed = False
-        self._shown = False
-        self._render()
-
-    @property
-    def workers(self) -> dict:
-        """``(job_name, task_index) -> WorkerProgress`` of the current attempt."""
-        return self.run.workers
-
-    def _repr_mimebundle_(self, **kwargs):
-        self._shown = True
-        return self.box._repr_mimebundle_(**kwargs)
-
-    def __call__(self, event: RunEvent) -> None:
-        if not self._shown and in_notebook():
-            # passed as display= without being shown first: show it in the running cell
-            from IPython.display import display
-
-            display(self)
-        with self._lock:
-            if self._closed:
-                # the same widget reused for another run starts clean
-                self._closed = False
-                self.run = RunProgress.for_run(**self._shape)
-                self._logs_dirty = True
-            if not self.run.apply(event):
-                return
-            self._dirty = True
-            self._logs_dirty = self._logs_dirty or event.kind == events.LOG
-            wait = self._last_render + self.refresh_interval - time.monotonic()
-            if wait <= 0 and self._timer is None:
-                self._render()
-            elif self._timer is None:
-                # render the latest state a little later even if no further event arrives
-                self._timer = threading.Timer(max(wait, 0.0), self._flush)
-                self._timer.daemon = True
-                self._timer.start()
-
-    def _flush(self) -> None:
-        with self._lock:
-            self._timer = None
-            if self._dirty and not self._closed:
-                self._render()
-
-    def _render(self) -> None:
-        self.status.value = _render_status(self.run)
-        self.table.value = _render_table(self.run)
-        if self._logs_dirty:
-            text = "\n".join(self.run.logs) + "\n"
-            self.logs.outputs = ({"output_type": "stream", "name": "stdout", "text": text},)
-        self._dirty = self._logs_dirty = False
-        self._last_render = time.monotonic()
-        self.renders += 1
-
-    def log_text(self) -> str:
-        """The log lines the widget shows, as text."""
-        return "".join(o.get("text", "") for o in self.logs.outputs)
-
-    def close(self) -> None:
-        """Render the final state; called by ``tfnb.run`` when the run ends."""
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self.run.end()
-            self._render()
-            self._closed = True
-
-
 # ---------------------------------------------------------------- console
 
 
@@ -476,7 +407,11 @@ class ConsoleDisplay:
 
     On a terminal the progress is a tqdm bar kept below the log lines. Otherwise (a file, a CI
     log, a notebook cell with TFNB_DISPLAY=console) it prints each task's epoch summary and, at
-    most every ``interval`` seconds, one line with the run's progress.
+    most every ``interval`` seconds, one line with the run's progress. Carriage-return output
+    (a Keras ``verbose=1`` bar) is shown as each task's latest line at most every ``interval``
+    seconds. Above :data:`SUMMARY_ABOVE` tasks the per-task state lines and epoch summaries give
+    way to the chief's epoch summary and a periodic summary (counts by state, slowest and fastest
+    task, stragglers, total examples/s); failures are always printed.
 
     Args:
         stream: where to write (default: the current ``sys.stdout``).
@@ -500,6 +435,9 @@ class ConsoleDisplay:
         self.run = RunProgress.for_run(num_workers, num_ps)
         self._bar = None
         self._last_line = float("-inf")
+        self._last_live = float("-inf")
+        self._live_pending: dict = {}  # task label -> its latest unprinted carriage-return line
+        self._last_bar = float("-inf")
 
     def _out(self) -> TextIO:
         return self.stream or sys.stdout
@@ -522,7 +460,7 @@ class ConsoleDisplay:
         self.run.apply(event)
         data = event.data or {}
         if event.kind == events.LOG:
-            self._print(f"[{event.label}] {data.get('line', '')}")
+            self._on_log(event, data)
         elif event.kind == events.STATE:
             self._on_state(event, data)
         elif event.kind == events.FAILED:
@@ -534,25 +472,58 @@ class ConsoleDisplay:
         elif event.kind == events.PROGRESS:
             self._on_progress(event, data)
 
+    def _on_log(self, event: RunEvent, data: dict) -> None:
+        line = str(data.get("line", ""))
+        if data.get("partial"):
+            w = self.run.workers.get((event.job_name, event.task_index))
+            if w is not None and w.live:
+                self._live_pending[event.label] = w.live
+            self._flush_live()
+            return
+        self._live_pending.pop(event.label, None)  # the finished line below says more
+        if "\r" in line:
+            if self.run.large() and event.job_name != "chief":
+                return  # a finished bar from each of hundreds of tasks: the summary speaks for them
+            line = _last_segment(line)
+        self._print(f"[{event.label}] {line}")
+
+    def _flush_live(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self._live_pending or (not force and now - self._last_live < self.interval):
+            return
+        self._last_live = now
+        pending, self._live_pending = self._live_pending, {}
+        if len(pending) > SUMMARY_ABOVE:
+            self._print(f"[tfnb] {len(pending)} tasks updating; {self.run.status_text()}")
+            return
+        for label, text in pending.items():
+            self._print(f"[{label}] {text}")
+
     def _on_state(self, event: RunEvent, data: dict) -> None:
         state = data.get("state")
         if event.job_name == "driver":
             self._close_bar()
             if state in ("succeeded", "failed"):
+                self._flush_live(force=True)
                 self._print(f"[tfnb] {self.run.status_text()}")
-        elif state in ("training", "serving", "done"):
+        elif state == "stalled" or (state in ("training", "serving", "done") and not self.run.large()):
             # "starting" and "stopped" add little on a console: the first log line or the failure says more
             self._print(f"[{event.label}] {state}")
 
     def _on_progress(self, event: RunEvent, data: dict) -> None:
         w = self.run.workers.get((event.job_name, event.task_index))
+        # a large run prints the chief's epoch summaries only; its summary line speaks for the rest
+        epoch_line = data.get("epoch_end") and w is not None and (not self.run.large() or w.job_name == "chief")
+        now = time.monotonic()
         if self._is_tty():
-            self._update_bar()
-            if data.get("epoch_end") and w is not None:
+            if now - self._last_bar >= 0.2 or data.get("epoch_end"):
+                # finding the slowest task is O(tasks): at most 5 bar updates a second
+                self._last_bar = now
+                self._update_bar()
+            if epoch_line:
                 self._print(f"[{event.label}] {self._epoch_summary(w)}")
             return
-        now = time.monotonic()
-        if data.get("epoch_end") and w is not None:
+        if epoch_line:
             self._print(f"[{event.label}] {self._epoch_summary(w)}")
             self._last_line = now
         elif not _CORE_FIELDS.intersection(data) - {"time"}:
@@ -562,6 +533,9 @@ class ConsoleDisplay:
                 self._last_line = now
         elif now - self._last_line >= self.interval and data.get("step") is not None:
             self._print(f"[tfnb] {self._progress_line()}")
+            if self.run.large():
+                for line in self.run.summary_lines():
+                    self._print(f"[tfnb] {line}")
             self._last_line = now
 
     @staticmethod
@@ -578,8 +552,8 @@ class ConsoleDisplay:
 
     def _lead(self) -> WorkerProgress | None:
         """The task that bounds the run's progress: the one with the fewest batches done."""
-        reporting = [w for w in self.run.rows() if w.progress is not None and w.state == "training"]
-        return min(reporting, key=lambda w: w.progress) if reporting else None
+        training, _ = self.run.ranked()
+        return training[0] if training else None
 
     def _progress_line(self) -> str:
         w = self._lead()
@@ -594,7 +568,9 @@ class ConsoleDisplay:
         if rate is not None:
             parts.append(f"{_short(rate)} examples/s")
         n = len(self.run.workers)
-        parts.append(f"{self.run.count('training')}/{n} training")
+        counts = self.run.counts()
+        parts.append(f"{counts.get('training', 0)}/{n} training")
+        parts += [f"{counts[s]} {s}" for s in ("stalled", "failed") if counts.get(s)]
         return " ".join(parts)
 
     def _update_bar(self) -> None:
@@ -633,6 +609,7 @@ class ConsoleDisplay:
             self._bar = None
 
     def close(self) -> None:
+        self._flush_live(force=True)
         self._close_bar()
 
 
@@ -660,8 +637,28 @@ def in_notebook() -> bool:
     return any(c.__name__ in ("ZMQInteractiveShell", "DatabricksShell") for c in type(shell).__mro__)
 
 
+# mode -> factory(num_workers=, num_ps=, max_attempts=) -> display; tfnb.notebook adds "widget"
+_FACTORIES: dict = {
+    "console": lambda num_workers, num_ps, max_attempts: ConsoleDisplay(num_workers=num_workers, num_ps=num_ps),
+    "none": lambda num_workers, num_ps, max_attempts: _NoDisplay(),
+}
+
+
+def register_display(mode: str, factory: Callable[..., Display]) -> None:
+    """Add (or replace) a display mode for ``TFNB_DISPLAY=mode``; how the notebook layer plugs in.
+
+    Args:
+        mode: the name users give in ``TFNB_DISPLAY``.
+        factory: called as ``factory(num_workers=, num_ps=, max_attempts=)``; returns a display.
+
+    Example:
+        >>> register_display("widget", ProgressWidget.for_run)   # done by tfnb.notebook
+    """
+    _FACTORIES[mode] = factory
+
+
 def auto_display(num_workers: int, num_ps: int = 0, *, mode: str | None = None,
-                 max_attempts: int | None = None) -> Callable[[RunEvent], None]:
+                 max_attempts: int | None = None) -> Display:
     """The display ``tfnb.run`` uses when none is given: a live widget in notebooks, console otherwise.
 
     Args:
@@ -674,7 +671,7 @@ def auto_display(num_workers: int, num_ps: int = 0, *, mode: str | None = None,
         A callable taking each RunEvent, with a ``close()`` to call when the run ends.
 
     Raises:
-        ConfigError: an unknown mode.
+        ConfigError: an unknown mode, or ``widget`` while the notebook layer is not loaded.
 
     Example:
         >>> import os
@@ -682,145 +679,38 @@ def auto_display(num_workers: int, num_ps: int = 0, *, mode: str | None = None,
         >>> tfnb.run(train_fn, num_workers=2)
     """
     chosen = setting("display", mode, "auto", str).strip().lower()
-    if chosen not in DISPLAY_MODES:
+    if chosen not in DISPLAY_MODES and chosen not in _FACTORIES:
         raise ConfigError(
             f"display mode {chosen!r} (TFNB_DISPLAY or mode=) is not one of {', '.join(DISPLAY_MODES)}; "
             "set TFNB_DISPLAY=widget, console or none, or unset it")
     if chosen == "auto":
-        chosen = "widget" if in_notebook() else "console"
-    if chosen == "none":
-        return _NoDisplay()
-    if chosen == "console":
-        return ConsoleDisplay(num_workers=num_workers, num_ps=num_ps)
-    widget = ProgressWidget(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
-    if in_notebook():
-        from IPython.display import display
-
-        display(widget)
-    else:
-        log.debug("TFNB_DISPLAY=widget outside a notebook kernel: the widget is kept but not shown")
-    return widget
+        chosen = "widget" if in_notebook() and "widget" in _FACTORIES else "console"
+    factory = _FACTORIES.get(chosen)
+    if factory is None:
+        raise ConfigError(f"TFNB_DISPLAY={chosen} needs the notebook layer: run `import tfnb.notebook` first "
+                          "(a Jupyter kernel loads it with `import tfnb`), or set TFNB_DISPLAY=console")
+    return factory(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
 
 
-# ---------------------------------------------------------------- inside train_fn
-
-
-def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: float = 0.5,
-                   every_n_steps: int | None = None):
-    """A Keras callback that reports epoch, step, loss, metrics and throughput to the driver's display.
-
-    Add it to ``model.fit(callbacks=[...])`` on every worker (``ctx.progress_callback()`` builds
-    it), so each task has its own row. It sends at most one update per ``interval`` seconds (or
-    every ``every_n_steps`` batches) plus one at each epoch end; logs are converted to numbers
-    only when sent, so the training loop is not synchronised every batch.
+def make_display(display: Display | bool | None, num_workers: int, num_ps: int = 0,
+                 max_attempts: int | None = None) -> Display:
+    """The display for ``tfnb.run(display=...)``: the launcher surface add-ons (tfnb.compat) use too.
 
     Args:
-        ctx: the WorkerContext (optional; reports go to the run this process belongs to).
-        batch_size: examples one training step consumes on this worker (usually the batch size of
-            the dataset given to ``fit``); the display then shows examples/s = steps/s x batch_size.
-            Keras does not tell callbacks the batch size, so without it only steps/s is shown.
-        interval: minimum seconds between two step updates.
-        every_n_steps: report every N batches instead of by time.
+        display: a callable taking RunEvents (used as is), False for none, None/True for the
+            default (:func:`auto_display`).
+        num_workers: chief + worker tasks of the run.
+        num_ps: parameter-server tasks.
+        max_attempts: launches the run may make, when known.
 
     Returns:
-        A ``tf.keras.callbacks.Callback``.
-
-    Raises:
-        ConfigError: a bad batch_size, interval or every_n_steps.
+        A display; call its ``close()`` (when it has one) once the run ends.
 
     Example:
-        >>> def train_fn(ctx):
-        ...     ...
-        ...     model.fit(ds, epochs=3, callbacks=[ctx.progress_callback(batch_size=64)])
+        >>> sink = make_display(None, num_workers=2)
     """
-    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                                   or batch_size < 1):
-        raise ConfigError(f"batch_size={batch_size!r} must be an int >= 1 (examples per step on this worker)")
-    if _number(interval) is None or interval < 0:
-        raise ConfigError(f"interval={interval!r} must be a number of seconds >= 0")
-    if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
-        raise ConfigError(f"every_n_steps={every_n_steps!r} must be an int >= 1, or None to report by time")
-    from ._deps import require
-
-    tf = require("tensorflow", "the tfnb Keras progress callback")
-
-    class TfnbProgress(tf.keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            # tf-keras then hands us tensors and skips its per-batch device sync; we convert only what we send
-            self._supports_tf_logs = True
-            self.epoch = 0
-            self.epochs = None
-            self.steps = None
-            self._batches = 0        # batches done in this epoch
-            self._done = 0           # batches done in this fit
-            self._mark = (time.monotonic(), 0)  # (time, _done) at the last rate measurement
-            self._epoch_start = (time.monotonic(), 0)
-            self._last_batch_time = time.monotonic()
-
-        def _send(self, logs, **fields):
-            data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps}
-            data.update(fields)
-            if batch_size is not None:
-                data["batch_size"] = batch_size
-                if data.get("steps_per_sec") is not None:
-                    data["examples_per_sec"] = data["steps_per_sec"] * batch_size
-            for key, value in (logs or {}).items():
-                if key in ("batch", "size") or key in data:
-                    continue
-                num = _tensor_number(value)
-                if num is not None:
-                    data[key] = num
-            events.emit(events.PROGRESS, **{k: v for k, v in data.items() if v is not None})
-
-        def on_train_begin(self, logs=None):
-            params = self.params or {}
-            self.epochs = params.get("epochs")
-            self.steps = params.get("steps")
-            events.emit(events.PROGRESS, **{k: v for k, v in
-                                            {"epochs": self.epochs, "steps": self.steps,
-                                             "batch_size": batch_size}.items() if v is not None})
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-            self._batches = 0
-            now = time.monotonic()
-            self._mark = self._epoch_start = (now, self._done)
-
-        def on_train_batch_end(self, batch, logs=None):
-            # batch is the index within the epoch; with steps_per_execution > 1 some indices are skipped
-            done = batch + 1
-            self._done += max(done - self._batches, 0)
-            self._batches = done
-            now = self._last_batch_time = time.monotonic()
-            t0, n0 = self._mark
-            if every_n_steps is not None:
-                if self._done - n0 < every_n_steps:
-                    return
-            elif now - t0 < interval:
-                return
-            self._mark = (now, self._done)
-            self._send(logs, steps_per_sec=(self._done - n0) / (now - t0) if now > t0 else None)
-
-        def on_epoch_end(self, epoch, logs=None):
-            t0, n0 = self._epoch_start
-            # the epoch's rate up to its last batch, leaving validation time out
-            dt = self._last_batch_time - t0
-            rate = (self._done - n0) / dt if dt > 0 and self._done > n0 else None
-            self._send(logs, epoch_end=True, steps_per_sec=rate)
-
-    return TfnbProgress()
-
-
-def _tensor_number(value: Any) -> float | None:
-    """A scalar tensor / numpy value / number as float; None for anything else."""
-    try:
-        if hasattr(value, "numpy"):
-            value = value.numpy()
-        if getattr(value, "size", 1) != 1:
-            return None
-        if hasattr(value, "item"):
-            value = value.item()
-    except Exception:  # noqa: BLE001 - a symbolic or odd value is simply not reported
-        return None
-    return _number(value)
+    if display is False:
+        return _NoDisplay()
+    if callable(display):
+        return display
+    return auto_display(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)

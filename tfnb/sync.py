@@ -33,8 +33,9 @@ should have one writing sync at a time. Files other than event files (plugin ass
 are copied whole when they change and have been quiet for a second, also through a temporary
 name. ``stop()`` (and leaving the ``with`` block, also on an exception) runs a final pass.
 
-S3 goes through boto3 (endpoint, region and keys from ``storage_options`` or the usual AWS
-environment variables, e.g. ``AWS_ENDPOINT_URL``); other URLs go through fsspec.
+Both ends go through tfnb's storage layer: any path or URL, with the options of the README's
+"Storage URLs and options" (S3 through boto3, endpoint from ``TFNB_S3_ENDPOINT_URL`` or
+``AWS_ENDPOINT_URL`` when not given).
 
 Example:
     >>> with tfnb.EventSync("/local_disk0/tb", "s3://bucket/run1/logs", interval=10):
@@ -50,23 +51,21 @@ import re
 import struct
 import threading
 import time
-import uuid
 import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ._config import setting
-from ._deps import require
+from ._storage import PART, Entry, Store, open_store
 from .errors import ConfigError, SyncError
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "append", "parts")
-TMP_MARK = ".tfnb-tmp-"          # temporary names carry this; listings skip them
+TMP_MARK = PART                  # temporary names carry this; listings skip them
 _PART_RE = re.compile(r"^(?P<base>.+)\.part-(?P<n>\d{6,})$")
 _QUIET = 1.0                     # seconds a non-event file must be unchanged before it is copied
 _MAX_READ = 64 << 20             # bytes read from one file per pass; the rest follows next pass
-_NOT_APPENDABLE = ("/dbfs/", "/Volumes/")
 
 
 # ---------------------------------------------------------------- TFRecord framing
@@ -117,292 +116,6 @@ def complete_records(buf: bytes | memoryview) -> int | None:
 def is_event_file(name: str) -> bool:
     """TensorBoard's own rule: an event file has "tfevents" in its base name."""
     return "tfevents" in posixpath.basename(name)
-
-
-# ---------------------------------------------------------------- stores
-
-@dataclass(frozen=True)
-class FileInfo:
-    size: int
-    mtime: float
-
-
-class _Store:
-    """A directory tree on some filesystem, addressed by relative POSIX paths."""
-
-    appendable = False
-    local = False      # a path this process can open directly (TensorFlow can read/write it)
-    root = ""
-
-    def list(self, recursive: bool = True) -> dict[str, FileInfo]:
-        raise NotImplementedError
-
-    def read(self, rel: str, offset: int = 0, length: int | None = None) -> bytes:
-        raise NotImplementedError
-
-    def write(self, rel: str, data: bytes) -> None:
-        """Create or replace ``rel`` so that readers see the old content or all of ``data``."""
-        raise NotImplementedError
-
-    def append(self, rel: str, data: bytes) -> None:
-        raise NotImplementedError(f"{self.root} does not support appends")
-
-    def put_file(self, local_path: str, rel: str) -> None:
-        with open(local_path, "rb") as f:
-            self.write(rel, f.read())
-
-    def get_file(self, rel: str, local_path: str) -> None:
-        with open(local_path, "wb") as f:
-            f.write(self.read(rel))
-
-    def delete(self, rel: str) -> None:
-        raise NotImplementedError
-
-    def url(self, rel: str = "") -> str:
-        return self.root.rstrip("/") + ("/" + rel if rel else "")
-
-
-class _LocalStore(_Store):
-    local = True
-
-    def __init__(self, root: str):
-        if root.startswith("file://"):
-            root = root[len("file://"):]
-        self.root = os.path.abspath(os.path.expanduser(root))
-        self.appendable = not (self.root + "/").startswith(_NOT_APPENDABLE)
-
-    def _path(self, rel: str) -> str:
-        return os.path.join(self.root, *rel.split("/")) if rel else self.root
-
-    def list(self, recursive: bool = True) -> dict[str, FileInfo]:
-        out: dict[str, FileInfo] = {}
-        if not os.path.isdir(self.root):
-            return out
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            if not recursive:
-                dirnames.clear()
-            for name in filenames:
-                if TMP_MARK in name:
-                    continue
-                full = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(full)
-                except FileNotFoundError:  # deleted between listing and stat
-                    continue
-                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                out[rel] = FileInfo(st.st_size, st.st_mtime)
-        return out
-
-    def read(self, rel: str, offset: int = 0, length: int | None = None) -> bytes:
-        with open(self._path(rel), "rb") as f:
-            f.seek(offset)
-            return f.read() if length is None else f.read(length)
-
-    def _tmp(self, path: str) -> str:
-        return os.path.join(os.path.dirname(path), f"{TMP_MARK}{uuid.uuid4().hex[:12]}")
-
-    def write(self, rel: str, data: bytes) -> None:
-        path = self._path(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = self._tmp(path)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            _silent_remove(tmp)
-            raise
-
-    def append(self, rel: str, data: bytes) -> None:
-        with open(self._path(rel), "ab") as f:
-            f.write(data)
-
-    def put_file(self, local_path: str, rel: str) -> None:
-        import shutil
-
-        path = self._path(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = self._tmp(path)
-        try:
-            shutil.copyfile(local_path, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            _silent_remove(tmp)
-            raise
-
-    def get_file(self, rel: str, local_path: str) -> None:
-        import shutil
-
-        shutil.copyfile(self._path(rel), local_path)
-
-    def delete(self, rel: str) -> None:
-        _silent_remove(self._path(rel))
-
-    def url(self, rel: str = "") -> str:
-        return self._path(rel)
-
-
-def _no_range_checksum(params, **kwargs) -> None:
-    """Do not validate a ranged GET against a whole-object checksum.
-
-    AWS sends no checksum with a range, but some S3-compatible servers (``rclone serve s3``) send the
-    whole object's, which a range can never match. Whole-object reads keep their validation.
-    """
-    if "Range" in params.get("headers", {}):
-        params.get("context", {}).get("checksum", {}).pop("response_algorithms", None)
-
-
-def _silent_remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-
-
-_S3_KEYS = {"endpoint_url": "endpoint_url", "region_name": "region_name", "region": "region_name",
-            "aws_access_key_id": "aws_access_key_id", "key": "aws_access_key_id",
-            "aws_secret_access_key": "aws_secret_access_key", "secret": "aws_secret_access_key",
-            "aws_session_token": "aws_session_token", "token": "aws_session_token"}
-
-
-class _S3Store(_Store):
-    """s3:// through boto3 (s3fs is not a dependency: it pins an old botocore)."""
-
-    def __init__(self, url: str, options: Mapping[str, Any]):
-        boto3 = require("boto3", f"syncing to {url}")
-        rest = url.split("://", 1)[1]
-        self.bucket, _, prefix = rest.partition("/")
-        if not self.bucket:
-            raise ConfigError(f"{url!r} names no bucket; write s3://BUCKET/prefix")
-        self.prefix = prefix.strip("/")
-        self.root = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-        kwargs: dict[str, Any] = {}
-        for key, value in dict(options).items():
-            if key == "client_kwargs":
-                kwargs.update(value)
-            elif key in _S3_KEYS:
-                kwargs[_S3_KEYS[key]] = value
-            else:
-                raise ConfigError(
-                    f"storage_options key {key!r} is not understood for S3; use endpoint_url, region_name, "
-                    f"aws_access_key_id, aws_secret_access_key, aws_session_token or client_kwargs")
-        self._client = boto3.session.Session().client("s3", **kwargs)
-        self._client.meta.events.register("before-call.s3.GetObject", _no_range_checksum)
-
-    def _key(self, rel: str) -> str:
-        return f"{self.prefix}/{rel}" if self.prefix else rel
-
-    def list(self, recursive: bool = True) -> dict[str, FileInfo]:
-        out: dict[str, FileInfo] = {}
-        base = self.prefix + "/" if self.prefix else ""
-        args = {"Bucket": self.bucket, "Prefix": base}
-        if not recursive:
-            args["Delimiter"] = "/"
-        for page in self._client.get_paginator("list_objects_v2").paginate(**args):
-            for obj in page.get("Contents", ()):
-                rel = obj["Key"][len(base):]
-                if rel and not rel.endswith("/") and TMP_MARK not in rel:
-                    out[rel] = FileInfo(int(obj["Size"]), obj["LastModified"].timestamp())
-        return out
-
-    def read(self, rel: str, offset: int = 0, length: int | None = None) -> bytes:
-        args = {"Bucket": self.bucket, "Key": self._key(rel)}
-        if length == 0:
-            return b""
-        if offset or length is not None:
-            args["Range"] = f"bytes={offset}-" + ("" if length is None else str(offset + length - 1))
-        return self._client.get_object(**args)["Body"].read()
-
-    def write(self, rel: str, data: bytes) -> None:
-        # a PUT is atomic: readers see the old object or the new one, never a partial one
-        self._client.put_object(Bucket=self.bucket, Key=self._key(rel), Body=data)
-
-    def put_file(self, local_path: str, rel: str) -> None:
-        self._client.upload_file(local_path, self.bucket, self._key(rel))
-
-    def get_file(self, rel: str, local_path: str) -> None:
-        self._client.download_file(self.bucket, self._key(rel), local_path)
-
-    def delete(self, rel: str) -> None:
-        self._client.delete_object(Bucket=self.bucket, Key=self._key(rel))
-
-
-_OBJECT_STORES = frozenset({"gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2", "memory"})
-
-
-class _FsspecStore(_Store):
-    def __init__(self, url: str, options: Mapping[str, Any]):
-        fsspec = require("fsspec", f"syncing to {url}")
-        try:
-            self.fs, self.path = fsspec.core.url_to_fs(url, **dict(options))
-        except (ImportError, ValueError) as e:
-            raise ConfigError(f"cannot open {url!r} with fsspec: {e}; install the fsspec backend for "
-                              f"this scheme or use a local path / s3:// URL") from e
-        self.path = self.path.rstrip("/")
-        self.root = url.rstrip("/")
-
-    def _full(self, rel: str) -> str:
-        return f"{self.path}/{rel}" if rel else self.path
-
-    def list(self, recursive: bool = True) -> dict[str, FileInfo]:
-        out: dict[str, FileInfo] = {}
-        try:
-            found = (self.fs.find(self.path, detail=True) if recursive
-                     else {i["name"]: i for i in self.fs.ls(self.path, detail=True) if i.get("type") == "file"})
-        except FileNotFoundError:
-            return out
-        for name, info in found.items():
-            rel = name[len(self.path):].lstrip("/")
-            if rel and TMP_MARK not in rel:
-                out[rel] = FileInfo(int(info.get("size") or 0), _mtime(info))
-        return out
-
-    def read(self, rel: str, offset: int = 0, length: int | None = None) -> bytes:
-        end = None if length is None else offset + length
-        return self.fs.cat_file(self._full(rel), start=offset or None, end=end)
-
-    def write(self, rel: str, data: bytes) -> None:
-        path = self._full(rel)
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        if protocol in _OBJECT_STORES:
-            # an object PUT is atomic already; a rename would be a second full copy
-            self.fs.pipe_file(path, data)
-            return
-        parent = posixpath.dirname(path)
-        self.fs.makedirs(parent, exist_ok=True)
-        tmp = f"{parent}/{TMP_MARK}{uuid.uuid4().hex[:12]}"
-        self.fs.pipe_file(tmp, data)
-        self.fs.mv(tmp, path)
-
-    def delete(self, rel: str) -> None:
-        self.fs.rm_file(self._full(rel))
-
-
-def _mtime(info: Mapping[str, Any]) -> float:
-    for key in ("mtime", "LastModified", "last_modified", "created", "updated"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if hasattr(value, "timestamp"):
-            return value.timestamp()
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            continue
-    return 0.0
-
-
-def open_store(url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> _Store:
-    """The store for a local path, ``file://``, ``s3://``/``s3a://`` (boto3) or any other fsspec URL."""
-    text = os.fspath(url)
-    if not isinstance(text, str) or not text:
-        raise ConfigError(f"expected a directory path or URL, got {url!r}")
-    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
-    if scheme in ("", "file"):
-        return _LocalStore(text)
-    if scheme in ("s3", "s3a"):
-        return _S3Store(text, storage_options or {})
-    return _FsspecStore(text, storage_options or {})
 
 
 # ---------------------------------------------------------------- the sync
@@ -464,8 +177,8 @@ class EventSync:
         interval: seconds between passes (default 10; env TFNB_SYNC_INTERVAL).
         mode: "auto" (append on local disks, parts on object stores and /dbfs, /Volumes),
             "append" or "parts"; see the module docstring.
-        storage_options: options for the remote side(s): for S3 ``endpoint_url``, ``region_name``,
-            ``aws_access_key_id``, ``aws_secret_access_key``; for other schemes fsspec's options.
+        storage_options: options for the remote side(s): ``key``, ``secret``, ``token``,
+            ``endpoint_url``, ``region``, ... (README, "Storage URLs and options").
 
     Raises:
         ConfigError: bad interval or mode, ``mode="append"`` on a store that cannot append, or
@@ -488,11 +201,15 @@ class EventSync:
             raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} must be one of {', '.join(MODES)}")
+        for name, value in (("src_dir", src_dir), ("dst_url", dst_url)):
+            if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+                raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. '/tmp/tb/run1' "
+                                  "or 's3://bucket/run1/logs'")
         self.src_url = os.fspath(src_dir)
         self.dst_url = os.fspath(dst_url)
         self.interval = float(interval)
-        self._src = open_store(self.src_url, storage_options)
-        self._dst = open_store(self.dst_url, storage_options)
+        self._src = open_store(self.src_url, storage_options, purpose="syncing events from")
+        self._dst = open_store(self.dst_url, storage_options, purpose="syncing events to")
         a, b = self._src.url().rstrip("/") + "/", self._dst.url().rstrip("/") + "/"
         if a.startswith(b) or b.startswith(a):
             raise ConfigError(f"src_dir {self.src_url!r} and dst_url {self.dst_url!r} overlap; "
@@ -502,7 +219,7 @@ class EventSync:
                               f"use mode='parts' (or 'auto')")
         self.mode = mode if mode != "auto" else ("append" if self._dst.appendable else "parts")
         self._tracks: dict[str, _Track] = {}
-        self._copied: dict[str, FileInfo] = {}   # non-event files: what was copied last
+        self._copied: dict[str, Entry] = {}   # non-event files: what was copied last
         self._resumed = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -611,7 +328,8 @@ class EventSync:
                                         s.errors + 1, f"{type(e).__name__}: {e}", s.last_pass)
                 if raise_errors:
                     raise SyncError(f"event sync {self.src_url} -> {self.dst_url} failed: "
-                                    f"{type(e).__name__}: {e}") from e
+                                    f"{type(e).__name__}: {e}; check both locations, and for a remote "
+                                    "store its storage_options (endpoint_url, credentials)") from e
                 log.warning("event sync %s -> %s failed (retrying in %.0f s): %s: %s",
                             self.src_url, self.dst_url, self.interval, type(e).__name__, e)
 
@@ -703,10 +421,10 @@ def _part_number(rel: str) -> int | None:
     return int(m.group("n")) if m else None
 
 
-def _group(listing: Mapping[str, FileInfo]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, FileInfo]]:
+def _group(listing: Mapping[str, Entry]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, Entry]]:
     """Split a listing into logical event streams (name -> ordered segments) and other files."""
     streams: dict[str, list[tuple[int, str, int]]] = {}
-    others: dict[str, FileInfo] = {}
+    others: dict[str, Entry] = {}
     for rel, info in listing.items():
         m = _PART_RE.match(rel)
         if m and is_event_file(m.group("base")):
@@ -732,7 +450,7 @@ def _group(listing: Mapping[str, FileInfo]) -> tuple[dict[str, list[tuple[str, i
     return out, others
 
 
-def _read_range(store: _Store, segments: list[tuple[str, int]], start: int, length: int) -> bytes:
+def _read_range(store: Store, segments: list[tuple[str, int]], start: int, length: int) -> bytes:
     """Bytes [start, start+length) of the concatenation of ``segments``."""
     pieces, pos, end = [], 0, start + length
     for rel, size in segments:

@@ -1,9 +1,11 @@
-"""Notebook layer for TensorBoard: an inline panel in a notebook, a printed URL elsewhere.
+"""TensorBoard on the driver: ``tfnb.tensorboard(logdir)``, its outcomes, and the instances running.
 
 ``tfnb.tensorboard(logdir)`` asks :mod:`tfnb._tb_process` for a TensorBoard serving ``logdir``
-(reusing a running one) and renders the outcome: in a Jupyter or Databricks kernel an ipywidgets
-panel (status, link, Reload and Stop buttons, TensorBoard in an iframe); in a script or a terminal
-IPython, one line with the URL.
+(reusing a running one) and shows the outcome: in a Jupyter or Databricks kernel the panel of
+:mod:`tfnb.notebook.tensorboard` (status, link, Reload and Stop buttons, TensorBoard in an
+iframe); in a script or a terminal IPython, one line with the URL. The outcomes are typed values
+(:class:`Launched`, :class:`Reused`, :class:`Failed`, :class:`TimedOut`); :func:`instances` lists
+the TensorBoards tfnb runs for this user and :func:`stop` stops one.
 
 The iframe URL is the one the *browser* can open, which is not always the driver's
 ``http://127.0.0.1:PORT/``:
@@ -23,17 +25,14 @@ This module is itself callable: ``tfnb.tensorboard(logdir)`` is :func:`tensorboa
 """
 from __future__ import annotations
 
-import datetime
-import html
 import logging
 import os
 import sys
-import time
 import types
-from typing import Any, Callable, Mapping
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Mapping
 
-from ._tb_process import Failed, Launched, Outcome, Reused, TimedOut, ensure_tensorboard, stop
+from ._tb_process import (Failed, Launched, Outcome, Reused, TensorBoardInstance, TimedOut, ensure_tensorboard,
+                          instances, stop)
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -78,26 +77,25 @@ def tensorboard(logdir, *, host: str | None = None, port: int | None = None,
         >>> import tfnb
         >>> tfnb.tensorboard("/tmp/run1/logs")   # in a notebook cell
     """
-    height = _check_height(height)
+    height = check_height(height)
     options = dict(host=host, port=port, reload_interval=reload_interval, timeout=timeout)
     if display is None:
         from .progress import in_notebook
 
         display = in_notebook()
     if display:
-        panel = TensorBoardPanel(logdir, height=height, proxy_url=proxy_url, start=False, **options)
-        from IPython.display import display as show
+        from .notebook.tensorboard import show_panel
 
-        show(panel)  # first, so the cell shows "Starting..." during TensorBoard's slow start
-        panel.reload()
-        return panel
+        return show_panel(logdir, height=height, proxy_url=proxy_url, **options)
     outcome = ensure_tensorboard(logdir, **options)
     if isinstance(outcome, (Launched, Reused)):
         url = browser_url(outcome, proxy_url=proxy_url)
         verb = "Reusing" if isinstance(outcome, Reused) else "Started"
         print(f"{verb} TensorBoard for {outcome.logdir} at {url} (pid {outcome.pid})", flush=True)
+        if outcome.warning:
+            print(f"TensorBoard: {outcome.warning}", file=sys.stderr, flush=True)
     else:
-        print(f"TensorBoard: {_problem_text(outcome)}", file=sys.stderr, flush=True)
+        print(f"TensorBoard: {problem_text(outcome)}", file=sys.stderr, flush=True)
     return outcome
 
 
@@ -176,16 +174,8 @@ def _active_spark_conf() -> dict:
         return {}
 
 
-def _with_query(url: str, **params: Any) -> str:
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True) + [(k, str(v)) for k, v in params.items()]
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-# ---------------------------------------------------------------- rendering
-
-
-def _check_height(height) -> int:
+def check_height(height) -> int:
+    """The panel height in pixels: ``height`` checked, or the default."""
     if height is None:
         return DEFAULT_HEIGHT
     if isinstance(height, bool) or not isinstance(height, int) or height < 100:
@@ -193,156 +183,13 @@ def _check_height(height) -> int:
     return height
 
 
-def _ago(start_time: float) -> str:
-    return str(datetime.timedelta(seconds=max(0, int(time.time() - start_time))))
-
-
-def _problem_text(outcome: Outcome) -> str:
+def problem_text(outcome: Outcome) -> str:
+    """What went wrong and the fix, for a ``Failed`` or ``TimedOut`` outcome."""
     if isinstance(outcome, Failed):
         return f"could not start: {outcome.error}. Fix: {outcome.fix}"
     if isinstance(outcome, TimedOut):
         return f"did not start within {outcome.timeout:g} s (pid {outcome.pid} was stopped). Fix: {outcome.fix}"
     raise TypeError(f"not a problem outcome: {outcome!r}")
-
-
-def status_html(outcome: Outcome) -> str:
-    """One status paragraph for an outcome (escaped HTML)."""
-    e = html.escape
-    if isinstance(outcome, Reused):
-        return (f"Reusing the TensorBoard serving <code>{e(outcome.logdir)}</code> (pid {outcome.pid}, "
-                f"port {outcome.port}, started {_ago(outcome.instance.start_time)} ago).")
-    if isinstance(outcome, Launched):
-        return (f"TensorBoard started for <code>{e(outcome.logdir)}</code> (pid {outcome.pid}, "
-                f"port {outcome.port}).")
-    text = f"<b>TensorBoard {e(_problem_text(outcome))}</b>"
-    if outcome.output:
-        text += f"<pre style='max-height:12em;overflow:auto'>{e(outcome.output)}</pre>"
-    return text
-
-
-def frame_html(url: str, height: int) -> str:
-    """The iframe showing TensorBoard at ``url``."""
-    return (f'<iframe src="{html.escape(url, quote=True)}" title="TensorBoard" width="100%" '
-            f'height="{height}" style="border:1px solid #ddd" loading="eager"></iframe>')
-
-
-def link_html(url: str) -> str:
-    e = html.escape(url, quote=True)
-    return f'<a href="{e}" target="_blank" rel="noopener">{html.escape(url)}</a>'
-
-
-class TensorBoardPanel:
-    """The widget panel for one logdir: status line, link, Reload / Stop, TensorBoard iframe.
-
-    Reload re-checks the instance (starting a new one if it died or was stopped) and reloads the
-    iframe; Stop stops the TensorBoard process. ``start=False`` builds the panel without looking
-    for TensorBoard until :meth:`reload`; ``options`` go to ``ensure_tensorboard``.
-
-    Attributes:
-        outcome: the latest ``Launched``/``Reused``/``Failed``/``TimedOut`` (None after Stop).
-        url: the browser URL of TensorBoard, or None when it is not running.
-        widget: the ipywidgets ``VBox``.
-
-    Example:
-        >>> panel = TensorBoardPanel("/tmp/run1/logs")
-        >>> panel            # shown when it is a cell's value
-        >>> panel.stop()
-    """
-
-    def __init__(self, logdir, *, height: int = DEFAULT_HEIGHT, proxy_url: str | None = None,
-                 start: bool = True, **options: Any):
-        from ._deps import require
-
-        widgets = require("ipywidgets", "the TensorBoard panel")
-        self.logdir = logdir
-        self.height = _check_height(height)
-        self.proxy_url = proxy_url
-        self.outcome: Outcome | None = None
-        self.url: str | None = None
-        self._options = options
-        self._reloads = 0
-        self._shown_in: object = None
-        self._status = widgets.HTML()
-        self._link = widgets.HTML()
-        self._reload_button = widgets.Button(description="Reload", icon="refresh",
-                                             tooltip="Re-check TensorBoard (restart it if needed) and reload the view")
-        self._stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning",
-                                           tooltip="Stop this TensorBoard process")
-        self._frame = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self._reload_button.on_click(lambda _b: self._guard(self.reload))
-        self._stop_button.on_click(lambda _b: self._guard(self.stop))
-        self.widget = widgets.VBox(
-            [self._status, widgets.HBox([self._reload_button, self._stop_button, self._link]), self._frame],
-            layout=widgets.Layout(width="100%"))
-        self.widget.add_class("tfnb-tensorboard")
-        if start:
-            self.reload()
-
-    def reload(self) -> Outcome:
-        """Find or start TensorBoard again and reload the iframe."""
-        self._status.value = f"Starting TensorBoard for <code>{html.escape(str(self.logdir))}</code>..."
-        try:
-            self.outcome = ensure_tensorboard(self.logdir, **self._options)
-        except Exception as e:
-            self._status.value = f"<b>{html.escape(f'{type(e).__name__}: {e}')}</b>"
-            raise
-        self._render()
-        return self.outcome
-
-    def stop(self) -> bool:
-        """Stop the TensorBoard process shown (even one another kernel started); True if it ran."""
-        outcome = self.outcome
-        stopped = isinstance(outcome, (Launched, Reused)) and stop(outcome)
-        self.outcome = None
-        self.url = None
-        pid = f" (pid {outcome.pid})" if isinstance(outcome, (Launched, Reused)) else ""
-        self._status.value = f"TensorBoard{pid} stopped. Reload starts it again."
-        self._link.value = ""
-        self._frame.value = ""
-        self._stop_button.disabled = True
-        return stopped
-
-    def _render(self) -> None:
-        outcome = self.outcome
-        self._status.value = status_html(outcome)
-        if isinstance(outcome, (Launched, Reused)):
-            self.url = browser_url(outcome, proxy_url=self.proxy_url)
-            self._link.value = link_html(self.url)
-            self._reloads += 1
-            # a changed src is what makes the browser fetch the page again
-            src = self.url if self._reloads == 1 else _with_query(self.url, tfnb_reload=self._reloads)
-            self._frame.value = frame_html(src, self.height)
-            self._stop_button.disabled = False
-        else:
-            self.url = None
-            self._link.value = ""
-            self._frame.value = ""
-            self._stop_button.disabled = True
-
-    def _guard(self, action: Callable[[], Any]) -> None:
-        # Button callbacks run in the kernel, where an exception would vanish into its log.
-        try:
-            action()
-        except Exception as e:
-            log.exception("TensorBoard panel action failed")
-            self._status.value = f"<b>Error: {html.escape(f'{type(e).__name__}: {e}')}</b>"
-
-    def _ipython_display_(self) -> None:
-        from IPython import get_ipython
-        from IPython.display import display
-
-        shell = get_ipython()
-        count = getattr(shell, "execution_count", None)
-        # tensorboard() shows the panel itself and also returns it; when that call is the cell's
-        # last line, the returned value would show a second copy of the same panel.
-        if count is not None and count == self._shown_in:
-            return
-        self._shown_in = count
-        display(self.widget)
-
-    def __repr__(self) -> str:
-        state = self.url or "not running"
-        return f"TensorBoardPanel({str(self.logdir)!r}, {state})"
 
 
 class _CallableModule(types.ModuleType):
@@ -359,5 +206,6 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["tensorboard", "TensorBoardPanel", "browser_url", "databricks_proxy_url",
-           "status_html", "frame_html"]
+__all__ = ["tensorboard", "browser_url", "databricks_proxy_url", "instances", "stop", "ensure_tensorboard",
+           "Launched", "Reused", "Failed", "TimedOut", "Outcome", "TensorBoardInstance", "problem_text",
+           "check_height"]

@@ -3,6 +3,9 @@
     from tensorflowonspark import TFCluster, TFNode   # before
     from tfnb.compat import TFCluster, TFNode         # after
 
+    from spark_tensorflow_distributor import MirroredStrategyRunner   # before
+    from tfnb.compat import MirroredStrategyRunner                   # after
+
 ``TFCluster`` (:mod:`tfnb.compat.cluster`) has ``run``, ``InputMode`` and the cluster's ``train``,
 ``inference`` and ``shutdown``; ``TFNode`` (:mod:`tfnb.compat.node`) has ``DataFeed``, ``hdfs_path``
 and ``release_port``. The helpers of ``tensorflowonspark.compat`` (``export_saved_model``,
@@ -23,8 +26,9 @@ from __future__ import annotations
 
 from . import cluster as TFCluster  # noqa: N812 - TensorFlowOnSpark's module names
 from . import node as TFNode  # noqa: N812
+from .mirrored import MirroredStrategyRunner
 
-__all__ = ["TFCluster", "TFNode", "export_saved_model", "disable_auto_shard", "is_gpu_available"]
+__all__ = ["TFCluster", "TFNode", "MirroredStrategyRunner", "export_saved_model", "disable_auto_shard", "is_gpu_available"]
 
 
 def export_saved_model(model, export_dir: str, is_chief: bool = False) -> None:

@@ -81,6 +81,9 @@ def _session(sc):
         raise ConfigError(
             f"sc must be the SparkContext (or a classic SparkSession), got {type(sc).__name__}; pass "
             "spark.sparkContext. Spark Connect sessions have no RDDs: use tfnb.run(train_fn, data=df) there")
+    if sc._jsc is None:
+        raise ConfigError("sc is a stopped SparkContext (sc.stop() or spark.stop() was called); start a new "
+                          "session with SparkSession.builder.getOrCreate() and pass spark.sparkContext")
     active = SparkSession.getActiveSession()
     if active is not None and active.sparkContext is sc:
         return sc, active
@@ -176,16 +179,15 @@ class TFCluster:
         hooks = launcher.LaunchHooks(feeder=feeder, all_results=all_results,
                                      daemon_ranks=frozenset(self._daemons), cancel=cancel,
                                      keep_port=not self._meta.release_port, task_cwd=True)
-        return launcher.run(
-            run_node, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
-            spark=self.spark, log_dir=self._log_dir, display=display, data=data, _hooks=hooks)
+        return launcher.run_with_hooks(
+            run_node, hooks, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
+            spark=self.spark, log_dir=self._log_dir, display=display, data=data)
 
     def _start_background(self, reservation_timeout: float) -> None:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
-        from .._config import setting
-        from ..cluster import _make_display
+        from ..progress import make_display
 
-        inner = _make_display(self._display, self.num_executors, 0, setting("max_attempts", None, 2, int))
+        inner = make_display(self._display, self.num_executors)
         sink = _StartWatch(inner, self.num_executors, self._started.set)
 
         def body():
@@ -380,7 +382,7 @@ class TFCluster:
     def _stop_tensorboard(self) -> None:
         if self._tensorboard is None:
             return
-        from .._tb_process import Launched, stop
+        from ..tensorboard import Launched, stop
 
         outcome = getattr(self._tensorboard, "outcome", self._tensorboard)
         self._tensorboard = None
@@ -462,9 +464,9 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
             f"num_executors={num_executors} cannot hold num_ps={num_ps}"
             f"{', the master node' if master_node else ''}{', the evaluator' if eval_node else ''} and at "
             "least one chief or worker node; raise num_executors or lower num_ps")
-    from ..cluster import _pickle_fn, check_cluster
+    from ..cluster import check_cluster, pickle_fn
 
-    _pickle_fn(map_fun, (tf_args,))  # unpicklable map_fun/tf_args fail here, not in a node
+    pickle_fn(map_fun, (tf_args,))  # unpicklable map_fun/tf_args fail here, not in a node
     try:
         check_cluster(spark, num_executors)
     except ClusterError as e:

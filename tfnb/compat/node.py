@@ -330,13 +330,6 @@ def tf_config_for(cluster_spec: dict, job_name: str, task_index: int) -> str | N
                        "environment": "cloud"})
 
 
-def _kept_socket() -> socket.socket | None:
-    from .._worker import ENV_KEPT_PORT_FD
-
-    fd = os.environ.pop(ENV_KEPT_PORT_FD, None)
-    return socket.socket(fileno=int(fd)) if fd else None
-
-
 def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
     """tfnb train_fn running one TensorFlowOnSpark node: build its ctx, then ``map_fun(tf_args, ctx)``.
 
@@ -354,7 +347,7 @@ def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
         os.environ["TF_CONFIG"] = tf_config
     mgr = FeedManager(wctx.feed)
     ctx = NodeContext(executor_id, job_name, task_index, cluster_spec, meta.default_fs, meta.working_dir,
-                      mgr, None if meta.release_port else _kept_socket(), wctx)
+                      mgr, None if meta.release_port else wctx.reserved_port(), wctx)
     if not meta.release_port:
         log.warning("user code must call ctx.release_port() before starting its TensorFlow server")
     if isinstance(tf_args, list):

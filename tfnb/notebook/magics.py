@@ -1,4 +1,4 @@
-"""IPython magics: ``%load_ext tfnb`` adds ``%tfnb_tensorboard``.
+"""IPython magics: ``%load_ext tfnb`` (or ``%load_ext tfnb.notebook``) adds ``%tfnb_tensorboard``.
 
 ``%tfnb_tensorboard --logdir DIR`` shows the same panel as ``tfnb.tensorboard(DIR)``.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 MAGIC_NAME = "tfnb_tensorboard"
 
@@ -50,7 +50,7 @@ def tfnb_tensorboard_magic(line: str):
     except ValueError as e:
         raise ConfigError(f"%{MAGIC_NAME}: cannot parse {line!r}: {e}; quote paths with spaces") from e
     args = _parser().parse_args(words)
-    from .tensorboard import tensorboard
+    from ..tensorboard import tensorboard
 
     tensorboard(args.logdir, port=args.port, host=args.host, reload_interval=args.reload_interval,
                 timeout=args.timeout, height=args.height)

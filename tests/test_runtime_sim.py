@@ -1,0 +1,200 @@
+"""tfnb installed into a simulated Databricks Runtime ML: a separate virtualenv holding what such a runtime
+preinstalls (pyspark 3.5.0, TensorFlow + tf-keras, and the versions Runtime 15.4 LTS ML ships of pyarrow,
+pandas, boto3, fsspec, ipywidgets...). The built tfnb wheel goes in with a plain `pip install`; the test
+checks that no preinstalled package changed version and that a 2-worker MultiWorkerMirroredStrategy
+`tfnb.run` trains on that Spark 3.5. The runtime virtualenv is built once (a few minutes: pyspark 3.5 is
+a large download) and cached under ~/.cache/tfnb-runtime-sim/<hash of its requirements>; each run works
+on a hard-linked copy, so the cache stays as built."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What the runtime has before tfnb arrives (Runtime 15.4 LTS ML versions where the Python allows; the
+# TensorFlow of constraints.txt, as an ML runtime's TensorFlow with tf-keras).
+RUNTIME = [
+    "pyspark==3.5.0",
+    "tensorflow==2.21.0",
+    "tf-keras==2.21.0",
+    "numpy==1.26.4",
+    "pandas==1.5.3",
+    "pyarrow==14.0.1",
+    "boto3==1.34.39",
+    "cloudpickle==2.2.1",
+    "fsspec==2023.5.0",
+    "ipywidgets==7.7.2",
+    "tqdm==4.65.0",
+]
+CACHE = Path(os.environ.get("TFNB_RUNTIME_SIM_CACHE", Path.home() / ".cache" / "tfnb-runtime-sim"))
+
+HEAVY = ("tensorflow", "tf_keras", "keras", "tensorboard", "pyspark", "py4j", "ipywidgets", "IPython", "boto3",
+         "botocore", "pandas", "pyarrow", "numpy", "fsspec", "cloudpickle", "tqdm")
+
+
+def _run(cmd, **kw) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert res.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return res
+
+
+def _packages(python: Path) -> dict[str, str]:
+    out = _run([python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"]).stdout
+    return {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(out)}
+
+
+def _runtime_env() -> Path:
+    """The cached runtime virtualenv, built (once, under a lock) if missing."""
+    key = hashlib.sha256("\n".join([sys.version.split()[0], *RUNTIME]).encode()).hexdigest()[:16]
+    venv = CACHE / key
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / "ready").is_file():
+            shutil.rmtree(venv, ignore_errors=True)
+            start = time.monotonic()
+            _run([sys.executable, "-m", "venv", venv])
+            _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", *RUNTIME])
+            (venv / "ready").write_text(f"built in {time.monotonic() - start:.0f} s\n")
+    return venv
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    base = _runtime_env()
+    for stale in CACHE.glob("run-*"):  # left by a test run that was killed
+        if not Path(f"/proc/{stale.name.split('-')[1]}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    copy = CACHE / f"run-{os.getpid()}-{tmp_path.name}"
+    # Hard links: a second or two for ~3 GB; pip writes new files, so the cached copy stays untouched.
+    _run(["cp", "-al", base, copy])
+    yield copy / "bin" / "python"
+    shutil.rmtree(copy, ignore_errors=True)
+
+
+def _wheel(out: Path) -> Path:
+    # Built from a copy of the sources so the worktree gets no build/ or egg-info; standard PEP 517 build.
+    src = out / "src"
+    src.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "tfnb", src / "tfnb", ignore=shutil.ignore_patterns("__pycache__"))
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", "-w", out, src])
+    (wheel,) = out.glob("tfnb-*.whl")
+    return wheel
+
+
+TRAIN = textwrap.dedent("""
+    import json, sys, time
+    import pyspark
+    from pyspark.sql import SparkSession
+    import tfnb
+
+    def train(ctx):
+        import numpy as np
+        import tensorflow as tf
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        rng = np.random.default_rng(ctx.task_index)
+        x = rng.normal(size=(256, 8)).astype("float32")
+        y = (x.sum(axis=1) > 0).astype("float32")
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32).with_options(options)
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.layers.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
+                                         tf.keras.layers.Dense(1, activation="sigmoid")])
+            model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+        history = model.fit(ds, epochs=2, steps_per_epoch=4, verbose=0)
+        return {"replicas": strategy.num_replicas_in_sync, "keras": type(model).__module__,
+                "epochs": len(history.history["loss"]), "tf": tf.__version__,
+                "pyspark_worker": __import__("pyspark").__version__}
+
+    spark = (SparkSession.builder.master("local[2]").appName("runtime-sim")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    try:
+        result = tfnb.run(train, num_workers=2, spark=spark, display=False, timeout=600)
+        # Cancelling on Spark 3.5 (no job tags on classic sessions there): a run that outlives its timeout.
+        try:
+            tfnb.run(lambda ctx: __import__("time").sleep(600), num_workers=2, spark=spark, display=False, timeout=5)
+            cancelled = "not cancelled"
+        except tfnb.RunTimeoutError as e:
+            cancelled = type(e).__name__
+        deadline = time.monotonic() + 60
+        while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        active = list(spark.sparkContext.statusTracker().getActiveJobsIds())
+    finally:
+        spark.stop()
+    print("RESULT " + json.dumps({**result, "pyspark": pyspark.__version__, "tfnb": tfnb.__file__,
+                                  "cancelled": cancelled, "active_jobs": active}))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_wheel_installs_into_a_runtime_without_changing_it_and_trains_on_spark_3_5(runtime, tmp_path, no_orphans):
+    before = _packages(runtime)
+    assert before["pyspark"] == "3.5.0" and "tfnb" not in before
+
+    wheel = _wheel(tmp_path)
+    _run([runtime, "-m", "pip", "install", "--disable-pip-version-check", wheel])
+
+    after = _packages(runtime)
+    changed = {name: (v, after.get(name)) for name, v in before.items() if after.get(name) != v}
+    assert not changed, f"pip install tfnb changed preinstalled packages (name: (before, after)): {changed}"
+    assert after["tfnb"] == wheel.name.split("-")[1]
+
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}  # tfnb from the wheel
+    env.update(PYSPARK_PYTHON=str(runtime), PYSPARK_DRIVER_PYTHON=str(runtime), TF_CPP_MIN_LOG_LEVEL="2")
+    res = _run([runtime, script], cwd=tmp_path, env=env, timeout=900)
+    result = json.loads(res.stdout.split("RESULT ", 1)[1])
+    assert result["pyspark"] == result["pyspark_worker"] == "3.5.0"
+    assert result["replicas"] == 2 and result["epochs"] == 2 and result["keras"].startswith("tf_keras")
+    assert "site-packages" in result["tfnb"] and str(ROOT) not in result["tfnb"]
+    assert result["cancelled"] == "RunTimeoutError" and result["active_jobs"] == []
+
+
+def test_import_tfnb_loads_nothing_heavy():
+    code = ("import sys, json, tfnb; from tfnb import run, Evaluator, EventSync, stage; "
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    out = _run([sys.executable, "-c", code], cwd=ROOT).stdout
+    assert json.loads(out) == []
+
+
+def test_old_spark_is_refused_naming_the_floor_and_the_fix(monkeypatch):
+    import pyspark
+
+    import tfnb
+    from tfnb.errors import MissingDependencyError
+
+    monkeypatch.setattr(pyspark, "__version__", "3.4.1")  # what an older runtime's pyspark reports
+    with pytest.raises(MissingDependencyError) as err:
+        tfnb.run(lambda ctx: None, num_workers=2, display=False)
+    message = str(err.value)
+    assert "Spark 3.4.1 is too old: tfnb needs Spark >= 3.5" in message
+    assert "barrier DataFrame.mapInArrow" in message and "Runtime 14.3 LTS or later" in message
+
+
+def test_old_tensorflow_is_refused_naming_the_floor_and_the_fix(monkeypatch):
+    import tensorflow as tf
+
+    from tfnb._deps import require
+    from tfnb.errors import MissingDependencyError
+
+    monkeypatch.setattr(tf, "__version__", "2.15.1")
+    with pytest.raises(MissingDependencyError, match=r"TensorFlow 2.15.1 is too old: tfnb needs TensorFlow >= 2.16"
+                                                    r".*Runtime ML 15.4 LTS or later"):
+        require("tensorflow", "the evaluator")

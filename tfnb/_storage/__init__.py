@@ -1,0 +1,226 @@
+"""One storage layer under every URL tfnb reads or writes: staging, event sync, evaluator, status, predict.
+
+``open_store(url, options)`` gives a :class:`Store` rooted at ``url``; every operation takes a path
+relative to that root (``""`` is the root itself, which may be a single file). Backends:
+
+* local paths (also ``file://``, ``/dbfs/...``, ``/Volumes/...``; ``dbfs:/x`` is read as ``/dbfs/x``);
+* ``s3://`` (also ``s3a://``, ``s3n://``) through boto3 and s3transfer, no s3fs;
+* any other scheme through fsspec (``gs://`` with gcsfs, ``memory://``, ...).
+
+Options are one vocabulary for every backend and every public function that takes a URL (see
+:data:`S3_OPTIONS`); for fsspec schemes they go to the filesystem as they are. Every failure is a
+:class:`~tfnb.errors.StorageError` naming the URL, what failed and the fix; a missing file is also a
+``FileNotFoundError``. Writes are atomic: a reader sees the old content or all of the new, never a
+part (local: a hidden temporary name renamed into place; object stores: one PUT).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from ..errors import ConfigError, MissingDependencyError, StorageError
+
+PART = ".tfnb-part"          # temporary names carry this; listings skip them
+S3_SCHEMES = ("s3", "s3a", "s3n")
+S3_OPTIONS = {  # the vocabulary -> boto3's name (its own names are accepted too)
+    "key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
+    "region": "region_name", "endpoint_url": "endpoint_url", "profile": "profile", "anon": "anon",
+    "config": "config", "client_kwargs": "client_kwargs"}
+
+
+class MissingError(StorageError, FileNotFoundError):
+    """The file or object does not exist."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a store.
+
+    Attributes:
+        rel: its path below the store's root, ``/``-separated (``""``: the root itself).
+        size: bytes.
+        mtime: modification time, seconds since the epoch (0 when the backend has none).
+        version: ETag, checksum or mtime; it changes when the content does.
+    """
+
+    rel: str
+    size: int
+    mtime: float
+    version: str
+
+
+def normalize(url: str | os.PathLike) -> str:
+    """The one spelling of a URL or path: ``dbfs:/x`` -> ``/dbfs/x``, ``file://x`` -> ``/x``,
+    ``s3a://``/``s3n://`` -> ``s3://``, a plain path -> absolute."""
+    text = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"expected a path or URL, got {url!r}; e.g. '/dbfs/data' or 's3://bucket/prefix'")
+    scheme, sep, rest = text.partition("://")
+    if text.lower().startswith("dbfs:"):                # dbfs:/x (Spark's spelling), dbfs:///x
+        return "/dbfs/" + text[len("dbfs:"):].lstrip("/")
+    if not sep or "/" in scheme:
+        return os.path.abspath(os.path.expanduser(text))
+    scheme = scheme.lower()
+    if scheme == "file":
+        return os.path.abspath(os.path.expanduser(rest))
+    if scheme in S3_SCHEMES:
+        return "s3://" + rest
+    return f"{scheme}://{rest}"
+
+
+def open_store(url: str | os.PathLike, options: Mapping[str, Any] | None = None, *, purpose: str = "",
+               concurrency: int = 16, chunk_size: int = 8 << 20) -> "Store":
+    """The store rooted at ``url``.
+
+    Args:
+        url: local path or URL (see the module docstring).
+        options: storage options (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``,
+            ``profile``, ``anon``, ``config``; for fsspec schemes the filesystem's own). Never logged.
+        purpose: what the caller is doing, for messages ("staging", "predict", ...).
+        concurrency: requests in flight at once within one transfer (S3) or copies (fsspec).
+        chunk_size: S3 objects larger than this are fetched as parallel ranged GETs of this size.
+
+    Raises:
+        ConfigError: bad URL or options. MissingDependencyError: the backend is not installed.
+    """
+    text = normalize(url)
+    options = dict(options or {})
+    purpose = purpose or "accessing"
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    if not scheme:
+        from .local import LocalStore
+
+        return LocalStore(text, purpose)
+    if scheme == "s3":
+        from .s3 import S3Store
+
+        return S3Store(text, options, purpose, concurrency, chunk_size)
+    from .fs import FsspecStore
+
+    return FsspecStore(text, options, purpose, concurrency)
+
+
+class Store:
+    """A directory tree (or one file) addressed by relative ``/``-separated paths (``""``: the root).
+
+    Every backend has these operations; each failure is a StorageError (a MissingError when absent):
+
+    * ``list(rel="", recursive=True) -> {sub: Entry}``: files below ``rel``, relative to it; ``{}``
+      when it does not exist; temporary names skipped.
+    * ``stat(rel="") -> Entry | None``: the file ``rel``, None when no file is there (a folder is not).
+    * ``read(rel="", offset=0, length=None) -> bytes``: all of it, or a range.
+    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None)``: download
+      atomically (via ``.NAME.tfnb-part-*`` beside ``local_path``). ``size``/``version`` are what a
+      listing said: a file that no longer matches fails instead of arriving mixed or torn;
+      ``on_bytes(n)`` reports progress (negative when a retry restarts); a set ``cancel`` Event stops it.
+    * ``put(rel, local_path)``, ``write(rel, data)``: create or replace ``rel`` atomically.
+    * ``append(rel, data)``: only where :attr:`appendable`. ``delete(rel)``: a missing file is fine.
+    * ``put_dir(rel, local_dir)``: make ``rel`` a copy of ``local_dir``. ``close()``: release pools.
+    """
+
+    root = ""            # the normalised URL or absolute path
+    local = False        # a path this process can open directly (TensorFlow can read/write it)
+    appendable = False   # append() adds to a file in place
+
+    def url(self, rel: str = "") -> str:
+        """The full URL (or local path) of ``rel``."""
+        return self.root.rstrip("/") + ("/" + rel if rel else "")
+
+    def append(self, rel: str, data: bytes) -> None:
+        raise StorageError(f"{self.url(rel)} cannot be appended to in place; write a new file instead")
+
+    def put_dir(self, rel: str, local_dir: str) -> None:
+        # every file uploaded first, then what is not in local_dir deleted (no directory swap on objects)
+        wanted = set()
+        for dirpath, _, files in os.walk(local_dir):
+            for name in files:
+                sub = os.path.relpath(os.path.join(dirpath, name), local_dir).replace(os.sep, "/")
+                self.put(_join(rel, sub), os.path.join(dirpath, name))
+                wanted.add(sub)
+        for sub in self.list(rel):
+            if sub not in wanted:
+                self.delete(_join(rel, sub))
+
+    def close(self) -> None:
+        pass
+
+
+def _join(rel: str, sub: str) -> str:
+    return f"{rel.rstrip('/')}/{sub}" if rel and sub else rel or sub
+
+
+def is_temp(name: str) -> bool:
+    return PART in name
+
+
+def guarded(doing: str):
+    """Method decorator: any failure becomes the store's StorageError for ``doing`` the URL of ``rel``."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(self, rel: str = "", *args, **kwargs):
+            try:
+                return fn(self, rel, *args, **kwargs)
+            except (StorageError, ConfigError, MissingDependencyError, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - classified by the backend
+                raise self.error(e, self.url(rel) if isinstance(rel, str) else self.root, doing) from e
+        return inner
+    return wrap
+
+
+def os_error(e: BaseException, url: str, doing: str) -> StorageError:
+    """The StorageError for an OS-level failure (local files, fsspec filesystems)."""
+    if isinstance(e, FileNotFoundError):
+        return MissingError(f"{doing} {url} failed: it does not exist; check the path")
+    if isinstance(e, PermissionError):
+        return StorageError(f"permission denied {doing} {url} ({e}); give this process access to it "
+                            "or use other credentials")
+    if isinstance(e, OSError) and e.errno == 28:
+        return StorageError(f"{doing} {url} failed: no space left on the device; free space there")
+    return StorageError(f"{doing} {url} failed: {type(e).__name__}: {e}")
+
+
+def temp_name(path: str, named: bool = False) -> str:
+    """A hidden temporary name beside ``path``: ``.NAME.tfnb-part-X`` when ``named`` (so the owner of
+    ``NAME`` can find its leftovers), else ``.tfnb-part-X`` (no part of the name: an event file's
+    temporary copy must not look like an event file to TensorBoard)."""
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name if named else ''}{PART}-{uuid.uuid4().hex[:12]}")
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that readers see the old content or all of the new."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """An exclusive lock on ``path`` across processes (a no-op where fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: one process per folder is assumed
+        yield
+        return
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)

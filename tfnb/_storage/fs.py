@@ -1,0 +1,150 @@
+"""Any other scheme through fsspec (``gs://`` with gcsfs, ``abfs://``, ``memory://``, ``zip://...::``)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import uuid
+from typing import Any, Mapping
+
+from .._deps import require
+from ..errors import ConfigError, MissingDependencyError, StorageError
+from . import PART, Entry, Store, _remove, guarded, is_temp, os_error, temp_name
+
+# object stores: a PUT is atomic already, and a rename would be a second full copy
+_OBJECT_STORES = frozenset({"gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2", "memory"})
+_VERSION_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum", "CRC")
+_MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created", "date_time")
+
+
+def _mtime(info: Mapping[str, Any]) -> float:
+    for key in _MTIME_KEYS:
+        value = info.get(key)
+        with contextlib.suppress(TypeError, ValueError):
+            return value.timestamp() if hasattr(value, "timestamp") else float(value)
+    return 0.0
+
+
+def _version(info: Mapping[str, Any]) -> str:
+    for key in _VERSION_KEYS:
+        if info.get(key):
+            return str(info[key]).strip('"')
+    for key in _MTIME_KEYS:
+        if info.get(key) is not None:
+            return f"{key}={info[key]}"
+    return ""
+
+
+class FsspecStore(Store):
+    def __init__(self, url: str, options: Mapping[str, Any], purpose: str, concurrency: int):
+        fsspec = require("fsspec", f"{purpose} {url}")
+        try:
+            self.fs, path = fsspec.core.url_to_fs(url, **dict(options))
+        except ImportError as e:
+            raise MissingDependencyError(f"{purpose} {url} needs an fsspec backend that is not installed: "
+                                         f"{e}") from e
+        except (TypeError, ValueError) as e:
+            scheme = url.split("://", 1)[0]
+            if "Protocol not known" in str(e):
+                raise ConfigError(f"{url!r} uses scheme {scheme!r}, which neither boto3 nor fsspec knows; use "
+                                  "s3://, file://, a local path such as /dbfs/..., or install the fsspec "
+                                  "backend for it") from e
+            raise ConfigError(f"cannot open {url} with fsspec ({e}); check the storage options") from e
+        self.path = path.rstrip("/") or path
+        self.root = url.rstrip("/")
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self._atomic_put = protocol in _OBJECT_STORES
+
+    def _full(self, rel: str) -> str:
+        return f"{self.path}/{rel}" if rel else self.path
+
+    def error(self, e: BaseException, url: str, doing: str) -> StorageError:
+        return os_error(e, url, doing)
+
+    @guarded("listing")
+    def list(self, rel: str = "", recursive: bool = True) -> dict[str, Entry]:
+        base = self._full(rel).rstrip("/")
+        try:
+            found = (self.fs.find(base, detail=True) if recursive
+                     else {i["name"]: i for i in self.fs.ls(base, detail=True)})
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for name, info in found.items():
+            sub = name[len(base):].lstrip("/") if name.startswith(base + "/") else ""
+            if sub and info.get("type", "file") == "file" and not is_temp(sub):
+                out[sub] = Entry(sub, int(info.get("size") or 0), _mtime(info), _version(info))
+        return out
+
+    @guarded("reading")
+    def stat(self, rel: str = "") -> Entry | None:
+        try:
+            info = self.fs.info(self._full(rel))
+        except FileNotFoundError:
+            return None
+        if info.get("type", "file") != "file":
+            return None
+        return Entry(rel, int(info.get("size") or 0), _mtime(info), _version(info))
+
+    @guarded("reading")
+    def read(self, rel: str = "", offset: int = 0, length: int | None = None) -> bytes:
+        end = None if length is None else offset + length
+        return self.fs.cat_file(self._full(rel), start=offset or None, end=end)
+
+    @guarded("downloading")
+    def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
+        from fsspec.callbacks import Callback
+
+        if version is not None and (self.stat(rel) or Entry(rel, -1, 0, "")).version != version:
+            raise StorageError(f"{self.url(rel)} changed since it was listed; run again")
+
+        class Progress(Callback):
+            reported = 0
+
+            def call(self, *args, **kwargs):
+                if cancel is not None and cancel.is_set():
+                    raise StorageError(f"downloading {self.url(rel)} was cancelled")
+                if on_bytes and self.value > self.reported:
+                    on_bytes(self.value - self.reported)
+                    self.reported = self.value
+
+        if cancel is not None and cancel.is_set():
+            raise StorageError(f"downloading {self.url(rel)} was cancelled")
+        os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+        tmp, progress = temp_name(local_path, named=True), Progress()
+        try:
+            self.fs.get_file(self._full(rel), tmp, callback=progress)
+            got = os.path.getsize(tmp)
+            if on_bytes and got > progress.reported:   # local copies report nothing on the way
+                on_bytes(got - progress.reported)
+            if size is not None and got != size:
+                raise StorageError(f"{self.url(rel)} has {got} bytes but was listed with {size}; it changed, "
+                                   "run again")
+            os.replace(tmp, local_path)
+        except BaseException:
+            _remove(tmp)
+            raise
+
+    def _replace(self, rel: str, send) -> None:
+        path = self._full(rel)
+        if self._atomic_put:
+            send(path)
+            return
+        parent = posixpath.dirname(path)
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{parent}/{PART}-{uuid.uuid4().hex[:12]}"
+        send(tmp)
+        self.fs.mv(tmp, path)
+
+    @guarded("uploading to")
+    def put(self, rel: str, local_path: str = "") -> None:
+        self._replace(rel, lambda path: self.fs.put_file(local_path, path))
+
+    @guarded("writing")
+    def write(self, rel: str, data: bytes = b"") -> None:
+        self._replace(rel, lambda path: self.fs.pipe_file(path, data))
+
+    @guarded("deleting")
+    def delete(self, rel: str = "") -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._full(rel))

@@ -1,0 +1,216 @@
+"""Warm standbys: a train_fn process that already imported TensorFlow, waiting for the next run on this host.
+
+Every run still gets a fresh process (one per task and attempt, never reused after train_fn ran); a
+standby only moves the ``import tensorflow`` of the *next* run off its critical path. When a task of a
+successful run ends, it leaves a standby that imports the run's ``preimport`` modules and then waits
+on a Unix socket in this user's private folder. The next task whose settings match (same Python,
+``preimport``, legacy Keras, ``env=``, GPUs) connects, hands over the run's pipes, port and
+environment with SCM_RIGHTS, and from then on the process behaves exactly like a freshly started one:
+the connection is its parent-death watch and carries ``go`` and the exit code.
+
+An unclaimed standby exits after ``TFNB_WARM_IDLE`` seconds (default 600), when the executor's Python
+daemon that its creator belonged to exits (session stopped, executor lost), or when a task with other
+settings discards it. Spark kills idle Python workers after one minute, so tying a standby to the
+worker that made it would make it vanish before most reruns; the daemon lives as long as the executor.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from ._private import private_dir
+
+_FOLDER = "warm"
+_MAX_MSG = 1 << 20
+
+
+def key(preimport: tuple, legacy_keras: bool, env: tuple, gpus: tuple) -> str:
+    """What a standby must share with a run to serve it (all of it fixed before TensorFlow is imported)."""
+    fixed = [sys.executable, list(preimport), legacy_keras, [list(kv) for kv in env], list(gpus),
+             os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")]
+    return hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:20]
+
+
+def _sockets() -> list[str]:
+    return sorted(glob.glob(os.path.join(private_dir(_FOLDER), "*.sock")))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _connect(path: str) -> socket.socket | None:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(2.0)
+        conn.connect(path)
+        conn.settimeout(None)
+        return conn
+    except ConnectionRefusedError:
+        _unlink(path)  # its standby is gone (or was just claimed, and unlinks it itself)
+    except OSError:
+        pass
+    conn.close()
+    return None
+
+
+def claim(want: str) -> socket.socket | None:
+    """Connect to an idle standby with key ``want``; tell standbys with other keys to exit."""
+    found = None
+    for path in _sockets():
+        name = os.path.basename(path)
+        if name.startswith(want + "-") and found is None:
+            found = _connect(path)  # a standby serves one connection: a refused one was taken already
+        elif not name.startswith(want + "-"):
+            other = _connect(path)
+            if other is not None:
+                other.sendall(b'{"exit": true}\n')
+                other.close()
+    return found
+
+
+def count(want: str) -> int:
+    return sum(os.path.basename(p).startswith(want + "-") for p in _sockets())
+
+
+def spawn(want: str, env: dict, idle: float) -> None:
+    """Start a standby with key ``want`` in the background (it lives in its own session)."""
+    path = os.path.join(private_dir(_FOLDER), f"{want}-{os.getpid()}-{time.monotonic_ns()}.sock")
+    env = dict(env, PYTHONUNBUFFERED="1")
+    subprocess.Popen(
+        [sys.executable, "-m", "tfnb._child", "--standby", path, str(idle), str(os.getppid())],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, start_new_session=True, cwd=private_dir(_FOLDER))
+
+
+class Claimed:
+    """A claimed standby seen through the small part of ``subprocess.Popen`` the supervisor uses."""
+
+    def __init__(self, conn: socket.socket, workdir: str, cwd: str, env: dict, held_fd: int):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        fds = [out_w, err_w, ev_w, held_fd]
+        body = json.dumps({"workdir": workdir, "cwd": cwd, "env": env}).encode() + b"\n"
+        try:
+            socket.send_fds(conn, [body], fds)
+            self.pid = int(self._line(conn))
+        finally:
+            for fd in (out_w, err_w, ev_w):
+                os.close(fd)
+        self.conn = conn
+        self.stdin = conn.makefile("wb")
+        self.stdout = os.fdopen(out_r, "rb")
+        self.stderr = os.fdopen(err_r, "rb")
+        self.events = ev_r
+        self.returncode: int | None = None
+        self._rest = b""
+
+    @staticmethod
+    def _line(conn: socket.socket) -> bytes:
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = conn.recv(64)
+            if not chunk:
+                raise ConnectionError("the standby closed its connection")
+            buf += chunk
+        return buf.strip()
+
+    def wait(self) -> int:
+        """The exit code the process sent before exiting, or -SIGKILL if it died without one."""
+        if self.returncode is None:
+            try:
+                self.returncode = int(self._line(self.conn))
+            except (ConnectionError, OSError, ValueError):
+                self.returncode = -signal.SIGKILL
+            self._reap()
+        return self.returncode
+
+    def _reap(self) -> None:
+        # The process is not our child: wait until its pid is gone so "ended" means ended.
+        for _ in range(100):
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return self.wait()
+        return None
+
+
+# ---------------------------------------------------------------- the standby's side (in tfnb._child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def serve(path: str, idle: float, watch_pid: int, preimport) -> tuple[socket.socket, str]:
+    """Import, then wait to be claimed; returns (connection, workdir) after taking over the run's fds and env.
+
+    Exits the process when idle too long, when ``watch_pid`` is gone, or when told to.
+    """
+    claimed = threading.Event()
+
+    def watch():
+        deadline = time.monotonic() + idle
+        while not claimed.wait(1.0):
+            if time.monotonic() > deadline or not _alive(watch_pid):
+                _unlink(path)
+                os._exit(0)
+
+    threading.Thread(target=watch, name="tfnb-standby-watch", daemon=True).start()
+    preimport()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".part")
+    os.chmod(path + ".part", 0o600)
+    listener.listen(1)
+    os.replace(path + ".part", path)  # findable only once warm
+    try:
+        conn, _ = listener.accept()
+        msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
+        info = json.loads(msg.split(b"\n", 1)[0] or b"{}")
+        if info.get("exit") or len(fds) != 4:
+            _unlink(path)
+            os._exit(0)
+        claimed.set()
+    finally:
+        listener.close()
+        _unlink(path)
+    out_w, err_w, ev_w, held = fds
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+    env = dict(info["env"], TFNB_EVENT_FD=str(ev_w), TFNB_HELD_PORT_FD=str(held))
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(info["cwd"])
+    conn.sendall(f"{os.getpid()}\n".encode())
+    return conn, info["workdir"]

@@ -1,0 +1,229 @@
+"""spark-tensorflow-distributor's ``MirroredStrategyRunner`` on tfnb: change one import.
+
+    from spark_tensorflow_distributor import MirroredStrategyRunner   # before
+    from tfnb.compat import MirroredStrategyRunner                   # after
+
+The constructor and ``run`` keep their meaning. Underneath, :func:`tfnb.run` launches the tasks, so
+each run's ``train`` executes in a fresh process (reruns in one session work without resetting
+TensorFlow's private state), its output streams into the notebook cell, a dead task relaunches the
+job, the stop button cancels it, and Spark Connect sessions work.
+
+What does not carry over: ``train`` runs outside Spark's task, so ``BarrierTaskContext.get()`` inside it
+raises an error that points to the equivalents (``TF_CONFIG`` holds the rank and the peers'
+addresses). GPUs come from Spark's ``gpu`` resource.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any, Callable
+
+from ..errors import ClusterError, ConfigError
+
+log = logging.getLogger(__name__)
+
+_IGNORE_SSL = "tensorflow.spark.distributor.ignoreSsl"
+
+
+def gpus_per_task(num_slots: int, num_tasks: int, rank: int) -> int:
+    """GPUs task ``rank`` uses: an equal share of ``num_slots``, the remainder to the first tasks."""
+    return num_slots // num_tasks + (rank < num_slots % num_tasks)
+
+
+def _conf(spark, key: str) -> str | None:
+    try:
+        return spark.conf.get(key, None)
+    except Exception:  # noqa: BLE001 - Spark Connect raises its own types for unknown keys
+        return None
+
+
+def _is_true(value: str | None) -> bool:
+    return (value or "false").strip().lower() == "true"
+
+
+class _NotInSparkTask:
+    """Stands in for ``pyspark.BarrierTaskContext`` inside ``train``: says what to use instead."""
+
+    @classmethod
+    def get(cls):
+        raise ConfigError(
+            "BarrierTaskContext.get() is not available in train: tfnb runs it in a fresh process outside "
+            "Spark's task, so reruns and cancel work. TF_CONFIG is set (json.loads(os.environ['TF_CONFIG']) "
+            "has the rank in ['task']['index'] and the peers in ['cluster']['worker']); to gather values "
+            "across workers use the strategy (strategy.gather / strategy.reduce); for the task's context "
+            "use tfnb.run(train_fn, ...) whose train_fn(ctx) receives tfnb.WorkerContext")
+
+
+def _hide_task_context() -> None:
+    try:
+        import pyspark
+        import pyspark.taskcontext as taskcontext
+    except ImportError:
+        return
+    pyspark.BarrierTaskContext = taskcontext.BarrierTaskContext = _NotInSparkTask  # type: ignore[misc]
+
+
+def _run_program(train_fn: Callable, kwargs: dict, use_custom_strategy: bool, strategy_cls: str) -> Any:
+    if use_custom_strategy:
+        return train_fn(**kwargs)
+    import tensorflow as tf
+
+    strategy = getattr(tf.distribute, strategy_cls)()
+    with strategy.scope():
+        return train_fn(**kwargs)
+
+
+def _task_main(ctx, train_fn: Callable, kwargs: dict, use_custom_strategy: bool, num_slots: int,
+               use_gpu: bool) -> Any:
+    """Runs in each tfnb task process: pick this task's GPUs, then run ``train`` like the original did."""
+    if use_gpu:
+        mine = gpus_per_task(num_slots, ctx.num_workers, ctx.task_index)
+        if len(ctx.gpus) < mine:
+            raise ClusterError(
+                f"task {ctx.task_index} needs {mine} GPUs of num_slots={num_slots} but Spark gave it "
+                f"{len(ctx.gpus)}; raise spark.task.resource.gpu.amount or lower num_slots")
+        # TensorFlow reads CUDA_VISIBLE_DEVICES when it first touches a device, which is after this.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ctx.gpus[:mine])
+    _hide_task_context()
+    return _run_program(train_fn, kwargs, use_custom_strategy, "MultiWorkerMirroredStrategy")
+
+
+class MirroredStrategyRunner:
+    """Runs a TensorFlow training function on Spark with MultiWorkerMirroredStrategy.
+
+    Args:
+        num_slots: total GPUs (GPU training) or Spark tasks (CPU training); must be > 0.
+        local_mode: run ``train`` on the driver instead (with GPUs: ``num_slots`` of the driver's GPUs
+            through ``CUDA_VISIBLE_DEVICES``, restored afterwards; without: ``num_slots`` must be 1).
+        use_gpu: train on GPUs from Spark's GPU-aware scheduling (default, as in the original); False
+            hides GPUs from ``train``.
+        gpu_resource_name: the Spark resource that holds GPUs. Distributed runs take GPUs from the
+            ``gpu`` resource (the name Spark and Databricks use); local mode reads the driver's resource
+            of this name.
+        use_custom_strategy: False: tfnb creates the strategy and runs ``train`` inside its scope, so
+            single-process Keras code trains distributed. True: ``train`` creates its own strategy.
+        spark: the SparkSession (classic or Spark Connect); default: the active one or a local one.
+
+    Raises:
+        ValueError: ``num_slots <= 0`` (a :class:`tfnb.ConfigError`).
+        ClusterError: GPU training on a cluster without GPU-aware scheduling, or TLS on without override.
+
+    Example:
+        >>> from tfnb.compat import MirroredStrategyRunner
+        >>> MirroredStrategyRunner(num_slots=2, use_gpu=False).run(train, epochs=3)
+    """
+
+    def __init__(self, *, num_slots: int, local_mode: bool = False, use_gpu: bool = True,
+                 gpu_resource_name: str = "gpu", use_custom_strategy: bool = False, spark=None):
+        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
+            raise ConfigError(f"num_slots is set to {num_slots!r} but must be an int > 0: the number of GPUs "
+                              "(use_gpu=True) or Spark tasks (use_gpu=False) to train with")
+        from ..cluster import get_spark
+
+        self._num_slots = num_slots
+        self._local_mode = local_mode
+        self._use_gpu = use_gpu
+        self._gpu_resource_name = gpu_resource_name
+        self._use_custom_strategy = use_custom_strategy
+        self._spark = get_spark(spark, 1 if local_mode else num_slots)
+        if local_mode:
+            log.warning("MirroredStrategyRunner runs train on the driver (local_mode=True); other work on the "
+                        "driver competes with it for resources")
+            self._num_tasks = None
+        else:
+            self._num_tasks = self.get_num_tasks()
+
+    def get_num_tasks(self) -> int:
+        """The number of Spark tasks a distributed run uses.
+
+        With GPUs: ``ceil(num_slots / spark.task.resource.gpu.amount)``; without: ``num_slots``.
+        """
+        if not self._use_gpu:
+            return self._num_slots
+        key = f"spark.task.resource.{self._gpu_resource_name}.amount"
+        raw = _conf(self._spark, key)
+        if raw is None:
+            raise ClusterError(
+                f"use_gpu=True but the Spark conf {key} is not set, so this cluster has no GPU-aware "
+                f"scheduling; set {key} (with spark.executor.resource.{self._gpu_resource_name}.amount and a "
+                "discovery script), or pass use_gpu=False for CPU training")
+        amount = float(raw)
+        if amount < 1:
+            raise ClusterError(f"the Spark conf {key}={raw} is below 1; give each task at least one whole GPU")
+        return math.ceil(self._num_slots / int(amount))
+
+    def run(self, train_fn: Callable, **kwargs: Any) -> Any:
+        """Run ``train_fn(**kwargs)`` on every task (or on the driver in local mode).
+
+        Returns:
+            What ``train_fn`` returned on the chief (partition 0), or in local mode its return value.
+
+        Raises:
+            tfnb.WorkerError: ``train_fn`` failed on a task (with the task's traceback).
+        """
+        if self._local_mode:
+            return self._run_local(train_fn, kwargs)
+        self._check_encryption()
+        if self._use_gpu and self._gpu_resource_name != "gpu":
+            raise ConfigError(
+                f"gpu_resource_name={self._gpu_resource_name!r}: distributed runs take GPUs from Spark's "
+                "'gpu' resource; name the resource 'gpu' in the cluster's Spark conf")
+        from ..cluster import run
+
+        return run(_task_main, num_workers=self._num_tasks, spark=self._spark,
+                   use_gpu=True if self._use_gpu else False,
+                   args=(train_fn, kwargs, self._use_custom_strategy, self._num_slots, self._use_gpu))
+
+    def _run_local(self, train_fn: Callable, kwargs: dict) -> Any:
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        try:
+            if self._use_gpu:
+                owned = self._driver_gpus()
+                if self._num_slots > len(owned):
+                    raise ClusterError(f"num_slots={self._num_slots} GPUs requested for local training but the "
+                                       f"driver has {len(owned)} ({self._gpu_resource_name}); lower num_slots")
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(owned[: self._num_slots])
+            else:
+                if self._num_slots > 1:
+                    raise ConfigError(f"num_slots={self._num_slots} but local CPU training runs one process; "
+                                      "set num_slots=1")
+                os.environ["CUDA_VISIBLE_DEVICES"] = ""
+            # One machine: MirroredStrategy, which (unlike the multi-worker one) can be created again on rerun.
+            return _run_program(train_fn, kwargs, self._use_custom_strategy, "MirroredStrategy")
+        finally:
+            if saved is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+    def _driver_gpus(self) -> list[str]:
+        """The driver's GPU addresses; an existing CUDA_VISIBLE_DEVICES maps them (it renumbers devices)."""
+        try:
+            resources = self._spark.sparkContext.resources
+        except Exception as e:  # noqa: BLE001 - Spark Connect has no SparkContext
+            raise ClusterError("local_mode with use_gpu=True reads the driver's GPU resources, which a Spark "
+                               "Connect session does not expose; pass use_gpu=False or use a classic session") from e
+        info = resources.get(self._gpu_resource_name)
+        if info is None:
+            raise ClusterError(
+                f"the driver has no {self._gpu_resource_name!r} resource; set spark.driver.resource."
+                f"{self._gpu_resource_name}.amount and its discoveryScript, or pass use_gpu=False")
+        addresses = list(info.addresses)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            ids = visible.split(",")
+            addresses = [ids[int(a)] for a in addresses if int(a) < len(ids)]
+        return addresses
+
+    def _check_encryption(self) -> None:
+        # As the original: TensorFlow's collectives do not encrypt, so a TLS cluster must opt in.
+        if not _is_true(_conf(self._spark, "spark.ssl.enabled")):
+            return
+        if _is_true(_conf(self._spark, _IGNORE_SSL)):
+            log.warning("spark.ssl.enabled is true but TensorFlow sends model parameters and data between "
+                        "workers unencrypted (%s=true)", _IGNORE_SSL)
+            return
+        raise ClusterError(
+            "this cluster has TLS on (spark.ssl.enabled=true) but TensorFlow's collectives send model "
+            f"parameters and data between workers unencrypted; set {_IGNORE_SSL}=true to run anyway")

@@ -1,0 +1,244 @@
+"""The live progress panel of a run in a notebook (ipywidgets), fed the same RunEvents as the console.
+
+``tfnb.notebook`` registers :meth:`ProgressWidget.for_run` as the ``widget`` display mode, which
+``tfnb.run`` picks by default inside a Jupyter or Databricks kernel.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+from .. import events
+from ..errors import ConfigError
+from ..events import RunEvent
+from ..progress import (SUMMARY_ABOVE, RunProgress, _num, _number, _of, _short, in_notebook)
+
+PAGE_ROWS = SUMMARY_ABOVE  # rows of the table a large run shows at once
+_LARGE_REFRESH = 1.0       # seconds between re-renders of a large run: its summary is O(tasks)
+
+_STATE_COLOURS = {"pending": "#888", "starting": "#888", "training": "#1f6feb", "serving": "#1f6feb",
+                  "stalled": "#8250df", "done": "#1a7f37", "stopped": "#bf8700", "failed": "#cf222e"}
+
+
+def _render_table(run: RunProgress, rows: list | None = None) -> str:
+    """The per-task table as HTML (escaped; log text and error messages come from user code)."""
+    pad = 'style="padding:2px 14px 2px 0;text-align:left;vertical-align:top"'
+    head = "<tr>" + "".join(f"<th {pad}>{name}</th>" for name in
+                            ("task", "state", "epoch", "step", "loss", "examples/s", "metrics")) + "</tr>"
+    body = []
+    for w in run.rows() if rows is None else rows:
+        colour = _STATE_COLOURS.get(w.state, "#888")
+        state = f'<span style="color:{colour};font-weight:600">{html.escape(w.state)}</span>'
+        if w.error:
+            state += f'<br><span style="color:#cf222e">{html.escape(w.error[:300])}</span>'
+        if w.examples_per_sec is not None:
+            speed = _short(w.examples_per_sec)
+        elif w.steps_per_sec is not None:
+            speed = f"({_short(w.steps_per_sec)} steps/s)"
+        else:
+            speed = ""
+        metrics = " ".join(f"{html.escape(k)}={v:.4g}" for k, v in sorted(w.metrics.items()))
+        cells = [html.escape(w.label), state, _of(w.epoch, w.epochs), _of(w.step, w.steps), _num(w.loss),
+                 speed, metrics]
+        body.append("<tr>" + "".join(f"<td {pad}>{c}</td>" for c in cells) + "</tr>")
+    return ('<table class="tfnb-progress" style="border-collapse:collapse">'
+            + head + "".join(body) + "</table>")
+
+
+def _render_summary(run: RunProgress, page: int, pages: int) -> str:
+    """A large run's summary: counts by state, slowest/fastest task, stragglers, which rows are shown."""
+    counts = run.counts()
+    chips = " ".join(
+        f'<span style="color:{_STATE_COLOURS.get(s, "#888")};font-weight:600">{n} {html.escape(s)}</span>'
+        for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    lines = [f"{len(run.workers)} tasks: {chips}"]
+    lines += [html.escape(line) for line in run.summary_lines()]
+    lines.append(f"<i>tasks of note first (failed, stalled, stragglers); page {page + 1}/{pages}</i>")
+    return '<div class="tfnb-summary">' + "<br>".join(lines) + "</div>"
+
+
+def _render_live(run: RunProgress, rows: list | None = None) -> str:
+    """One line per task with a running carriage-return bar, as a terminal would show it."""
+    lines = [f"[{w.label}] {w.live}" for w in (run.rows() if rows is None else rows) if w.live]
+    if not lines:
+        return ""
+    text = html.escape("\n".join(lines))
+    return f'<pre class="tfnb-live" style="margin:2px 0;white-space:pre-wrap">{text}</pre>'
+
+
+def _render_status(run: RunProgress) -> str:
+    colour = {"succeeded": "#1a7f37", "failed": "#cf222e", "stopped": "#bf8700"}.get(run.outcome or "", "inherit")
+    return f'<div style="color:{colour};font-weight:600">tfnb: {html.escape(run.status_text())}</div>'
+
+
+class ProgressWidget:
+    """Live ipywidgets panel of a run: per-task table, status line and the latest log lines.
+
+    Pass it as ``tfnb.run(..., display=widget)`` (``tfnb.run`` builds one by itself in a notebook).
+    Events update :attr:`run` at once; the widgets re-render at most every ``refresh_interval``
+    seconds (at least 1 s for a large run), so a chatty TensorFlow does not flood the front end,
+    and once more when the run ends. Carriage-return output (a Keras ``verbose=1`` bar) shows as one
+    updating line per task under the table. Above :data:`tfnb.progress.SUMMARY_ABOVE` tasks the
+    panel shows a summary (counts by state, slowest/fastest task, stragglers, total examples/s) and
+    the table a page of :data:`PAGE_ROWS` tasks, those of note first, with buttons to page.
+
+    Args:
+        num_workers: chief + worker tasks, to show their rows before they report (optional).
+        num_ps: parameter-server tasks.
+        max_attempts: launches the run may make, for the status line (optional).
+        log_lines: how many of the latest log lines to show; older ones scroll out.
+        refresh_interval: minimum seconds between two re-renders.
+
+    Attributes:
+        run: the :class:`RunProgress` rendered; ``widget.workers[("worker", 1)].step`` reads it.
+        status, summary, table, live: ``ipywidgets.HTML`` with the status line, a large run's
+            summary, the per-task table and the tasks' carriage-return lines.
+        page: the page of the table shown (large runs).
+        logs: ``ipywidgets.Output`` with the latest log lines, each prefixed by its task.
+        box: the ``ipywidgets.VBox`` holding them (what the notebook shows).
+        renders: how many times the widgets were re-rendered.
+
+    Example:
+        >>> widget = tfnb.ProgressWidget(num_workers=2)
+        >>> widget                       # shows the panel in this cell
+        >>> tfnb.run(train_fn, num_workers=2, display=widget)
+        >>> widget.workers[("worker", 1)].loss
+        0.213
+    """
+
+    def __init__(self, num_workers: int | None = None, num_ps: int = 0, *, max_attempts: int | None = None,
+                 log_lines: int = 30, refresh_interval: float = 0.1):
+        if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
+            raise ConfigError(f"num_workers={num_workers!r} must be an int >= 1 or None")
+        if not isinstance(log_lines, int) or log_lines < 1:
+            raise ConfigError(f"log_lines={log_lines!r} must be an int >= 1 (lines of log kept on screen)")
+        if _number(refresh_interval) is None or refresh_interval < 0:
+            raise ConfigError(f"refresh_interval={refresh_interval!r} must be a number of seconds >= 0")
+        from .._deps import require
+
+        widgets = require("ipywidgets", "the tfnb progress widget")
+        self._shape = dict(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts,
+                           log_lines=log_lines)
+        self.run = RunProgress.for_run(**self._shape)
+        self.refresh_interval = float(refresh_interval)
+        self.status = widgets.HTML()
+        self.summary = widgets.HTML()
+        self.table = widgets.HTML()
+        self.live = widgets.HTML()
+        self.page = 0
+        self._prev = widgets.Button(description="◀", tooltip="previous tasks", layout=widgets.Layout(width="3em"))
+        self._next = widgets.Button(description="▶", tooltip="next tasks", layout=widgets.Layout(width="3em"))
+        self._prev.on_click(lambda _b: self.show_page(self.page - 1))
+        self._next.on_click(lambda _b: self.show_page(self.page + 1))
+        self._pager = widgets.HBox([self._prev, self._next], layout=widgets.Layout(display="none"))
+        # No scroll box: a scrolled area would open at its oldest line (measured in JupyterLab 4),
+        # so the newest lines would be hidden; log_lines bounds the height instead.
+        self.logs = widgets.Output(layout=widgets.Layout(border="1px solid #ddd"))
+        self.box = widgets.VBox([self.status, self.summary, self._pager, self.table, self.live, self.logs])
+        self.renders = 0
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._last_render = float("-inf")
+        self._dirty = False
+        self._logs_dirty = False
+        self._closed = False
+        self._shown = False
+        self._render()
+
+    @classmethod
+    def for_run(cls, num_workers: int | None = None, num_ps: int = 0, max_attempts: int | None = None,
+                **kwargs) -> "ProgressWidget":
+        """The ``widget`` display mode: a new panel, shown in the running cell when in a notebook."""
+        widget = cls(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts, **kwargs)
+        if in_notebook():
+            from IPython.display import display
+
+            display(widget)
+        return widget
+
+    def show_page(self, page: int) -> None:
+        """Show page ``page`` (0-based) of a large run's task table."""
+        with self._lock:
+            self.page = page
+            self._render()
+
+    @property
+    def workers(self) -> dict:
+        """``(job_name, task_index) -> WorkerProgress`` of the current attempt."""
+        return self.run.workers
+
+    def _repr_mimebundle_(self, **kwargs):
+        self._shown = True
+        return self.box._repr_mimebundle_(**kwargs)
+
+    def __call__(self, event: RunEvent) -> None:
+        if not self._shown and in_notebook():
+            # passed as display= without being shown first: show it in the running cell
+            from IPython.display import display
+
+            display(self)
+        with self._lock:
+            if self._closed:
+                # the same widget reused for another run starts clean
+                self._closed = False
+                self.run = RunProgress.for_run(**self._shape)
+                self._logs_dirty = True
+            if not self.run.apply(event):
+                return
+            self._dirty = True
+            self._logs_dirty = self._logs_dirty or event.kind == events.LOG
+            interval = max(self.refresh_interval, _LARGE_REFRESH) if self.run.large() else self.refresh_interval
+            wait = self._last_render + interval - time.monotonic()
+            if wait <= 0 and self._timer is None:
+                self._render()
+            elif self._timer is None:
+                # render the latest state a little later even if no further event arrives
+                self._timer = threading.Timer(max(wait, 0.0), self._flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._dirty and not self._closed:
+                self._render()
+
+    def _render(self) -> None:
+        self.status.value = _render_status(self.run)
+        if self.run.large():
+            rows = self.run.notable()
+            pages = -(-len(rows) // PAGE_ROWS)
+            self.page = min(max(self.page, 0), pages - 1)
+            shown = rows[self.page * PAGE_ROWS:(self.page + 1) * PAGE_ROWS]
+            self.summary.value = _render_summary(self.run, self.page, pages)
+            self._pager.layout.display = "flex"
+            self.table.value = _render_table(self.run, shown)
+            self.live.value = _render_live(self.run, shown)
+        else:
+            self.summary.value = ""
+            self._pager.layout.display = "none"
+            self.table.value = _render_table(self.run)
+            self.live.value = _render_live(self.run)
+        if self._logs_dirty:
+            text = "\n".join(self.run.logs) + "\n"
+            self.logs.outputs = ({"output_type": "stream", "name": "stdout", "text": text},)
+        self._dirty = self._logs_dirty = False
+        self._last_render = time.monotonic()
+        self.renders += 1
+
+    def log_text(self) -> str:
+        """The log lines the widget shows, as text."""
+        return "".join(o.get("text", "") for o in self.logs.outputs)
+
+    def close(self) -> None:
+        """Render the final state; called by ``tfnb.run`` when the run ends."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self.run.end()
+            self._render()
+            self._closed = True
+
+
