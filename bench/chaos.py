@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])
 os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["TFNB_WARM"] = "0"  # measure recovery itself, not whether a standby happened to be waiting
 
 POINTS = [0, "mid", "ckpt", 1, 2]  # where in the step the task dies, rotated over the trials
 EPOCHS, STEPS = 3, 3

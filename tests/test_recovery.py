@@ -80,6 +80,9 @@ def cluster(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def no_tensorflow_preimport(monkeypatch):
     monkeypatch.setenv("TFNB_PREIMPORT", "")  # only the MWMS test imports TensorFlow
+    # every attempt in a fresh child: a warm standby left by an earlier run would make how a process
+    # died depend on which test ran before (a claimed standby's exit code is not its supervisor's to read)
+    monkeypatch.setenv("TFNB_WARM", "0")
 
 
 def _recover(cluster, model_dir: Path, kills: dict, epochs: int = 4):

@@ -18,6 +18,7 @@ from tfnb.errors import WorkerError, WorkerStalledError
 def no_tensorflow_preimport(monkeypatch):
     # These train_fns never import TensorFlow; skip the default early import to keep the suite fast.
     monkeypatch.setenv("TFNB_PREIMPORT", "")
+    monkeypatch.setenv("TFNB_WARM", "0")  # the stack dumps come from fresh children, whatever ran before
 
 
 def _save(path: Path, value) -> None:
