@@ -2,6 +2,7 @@
 stub discovery script, Spark Connect, and a real standalone master + workers started from the pip package."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -118,21 +119,22 @@ def _wait_for_workers(ui_port: int, count: int, deadline: float) -> None:
     raise TimeoutError(f"{count} standalone workers did not register")
 
 
-@pytest.fixture
-def standalone_cluster(tmp_path):
-    """A real standalone master and two workers, run from the pip pyspark package's spark-class."""
+@contextlib.contextmanager
+def standalone(folder: Path, workers: int = 2):
+    """A real standalone master and ``workers`` one-core workers, run from the pip pyspark package's
+    spark-class; yields the master URL and stops every daemon (by pid) afterwards."""
     import pyspark
 
     spark_home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(spark_home, "bin", "spark-class")
-    env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOG_DIR=str(tmp_path / "logs"),
-               SPARK_WORKER_DIR=str(tmp_path / "work"))
+    env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOG_DIR=str(folder / "logs"),
+               SPARK_WORKER_DIR=str(folder / "work"))
     port, ui = _free_port(), _free_port()
     procs = []
     logs = []
 
     def start(args, name):
-        log = open(tmp_path / f"{name}.log", "w")
+        log = open(folder / f"{name}.log", "w")
         logs.append(log)
         procs.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True))
@@ -141,10 +143,10 @@ def standalone_cluster(tmp_path):
         start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
                "--webui-port", str(ui)], "master")
         _wait_for_port(port, time.monotonic() + 60)
-        for i in range(2):
+        for i in range(workers):
             start(["org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
                    "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"], f"worker{i}")
-        _wait_for_workers(ui, 2, time.monotonic() + 120)
+        _wait_for_workers(ui, workers, time.monotonic() + 120)
         yield f"spark://127.0.0.1:{port}"
     finally:
         for p in procs:
@@ -161,12 +163,22 @@ def standalone_cluster(tmp_path):
             log.close()
 
 
+# A session on the standalone master: one single-core executor per worker, as on a real cluster.
+STANDALONE_CONF = {"spark.driver.host": "127.0.0.1", "spark.executor.memory": "768m", "spark.cores.max": "2",
+                   "spark.executor.cores": "1"}
+
+
+@pytest.fixture
+def standalone_cluster(tmp_path):
+    with standalone(tmp_path) as url:
+        yield url
+
+
 @pytest.mark.slow
 def test_standalone_master_and_workers(standalone_cluster, tmp_path, no_orphans):
     from conftest import spark_session
 
-    session = spark_session(standalone_cluster, **{"spark.driver.host": "127.0.0.1",
-                                                   "spark.executor.memory": "768m", "spark.cores.max": "2"})
+    session = spark_session(standalone_cluster, **STANDALONE_CONF)
     chief = tfnb.run(report_placement, num_workers=2, args=(str(tmp_path),), spark=session, display=False,
                      timeout=300)
     worker = json.loads((tmp_path / "1.json").read_text())

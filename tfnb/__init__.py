@@ -42,6 +42,7 @@ _EXPORTS = {
     "ConfigError": "errors",
     "ClusterError": "errors",
     "WorkerError": "errors",
+    "WorkerStalledError": "errors",
     "RunTimeoutError": "errors",
     "RunCancelledError": "errors",
     "MissingDependencyError": "errors",

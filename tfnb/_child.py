@@ -22,6 +22,8 @@ import threading
 import traceback
 
 PAYLOAD, CONTEXT, RESULT, ERROR = "payload.pkl", "ctx.pkl", "result.pkl", "error.json"
+STACKS = "stacks.txt"  # the Python stack of every thread, appended on each DUMP_SIGNAL
+DUMP_SIGNAL = signal.SIGUSR1
 ENV_HELD_PORT_FD = "TFNB_HELD_PORT_FD"
 ENV_PREIMPORT = "TFNB_PREIMPORT"
 GO = b"go\n"
@@ -92,6 +94,20 @@ def _serve_forever(ctx) -> None:
     server.join()
 
 
+def _dump_stacks_on_signal(workdir: str):
+    """Let the supervisor ask for the stack of every thread (stall watchdog), and print one on a crash.
+
+    faulthandler writes from its C signal handler, so the dump works even while the main thread is stuck
+    in C code (a sleep, a blocking TensorFlow op) that would never return to the interpreter loop.
+    """
+    import faulthandler
+
+    stacks = open(os.path.join(workdir, STACKS), "a")  # kept open: faulthandler writes to its descriptor
+    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True)
+    faulthandler.enable()  # segfaults in native code print the Python stack to stderr, forwarded as logs
+    return stacks
+
+
 def main(argv: list[str]) -> int:
     conn = None
     if argv[0] == "--standby":
@@ -102,6 +118,7 @@ def main(argv: list[str]) -> int:
     else:
         workdir = argv[0]
         go = _watch_parent()
+    _stacks = _dump_stacks_on_signal(workdir)  # noqa: F841 - must stay open for the process' lifetime
     try:
         import cloudpickle
 

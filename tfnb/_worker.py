@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from . import events
-from ._child import CONTEXT, ENV_HELD_PORT_FD, ENV_PREIMPORT, ERROR, GO, PAYLOAD, RESULT
+from ._child import CONTEXT, DUMP_SIGNAL, ENV_HELD_PORT_FD, ENV_PREIMPORT, ERROR, GO, PAYLOAD, RESULT, STACKS
 from .context import WorkerContext
 
 RESULT_SCHEMA = "rank int, result binary"
 # With TaskSpec.keep_port, a second descriptor of the reserved port's socket, which the child does
 # not close before train_fn (tfnb.compat hands it to map_fun as ctx.tmp_socket).
 ENV_KEPT_PORT_FD = "TFNB_KEPT_PORT_FD"
+_MAX_STACK = 64 << 10  # characters of a stack dump sent to the driver
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,35 @@ class _Supervisor:
     def on_driver(self, msg: dict) -> None:
         if msg.get("kind") == "stop":
             self.stop()
+        elif msg.get("kind") == "dump":
+            # off the channel's reader thread: a stop may follow while the dump is being written
+            threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
+
+    def send_stacks(self) -> None:
+        """Send the driver the Python stack of every thread of the train_fn process (stall watchdog)."""
+        p, path = self.proc, os.path.join(self.workdir, STACKS)
+        before = os.path.getsize(path) if os.path.exists(path) else 0
+        try:
+            os.kill(p.pid, DUMP_SIGNAL)
+            os.kill(p.pid, signal.SIGCONT)  # a stopped process handles the signal only once continued
+        except (AttributeError, ProcessLookupError):
+            self.chan.send("stack", text="(the train_fn process is not running)")
+            return
+        # faulthandler writes from its signal handler without buffering: done once the file stops growing
+        size, end = before, time.monotonic() + 3.0
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            now = os.path.getsize(path) if os.path.exists(path) else 0
+            if before < now == size:
+                break
+            size = now
+        try:
+            with open(path, errors="replace") as f:
+                f.seek(before)
+                text = f.read()
+        except OSError:
+            text = ""
+        self.chan.send("stack", text=text[-_MAX_STACK:] or "(the train_fn process did not answer)")
 
     def on_driver_lost(self) -> None:
         # The notebook went away: nobody will read the result, so don't train on.
@@ -392,7 +422,7 @@ class _Supervisor:
                 close.close()
 
 
-def _failure_from_child(workdir: str, code: int) -> dict:
+def _failure_from_child(workdir: str, code: int | None) -> dict:
     path = os.path.join(workdir, ERROR)
     if os.path.exists(path):
         with open(path) as f:
@@ -402,6 +432,9 @@ def _failure_from_child(workdir: str, code: int) -> dict:
     if code == UNKNOWN_EXIT:
         return {"exc_type": "ProcessDied", "message": "the train_fn process died without an exit status "
                 "(killed by a signal, a crash in native code, or out of memory)", "traceback": "", "exit_code": None}
+    if code is None:
+        return {"exc_type": "ProcessDied", "message": "the train_fn process exited with code 0 before train_fn "
+                "returned (os._exit or sys.exit from another thread)", "traceback": "", "exit_code": 0}
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         return {"exc_type": "ProcessDied", "message": f"the train_fn process was killed by {name}",
@@ -474,6 +507,8 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         if sup.stop_requested.is_set() and code != 0:
             chan.send("state", state="stopped")
             return
+        if code == 0 and mode == "train" and not os.path.exists(os.path.join(workdir, RESULT)):
+            code = None  # os._exit(0) before train_fn returned: a death, not a success
         if code != 0:
             failure = _failure_from_child(workdir, code)
             if chan.send("failed", failure=failure):

@@ -16,20 +16,26 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import events
 from ._config import setting
-from .errors import (ClusterError, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure,
-                     WorkerError)
+from .errors import (STALLED, ClusterError, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure,
+                     WorkerError, WorkerStalledError)
 from .events import RunEvent
 from .progress import make_display
 
 log = logging.getLogger(__name__)
 
 _CANCEL_WAIT = 20.0     # seconds to let Spark kill tasks after a cancel before giving up waiting
-_FAILURE_GRACE = 2.0    # seconds to wait for a task's own failure report after the Spark job failed
+_STACK_WAIT = 5.0       # seconds to wait for the stacks of a stalled run's train_fn processes
+_STALL_DEFAULT = 1800.0
+# Spark's words for a task whose executor (or its Python worker) went away, as opposed to a task that raised.
+_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (was )?lost|Executor heartbeat timed out|"
+                            r"Remote RPC client disassociated|Python worker exited unexpectedly|worker lost",
+                            re.IGNORECASE)
 _DRAIN_SLICE = 0.05     # seconds of task messages handled before the watch loop looks at its clock again
 _MAX_SHOWN_LINE = 2000  # characters of a log line the display gets; the run's log file has it whole
 
@@ -191,6 +197,31 @@ class _Outcome:
     value: Any = None
     failure: TaskFailure | None = None
     others: tuple = ()
+    retryable: bool = False
+    cause: str = ""          # one readable line: who failed how, and at which epoch
+    epoch: int | None = None  # the epoch the run had reached when it failed
+    resumed_epoch: int | None = None  # the first epoch this attempt trained
+    stall: dict | None = None  # WorkerStalledError's fields when a task stalled
+
+
+@dataclass
+class _Life:
+    """What the driver last heard from one task: input of the stall watchdog and of relaunch reasons."""
+
+    job_name: str
+    task_index: int
+    host: str = ""
+    seen: float = field(default_factory=time.monotonic)  # last message of any kind
+    state: str = "starting"
+    final: bool = False      # reported done, stopped or failed: its end is explained
+    step: dict = field(default_factory=dict)  # last progress report's epoch/step
+    first_epoch: int | None = None
+    line: str = ""
+    stack: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.job_name} {self.task_index}"
 
 
 @dataclass(frozen=True)
@@ -238,7 +269,8 @@ class _Attempt:
 
     def __init__(self, spark, spec_kwargs: dict, data, display: Callable[[RunEvent], None],
                  deadline: float | None, num_tasks: int, num_ps: int, *,
-                 daemon_ranks: frozenset = frozenset(), cancel: threading.Event | None = None):
+                 daemon_ranks: frozenset = frozenset(), cancel: threading.Event | None = None,
+                 grace: float = 3.0, stall_timeout: float | None = None):
         self.spark = spark
         self.display = display
         self.deadline = deadline
@@ -261,6 +293,13 @@ class _Attempt:
         self.daemon_ranks = daemon_ranks
         self.done_ranks: set[int] = set()
         self.cancel = cancel
+        self.grace = grace  # seconds to collect reports after the first sign of failure before deciding
+        self.stall_timeout = stall_timeout
+        self.lives: dict[int, _Life] = {}
+        self.lost: list[TaskFailure] = []  # tasks whose executor or Python worker vanished
+        self.job_error: BaseException | None = None
+        self.first_bad: float | None = None  # when the first sign of failure arrived
+        self.decided = False  # past this point, disconnects are tfnb's own stopping of the tasks
 
     def _on_message(self, peer: dict, msg: dict) -> None:
         # the channel thread: the file gets every line even while the display is behind
@@ -306,6 +345,7 @@ class _Attempt:
             log.debug("interruptTag failed: %s", e)
 
     def _handle(self, peer: dict, msg: dict) -> None:
+        self._note(peer, msg)
         kind = msg.get("kind")
         job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
         if kind == "batch":  # what a task gathered over a short window, handled as one unit
@@ -333,12 +373,9 @@ class _Attempt:
             failure = TaskFailure(job_name=job, task_index=idx, exc_type=f.get("exc_type", "Error"),
                                   message=f.get("message", ""), traceback=f.get("traceback", ""),
                                   exit_code=f.get("exit_code"), attempt=self.attempt, host=peer.get("host", ""))
-            first = not self.failures
             self.failures.append(failure)
             self.display(RunEvent(events.FAILED, job, idx, {"exc_type": failure.exc_type, "message": failure.message}))
-            if first:
-                self.channel.broadcast({"kind": "stop"})
-                self._cancel()
+            self._trouble()  # the others keep running until _settled(): their reports decide the retry
 
     def run(self) -> _Outcome:
         from ._channel import DriverChannel
@@ -405,14 +442,19 @@ class _Attempt:
                         "timeout= (or TFNB_TIMEOUT), or checkpoint to model_dir and resume")
                 if self.cancel is not None and self.cancel.is_set():
                     raise KeyboardInterrupt  # stopped and reported like the notebook's stop button
+                if self.first_bad is not None and self._settled():
+                    return self._failed(job)
+                stalled = self._stalled()
+                if stalled:
+                    return self._on_stall(job, stalled)
                 item = self._drain(0.5 if left is None else min(0.5, left))
                 if item is None:
                     continue
                 if item[0] == "done":
                     self.channel.wait_disconnected(10.0)
                     self._drain_rest()
-                    if self.failures:
-                        return _Outcome(failure=self.failures[0], others=tuple(self.failures[1:]))
+                    if self.failures or self.lost:
+                        return self._failed(job)
                     rows = item[1]
                     import cloudpickle
 
@@ -420,22 +462,173 @@ class _Attempt:
                         values = [None] * self.num_tasks
                         for row in rows:
                             values[row["rank"]] = cloudpickle.loads(row["result"])
-                        return _Outcome(value=values)
+                        return _Outcome(value=values, resumed_epoch=self._resumed_epoch())
                     value = cloudpickle.loads(rows[0]["result"]) if rows else None
-                    return _Outcome(value=value)
-                # The job failed: prefer what the task itself said over Spark's wrapper text.
-                end = time.monotonic() + _FAILURE_GRACE
-                while not self.failures and time.monotonic() < end:
-                    self._drain(0.1)
-                self._stop_everything(job)
-                self._drain_rest()
-                if self.failures:
-                    return _Outcome(failure=self.failures[0], others=tuple(self.failures[1:]))
-                return _Outcome(failure=_spark_failure(item[1], self.attempt))
+                    return _Outcome(value=value, resumed_epoch=self._resumed_epoch())
+                # The job failed. Spark's verdict says whether an executor was lost; what the tasks
+                # themselves report (collected until _settled) says more than Spark's wrapper text.
+                self.job_error = item[1]
+                first = next((l for l in str(item[1]).splitlines() if l.strip()), type(item[1]).__name__)
+                if _EXECUTOR_LOST.search(str(item[1])):
+                    self.lost.append(self._lost_in_spark(str(item[1]), first))
+                self._trouble()
         except KeyboardInterrupt:
             self._stop_quietly(job)
             raise RunCancelledError("tfnb.run was interrupted; the Spark job was cancelled and every "
                                     "process it started was stopped") from None
+
+    # ------------------------------------------------------------ failure classification
+
+    def _note(self, peer: dict, msg: dict) -> None:
+        """Bookkeeping on every message from a task: its last sign of life, step, line and state."""
+        rank = int(peer.get("rank", -1))
+        life = self.lives.get(rank)
+        if life is None:
+            life = self.lives[rank] = _Life(peer.get("job_name", "?"), int(peer.get("task_index", -1)),
+                                            peer.get("host", ""))
+        kind = msg.get("kind")
+        if kind == "disconnected":
+            if not life.final and not self.decided and self.job_error is None and \
+                    not any(not f.retryable for f in self.failures):
+                # Gone without a word: its executor or Python worker died. (After the job failed, or
+                # after a task raised, Spark itself kills the remaining tasks: that is no news.)
+                life.final = True
+                self.lost.append(TaskFailure(
+                    job_name=life.job_name, task_index=life.task_index, exc_type="ExecutorLost",
+                    message="the task ended without a report: its executor or Spark Python worker was lost",
+                    attempt=self.attempt, host=life.host))
+                self._trouble()
+            life.final = True
+            return
+        life.seen = time.monotonic()
+        if kind == "batch":  # its other items come back through _handle, its log lines do not
+            lines = [m.get("line", "") for m in msg.get("items") or () if isinstance(m, dict) and m.get("kind") == "log"]
+            life.line = str(lines[-1]) if lines else life.line
+        elif kind == "log":
+            life.line = str(msg.get("line", ""))
+        elif kind == "event" and msg.get("event", events.PROGRESS) == events.PROGRESS:
+            data = msg.get("data") or {}
+            step = {k: data[k] for k in ("epoch", "step") if data.get(k) is not None}
+            if step:
+                life.step = step
+                if life.first_epoch is None and isinstance(step.get("epoch"), int):
+                    life.first_epoch = step["epoch"]
+        elif kind == "state":
+            life.state = str(msg.get("state", ""))
+            life.final = life.final or life.state in ("done", "stopped")
+        elif kind == "failed":
+            life.final = True
+        elif kind == "stack":
+            life.stack = str(msg.get("text", ""))
+
+    def _lost_in_spark(self, text: str, first: str) -> TaskFailure:
+        # "barrier task ResultTask(<stage>, <partition>) finished unsuccessfully": the partition is the rank
+        m = re.search(r"ResultTask\(\d+, (\d+)\)", text)
+        life = self.lives.get(int(m.group(1))) if m else None
+        return TaskFailure(job_name=life.job_name if life else "spark", task_index=life.task_index if life else -1,
+                           exc_type="ExecutorLost", message=first.strip()[:500], attempt=self.attempt,
+                           host=life.host if life else "")
+
+    def _trouble(self) -> None:
+        if self.first_bad is None:
+            self.first_bad = time.monotonic()
+
+    def _settled(self) -> bool:
+        """Enough is known to decide the attempt's outcome (or the failure grace is over)."""
+        if any(f.died for f in self.failures):
+            return True  # a dead process makes the attempt bad luck, whatever else arrives
+        if self.lost:
+            # Let Spark declare the executor lost (the job fails) before cancelling, or the relaunch
+            # may be scheduled on the executor that is gone.
+            return self.job_error is not None or time.monotonic() >= self.first_bad + self.grace
+        if self.lives and len(self.lives) >= self.num_tasks and all(l.final for l in self.lives.values()):
+            return True
+        return time.monotonic() >= self.first_bad + self.grace
+
+    def _verdict(self) -> tuple[TaskFailure, bool]:
+        """(the failure that explains the attempt, whether a relaunch may fix it).
+
+        A dead task or lost executor wins: the other tasks' errors are its consequences. Otherwise a
+        plain exception is a bug, even when peers then fail with collective errors; only when every
+        report is a peer-loss error (the dead peer's own report never came) is it bad luck.
+        """
+        deaths = sorted((f for f in (*self.failures, *self.lost) if f.died),
+                        key=lambda f: (f.task_index < 0, f.exc_type != "ProcessDied"))
+        if deaths:
+            return deaths[0], True
+        bugs = [f for f in self.failures if not f.retryable]
+        if bugs:
+            return bugs[0], False
+        if self.failures:
+            return self.failures[0], True
+        return _spark_failure(self.job_error, self.attempt), True
+
+    def _epoch_of(self, failure: TaskFailure) -> int | None:
+        own = next((l for l in self.lives.values() if (l.job_name, l.task_index) ==
+                    (failure.job_name, failure.task_index)), None)
+        if own is not None and isinstance(own.step.get("epoch"), int):
+            return own.step["epoch"]
+        epochs = [l.step["epoch"] for l in self.lives.values() if isinstance(l.step.get("epoch"), int)]
+        return max(epochs) if epochs else None
+
+    def _resumed_epoch(self) -> int | None:
+        firsts = [l.first_epoch for l in self.lives.values() if l.first_epoch is not None]
+        return min(firsts) if firsts else None
+
+    def _failed(self, job: threading.Thread) -> _Outcome:
+        failure, retryable = self._verdict()
+        self.decided = True
+        if job.is_alive() or self.channel.connected:
+            self._stop_everything(job)
+        self._drain_rest()
+        others = tuple(f for f in self.failures if f is not failure)
+        epoch = self._epoch_of(failure)
+        return _Outcome(failure=failure, others=others, retryable=retryable,
+                        cause=_cause(failure, retryable, epoch), epoch=epoch,
+                        resumed_epoch=self._resumed_epoch())
+
+    # ------------------------------------------------------------ stall watchdog
+
+    def _stalled(self) -> list[_Life]:
+        """Tasks whose train_fn runs but has sent nothing (no progress, no output) for stall_timeout."""
+        if not self.stall_timeout or self.first_bad is not None:
+            return []
+        now = time.monotonic()
+        # ps servers and tfnb.compat's daemon tasks are silent by design
+        silent = [l for rank, l in self.lives.items() if l.state == "training" and not l.final
+                  and rank not in self.daemon_ranks and now - l.seen > self.stall_timeout]
+        return sorted(silent, key=lambda l: l.seen)
+
+    def _on_stall(self, job: threading.Thread, stalled: list[_Life]) -> _Outcome:
+        now = time.monotonic()
+        worst = stalled[0]
+        seconds = now - worst.seen
+        message = f"silent for {seconds:.0f} s (no progress event, no output line)"
+        if len(stalled) > 1:  # peers of a hung collective go quiet together
+            message += "; also silent: " + ", ".join(l.label for l in stalled[1:])
+        failure = TaskFailure(job_name=worst.job_name, task_index=worst.task_index, exc_type=STALLED,
+                              message=message, attempt=self.attempt, host=worst.host)
+        epoch, stall = self._epoch_of(failure), {"seconds": seconds, "last_step": dict(worst.step),
+                                                 "last_line": worst.line}
+        for life in stalled:
+            self.display(RunEvent(events.STATE, life.job_name, life.task_index,
+                                  {"state": "stalled", "seconds": round(now - life.seen, 1)}))
+        # Every train_fn process dumps its stack: in a hung collective the stalled task's peers tell as much.
+        running = [l for l in self.lives.values() if not l.final]
+        for life in running:
+            life.stack = None
+        self.channel.broadcast({"kind": "dump"})
+        end = now + _STACK_WAIT
+        while any(l.stack is None for l in running) and time.monotonic() < end:
+            self._drain(0.1)
+        self.decided = True
+        stall["stacks"] = {l.label: l.stack for l in running if l.stack}
+        failure = dataclasses.replace(failure, traceback=worst.stack or "")
+        self._stop_everything(job)
+        self._drain_rest()
+        return _Outcome(failure=failure, retryable=True, cause=_cause(failure, True, epoch), epoch=epoch,
+                        resumed_epoch=self._resumed_epoch(), stall=stall)
+
 
     def _drain_rest(self) -> None:
         while True:
@@ -469,10 +662,29 @@ def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
                        message=first[:500], traceback="", attempt=attempt)
 
 
+def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
+    """One readable line for the progress panel, the status file and the error: who, what, when."""
+    label = failure.label
+    if failure.exc_type == "ExecutorLost":
+        text = f"{label}'s executor lost" if failure.task_index >= 0 else f"executor lost ({failure.message})"
+    elif failure.exc_type == "ProcessDied":
+        what = re.split(r" without | \(| before ", failure.message.replace("the train_fn process ", ""))[0]
+        text = f"{label}'s train_fn process {what}"
+    elif failure.exc_type == STALLED:
+        text = f"{label} stalled, {failure.message.split(' (')[0]}"
+    elif failure.exc_type == "TaskLost":
+        text = f"the Spark job failed ({failure.message})"
+    else:
+        short = failure.exc_type.rpartition(".")[2]
+        first = (failure.message.strip().splitlines() or [""])[0][:200]
+        text = f"{label} lost a peer ({short}: {first})" if retryable else f"{label} raised {short}: {first}"
+    return text + (f" at epoch {epoch}" if epoch is not None else "")
+
+
 def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: int = 0, spark=None,
         use_gpu: bool | None = None, timeout: float | None = None, model_dir: str | None = None,
         log_dir: str | None = None, data=None, max_attempts: int | None = None,
-        env: dict | None = None, legacy_keras: bool | None = None,
+        stall_timeout: float | str | None = "auto", env: dict | None = None, legacy_keras: bool | None = None,
         preimport: Sequence[str] | None = None, warm: bool | None = None,
         display: Callable[[RunEvent], None] | bool | None = None, _hooks: LaunchHooks | None = None) -> Any:
     """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
@@ -495,8 +707,15 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             there (``tfnb_status.json``) so an Evaluator knows when training ended.
         log_dir: TensorBoard directory passed to ``ctx.log_dir``.
         data: a Spark DataFrame split evenly across the workers; read it with ``ctx.dataset(...)``.
-        max_attempts: launches at most when a task process dies (killed, lost executor); a Python
-            exception in train_fn is not retried. Default 2. Env: TFNB_MAX_ATTEMPTS.
+        max_attempts: launches at most. tfnb relaunches when a task's process or executor died, when
+            train_fn failed because a peer vanished (TensorFlow's UnavailableError and kin from collective
+            ops / gRPC) and after a stall; any other exception in train_fn is a bug and is not retried.
+            Default 2. Env: TFNB_MAX_ATTEMPTS; TFNB_FAILURE_GRACE (default 3 s) is how long tfnb
+            collects the other tasks' reports after a first failure before deciding.
+        stall_timeout: seconds a train_fn process may stay alive without sending a progress event or an
+            output line before tfnb dumps every worker's Python stack, cancels the job and relaunches
+            it (WorkerStalledError on the last attempt). Default "auto": TFNB_STALL_TIMEOUT, else 30
+            minutes; None or 0 turns the watchdog off.
         env: extra environment variables for the train_fn processes.
         legacy_keras: set TF_USE_LEGACY_KERAS=1 so ``tf.keras`` is tf-keras (default True), the Keras
             that trains under MultiWorkerMirroredStrategy.
@@ -517,7 +736,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     Raises:
         ConfigError: bad arguments (message names the fix).
         ClusterError: the cluster cannot host the run (slots, dynamic allocation).
-        WorkerError: train_fn failed on a worker; carries task index, exception type, worker traceback.
+        WorkerError: train_fn failed on a worker; carries task index, exception type, worker traceback
+            and the history of attempts (``.attempts``).
+        WorkerStalledError: a worker stalled on the last attempt; carries its stack and last step.
         RunTimeoutError: ``timeout`` ran out.
         RunCancelledError: interrupted (a KeyboardInterrupt subclass).
 
@@ -549,6 +770,10 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise ConfigError(f"max_attempts={max_attempts!r} must be an int >= 1 (1 = never relaunch)")
     legacy_keras = setting("legacy_keras", legacy_keras, True, bool)
+    stall_timeout = _stall_timeout(stall_timeout)
+    grace = setting("failure_grace", None, 3.0, float)
+    if grace < 0:
+        raise ConfigError(f"TFNB_FAILURE_GRACE={grace} must be >= 0 seconds")
     if preimport is None:
         preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
     elif isinstance(preimport, str):
@@ -585,10 +810,12 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     if model_dir:
         from ._status import write_status
 
-        write_status(model_dir, "running", run_id=run_id)
+        write_status(model_dir, "running", run_id=run_id, attempt=1, attempts=[])
     final_state = "failed"
+    history: list[dict] = []  # one entry per launch; in the status file and on WorkerError.attempts
     try:
         for attempt in range(1, max_attempts + 1):
+            started = time.time()
             spec_kwargs = dict(run_id=run_id, attempt=attempt, max_attempts=max_attempts,
                                num_workers=num_workers, num_ps=num_ps, payload=payload,
                                model_dir=model_dir, log_dir=log_dir, use_gpu=use_gpu,
@@ -597,27 +824,82 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
                                all_results=hooks.all_results, keep_port=hooks.keep_port,
                                task_cwd=hooks.task_cwd, warm=warm, warm_idle=warm_idle)
             outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps,
-                               daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel).run()
+                               daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel, grace=grace,
+                               stall_timeout=stall_timeout).run()
+            entry = {"attempt": attempt, "started": round(started, 3), "seconds": round(time.time() - started, 1),
+                     "resumed_epoch": outcome.resumed_epoch}
+            history.append(entry)
             if outcome.failure is None:
                 final_state = "succeeded"
+                entry["outcome"] = "succeeded"
                 sink(RunEvent(events.STATE, "driver", 0, {"state": "succeeded", "attempt": attempt, "max_attempts": max_attempts}))
                 return outcome.value
-            if outcome.failure.retryable and attempt < max_attempts:
+            relaunch = outcome.retryable and attempt < max_attempts
+            entry.update(outcome="stalled" if outcome.stall else "failed", cause=outcome.cause,
+                         retryable=outcome.retryable, epoch=outcome.epoch, relaunched=relaunch)
+            if relaunch:
+                log.info("tfnb: attempt %d of %d failed: %s; relaunching", attempt, max_attempts, outcome.cause)
                 sink(RunEvent(events.ATTEMPT, "driver", 0, {
-                    "attempt": attempt + 1, "max_attempts": max_attempts,
-                    "reason": f"{outcome.failure.label}: {outcome.failure.message}"}))
+                    "attempt": attempt + 1, "max_attempts": max_attempts, "reason": outcome.cause,
+                    "epoch": outcome.epoch, "retryable": True}))
+                if model_dir:
+                    from ._status import write_status
+
+                    write_status(model_dir, "running", run_id=run_id, attempt=attempt + 1, attempts=history)
+                _wait_for_slots(spark, num_tasks)
                 continue
             sink(RunEvent(events.STATE, "driver", 0, {"state": "failed", "attempt": attempt, "max_attempts": max_attempts}))
-            raise WorkerError(outcome.failure, outcome.others)
+            if outcome.stall:
+                raise WorkerStalledError(outcome.failure, outcome.others, tuple(history), **outcome.stall)
+            raise WorkerError(outcome.failure, outcome.others, tuple(history))
     except KeyboardInterrupt:
         final_state = "cancelled"
+        raise
+    except RunTimeoutError:
+        final_state = "timed out"  # only in the history: the status file's state stays "failed"
         raise
     finally:
         close = getattr(sink, "close", None)
         if close:
             close()
+        if len(history) < attempt:  # interrupted or timed out mid-attempt
+            history.append({"attempt": attempt, "started": round(started, 3),
+                            "seconds": round(time.time() - started, 1), "outcome": final_state})
+            final_state = "failed" if final_state == "timed out" else final_state
         if model_dir:
             from ._status import write_status
 
-            write_status(model_dir, final_state, run_id=run_id)
+            write_status(model_dir, final_state, run_id=run_id, attempts=history)
+
+
+def _stall_timeout(value) -> float | None:
+    """stall_timeout= resolved: "auto" -> TFNB_STALL_TIMEOUT or 30 min; None/0/"off" -> no watchdog."""
+    if isinstance(value, str) and value == "auto":
+        raw = os.environ.get("TFNB_STALL_TIMEOUT")
+        if raw is None:
+            return _STALL_DEFAULT
+        value = None if raw.strip().lower() in ("", "none", "off") else raw
+        where = f"TFNB_STALL_TIMEOUT={raw!r}"
+    else:
+        where = f"stall_timeout={value!r}"
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if isinstance(value, bool) or not seconds >= 0:
+        raise ConfigError(f"{where} must be a number of seconds >= 0 (None or 0 turns the stall watchdog off)")
+    return seconds or None
+
+
+def _wait_for_slots(spark, needed: int) -> None:
+    """Before a relaunch, give a lost executor's replacement time to register (Spark would otherwise
+    wait its barrier slot-check interval, 15 s by default, before even scheduling the job)."""
+    if _is_connect(spark):
+        return
+    try:
+        _cluster_slots(spark, needed, setting("slot_wait", None, 30.0, float))
+    except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
+        log.debug("slot check before relaunch failed: %s", e)
 

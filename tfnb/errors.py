@@ -7,6 +7,7 @@ and traceback.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -57,29 +58,59 @@ class TaskFailure:
 
     @property
     def retryable(self) -> bool:
-        """A crash of the process (signal, lost executor) is worth a relaunch; a Python exception is not."""
+        """Bad luck worth a relaunch: the process died (signal, lost executor), it stalled, or it failed
+        because a peer disappeared. Any other Python exception in train_fn is a bug and is not retried."""
+        return self.exc_type in _PROCESS_DEATHS or self.exc_type == STALLED or self.peer_lost
+
+    @property
+    def died(self) -> bool:
+        """The task's process or its executor is gone (as opposed to raising an exception)."""
         return self.exc_type in _PROCESS_DEATHS
 
+    @property
+    def peer_lost(self) -> bool:
+        """The error TensorFlow raises in a survivor when a peer of a collective or gRPC call is gone."""
+        module, _, name = self.exc_type.rpartition(".")
+        if name in _PEER_ERRORS and module.startswith("tensorflow"):
+            return True
+        return bool(_PEER_MESSAGES.search(self.message))
 
-_PROCESS_DEATHS = frozenset({"ProcessDied", "TaskLost"})
+
+_PROCESS_DEATHS = frozenset({"ProcessDied", "TaskLost", "ExecutorLost"})
+STALLED = "Stalled"
+# tf.errors raised in a survivor when a peer goes away mid-collective (CollectiveReduceV2, gRPC channels)
+_PEER_ERRORS = frozenset({"UnavailableError", "CancelledError", "AbortedError", "DeadlineExceededError"})
+_PEER_MESSAGES = re.compile(
+    r"Collective ops is aborted|failed to connect to all addresses|Socket closed|Connection reset", re.IGNORECASE)
 
 
 class WorkerError(TfnbError):
     """``train_fn`` (or the task running it) failed on a worker.
 
     Attributes:
-        failure: the first :class:`TaskFailure` reported; ``failure.traceback`` is the worker's traceback.
+        failure: the :class:`TaskFailure` that decided the outcome; ``failure.traceback`` is the worker's
+            traceback.
         others: failures reported by other tasks of the same attempt.
+        attempts: one dict per launch of the run, in order (``attempt``, ``outcome``, ``cause``,
+            ``retryable``, ``epoch``, ``seconds``), the same history tfnb writes to the run status file.
     """
 
-    def __init__(self, failure: TaskFailure, others: tuple[TaskFailure, ...] = ()):
+    def __init__(self, failure: TaskFailure, others: tuple[TaskFailure, ...] = (), attempts: tuple = ()):
         self.failure = failure
         self.others = others
+        self.attempts = tuple(attempts)
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        failure = self.failure
         head = f"{failure.label} failed (attempt {failure.attempt}): {failure.exc_type}: {failure.message}"
         if failure.host:
             head += f" [on {failure.host}]"
+        earlier = [a for a in self.attempts[:-1] if a.get("cause")]
+        if earlier:
+            head += "\nEarlier attempts: " + "; ".join(f"{a['attempt']}: {a['cause']}" for a in earlier)
         body = failure.traceback.rstrip()
-        super().__init__(head + ("\n\nWorker traceback:\n" + body if body else ""))
+        return head + ("\n\nWorker traceback:\n" + body if body else "")
 
     @property
     def task_index(self) -> int:
@@ -96,6 +127,45 @@ class WorkerError(TfnbError):
     @property
     def worker_traceback(self) -> str:
         return self.failure.traceback
+
+
+class WorkerStalledError(WorkerError):
+    """A train_fn process stayed alive but silent (no progress event, no output line) for ``stall_timeout``
+    seconds on the last attempt.
+
+    Attributes:
+        seconds: how long the stalled task had been silent when tfnb stopped the run.
+        last_step: the task's last progress report (epoch, step...), empty if it never sent one.
+        last_line: the last output line the task printed ("" if none).
+        stacks: ``{"worker 1": "<Python stack of every thread>", ...}`` for every train_fn process.
+    """
+
+    def __init__(self, failure: TaskFailure, others: tuple[TaskFailure, ...] = (), attempts: tuple = (), *,
+                 seconds: float = 0.0, last_step: dict | None = None, last_line: str = "",
+                 stacks: dict | None = None):
+        self.seconds = seconds
+        self.last_step = dict(last_step or {})
+        self.last_line = last_line
+        self.stacks = dict(stacks or {})
+        super().__init__(failure, others, attempts)
+
+    def _text(self) -> str:
+        f = self.failure
+        step = ", ".join(f"{k} {v}" for k, v in self.last_step.items()) or "none reported"
+        text = (f"{f.label} stalled (attempt {f.attempt}): its train_fn process was alive but sent no progress "
+                f"event and no output line for {self.seconds:.0f} s; last step: {step}; last line: "
+                f"{self.last_line!r}. The run was cancelled. Raise stall_timeout= (or TFNB_STALL_TIMEOUT) if "
+                "train_fn legitimately works that long in silence, or pass stall_timeout=None to turn the "
+                "watchdog off")
+        if f.host:
+            text += f" [on {f.host}]"
+        own = self.stacks.get(f.label)
+        if own:
+            text += f"\n\nStack of {f.label} (all threads):\n{own.rstrip()}"
+        for label, stack in self.stacks.items():
+            if label != f.label and stack:
+                text += f"\n\nStack of {label}:\n{stack.rstrip()}"
+        return text
 
 
 class StorageError(TfnbError):
