@@ -15,37 +15,13 @@ import statistics
 import sys
 import time
 
-from launch import measure_empty_barrier, measure_import_tf
+import cloudpickle
 
+import launch
+from launch import first_step, measure_empty_barrier, measure_import_tf, one_step
 
-def one_step(strategy):
-    """One training step under ``strategy``; returns the time it finished."""
-    import time as _t
-
-    import tensorflow as tf
-
-    with strategy.scope():
-        w = tf.Variable(tf.zeros((64, 10)))
-        opt = tf.keras.optimizers.SGD(0.1)
-
-    @tf.function
-    def step(x):
-        def replica(x):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(x @ w))
-            opt.apply_gradients([(tape.gradient(loss, w), w)])
-            return loss
-
-        return strategy.reduce("SUM", strategy.run(replica, args=(x,)), axis=None)
-
-    step(tf.ones((32, 64))).numpy()
-    return _t.time()
-
-
-def tfnb_train(ctx):
-    import tensorflow as tf
-
-    return one_step(tf.distribute.MultiWorkerMirroredStrategy())
+# Spark's Python workers and train_fn processes cannot import bench/: ship its functions by value
+cloudpickle.register_pickle_by_value(launch)
 
 
 def peer_train():
@@ -65,9 +41,12 @@ def main():
                  "pip install spark-tensorflow-distributor (bench only)")
     # the peer trains inside Spark's Python workers, which inherit this environment
     os.environ.update(PYSPARK_PYTHON=sys.executable, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    from pyspark import cloudpickle as spark_cloudpickle
     from pyspark.sql import SparkSession
 
     import tfnb
+
+    spark_cloudpickle.register_pickle_by_value(launch)
 
     spark = (SparkSession.builder.master("local[2]").appName("bench-rerun")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
@@ -77,7 +56,7 @@ def main():
     rows = {"tfnb": [], "spark-tensorflow-distributor": []}
     for _ in range(args.rounds):
         t0 = time.time()
-        rows["tfnb"].append(tfnb.run(tfnb_train, num_workers=2, spark=spark, display=False) - t0)
+        rows["tfnb"].append(tfnb.run(first_step, num_workers=2, spark=spark, display=False) - t0)
         t0 = time.time()
         rows["spark-tensorflow-distributor"].append(
             MirroredStrategyRunner(num_slots=2, use_gpu=False).run(peer_train) - t0)

@@ -119,7 +119,7 @@ def _assigner(part_start: Sequence[int], bounds: Sequence[tuple[int, int, int]])
 
 @dataclass(frozen=True)
 class Prepared:
-    """A fed RDD, ready for ``tfnb.run(data=df, _hooks=LaunchHooks(feeder=feeder))``; call ``release()`` afterwards."""
+    """A fed RDD, ready for ``tfnb.cluster.run_with_hooks(fn, LaunchHooks(feeder=feeder), data=df, ...)``; call ``release()`` afterwards."""
 
     df: Any                         # one partition per barrier task
     feeder: "RddFeeder"
