@@ -247,3 +247,15 @@ def test_tensorflow_startup_noise_is_dropped_real_errors_kept(spark):
              display=lambda e: lines.append(e.data["line"]) if e.kind == "log" else None)
     assert sum("a real TensorFlow error" in line for line in lines) == 2
     assert not any("absl::InitializeLog" in line or "cudart_stub" in line for line in lines)
+
+
+def read_setting(ctx):
+    return os.environ.get("TFNB_S3_ENDPOINT_URL")
+
+
+def test_driver_settings_travel_with_the_task(spark, monkeypatch):
+    # set after the session (and its Python workers) started: only the task can have brought it
+    spark.range(1).collect()
+    monkeypatch.setenv("TFNB_S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("TFNB_PREIMPORT", "")
+    assert tfnb.run(read_setting, num_workers=2, spark=spark, display=False) == "http://127.0.0.1:9"

@@ -640,6 +640,15 @@ class _Attempt:
                 self._handle(item[1], item[2])
 
 
+_TASK_OWN = ("TFNB_RUN_ID", "TFNB_ATTEMPT", "TFNB_EVENT_FD", "TFNB_HELD_PORT_FD", "TFNB_KEPT_PORT_FD",
+             "TFNB_PREIMPORT")
+
+
+def _driver_settings() -> dict:
+    """The driver's TFNB_* settings, so tfnb calls inside train_fn (stage, EventSync) resolve them alike."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TFNB_") and k not in _TASK_OWN}
+
+
 def run_with_hooks(train_fn: Callable, hooks: LaunchHooks, **kwargs: Any) -> Any:
     """:func:`run` with launcher hooks: the entry point add-ons such as tfnb.compat build on.
 
@@ -819,7 +828,8 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             spec_kwargs = dict(run_id=run_id, attempt=attempt, max_attempts=max_attempts,
                                num_workers=num_workers, num_ps=num_ps, payload=payload,
                                model_dir=model_dir, log_dir=log_dir, use_gpu=use_gpu,
-                               env=tuple(sorted((env or {}).items())), legacy_keras=legacy_keras,
+                               env=tuple(sorted({**_driver_settings(), **(env or {})}.items())),
+                               legacy_keras=legacy_keras,
                                preimport=tuple(preimport), feed=feed, feeder=hooks.feeder,
                                all_results=hooks.all_results, keep_port=hooks.keep_port,
                                task_cwd=hooks.task_cwd, warm=warm, warm_idle=warm_idle)
