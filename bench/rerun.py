@@ -67,11 +67,10 @@ def main():
     for name, values in rows.items():
         print(f"  {name:<30}" + "".join(f"{v:9.2f}" for v in values))
     ours, peer = statistics.median(rows["tfnb"][1:]), statistics.median(rows["spark-tensorflow-distributor"][1:])
-    result = {"first_over_floor": rows["tfnb"][0] / floor, "rerun_s": ours, "peer_rerun_s": peer,
-              "rerun_over_peer": ours / peer}
-    print(f"  first run / floor {result['first_over_floor']:.2f} (goal <= 1.0); rerun {ours:.2f} s "
-          f"(goal <= 1.5 s) = {result['rerun_over_peer']:.2f} x the peer's rerun (goal <= 0.8)")
-    print("RESULT " + json.dumps(result))
+    print(f"  first run / floor {rows['tfnb'][0] / floor:.2f} (goal <= 1.0); rerun {ours:.2f} s "
+          f"(goal <= 1.5 s) = {ours / peer:.2f} x the peer's rerun {peer:.2f} s (goal <= 0.8)")
+    print("RESULT " + json.dumps({"ratios": {"rerun vs the peer's rerun": ours / peer, "rerun seconds": ours},
+                                  "goals": {"rerun vs the peer's rerun": 0.8, "rerun seconds": 1.5}}))
 
 
 if __name__ == "__main__":
