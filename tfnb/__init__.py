@@ -59,7 +59,8 @@ if TYPE_CHECKING:  # what the lazy exports are, for type checkers and IDEs
     from .cluster import run
     from .context import WorkerContext
     from .errors import (ClusterError, ConfigError, EvaluatorError, MissingDependencyError, RunCancelledError,
-                         RunTimeoutError, StagingError, StorageError, SyncError, TfnbError, WorkerError)
+                         RunTimeoutError, StagingError, StorageError, SyncError, TfnbError, WorkerError,
+                         WorkerStalledError)
     from .evaluator import EvalResult, Evaluator
     from .events import RunEvent
     from .inference import predict
