@@ -7,6 +7,7 @@ so the many cluster runs stay cheap.
 from __future__ import annotations
 
 import errno
+import io
 import getpass
 import json
 import os
@@ -17,6 +18,7 @@ import urllib.request
 import pytest
 
 from tfnb.compat import TFCluster, TFNode
+from tfnb.progress import ConsoleDisplay
 from tfnb.errors import ClusterError, ConfigError, RunTimeoutError, WorkerError
 
 
@@ -409,7 +411,7 @@ def mnist_tf_main_fun(args, ctx):
     with strategy.scope():
         multi_worker_model = build_and_compile_cnn_model()
     history = multi_worker_model.fit(x=train_datasets, epochs=args["epochs"], steps_per_epoch=args["steps_per_epoch"],
-                                     callbacks=callbacks, verbose=0)
+                                     callbacks=callbacks, verbose=args.get("verbose", 0))
     from tfnb import compat
 
     compat.export_saved_model(multi_worker_model, args["export_dir"], ctx.job_name == 'chief')
@@ -487,7 +489,7 @@ def mnist_spark_main_fun(args, ctx):
     max_steps_per_worker = int(steps_per_epoch_per_worker * 0.9)
 
     history = multi_worker_model.fit(x=ds, epochs=args["epochs"], steps_per_epoch=max_steps_per_worker,
-                                     callbacks=callbacks, verbose=0)
+                                     callbacks=callbacks, verbose=args.get("verbose", 0))
     write_record(args["out"], ctx, loss=history.history["loss"], fed=len(fed))
 
     # terminating feed tells spark to skip processing further partitions
@@ -501,11 +503,24 @@ def test_mnist_keras_spark_mode(spark, tmp_path, no_orphans):
     digits = load_digits()
     rows = [(list(map(int, image.reshape(-1))), int(label)) for image, label in zip(digits.images, digits.target)]
     images_labels = spark.sparkContext.parallelize(rows, 5)
-    args = {"batch_size": 32, "epochs": 3, "model_dir": str(tmp_path / "mnist_model"), "out": str(tmp_path)}
+    # verbose=1 as in the example: Keras' carriage-return bar on every worker
+    args = {"batch_size": 32, "epochs": 3, "model_dir": str(tmp_path / "mnist_model"), "out": str(tmp_path),
+            "verbose": 1}
+    console = io.StringIO()
     cluster = TFCluster.run(spark.sparkContext, mnist_spark_main_fun, args, 2, num_ps=0, tensorboard=False,
-                            input_mode=TFCluster.InputMode.SPARK, master_node='chief', display=False)
+                            input_mode=TFCluster.InputMode.SPARK, master_node='chief',
+                            display=ConsoleDisplay(console, num_workers=2))
     cluster.train(images_labels, args["epochs"])
     cluster.shutdown()
+    # the console gets a few lines per worker per epoch; the run's log file gets every line
+    shown = console.getvalue().splitlines()
+    for label in ("[chief 0]", "[worker 1]"):
+        mine = [line for line in shown if line.startswith(label)]
+        assert len(mine) <= 5 * args["epochs"] + 5, "\n".join(mine)
+        assert sum(f"Epoch {e}/3" in line for line in mine for e in (1, 2, 3)) == 3, mine
+    log_file = next(line.split(": ", 1)[1] for line in shown if "every line of this run" in line)
+    logged = open(log_file).read()
+    assert all(f"Epoch {e}/3" in logged for e in (1, 2, 3)) and "accuracy" in logged
     chief, worker = read_records(tmp_path)
     assert chief["job_name"] == "chief" and worker["job_name"] == "worker"
     assert chief["loss"][-1] < chief["loss"][0]

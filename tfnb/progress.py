@@ -141,6 +141,7 @@ class RunProgress:
         outcome: None while running, then ``"succeeded"`` or ``"failed"``; ``"stopped"`` when the
             run ended without either (interrupted, timed out).
         relaunch_reason: why the last relaunch happened.
+        log_file: where the driver keeps every line of the run (announced when the run starts).
         logs: the latest log lines, ``"[worker 1] text"``.
     """
 
@@ -149,6 +150,7 @@ class RunProgress:
     max_attempts: int | None = None
     outcome: str | None = None
     relaunch_reason: str | None = None
+    log_file: str | None = None
     logs: deque = field(default_factory=lambda: deque(maxlen=100))
     started: float | None = None  # time of the first event
     finished: float | None = None
@@ -289,6 +291,9 @@ class RunProgress:
             self.relaunch_reason = str(data.get("reason", "")) or None
             self.workers.clear()
             self._prefill(*self.shape)
+            return True
+        if kind == events.STATE and data.get("log_file"):
+            self.log_file = str(data["log_file"])
             return True
         if kind == events.STATE and data.get("state") in ("succeeded", "failed"):
             self.outcome = str(data["state"])
@@ -504,6 +509,8 @@ class ConsoleDisplay:
         state = data.get("state")
         if event.job_name == "driver":
             self._close_bar()
+            if data.get("log_file"):
+                self._print(f"[tfnb] every line of this run: {data['log_file']}")
             if state in ("succeeded", "failed"):
                 self._flush_live(force=True)
                 self._print(f"[tfnb] {self.run.status_text()}")

@@ -69,7 +69,9 @@ def _render_live(run: RunProgress, rows: list | None = None) -> str:
 
 def _render_status(run: RunProgress) -> str:
     colour = {"succeeded": "#1a7f37", "failed": "#cf222e", "stopped": "#bf8700"}.get(run.outcome or "", "inherit")
-    return f'<div style="color:{colour};font-weight:600">tfnb: {html.escape(run.status_text())}</div>'
+    log = (f'<div style="font-size:smaller;opacity:.7">every line of this run: <code>{html.escape(run.log_file)}'
+           '</code></div>') if run.log_file else ""
+    return f'<div style="color:{colour};font-weight:600">tfnb: {html.escape(run.status_text())}</div>{log}'
 
 
 class ProgressWidget:
