@@ -68,13 +68,19 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
-def _idle_standby(cmd: str) -> bool:
-    """A warm standby nobody claimed yet (its socket, or while it imports its .part, exists): kept on purpose."""
-    parts = cmd.split()
-    if "--standby" not in parts:
+def _idle_standby(proc: Path, cmd: str) -> bool:
+    """A warm standby nobody claimed yet (its nanny's socket, or while it imports the .part, exists)."""
+    if "--standby" not in cmd.split():
         return False
-    i = parts.index("--standby")
-    return i + 1 < len(parts) and (os.path.exists(parts[i + 1]) or os.path.exists(parts[i + 1] + ".part"))
+    try:
+        ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        nanny = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, IndexError):
+        return False
+    if b"tfnb._warm" not in nanny:
+        return False
+    path = nanny[nanny.index(b"tfnb._warm") + 1].decode()
+    return os.path.exists(path) or os.path.exists(path + ".part")
 
 
 def child_processes() -> list[str]:
@@ -87,7 +93,7 @@ def child_processes() -> list[str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "tfnb._child" in cmd and not _idle_standby(cmd):
+        if "tfnb._child" in cmd and not _idle_standby(d, cmd):
             out.append(f"{d.name}: {cmd}")
     return out
 

@@ -357,7 +357,7 @@ def train_small(ctx, epochs, steps, batch):
 def test_widget_follows_a_real_two_worker_run(spark, no_orphans):
     import tfnb
 
-    widget = ProgressWidget(num_workers=2, max_attempts=1)
+    widget = ProgressWidget(num_workers=2, max_attempts=1, refresh_interval=0)  # a render per event
     rec = Recorder(widget)
     history = tfnb.run(train_small, num_workers=2, args=(EPOCHS, STEPS, BATCH), spark=spark,
                        max_attempts=1, display=rec)

@@ -49,8 +49,13 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
     return res
 
 
+def _clean_env() -> dict:
+    # the test process puts this checkout on PYTHONPATH (for Spark's workers): the runtime must not see it
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}
+
+
 def _packages(python: Path) -> dict[str, str]:
-    out = _run([python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"]).stdout
+    out = _run([python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"], env=_clean_env()).stdout
     return {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(out)}
 
 
@@ -148,7 +153,7 @@ def test_wheel_installs_into_a_runtime_without_changing_it_and_trains_on_spark_3
     assert before["pyspark"] == "3.5.0" and "tfnb" not in before
 
     wheel = _wheel(tmp_path)
-    _run([runtime, "-m", "pip", "install", "--disable-pip-version-check", wheel])
+    _run([runtime, "-m", "pip", "install", "--disable-pip-version-check", wheel], env=_clean_env())
 
     after = _packages(runtime)
     changed = {name: (v, after.get(name)) for name, v in before.items() if after.get(name) != v}
@@ -157,7 +162,7 @@ def test_wheel_installs_into_a_runtime_without_changing_it_and_trains_on_spark_3
 
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}  # tfnb from the wheel
+    env = _clean_env()  # tfnb from the wheel
     env.update(PYSPARK_PYTHON=str(runtime), PYSPARK_DRIVER_PYTHON=str(runtime), TF_CPP_MIN_LOG_LEVEL="2")
     res = _run([runtime, script], cwd=tmp_path, env=env, timeout=900)
     result = json.loads(res.stdout.split("RESULT ", 1)[1])

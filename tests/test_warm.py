@@ -22,7 +22,8 @@ def process_info(ctx):
 
 
 def standbys() -> list[str]:
-    return [p for p in os.popen("ps -eo pid,args").read().splitlines() if "tfnb._child --standby" in p]
+    return [p for p in os.popen("ps -eo pid,args").read().splitlines()
+            if "tfnb._child --standby" in p or "tfnb._warm" in p]
 
 
 def wait_for(predicate, limit: float = 60.0):

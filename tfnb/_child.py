@@ -4,8 +4,8 @@ A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark
 session (TensorFlow configures collective ops once per process) and lets the
 supervising task capture its output and kill it as a group.
 
-Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``, or ``--standby SOCKET IDLE PID`` for a
-warm standby that a later task claims (see tfnb._warm). The supervisor starts this
+Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``, or ``--standby FD`` for a warm
+standby that a later task claims through its nanny (see tfnb._warm). The supervisor starts this
 process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the barrier's
 address exchange. WORKDIR holds ``payload.pkl`` (train_fn, args, mode) from the start; once the
 cluster is known the supervisor writes ``ctx.pkl`` and sends ``go`` on stdin. This process then
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
     if argv[0] == "--standby":
         from ._warm import serve
 
-        conn, workdir = serve(argv[1], float(argv[2]), int(argv[3]), _preimport)
+        conn, workdir = serve(int(argv[1]), _preimport)
         go = _watch_parent(conn.fileno())
     else:
         workdir = argv[0]

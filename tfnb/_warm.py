@@ -89,7 +89,7 @@ def spawn(want: str, env: dict, idle: float) -> None:
     path = os.path.join(private_dir(_FOLDER), f"{want}-{os.getpid()}-{time.monotonic_ns()}.sock")
     env = dict(env, PYTHONUNBUFFERED="1")
     subprocess.Popen(
-        [sys.executable, "-m", "tfnb._child", "--standby", path, str(idle), str(os.getppid())],
+        [sys.executable, "-m", "tfnb._warm", path, str(idle), str(os.getppid())],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=env, start_new_session=True, cwd=private_dir(_FOLDER))
 
@@ -156,7 +156,7 @@ class Claimed:
         return None
 
 
-# ---------------------------------------------------------------- the standby's side (in tfnb._child)
+# ---------------------------------------------------------------- the standby's side
 
 
 def _alive(pid: int) -> bool:
@@ -169,39 +169,112 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def serve(path: str, idle: float, watch_pid: int, preimport) -> tuple[socket.socket, str]:
-    """Import, then wait to be claimed; returns (connection, workdir) after taking over the run's fds and env.
+def _readline(sock: socket.socket) -> bytes:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
 
-    Exits the process when idle too long, when ``watch_pid`` is gone, or when told to.
-    """
-    claimed = threading.Event()
 
-    def watch():
-        deadline = time.monotonic() + idle
-        while not claimed.wait(1.0):
-            if time.monotonic() > deadline or not _alive(watch_pid):
-                _unlink(path)
-                _unlink(path + ".part")
-                os._exit(0)
+def nanny(path: str, idle: float, watch_pid: int) -> None:
+    """The standby's parent: a small process that holds the socket, and once a task claims the standby,
+    relays ``go``, forwards the stack-dump signals and reports how the process exited, as a parent can."""
+    import signal
 
+    inner_end, outer = socket.socketpair()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path + ".part")  # the file says what this process is while it imports
+    listener.bind(path + ".part")  # the file names this standby while it imports
     os.chmod(path + ".part", 0o600)
-    threading.Thread(target=watch, name="tfnb-standby-watch", daemon=True).start()
-    preimport()
+    inner = subprocess.Popen([sys.executable, "-m", "tfnb._child", "--standby", str(inner_end.fileno())],
+                             pass_fds=[inner_end.fileno()], stdin=subprocess.DEVNULL)
+    inner_end.close()
+
+    def leave(*_):
+        _unlink(path)
+        _unlink(path + ".part")
+        inner.kill()
+        os._exit(0)
+
+    deadline = time.monotonic() + idle
+    outer.settimeout(1.0)
+    while True:  # importing: wait for "ready"
+        if time.monotonic() > deadline or not _alive(watch_pid) or inner.poll() is not None:
+            leave()
+        try:
+            if _readline(outer) == b"ready\n":
+                break
+        except socket.timeout:
+            continue
+        except (ConnectionError, OSError):
+            leave()
     listener.listen(1)
     os.replace(path + ".part", path)  # findable only once warm
-    try:
-        conn, _ = listener.accept()
-        msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
-        info = json.loads(msg.split(b"\n", 1)[0] or b"{}")
-        if info.get("exit") or len(fds) != 4:
-            _unlink(path)
-            os._exit(0)
-        claimed.set()
-    finally:
+    listener.settimeout(1.0)
+    while True:
+        if time.monotonic() > deadline or not _alive(watch_pid) or inner.poll() is not None:
+            leave()
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
         listener.close()
         _unlink(path)
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
+            if json.loads(msg.split(b"\n", 1)[0] or b"{}").get("exit") or len(fds) != 4:
+                leave()
+            outer.settimeout(None)
+            socket.send_fds(outer, [msg], fds)
+        except (OSError, ValueError):
+            leave()
+        for fd in fds:
+            os.close(fd)
+        break
+    # Claimed. The supervisor signals this process group (SIGTERM, SIGKILL) and this pid (the stack dump).
+    for sig in (signal.SIGUSR1, signal.SIGCONT):
+        signal.signal(sig, lambda n, _f: os.kill(inner.pid, n))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM reaches the process itself
+    conn.sendall(f"{os.getpid()}\n".encode())
+
+    def relay():
+        # "go" and the parent-death watch: the supervisor's end of the connection closing ends the process
+        try:
+            while True:
+                chunk = conn.recv(1024)
+                if not chunk:
+                    break
+                outer.sendall(chunk)
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=relay, daemon=True).start()
+    code = inner.wait()
+    try:
+        conn.sendall(f"{code}\n".encode())
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def serve(fd: int, preimport) -> tuple[socket.socket, str]:
+    """The standby itself (in tfnb._child): import, then take over the run's fds and environment.
+
+    Returns (connection to the nanny, workdir); exits when the nanny goes away first.
+    """
+    sock = socket.socket(fileno=fd)
+    preimport()
+    try:
+        sock.sendall(b"ready\n")
+        msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 4)
+    except OSError:
+        os._exit(0)
+    if len(fds) != 4:
+        os._exit(0)
+    info = json.loads(msg.split(b"\n", 1)[0])
     out_w, err_w, ev_w, held = fds
     sys.stdout.flush()
     sys.stderr.flush()
@@ -209,24 +282,11 @@ def serve(path: str, idle: float, watch_pid: int, preimport) -> tuple[socket.soc
     os.dup2(err_w, 2)
     os.close(out_w)
     os.close(err_w)
-    env = dict(info["env"], TFNB_EVENT_FD=str(ev_w), TFNB_HELD_PORT_FD=str(held))
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update(info["env"], TFNB_EVENT_FD=str(ev_w), TFNB_HELD_PORT_FD=str(held))
     os.chdir(info["cwd"])
-    conn.sendall(f"{os.getpid()}\n".encode())
-    _report_exit_codes(conn)
-    return conn, info["workdir"]
+    return sock, info["workdir"]
 
 
-def _report_exit_codes(conn: socket.socket) -> None:
-    """This process is not its supervisor's child, so it tells the supervisor how it exits, os._exit included."""
-    real_exit = os._exit
-
-    def _exit(code: int) -> None:
-        try:
-            conn.sendall(f"{code}\n".encode())
-        except OSError:
-            pass
-        real_exit(code)
-
-    os._exit = _exit
+if __name__ == "__main__":
+    nanny(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))
