@@ -105,7 +105,7 @@ class Claimed:
         body = json.dumps({"workdir": workdir, "cwd": cwd, "env": env}).encode() + b"\n"
         try:
             socket.send_fds(conn, [body], fds)
-            self.pid = int(self._line(conn))
+            self.pid = int(_readline(conn))
         finally:
             for fd in (out_w, err_w, ev_w):
                 os.close(fd)
@@ -117,21 +117,11 @@ class Claimed:
         self.returncode: int | None = None
         self._rest = b""
 
-    @staticmethod
-    def _line(conn: socket.socket) -> bytes:
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = conn.recv(64)
-            if not chunk:
-                raise ConnectionError("the standby closed its connection")
-            buf += chunk
-        return buf.strip()
-
     def wait(self) -> int:
         """The exit code the process sent before exiting, or UNKNOWN_EXIT when it died without one."""
         if self.returncode is None:
             try:
-                self.returncode = int(self._line(self.conn))
+                self.returncode = int(_readline(self.conn))
             except (ConnectionError, OSError, ValueError):
                 self.returncode = UNKNOWN_EXIT
             self._reap()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TextIO
 
 from . import events
+from .callbacks import _number
 from ._config import setting
 from .errors import ConfigError
 from .events import RunEvent
@@ -114,15 +115,6 @@ class WorkerProgress:
 
 def _sort_key(key: tuple) -> tuple:
     return (_ROLE_ORDER.get(key[0], 9), key[0], key[1])
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _int(value: Any) -> int | None:
