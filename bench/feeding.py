@@ -279,7 +279,7 @@ def main() -> None:
             t_big = run_tfnb(spark, big, a.big_rows)
             big.unpersist()
             rows_line.append((a.big_rows, c_big[0], t_big[0], t_big[2]))
-            print(f"\nrows scaling (2 workers): tfnb stream per 100k rows, ceiling per 100k rows, peak RSS")
+            print("\nrows scaling (2 workers): tfnb stream per 100k rows, ceiling per 100k rows, peak RSS")
             for n, c, t, dd in rows_line:
                 print(f"  {n:>10,} rows: tfnb {t / n * 1e5:6.3f} s  ceiling {c / n * 1e5:6.3f} s  "
                       f"ratio {c / t:5.2f} x | peak RSS task {dd['rss_task']:.0f} MB, train_fn {dd['rss_train_fn']:.0f} MB"

@@ -13,7 +13,6 @@ import re
 import threading
 from collections import defaultdict
 
-import pytest
 
 from tfnb._channel import DriverChannel, TaskChannel
 from tfnb._worker import _MAX_LINE, _Lines

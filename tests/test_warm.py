@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import tfnb
-from conftest import _current, child_processes, spark_session
+from conftest import _current, spark_session
 
 
 def process_info(ctx):
