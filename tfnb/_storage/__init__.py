@@ -205,6 +205,22 @@ def atomic_write(path: str, data: bytes) -> None:
         raise
 
 
+def land(url: str, local_path: str, size: int | None, fetch) -> None:
+    """Download into a hidden name beside ``local_path`` with ``fetch(tmp)``, check the size the listing
+    gave, then rename: a half-fetched or changed file never appears under the final name."""
+    os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+    tmp = temp_name(local_path, named=True)
+    try:
+        fetch(tmp)
+        got = os.path.getsize(tmp)
+        if size is not None and got != size:
+            raise StorageError(f"{url} arrived with {got} bytes but was listed with {size}; it changed, run again")
+        os.replace(tmp, local_path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
     """An exclusive lock on ``path`` across processes (a no-op where fcntl is missing)."""

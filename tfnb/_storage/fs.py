@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from .._deps import require
 from ..errors import ConfigError, MissingDependencyError, StorageError
-from . import PART, Entry, Store, _remove, guarded, is_temp, os_error, temp_name
+from . import PART, Entry, Store, guarded, is_temp, land, os_error
 
 # object stores: a PUT is atomic already, and a rename would be a second full copy
 _OBJECT_STORES = frozenset({"gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2", "memory"})
@@ -110,20 +110,15 @@ class FsspecStore(Store):
 
         if cancel is not None and cancel.is_set():
             raise StorageError(f"downloading {self.url(rel)} was cancelled")
-        os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-        tmp, progress = temp_name(local_path, named=True), Progress()
-        try:
+        progress = Progress()
+
+        def fetch(tmp: str) -> None:
             self.fs.get_file(self._full(rel), tmp, callback=progress)
             got = os.path.getsize(tmp)
             if on_bytes and got > progress.reported:   # local copies report nothing on the way
                 on_bytes(got - progress.reported)
-            if size is not None and got != size:
-                raise StorageError(f"{self.url(rel)} has {got} bytes but was listed with {size}; it changed, "
-                                   "run again")
-            os.replace(tmp, local_path)
-        except BaseException:
-            _remove(tmp)
-            raise
+
+        land(self.url(rel), local_path, size, fetch)
 
     def _replace(self, rel: str, send) -> None:
         path = self._full(rel)

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from .._config import setting
 from .._deps import require
 from ..errors import ConfigError, StorageError
-from . import S3_OPTIONS, Entry, MissingError, Store, _remove, guarded, is_temp, temp_name
+from . import S3_OPTIONS, Entry, MissingError, Store, guarded, is_temp, land
 
 _IO_CHUNK = 1 << 20        # s3transfer's write unit; its 256 KiB default costs more CPU
 _IO_QUEUE = 128            # chunks waiting for the disk: bounds memory to 128 MiB per store
@@ -182,22 +182,15 @@ class S3Store(Store):
 
     @guarded("downloading")
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
-        os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-        tmp = temp_name(local_path, named=True)
         on_bytes = on_bytes or (lambda n: None)
-        try:
+
+        def fetch(tmp: str) -> None:
             if size is not None and size > self.chunk_size:
                 self._get_big(rel, tmp, size, version, on_bytes, cancel)
             else:
                 self._get_small(rel, tmp, version, on_bytes, cancel)
-            got = os.path.getsize(tmp)
-            if size is not None and got != size:
-                raise StorageError(f"{self.url(rel)} arrived with {got} bytes but was listed with {size}; "
-                                   "it changed, run again")
-            os.replace(tmp, local_path)
-        except BaseException:
-            _remove(tmp)
-            raise
+
+        land(self.url(rel), local_path, size, fetch)
 
     def _get_small(self, rel, tmp, version, on_bytes, cancel) -> None:
         # One GET: s3transfer's per-transfer machinery costs about as much CPU as the request itself.
