@@ -153,16 +153,12 @@ def test_deterministic_bug_is_not_relaunched(cluster, tmp_path, no_orphans):
 def keras_fit_losing_an_executor(ctx, epochs):
     """tf-keras under MultiWorkerMirroredStrategy with BackupAndRestore; worker 1's executor JVM is
     SIGKILLed in the middle of epoch 2 of the first attempt, so the chief's all-reduce fails."""
-    import numpy as np
     import tensorflow as tf
 
-    rng = np.random.default_rng(ctx.task_index)
-    x = rng.normal(size=(256, 8)).astype("float32")
-    y = (x.sum(axis=1) > 0).astype("float32")
+    from test_training import random_binary_dataset
+
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32).with_options(options)
+    ds = random_binary_dataset(ctx)
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Input((8,)), tf.keras.layers.Dense(1, activation="sigmoid")])
         model.compile("sgd", "binary_crossentropy")

@@ -5,22 +5,28 @@ from __future__ import annotations
 import os
 import signal
 
-
 import tfnb
 
 
-def fit_small_model(ctx, epochs, kill_at_epoch=None):
-    """A tf-keras MLP on fixed random data under MultiWorkerMirroredStrategy with BackupAndRestore."""
+def random_binary_dataset(ctx):
+    """Each worker's own fixed random data (no auto-sharding), repeated in batches of 32."""
     import numpy as np
     import tensorflow as tf
 
     rng = np.random.default_rng(ctx.task_index)
     x = rng.normal(size=(256, 8)).astype("float32")
     y = (x.sum(axis=1) > 0).astype("float32")
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32).with_options(options)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32).with_options(options)
+
+
+def fit_small_model(ctx, epochs, kill_at_epoch=None):
+    """A tf-keras MLP on fixed random data under MultiWorkerMirroredStrategy with BackupAndRestore."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    ds = random_binary_dataset(ctx)
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
                                      tf.keras.layers.Dense(1, activation="sigmoid")])
