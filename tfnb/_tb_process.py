@@ -46,6 +46,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, fields
@@ -592,22 +593,24 @@ def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: 
            "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with open(log_path, "wb") as out:
-        try:
+    proc = None
+    try:
+        # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid:
+        # hold it until `proc` is set, then raise it here, where the process is stopped.
+        with _interrupt_held(), open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True)
-        except OSError as e:
-            _unlink(log_path)
-            return Failed(logdir, f"could not run {sys.executable} -m tensorboard.main: {e}",
-                          "check that this Python can run TensorBoard (pip install tensorboard)")
-    log.info("starting TensorBoard pid %d for %s", proc.pid, logdir)
-    try:
+        log.info("starting TensorBoard pid %d for %s", proc.pid, logdir)
         ready, code, text = _await_ready(proc, log_path, timeout)
-    except BaseException:
+    except BaseException as e:
         # Interrupted cell (KeyboardInterrupt) or any other error while waiting: no info file
         # names this process yet, so nothing else would ever stop it.
-        _kill_group(proc.pid, proc)
+        if proc is not None:
+            _kill_group(proc.pid, proc)
         _unlink(log_path)
+        if proc is None and isinstance(e, OSError):
+            return Failed(logdir, f"could not run {sys.executable} -m tensorboard.main: {e}",
+                          "check that this Python can run TensorBoard (pip install tensorboard)")
         raise
     if code is not None:
         _unlink(log_path)
@@ -628,6 +631,22 @@ def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: 
     # Holding `proc` here also keeps Popen from warning that a child it never waited for still runs.
     atexit.register(_stop_at_exit, inst, proc)
     return _serving(Launched, inst)
+
+
+@contextlib.contextmanager
+def _interrupt_held() -> Iterator[None]:
+    """Delay SIGINT (KeyboardInterrupt) to the end of the block; a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda *frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])
 
 
 def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
