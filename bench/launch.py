@@ -57,11 +57,6 @@ def first_step(ctx):
     emit("phase", name="strategy ready", t=_t.time())
     done = one_step(strategy)
     emit("phase", name="first step done", t=done)
-    if ctx.task_index != 0:
-        # A worker whose part of the all-reduce is done may still owe the chief bytes in flight; its
-        # process exiting at once aborts the chief's step ("Socket closed") on a loaded machine.
-        # Only the chief's timestamp is measured, so the other workers linger a moment.
-        _t.sleep(3)
     return done
 
 

@@ -62,6 +62,32 @@ def test_reruns_get_fresh_processes(spark, tmp_path):
     assert first["cluster_spec"] != second["cluster_spec"]  # fresh ports each run
 
 
+def chief_returns_at_once(ctx, out_dir):
+    """The chief returns at once; worker 1 checks a second later that the chief's process still runs."""
+    pid_file = os.path.join(out_dir, "chief.pid")
+    if ctx.is_chief:
+        with open(pid_file + ".part", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pid_file + ".part", pid_file)
+        return "chief done"
+    while not os.path.exists(pid_file):
+        time.sleep(0.05)
+    time.sleep(1.0)  # what a last collective of a slower peer takes: the chief's process must be there
+    pid = int(open(pid_file).read())
+    with open(f"/proc/{pid}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    if state == "Z":
+        raise RuntimeError("the chief's train_fn process exited while this worker still ran")
+    return "worker done"
+
+
+def test_a_finished_process_stays_up_until_every_train_fn_returned(spark, tmp_path, no_orphans):
+    # MultiWorkerMirroredStrategy: a peer's last all-reduce may still need this process' TensorFlow
+    # server; exiting at once aborts it ("Socket closed"). Finished processes wait for the others.
+    assert tfnb.run(chief_returns_at_once, num_workers=2, args=(str(tmp_path),), spark=spark,
+                    display=False, max_attempts=1) == "chief done"
+
+
 def print_then_wait(ctx, flag_dir):
     import sys
 

@@ -9,7 +9,9 @@ standby that a later task claims through its nanny (see tfnb._warm). The supervi
 process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the barrier's
 address exchange. WORKDIR holds ``payload.pkl`` (train_fn, args, mode) from the start; once the
 cluster is known the supervisor writes ``ctx.pkl`` and sends ``go`` on stdin. This process then
-sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or ``error.json``. End-of-file on stdin
+sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or ``error.json``; with ``linger`` in the
+payload it then sends a ``finished`` event and stays up (its TensorFlow server with it) until the
+supervisor sends ``end``, once every task's train_fn has returned. End-of-file on stdin
 means the supervisor died, and this process group exits.
 """
 from __future__ import annotations
@@ -27,11 +29,13 @@ DUMP_SIGNAL = signal.SIGUSR1
 ENV_HELD_PORT_FD = "TFNB_HELD_PORT_FD"
 ENV_PREIMPORT = "TFNB_PREIMPORT"
 GO = b"go\n"
+END = b"end\n"  # after train_fn returned (payload "linger"): every peer's train_fn has returned too
+FINISHED = "finished"  # the event this process sends when train_fn returned and it waits for END
 
 
-def _watch_parent(fd: int = 0) -> threading.Event:
-    """Returns an event set when the supervisor says go on ``fd``; kills this process group if it dies first."""
-    go = threading.Event()
+def _watch_parent(fd: int = 0) -> tuple[threading.Event, threading.Event]:
+    """Events set when the supervisor says go / end on ``fd``; kills this process group if it dies first."""
+    go, end = threading.Event(), threading.Event()
 
     def watch():
         buf = b""
@@ -43,12 +47,14 @@ def _watch_parent(fd: int = 0) -> threading.Event:
                 buf += chunk
                 if GO in buf:
                     go.set()
+                if END in buf:
+                    end.set()
         except OSError:
             pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="tfnb-parent-watch", daemon=True).start()
-    return go
+    return go, end
 
 
 def _preimport() -> None:
@@ -114,10 +120,10 @@ def main(argv: list[str]) -> int:
         from ._warm import serve
 
         conn, workdir = serve(int(argv[1]), _preimport)
-        go = _watch_parent(conn.fileno())
+        go, end = _watch_parent(conn.fileno())
     else:
         workdir = argv[0]
-        go = _watch_parent()
+        go, end = _watch_parent()
     _stacks = _dump_stacks_on_signal(workdir)  # noqa: F841 - must stay open for the process' lifetime
     try:
         import cloudpickle
@@ -144,6 +150,13 @@ def main(argv: list[str]) -> int:
                 "values (numbers, dicts, lists, numpy arrays) and save models to model_dir instead"
             ) from e
         _write_atomic(os.path.join(workdir, RESULT), data)
+        if payload.get("linger"):
+            # A peer may still be in its last collective with this process' TensorFlow server:
+            # exiting now would abort it ("Socket closed"). Wait until every train_fn has returned.
+            from .events import emit
+
+            emit(FINISHED)
+            end.wait()
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
         info = {"exc_type": _type_name(e), "message": str(e), "traceback": traceback.format_exc()}

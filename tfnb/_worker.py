@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from . import events
-from ._child import CONTEXT, DUMP_SIGNAL, ENV_HELD_PORT_FD, ENV_PREIMPORT, ERROR, GO, PAYLOAD, RESULT, STACKS
+from ._child import (CONTEXT, DUMP_SIGNAL, END, ENV_HELD_PORT_FD, ENV_PREIMPORT, ERROR, FINISHED, GO, PAYLOAD,
+                     RESULT, STACKS)
 from .context import WorkerContext
 
 RESULT_SCHEMA = "rank int, result binary"
@@ -58,6 +59,7 @@ class TaskSpec:
     task_cwd: bool = False  # the child runs in the Spark task's working directory, not in its scratch dir
     warm: bool = False  # hand the payload to a warm standby when one matches, leave one after success
     warm_idle: float = 600.0  # seconds an unclaimed standby waits before it exits
+    linger: bool = False  # a finished train_fn process waits until every task's train_fn has returned
 
 
 # Start-up lines TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL: on every
@@ -230,11 +232,17 @@ class _Supervisor:
         self.proc: subprocess.Popen | None = None
         self.stop_requested = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._settled = threading.Event()  # the child exited, or train_fn returned and it lingers
+        self.released = threading.Event()  # the driver's "end" (every train_fn returned) or a stop
+        self._code: int | None = None
+        self._waiter: threading.Thread | None = None
 
     # messages from the driver
     def on_driver(self, msg: dict) -> None:
         if msg.get("kind") == "stop":
             self.stop()
+        elif msg.get("kind") == "end":
+            self.released.set()
         elif msg.get("kind") == "dump":
             # off the channel's reader thread: a stop may follow while the dump is being written
             threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
@@ -271,6 +279,7 @@ class _Supervisor:
 
     def stop(self) -> None:
         self.stop_requested.set()
+        self.released.set()
         self._signal(signal.SIGTERM)
         t = threading.Timer(self.spec.stop_grace, self._signal, args=(signal.SIGKILL,))
         t.daemon = True
@@ -321,7 +330,7 @@ class _Supervisor:
 
         fn, args = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, ())
         with open(os.path.join(self.workdir, PAYLOAD), "wb") as f:
-            cloudpickle.dump({"fn": fn, "args": args, "mode": mode}, f)
+            cloudpickle.dump({"fn": fn, "args": args, "mode": mode, "linger": self.spec.linger and mode == "train"}, f)
         env = child_env(os.environ, self.spec, gpus)
         claimed = self._claim_standby(env, gpus, held) if mode == "train" else None
         if claimed is not None:
@@ -390,18 +399,41 @@ class _Supervisor:
         except ValueError:
             return
         kind = msg.pop("kind", events.PROGRESS)
+        if kind == FINISHED:
+            self._settled.set()
+            return
         # progress: only the latest values matter, merged while a batch gathers; an epoch's end is kept
         merge = "progress" if kind == events.PROGRESS and not msg.get("epoch_end") else None
         self.chan.post("event", merge=merge, event=kind, data=msg)
 
-    def wait(self) -> int:
+    def wait(self) -> int | None:
+        """The child's exit code; None when train_fn returned and the child lingers until :meth:`end`."""
         assert self.proc is not None
-        code = self.proc.wait()
+        self._waiter = threading.Thread(target=self._await_exit, name="tfnb-child-wait", daemon=True)
+        self._waiter.start()
+        self._settled.wait()
+        return None if self._code is None else self._ended()
+
+    def end(self) -> int:
+        """Let a lingering child exit; its exit code."""
+        try:
+            self.proc.stdin.write(END)
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # already gone: its exit code says how
+        self._waiter.join()
+        return self._ended()
+
+    def _await_exit(self) -> None:
+        self._code = self.proc.wait()
+        self._settled.set()
+
+    def _ended(self) -> int:
         # Take down anything the child left in its group, so the pipes close and no process outlives us.
         self._signal_group_anyway()
         for t in self._threads:
             t.join(timeout=5)
-        return code
+        return self._code
 
     def _signal_group_anyway(self) -> None:
         try:
@@ -504,6 +536,11 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         if stream is not None:
             stream.pump(batches, bctx.allGather)
         code = sup.wait()
+        done_sent = code is None
+        if code is None:  # train_fn returned; its TensorFlow server stays up for the peers' last collectives
+            chan.send("state", state="done")
+            sup.released.wait()  # the driver says "end" once every task is done, "stop" if one failed
+            code = sup.end()
         if sup.stop_requested.is_set() and code != 0:
             chan.send("state", state="stopped")
             return
@@ -516,7 +553,8 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
                 # executor log a second, longer copy of the same traceback.
                 return
             raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
-        chan.send("state", state="done")
+        if not done_sent:
+            chan.send("state", state="done")
         if mode == "train":
             warm_after = (gpus, sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered))
         if rank == 0 or spec.all_results:

@@ -363,11 +363,16 @@ class _Attempt:
             if msg.get("state") == "done" and job == "chief" and self.num_ps > 0:
                 # ps and worker tasks serve until the coordinator is finished
                 self.channel.broadcast({"kind": "stop"})
-            if msg.get("state") == "done" and self.daemon_ranks:
+            if msg.get("state") == "done":
                 self.done_ranks.add(int(peer.get("rank", -1)))
-                if len(self.done_ranks - self.daemon_ranks) == self.num_tasks - len(self.daemon_ranks):
+                if self.daemon_ranks and \
+                        len(self.done_ranks - self.daemon_ranks) == self.num_tasks - len(self.daemon_ranks):
                     # daemon tasks (tfnb.compat's ps/evaluator) serve until every other task is done
                     self.channel.broadcast({"kind": "stop"})
+                elif len(self.done_ranks) == self.num_tasks and self.spec_kwargs.get("linger"):
+                    # finished train_fn processes kept their TensorFlow servers up for the peers' last
+                    # collectives; now that every task is done they may exit
+                    self.channel.broadcast({"kind": "end"})
         elif kind == "failed":
             f = msg.get("failure") or {}
             failure = TaskFailure(job_name=job, task_index=idx, exc_type=f.get("exc_type", "Error"),
@@ -832,7 +837,10 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
                                legacy_keras=legacy_keras,
                                preimport=tuple(preimport), feed=feed, feeder=hooks.feeder,
                                all_results=hooks.all_results, keep_port=hooks.keep_port,
-                               task_cwd=hooks.task_cwd, warm=warm, warm_idle=warm_idle)
+                               task_cwd=hooks.task_cwd, warm=warm, warm_idle=warm_idle,
+                               # MultiWorkerMirroredStrategy: no process leaves while a peer may still
+                               # need it for a last collective (ps and daemon tasks never "finish")
+                               linger=num_tasks > 1 and num_ps == 0 and not hooks.daemon_ranks)
             outcome = _Attempt(spark, spec_kwargs, data, sink, deadline, num_tasks, num_ps,
                                daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel, grace=grace,
                                stall_timeout=stall_timeout).run()
