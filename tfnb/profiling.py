@@ -91,7 +91,8 @@ class Tracer:
             tf.profiler.experimental.start(self._tmp)
             self.state = "tracing"
         except Exception as e:  # noqa: BLE001 - a trace must never stop training
-            self._failed("could not start", e)
+            self._failed("could not start", e, "check that no other profiler runs at the same time "
+                         "(e.g. TensorBoard(profile_batch=...)) and that the worker's disk is writable")
 
     def stop(self) -> None:
         try:
@@ -111,7 +112,8 @@ class Tracer:
                 store.close()
             self.state = "done"
         except Exception as e:  # noqa: BLE001 - a trace must never stop training
-            self._failed("was not written", e)
+            self._failed("was not written", e, "check that log_dir is writable from every worker "
+                         "(path, permissions, storage credentials in env=)")
         finally:
             self._cleanup()
 
@@ -119,7 +121,7 @@ class Tracer:
         ctx = self.ctx
         return f"plugins/profile/{ctx.profile_run}/{ctx.job_name}-{ctx.task_index}.xplane.pb"
 
-    def _failed(self, what: str, e: Exception) -> None:
+    def _failed(self, what: str, e: Exception, fix: str) -> None:
         if self.state == "tracing":
             try:
                 import tensorflow as tf
@@ -130,9 +132,8 @@ class Tracer:
         self.state = "failed"
         self._cleanup()
         steps = f" of steps {self.steps[0]}-{self.steps[1]}" if self.steps else ""
-        log.warning("tfnb: the profiler trace%s %s (%s: %s); training goes on without it. Check that "
-                    "log_dir is writable from every worker and that no other profiler runs at the same "
-                    "time (e.g. TensorBoard(profile_batch=...))", steps, what, type(e).__name__, e)
+        log.warning("tfnb: the profiler trace%s %s (%s: %s); training goes on without it; %s",
+                    steps, what, type(e).__name__, e, fix)
 
     def _cleanup(self) -> None:
         if self._tmp:
