@@ -132,3 +132,20 @@ def test_a_trace_that_cannot_be_written_is_reported_once_and_training_goes_on(sp
     assert label == "worker 1" and "was not written" in line and "not-a-folder" in line, reports
     # the chief, whose log_dir works, wrote its trace in the custom loop
     assert [p.name for p in log_dir.rglob("*.xplane.pb")] == ["chief-0.xplane.pb"]
+
+
+def test_a_trace_that_cannot_start_is_reported_once_not_per_step(caplog):
+    from tfnb.context import WorkerContext
+
+    # no log_dir to write to (tfnb.run refuses that; a train_fn can still replace its context)
+    ctx = WorkerContext(task_index=1, num_workers=2, job_name="worker", cluster_spec={}, tf_config={},
+                        profile_steps=(2, 4), profile_run="r")
+    ran = []
+    with caplog.at_level("WARNING", logger="tfnb.profiling"):
+        for step in range(1, 9):
+            with ctx.profile(step):
+                ran.append(step)
+    assert ran == list(range(1, 9))
+    assert len(caplog.records) == 1, caplog.records
+    line = caplog.records[0].getMessage()
+    assert line.startswith("tfnb: the profiler trace of steps 2-4 could not start") and "pass log_dir=" in line
