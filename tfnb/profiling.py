@@ -98,7 +98,7 @@ class Tracer:
         try:
             import tensorflow as tf
 
-            self.state = "failed"  # until shipped: a failure below leaves no profiler running either way
+            self.state = "failed"  # until shipped; TensorFlow's stop() ends the session even when it raises
             tf.profiler.experimental.stop()
             found = glob.glob(os.path.join(self._tmp, "plugins", "profile", "*", "*.xplane.pb"))
             if len(found) != 1:
@@ -122,13 +122,6 @@ class Tracer:
         return f"plugins/profile/{ctx.profile_run}/{ctx.job_name}-{ctx.task_index}.xplane.pb"
 
     def _failed(self, what: str, e: Exception, fix: str) -> None:
-        if self.state == "tracing":
-            try:
-                import tensorflow as tf
-
-                tf.profiler.experimental.stop(save=False)
-            except Exception:  # noqa: BLE001 - nothing more to stop
-                pass
         self.state = "failed"
         self._cleanup()
         steps = f" of steps {self.steps[0]}-{self.steps[1]}" if self.steps else ""
