@@ -51,6 +51,8 @@ class TaskSpec:
     legacy_keras: bool = True
     preimport: tuple = ("tensorflow",)  # imported by the child while the barrier exchanges addresses
     feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
+    profile_steps: tuple | None = None  # (first, last) steps each worker traces (tfnb.profiling)
+    profile_run: str = ""  # the profile plugin's run folder for this attempt
     stop_grace: float = 5.0
     # Internal options for tfnb.compat (TensorFlowOnSpark API); the defaults keep tfnb.run's behaviour.
     feeder: Any = None  # replaces tfnb.feeding: .spill(batches, workdir) -> .rows; .finish(spilled, rows) -> ctx.feed
@@ -531,6 +533,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
             cluster_spec=cluster, tf_config=tf_config_for(cluster, job_name, task_index, spec.num_ps),
             gpus=gpus, model_dir=spec.model_dir, log_dir=spec.log_dir, attempt=spec.attempt,
             max_attempts=spec.max_attempts, run_id=spec.run_id, host=host, local_dir=workdir, feed=feed_info,
+            profile_steps=spec.profile_steps, profile_run=spec.profile_run,
         )
         sup.release(ctx, mode)
         if stream is not None:

@@ -1,4 +1,5 @@
-"""Worker-side Keras callback: reports epoch, step, loss, metrics and throughput to the driver.
+"""Worker-side Keras callback: reports epoch, step, loss, metrics and throughput to the driver,
+and takes the profiler trace of ``tfnb.run(profile_steps=...)`` (see :mod:`tfnb.profiling`).
 
 It runs inside the train_fn processes (``ctx.progress_callback()`` builds it) and sends
 :mod:`tfnb.events` over the run's channel; the driver's display (console or notebook widget) shows
@@ -87,6 +88,7 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
     from ._deps import require
 
     tf = require("tensorflow", "the tfnb Keras progress callback")
+    tracer = ctx._tracer if getattr(ctx, "profile_steps", None) else None
 
     class TfnbProgress(tf.keras.callbacks.Callback):
         def __init__(self):
@@ -133,11 +135,17 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             now = time.monotonic()
             self._mark = self._epoch_start = (now, self._done)
 
+        def on_train_batch_begin(self, batch, logs=None):
+            if tracer is not None:
+                tracer.before_step(self._done + 1)
+
         def on_train_batch_end(self, batch, logs=None):
             # batch is the index within the epoch; with steps_per_execution > 1 some indices are skipped
             done = batch + 1
             self._done += max(done - self._batches, 0)
             self._batches = done
+            if tracer is not None:
+                tracer.after_step(self._done)
             now = self._last_batch_time = time.monotonic()
             t0, n0 = self._mark
             if every_n_steps is not None:
@@ -155,6 +163,10 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             dt = self._last_batch_time - t0
             rate = (self._done - n0) / dt if dt > 0 and self._done > n0 else None
             self._send(logs, epoch_end=True, steps_per_sec=rate)
+
+        def on_train_end(self, logs=None):
+            if tracer is not None:
+                tracer.finish(self._done)
 
     return TfnbProgress()
 

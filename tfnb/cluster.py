@@ -700,7 +700,8 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         log_dir: str | None = None, data=None, max_attempts: int | None = None,
         stall_timeout: float | str | None = "auto", env: dict | None = None, legacy_keras: bool | None = None,
         preimport: Sequence[str] | None = None, warm: bool | None = None,
-        display: Callable[[RunEvent], None] | bool | None = None, _hooks: LaunchHooks | None = None) -> Any:
+        display: Callable[[RunEvent], None] | bool | None = None, profile_steps: tuple | int | None = None,
+        _hooks: LaunchHooks | None = None) -> Any:
     """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
 
     Each of the ``num_workers`` (+ ``num_ps``) tasks gets TF_CONFIG, its role and GPUs, then runs
@@ -741,6 +742,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             standby with TensorFlow; it exits after TFNB_WARM_IDLE seconds, default 600). Env: TFNB_WARM.
         display: a callable receiving every RunEvent; False for none; default: a live widget in
             notebooks, prefixed log lines and a progress line on the console.
+        profile_steps: ``(first, last)`` training steps (from 1, across epochs) each worker traces with
+            TensorFlow's profiler, from ``ctx.progress_callback()`` or ``ctx.profile(step)``, into
+            ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (needs ``log_dir``).
 
     ``_hooks`` is internal: tfnb.compat's TensorFlowOnSpark API builds on it (see LaunchHooks).
 
@@ -808,6 +812,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
     warm = setting("warm", warm, True, bool)
     warm_idle = setting("warm_idle", None, 600.0, float)
+    from .profiling import check_profile_steps
+
+    profile_steps = check_profile_steps(profile_steps, log_dir)
     payload = pickle_fn(train_fn, args)
     num_tasks = num_workers + num_ps
     spark = get_spark(spark, num_tasks)
@@ -838,6 +845,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
                                preimport=tuple(preimport), feed=feed, feeder=hooks.feeder,
                                all_results=hooks.all_results, keep_port=hooks.keep_port,
                                task_cwd=hooks.task_cwd, warm=warm, warm_idle=warm_idle,
+                               profile_steps=profile_steps,
+                               # the profile plugin's run folder: TensorFlow's timestamp format, one per attempt
+                               profile_run=time.strftime("%Y_%m_%d_%H_%M_%S", time.gmtime(started)),
                                # MultiWorkerMirroredStrategy: no process leaves while a peer may still
                                # need it for a last collective (ps and daemon tasks never "finish")
                                linger=num_tasks > 1 and num_ps == 0 and not hooks.daemon_ranks)

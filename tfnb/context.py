@@ -1,8 +1,10 @@
 """WorkerContext: what ``train_fn`` receives in each task of a tfnb run."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from functools import cached_property
+from typing import Any, Iterator, Mapping
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class WorkerContext:
         host: this task's host address as its peers see it.
         local_dir: a scratch directory on the executor's disk, removed when the task ends.
         feed: internal description of the DataFrame partition fed to this task (see ``dataset``).
+        profile_steps: ``(first, last)`` training steps to trace (``tfnb.run(profile_steps=...)``), or None.
+        profile_run: the profile plugin's run folder for this attempt's traces (see ``profile``).
     """
 
     task_index: int
@@ -47,6 +51,8 @@ class WorkerContext:
     host: str = ""
     local_dir: str = ""
     feed: Any = field(default=None, repr=False)
+    profile_steps: tuple | None = None
+    profile_run: str = ""
 
     @property
     def is_chief(self) -> bool:
@@ -91,6 +97,43 @@ class WorkerContext:
         from .callbacks import keras_callback
 
         return keras_callback(self, **kwargs)
+
+    @contextmanager
+    def profile(self, step: int) -> Iterator[None]:
+        """Wrap one step of a custom training loop: traces the steps of ``tfnb.run(profile_steps=...)``.
+
+        The trace starts before the first of those steps and is written after the last one to
+        ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (TensorBoard's Profile
+        tab). A trace that cannot be written is reported once and never stops training.
+        ``ctx.progress_callback()`` does the same for Keras ``fit``.
+
+        Args:
+            step: this step's number, counted from 1.
+
+        Example:
+            >>> for step in range(1, steps + 1):
+            ...     with ctx.profile(step):
+            ...         train_step(next(iterator))
+        """
+        tracer = self._tracer
+        tracer.before_step(step)
+        if tracer.state == "tracing":
+            import tensorflow as tf
+
+            # marks the step in the trace, so the profile's overview shows step times
+            with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
+                yield
+        else:
+            yield
+        tracer.after_step(step)
+
+    @cached_property
+    def _tracer(self):
+        # one per process and context, shared with the progress callback; cached_property writes the
+        # instance __dict__ directly, which a frozen dataclass allows
+        from .profiling import Tracer
+
+        return Tracer(self)
 
     def reserved_port(self):
         """The socket holding this task's reserved port, or None.
