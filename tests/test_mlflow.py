@@ -7,6 +7,7 @@ The server's virtualenv is built once (pip install mlflow, a minute or two) and 
 ~/.cache/tfnb-mlflow-server/<hash of its requirements>."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -60,7 +61,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    """URL of a real MLflow tracking server on loopback, stopped (its whole process group) at teardown."""
+    """A real MLflow tracking server on loopback, started (not yet waited for: see ``client``) and stopped with
+    its whole process group at teardown. Yields (url, wait)."""
     venv = _server_env()
     need("an MLflow tracking server", venv is not None,
          f"pip install {' '.join(SERVER)} into a virtualenv under {CACHE} failed; check the package index")
@@ -73,32 +75,40 @@ def mlflow_server(tmp_path_factory):
              "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
+
+    def wait():
+        deadline = time.monotonic() + 180
         while True:
             try:
                 with urllib.request.urlopen(url + "/health", timeout=2) as r:
                     if r.status == 200:
-                        break
+                        return
             except OSError:
                 pass
-            assert proc.poll() is None, f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"mlflow server not up: {(root / 'server.log').read_text()[-2000:]}"
+            log = (root / "server.log").read_text()[-2000:]
+            assert proc.poll() is None, f"mlflow server exited: {log}"
+            assert time.monotonic() < deadline, f"mlflow server not up: {log}"
             time.sleep(0.5)
-        yield url
+
+    try:
+        yield url, wait
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(3)
+        except subprocess.TimeoutExpired:  # uvicorn's graceful shutdown can take a while; the data is throwaway
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
 @pytest.fixture
-def client(mlflow_server, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    return mlflow.MlflowClient(mlflow_server)
+def client(mlflow_server, spark, monkeypatch):
+    url, wait = mlflow_server
+    wait()  # the server started while Spark did
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    return mlflow.MlflowClient(url)
 
 
 def only_run(client, experiment: str):
@@ -277,6 +287,12 @@ def test_missing_mlflow_names_the_extra(monkeypatch):
         tfnb.run(lambda ctx: None, num_workers=2, mlflow=True)
     with pytest.raises(tfnb.MissingDependencyError, match=r"tfnb\[mlflow\]"):
         tfnb.Evaluator(model_fn, val_data, "/tmp/x", "/tmp/y", mlflow="exp")
+
+
+def test_mlflow_2_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(mlflow, "__version__", "2.11.4")  # what an older Databricks runtime ships
+    with pytest.raises(tfnb.MissingDependencyError, match=r"MLflow 2.11.4 is too old.*%pip install 'mlflow>=3'"):
+        tfnb.run(lambda ctx: None, num_workers=2, mlflow=True)
 
 
 @pytest.mark.parametrize("value", [1, "", "  ", ["exp"]])

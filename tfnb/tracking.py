@@ -54,6 +54,8 @@ from .events import RunEvent
 
 log = logging.getLogger(__name__)
 
+MLFLOW_FLOOR = (3, 0)
+_MLFLOW_FIX = "pip install 'tfnb[mlflow]' (mlflow-skinny>=3), or on Databricks %pip install 'mlflow>=3'"
 LINK_FILE = "tfnb_mlflow.json"  # in model_dir: the MLflow run a tfnb run logs to
 _NOT_METRICS = frozenset({"epoch", "epochs", "step", "steps", "epoch_end", "batch_size", "time"})
 _MAX_TAG = 5000     # characters of a tag value (MLflow's limit is 8000)
@@ -76,9 +78,11 @@ def check_option(value: Any, name: str = "mlflow") -> bool:
     if value is not True and not (isinstance(value, str) and value.strip()):
         raise ConfigError(f"{name}={value!r} must be True (MLflow's default experiment), an experiment name "
                           f"such as {name}='my-training', or None for no MLflow tracking")
-    from ._deps import require
+    from ._deps import _floor, require
 
-    require("mlflow", f"MLflow tracking ({name}={value!r})")
+    mlflow = require("mlflow", f"MLflow tracking ({name}={value!r})")
+    _floor("MLflow", getattr(mlflow, "__version__", "0"), MLFLOW_FLOOR,
+           "models are logged as MLflow 3 LoggedModels of the run", _MLFLOW_FIX)
     return True
 
 
@@ -368,8 +372,11 @@ def _log_keras(model, mlflow_run_id: str) -> None:
             reqs.append(f"{dist}=={importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:
             pass
-    # explicit requirements: MLflow would otherwise load the model in a subprocess to infer them
-    mlflow.tensorflow.log_model(model, name="model", run_id=mlflow_run_id, pip_requirements=reqs)
+    # explicit requirements: MLflow would otherwise load the model in a subprocess to infer them.
+    # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
+    # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
+    mlflow.tensorflow.log_model(model, name="model", run_id=mlflow_run_id, pip_requirements=reqs,
+                                keras_model_kwargs={"save_format": "keras_v3"})
 
 
 # ---------------------------------------------------------------- the Evaluator's side
