@@ -8,11 +8,8 @@ The server's virtualenv is built once (pip install mlflow, a minute or two) and 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,33 +21,13 @@ from pathlib import Path
 import pytest
 
 import tfnb
-from components import need
+from components import cached_venv, need
 from test_training import random_binary_dataset
 
 mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny not installed: pip install 'tfnb[mlflow]'")
 
 SERVER = ["mlflow==3.17.2"]  # the server's own venv: full mlflow pins a pyarrow older than the test venv's
 CACHE = Path(os.environ.get("TFNB_MLFLOW_SERVER_CACHE", Path.home() / ".cache" / "tfnb-mlflow-server"))
-
-
-def _server_env() -> Path | None:
-    """The cached server virtualenv, built (once, under a lock) if missing; None when pip cannot build it."""
-    key = hashlib.sha256("\n".join([sys.version.split()[0], *SERVER]).encode()).hexdigest()[:16]
-    venv = CACHE / key
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (venv / "ready").is_file():
-            shutil.rmtree(venv, ignore_errors=True)
-            start = time.monotonic()
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            for cmd in ([sys.executable, "-m", "venv", venv],
-                        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                         *SERVER]):
-                if subprocess.run(cmd, capture_output=True, env=env).returncode != 0:
-                    return None
-            (venv / "ready").write_text(f"built in {time.monotonic() - start:.0f} s\n")
-    return venv
 
 
 def _free_port() -> int:
@@ -63,9 +40,10 @@ def _free_port() -> int:
 def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server on loopback, started (not yet waited for: see ``client``) and stopped with
     its whole process group at teardown. Yields (url, wait)."""
-    venv = _server_env()
-    need("an MLflow tracking server", venv is not None,
-         f"pip install {' '.join(SERVER)} into a virtualenv under {CACHE} failed; check the package index")
+    try:
+        venv = cached_venv(CACHE, SERVER)
+    except RuntimeError as e:
+        need("an MLflow tracking server", False, f"pip install {' '.join(SERVER)} into a virtualenv failed ({e})")
     root = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
