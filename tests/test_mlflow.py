@@ -8,6 +8,7 @@ The server's virtualenv is built once (pip install mlflow, a minute or two) and 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -215,7 +216,8 @@ def no_tensorflow(monkeypatch):
 
 def test_relaunch_is_recorded_in_the_same_single_run(spark, client, tmp_path, no_tensorflow, no_orphans):
     attempt = tfnb.run(epochs_then_die, num_workers=2, args=(3, 1), spark=spark, model_dir=str(tmp_path),
-                       max_attempts=2, display=False, timeout=300, mlflow="tfnb-relaunch")
+                       max_attempts=2, display=False, timeout=300, mlflow="tfnb-relaunch",
+                       env={"AWS_SECRET_ACCESS_KEY": "hunter2-secret"})
     assert attempt == 2
     run = only_run(client, "tfnb-relaunch")
     assert run.info.status == "FINISHED"
@@ -223,6 +225,8 @@ def test_relaunch_is_recorded_in_the_same_single_run(spark, client, tmp_path, no
     assert tags["tfnb.attempt"] == "2" and tags["tfnb.state"] == "succeeded"
     assert "worker 1's train_fn process exited with code 7" in tags["tfnb.relaunch.2"]
     assert steps(client, run.info.run_id, "loss") == {0: 1.0, 1: 0.5, 2: pytest.approx(1 / 3)}
+    logged = json.dumps([run.data.params, run.data.tags])
+    assert "hunter2" not in logged and "AWS_SECRET" not in logged  # env values are often credentials
 
 
 def test_active_run_is_used_and_left_open(spark, client, tmp_path, no_tensorflow, no_orphans):

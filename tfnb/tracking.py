@@ -264,7 +264,10 @@ class Tracker:
         tags = {"tfnb.state": state, **({"tfnb.error": error} if error else {})}
         link.log(mlflow, tags=tags)
         if state == "succeeded" and self.model_dir and link.run_id is not None and not link.broken:
-            link.call(_log_model, mlflow, self.model_dir, link.run_id)
+            started = time.monotonic()
+            if link.call(_log_model, mlflow, self.model_dir, link.run_id):
+                log.info("logged the model in %s to MLflow run %s in %.1f s", self.model_dir, link.run_id,
+                         time.monotonic() - started)
         link.end(mlflow, _STATUS.get(state, "FAILED"))
 
 
@@ -309,14 +312,15 @@ def _find_model(listing: Mapping[str, Any]) -> tuple[str, bool] | None:
     return max(found, key=found.get) if found else None
 
 
-def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> None:
+def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
+    """Log the newest saved model in ``model_dir`` to the run; returns its path in model_dir, None if none."""
     from ._storage import open_store
 
     store = open_store(model_dir, purpose="reading the saved model in")
     listing = store.list()
     found = _find_model(listing)
     if found is None:
-        return
+        return None
     rel, folder = found
     tmp = None
     try:
@@ -333,7 +337,7 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> None:
         if model is not None:
             try:
                 _log_keras(model, mlflow_run_id)
-                return
+                return rel or "."
             except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
                 log.info("MLflow's TensorFlow flavour could not log %s (%s: %s); logging its files instead",
                          path, type(e).__name__, e)
@@ -342,6 +346,7 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> None:
             client.log_artifacts(mlflow_run_id, path, "model")
         else:
             client.log_artifact(mlflow_run_id, path, "model")
+        return rel or "."
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
