@@ -189,7 +189,9 @@ class Tracker:
             reason = f"{data.get('reason', '')}; relaunched as attempt {data.get('attempt')}"
             self._q.put(("tags", {"tfnb.attempt": data.get("attempt"),
                                   f"tfnb.relaunch.{data.get('attempt')}": reason}))
-        elif event.kind == events.FAILED:
+            self._error = None
+        elif event.kind == events.FAILED and self._error is None:
+            # the attempt's first failure: the others are usually peers losing it
             self._error = f"{event.label}: {data.get('exc_type')}: {data.get('message', '')}"
         elif event.kind == events.STATE and event.job_name == "driver" and data.get("state") in _STATUS:
             self._state = data["state"]
