@@ -8,7 +8,15 @@ fixtures that skip when a binary is missing). Skips are listed at the end of the
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -36,3 +44,30 @@ def is_missing_component(reason: str) -> bool:
     """True when a skip's reason says a real component is missing (see MISSING)."""
     low = reason.lower()
     return any(mark in low for mark in MISSING)
+
+
+def cached_venv(cache: Path, requirements: Sequence[str]) -> Path:
+    """A virtualenv holding ``requirements``, built once (under a lock, marked by a ``ready`` file) into
+    ``cache/<hash of the Python version and requirements>`` and reused after that.
+
+    Raises:
+        RuntimeError: venv or pip failed; the message has their output.
+    """
+    key = hashlib.sha256("\n".join([sys.version.split()[0], *requirements]).encode()).hexdigest()[:16]
+    venv = cache / key
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / "ready").is_file():
+            shutil.rmtree(venv, ignore_errors=True)
+            start = time.monotonic()
+            # this checkout on PYTHONPATH (for Spark's workers) must not leak into the new venv's pip
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            for cmd in ([sys.executable, "-m", "venv", venv],
+                        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                         *requirements]):
+                res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if res.returncode != 0:
+                    raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+            (venv / "ready").write_text(f"built in {time.monotonic() - start:.0f} s\n")
+    return venv

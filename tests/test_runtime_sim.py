@@ -7,18 +7,17 @@ a large download) and cached under ~/.cache/tfnb-runtime-sim/<hash of its requir
 on a hard-linked copy, so the cache stays as built."""
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from components import cached_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,18 +60,10 @@ def _packages(python: Path) -> dict[str, str]:
 
 def _runtime_env() -> Path:
     """The cached runtime virtualenv, built (once, under a lock) if missing."""
-    key = hashlib.sha256("\n".join([sys.version.split()[0], *RUNTIME]).encode()).hexdigest()[:16]
-    venv = CACHE / key
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (venv / "ready").is_file():
-            shutil.rmtree(venv, ignore_errors=True)
-            start = time.monotonic()
-            _run([sys.executable, "-m", "venv", venv])
-            _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", *RUNTIME])
-            (venv / "ready").write_text(f"built in {time.monotonic() - start:.0f} s\n")
-    return venv
+    try:
+        return cached_venv(CACHE, RUNTIME)
+    except RuntimeError as e:
+        raise AssertionError(str(e)) from e
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ _HINTS = {
     "pyarrow": "pyarrow",
     "tqdm": "tqdm",
     "cloudpickle": "cloudpickle",
+    "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)",
 }
 
 # Floors, and why (README "Requirements" says the same).

@@ -701,6 +701,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         stall_timeout: float | str | None = "auto", env: dict | None = None, legacy_keras: bool | None = None,
         preimport: Sequence[str] | None = None, warm: bool | None = None,
         display: Callable[[RunEvent], None] | bool | None = None, profile_steps: tuple | int | None = None,
+        mlflow: bool | str | None = None,
         _hooks: LaunchHooks | None = None) -> Any:
     """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
 
@@ -745,6 +746,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         profile_steps: ``(first, last)`` training steps (from 1, across epochs) each worker traces with
             TensorFlow's profiler, from ``ctx.progress_callback()`` or ``ctx.profile(step)``, into
             ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (needs ``log_dir``).
+        mlflow: True or an experiment name: log the run as one MLflow run from the driver (settings,
+            the chief's per-epoch metrics, relaunches, status, the model saved in ``model_dir``);
+            see :mod:`tfnb.tracking`. Needs ``pip install 'tfnb[mlflow]'``.
 
     ``_hooks`` is internal: tfnb.compat's TensorFlowOnSpark API builds on it (see LaunchHooks).
 
@@ -810,6 +814,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         raise ConfigError(
             f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
             "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
+    from .tracking import check_option, track
+
+    check_option(mlflow)  # a bad value or a missing MLflow fails here, before Spark starts
     warm = setting("warm", warm, True, bool)
     warm_idle = setting("warm_idle", None, 600.0, float)
     from .profiling import check_profile_steps
@@ -832,6 +839,8 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         from ._status import write_status
 
         write_status(model_dir, "running", run_id=run_id, attempt=1, attempts=[])
+    sink = track(sink, mlflow, run_id=run_id, spark=spark, num_workers=num_workers, num_ps=num_ps,
+                 max_attempts=max_attempts, args=args, model_dir=model_dir, log_dir=log_dir, timeout=timeout)
     final_state = "failed"
     history: list[dict] = []  # one entry per launch; in the status file and on WorkerError.attempts
     try:

@@ -62,6 +62,7 @@ from ._status import FINAL_STATES, read_status
 from ._storage import is_temp, open_store
 from .errors import ConfigError, EvaluatorError, StorageError
 from .sync import EventSync
+from .tracking import EvalTracker, check_option
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,9 @@ class Evaluator:
             (env TFNB_EVAL_TIMEOUT; default none).
         max_retries: failed loads of an unchanged checkpoint before it counts as corrupt (default 3).
         storage_options: options for remote directories (see :class:`tfnb.EventSync`).
+        mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best
+            checkpoint to MLflow, in the run of the ``tfnb.run(mlflow=...)`` writing ``model_dir``
+            (else the active MLflow run, else a run of its own); see :class:`tfnb.tracking.EvalTracker`.
 
     Raises:
         ConfigError: a bad argument (message names the fix).
@@ -173,7 +177,7 @@ class Evaluator:
                  mode: str = "auto", export_dir: str | os.PathLike | None = None,
                  export_format: str | None = "savedmodel", step: str | Callable[[str], int] = "epoch",
                  tag_prefix: str = "epoch_", timeout: float | None = None, max_retries: int = 3,
-                 storage_options: Mapping[str, Any] | None = None):
+                 storage_options: Mapping[str, Any] | None = None, mlflow: bool | str | None = None):
         if not callable(model_fn):
             raise ConfigError(f"model_fn must be a function returning a tf-keras model, got {model_fn!r}")
         if not callable(dataset_fn):
@@ -216,6 +220,7 @@ class Evaluator:
         self._ckpt_store = open_store(self.checkpoint_dir, self._options, purpose="reading checkpoints from")
         self._status_store = open_store(self.model_dir, self._options, purpose="reading the run status in")
         self._status_failures = 0
+        self._mlflow = EvalTracker(mlflow, self._status_store) if check_option(mlflow) else None
         self._history: list[EvalResult] = []
         self._skipped: list[SkippedCheckpoint] = []
         self._candidates: dict[str, _Candidate] = {}
@@ -556,6 +561,8 @@ class Evaluator:
         tf.summary.scalar(self.tag_prefix + "warmup", 0.0, step=0)
 
     def _close(self) -> None:
+        if self._mlflow is not None:
+            self._mlflow.close(failed=self._error is not None)
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -613,6 +620,8 @@ class Evaluator:
         self._done_versions[cand.name] = cand.mtime
         self._candidates.pop(cand.name, None)
         self._history.append(result)
+        if self._mlflow is not None:
+            self._mlflow.log(result)
         log.info("evaluated %s (step %d) in %.1f s: %s", where, step, seconds,
                  " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if is_best:

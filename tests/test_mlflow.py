@@ -1,0 +1,283 @@
+"""MLflow tracking against a real MLflow tracking server on loopback (``mlflow server``, sqlite backend store,
+artifacts proxied by the server into a local folder), run from its own virtualenv: one MLflow run per tfnb.run
+(relaunch included), one metric point per epoch, params, the model artifact predicting like model_dir's, the
+Evaluator's metrics in the same run, a dead server not stopping training, and the error when MLflow is missing.
+
+The server's virtualenv is built once (pip install mlflow, a minute or two) and cached under
+~/.cache/tfnb-mlflow-server/<hash of its requirements>."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import tfnb
+from components import cached_venv, need
+from test_training import random_binary_dataset
+
+mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny not installed: pip install 'tfnb[mlflow]'")
+
+SERVER = ["mlflow==3.17.2"]  # the server's own venv: full mlflow pins a pyarrow older than the test venv's
+CACHE = Path(os.environ.get("TFNB_MLFLOW_SERVER_CACHE", Path.home() / ".cache" / "tfnb-mlflow-server"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on loopback, started (not yet waited for: see ``client``) and stopped with
+    its whole process group at teardown. Yields (url, wait)."""
+    try:
+        venv = cached_venv(CACHE, SERVER)
+    except RuntimeError as e:
+        need("an MLflow tracking server", False, f"pip install {' '.join(SERVER)} into a virtualenv failed ({e})")
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
+    with open(root / "server.log", "wb") as out:
+        proc = subprocess.Popen(
+            [venv / "bin" / "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def wait():
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            log = (root / "server.log").read_text()[-2000:]
+            assert proc.poll() is None, f"mlflow server exited: {log}"
+            assert time.monotonic() < deadline, f"mlflow server not up: {log}"
+            time.sleep(0.5)
+
+    try:
+        yield url, wait
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(3)
+        except subprocess.TimeoutExpired:  # uvicorn's graceful shutdown can take a while; the data is throwaway
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def client(mlflow_server, spark, monkeypatch):
+    url, wait = mlflow_server
+    wait()  # the server started while Spark did
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    return mlflow.MlflowClient(url)
+
+
+def only_run(client, experiment: str):
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no experiment {experiment}"
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    return runs[0]
+
+
+def steps(client, run_id: str, key: str) -> dict[int, float]:
+    history = client.get_metric_history(run_id, key)
+    points = [m.step for m in history]
+    assert len(points) == len(set(points)), f"{key}: more than one point per step: {points}"
+    return {m.step: m.value for m in history}
+
+
+# ---------------------------------------------------------------- a real Keras run, with the Evaluator
+
+
+def fit_save(ctx, epochs):
+    """tf-keras under MultiWorkerMirroredStrategy, ckpt-{epoch} weights and the chief's model.keras in model_dir."""
+    import tempfile
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
+                                     tf.keras.layers.Dense(1, activation="sigmoid")])
+        model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+    ckpt = tf.keras.callbacks.ModelCheckpoint(os.path.join(ctx.model_dir, "ckpt-{epoch}"), save_weights_only=True)
+    model.fit(random_binary_dataset(ctx), epochs=epochs, steps_per_epoch=4, verbose=0,
+              callbacks=[ctx.progress_callback(batch_size=32), ckpt])
+    # every worker saves (the variables are synchronised); only the chief's copy lands in model_dir
+    where = ctx.model_dir if ctx.is_chief else tempfile.mkdtemp()
+    model.save(os.path.join(where, "model.keras"))
+    return ctx.attempt
+
+
+def model_fn():
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
+                                 tf.keras.layers.Dense(1, activation="sigmoid")])
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def val_data():
+    import numpy as np
+
+    x = np.random.default_rng(7).normal(size=(64, 8)).astype("float32")
+    return x, (x.sum(axis=1) > 0).astype("float32")
+
+
+def test_keras_run_is_one_mlflow_run_with_epochs_params_model_and_eval(spark, client, tmp_path, no_orphans):
+    import numpy as np
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    ev = tfnb.Evaluator(model_fn, val_data, str(model_dir), str(tmp_path / "tb"), interval=0.5, export_format=None,
+                        mlflow=True).start()
+    assert tfnb.run(fit_save, num_workers=2, args=(3,), spark=spark, model_dir=str(model_dir), display=False,
+                    timeout=600, mlflow="tfnb-keras") == 1
+    ev.join(120)
+
+    run = only_run(client, "tfnb-keras")
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["num_workers"] == "2" and params["num_ps"] == "0" and params["args.0"] == "3"
+    assert params["spark.master"] == "local[2]" and params["spark.app.id"] == spark.sparkContext.applicationId
+    assert params["model_dir"] == str(model_dir) and "max_attempts" in params
+    assert run.data.tags["tfnb.state"] == "succeeded" and run.data.tags["tfnb.attempt"] == "1"
+    # one point per epoch, step = Keras' 0-based epoch; values are the chief's epoch-end logs
+    for key in ("loss", "accuracy", "steps_per_sec", "examples_per_sec"):
+        assert sorted(steps(client, run.info.run_id, key)) == [0, 1, 2], key
+    assert all(0 < v < 5 for v in steps(client, run.info.run_id, "loss").values())
+    # the Evaluator found the run through model_dir and logged each checkpoint at the same steps
+    assert sorted(steps(client, run.info.run_id, "eval_loss")) == [0, 1, 2]
+    best = ev.best
+    assert run.data.tags["tfnb.eval.best_step"] == str(best.step)
+    assert run.data.tags["tfnb.eval.best_checkpoint"] == best.checkpoint
+
+    # the model artifact: MLflow's TensorFlow flavour, predicting like model_dir's model.keras
+    import tensorflow as tf
+    from mlflow import tensorflow as mlflow_tensorflow
+
+    logged = mlflow_tensorflow.load_model(f"runs:/{run.info.run_id}/model")
+    saved = tf.keras.models.load_model(model_dir / "model.keras")
+    x = val_data()[0]
+    np.testing.assert_allclose(logged.predict(x, verbose=0), saved.predict(x, verbose=0), rtol=1e-6)
+
+
+# ---------------------------------------------------------------- relaunch, active run, failures (no TensorFlow)
+
+
+def epochs_then_die(ctx, epochs, die_in_attempt):
+    """Epoch ends reported like ctx.progress_callback() does, in lock step like a collective, with the chief
+    checkpointing the finished epoch count; worker 1 dies after epoch 0 of attempt ``die_in_attempt``."""
+    import json as _json
+    import time as _time
+
+    folder = Path(ctx.model_dir)
+    done = folder / "done.json"
+    for epoch in range(_json.loads(done.read_text()) if done.exists() else 0, epochs):
+        # no task starts an epoch before every peer has (a peer that died blocks the rest, as in all-reduce)
+        (folder / f"at-{ctx.attempt}-{epoch}-{ctx.task_index}").touch()
+        while not all((folder / f"at-{ctx.attempt}-{epoch}-{i}").exists() for i in range(ctx.num_workers)):
+            _time.sleep(0.05)
+        _time.sleep(0.2)
+        ctx.report(epoch=epoch + 1, epochs=epochs, epoch_end=True, loss=1.0 / (epoch + 1), accuracy=0.5)
+        if ctx.is_chief:
+            done.write_text(_json.dumps(epoch + 1))
+        if ctx.attempt == die_in_attempt and ctx.task_index == 1 and epoch == 0:
+            os._exit(7)
+    return ctx.attempt
+
+
+@pytest.fixture
+def no_tensorflow(monkeypatch):
+    monkeypatch.setenv("TFNB_PREIMPORT", "")
+    monkeypatch.setenv("TFNB_WARM", "0")
+    monkeypatch.setenv("TFNB_FAILURE_GRACE", "1")
+
+
+def test_relaunch_is_recorded_in_the_same_single_run(spark, client, tmp_path, no_tensorflow, no_orphans):
+    attempt = tfnb.run(epochs_then_die, num_workers=2, args=(3, 1), spark=spark, model_dir=str(tmp_path),
+                       max_attempts=2, display=False, timeout=300, mlflow="tfnb-relaunch",
+                       env={"AWS_SECRET_ACCESS_KEY": "hunter2-secret"})
+    assert attempt == 2
+    run = only_run(client, "tfnb-relaunch")
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["tfnb.attempt"] == "2" and tags["tfnb.state"] == "succeeded"
+    assert "worker 1's train_fn process exited with code 7" in tags["tfnb.relaunch.2"]
+    assert steps(client, run.info.run_id, "loss") == {0: 1.0, 1: 0.5, 2: pytest.approx(1 / 3)}
+    logged = json.dumps([run.data.params, run.data.tags])
+    assert "hunter2" not in logged and "AWS_SECRET" not in logged  # env values are often credentials
+
+
+def test_active_run_is_used_and_left_open(spark, client, tmp_path, no_tensorflow, no_orphans):
+    experiment_id = client.create_experiment("tfnb-active")
+    with mlflow.start_run(experiment_id=experiment_id) as outer:
+        tfnb.run(epochs_then_die, num_workers=2, args=(2, 0), spark=spark, model_dir=str(tmp_path),
+                 display=False, timeout=300, mlflow=True)
+        assert client.get_run(outer.info.run_id).info.status == "RUNNING"
+    run = only_run(client, "tfnb-active")
+    assert run.info.run_id == outer.info.run_id and run.data.params["num_workers"] == "2"
+    assert sorted(steps(client, run.info.run_id, "loss")) == [0, 1]
+
+
+def test_failed_run_ends_failed_and_a_dead_server_does_not_stop_training(spark, client, tmp_path, no_tensorflow,
+                                                                         monkeypatch, caplog, no_orphans):
+    def boom(ctx):
+        raise ValueError("bad data in shard 3")
+
+    with pytest.raises(tfnb.WorkerError):
+        tfnb.run(boom, num_workers=2, spark=spark, display=False, timeout=300, mlflow="tfnb-failed")
+    run = only_run(client, "tfnb-failed")
+    assert run.info.status == "FAILED" and "ValueError: bad data in shard 3" in run.data.tags["tfnb.error"]
+
+    # nothing listens there: MLflow's own retries off so the failure comes at once
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with caplog.at_level(logging.WARNING, logger="tfnb.tracking"):
+        assert tfnb.run(epochs_then_die, num_workers=2, args=(2, 0), spark=spark, model_dir=str(tmp_path),
+                        display=False, timeout=300, mlflow=True) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tfnb.tracking"]
+    assert len(warnings) == 1 and "MLflow tracking of tfnb run" in warnings[0], warnings
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_missing_mlflow_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed: import mlflow raises ImportError
+    with pytest.raises(tfnb.MissingDependencyError, match=r"pip install 'tfnb\[mlflow\]'"):
+        tfnb.run(lambda ctx: None, num_workers=2, mlflow=True)
+    with pytest.raises(tfnb.MissingDependencyError, match=r"tfnb\[mlflow\]"):
+        tfnb.Evaluator(model_fn, val_data, "/tmp/x", "/tmp/y", mlflow="exp")
+
+
+def test_mlflow_2_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(mlflow, "__version__", "2.11.4")  # what an older Databricks runtime ships
+    with pytest.raises(tfnb.MissingDependencyError, match=r"MLflow 2.11.4 is too old.*%pip install 'mlflow>=3'"):
+        tfnb.run(lambda ctx: None, num_workers=2, mlflow=True)
+
+
+@pytest.mark.parametrize("value", [1, "", "  ", ["exp"]])
+def test_bad_mlflow_value_is_refused(value):
+    with pytest.raises(tfnb.ConfigError, match="mlflow=.* must be True .* an experiment name"):
+        tfnb.run(lambda ctx: None, num_workers=2, mlflow=value)

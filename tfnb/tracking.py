@@ -1,0 +1,454 @@
+"""MLflow tracking: one MLflow run per ``tfnb.run``, logged by the driver alone.
+
+Autologging on every rank of a distributed training makes one MLflow run per worker (mlflow#11782).
+tfnb logs from the driver instead: :func:`track` wraps the run's display (the callable that receives
+every :class:`~tfnb.events.RunEvent`), so it sees what the display sees — the chief's epoch-end
+metrics from the progress stream, relaunches, the final state — and hands them to one background
+thread that talks to MLflow. Workers need no MLflow package and no credentials.
+
+What a run logs:
+
+* params: num_workers, num_ps, max_attempts, model_dir, log_dir, timeout, the Spark master and
+  application id, and ``args.N`` for each of ``args`` that is a plain value (bool, int, float, str);
+  never the ``env`` values or storage options (credentials live there);
+* metrics: every number of the chief's epoch-end progress event (``loss``, ``accuracy``, ``val_*``,
+  ``steps_per_sec``...; from ``ctx.progress_callback()``, or ``ctx.report(epoch=E, epoch_end=True,
+  ...)`` in a custom loop) at ``step = epoch - 1``: Keras' 0-based epoch, as its TensorBoard callback
+  and the Evaluator's ``step="epoch"`` count, so training and evaluation curves line up;
+* tags: ``tfnb.run_id``, ``tfnb.attempt`` (the launch in progress), ``tfnb.relaunch.N`` (why launch N
+  was needed), ``tfnb.state`` and, on failure, ``tfnb.error``;
+* the model: when the run succeeded and ``model_dir`` holds a saved model (``*.keras``, ``*.h5``, or a
+  SavedModel folder, outside ``backup/`` and ``workertemp_*``), the newest one, with MLflow's
+  TensorFlow flavour when tf.keras loads it, else as plain files under the artifact path ``model``.
+
+The run is the MLflow run active in the calling thread when there is one (left open), else a new
+run in the experiment ``mlflow="name"`` names (or MLflow's default experiment: on Databricks the
+notebook's, elsewhere what ``MLFLOW_EXPERIMENT_NAME``/``mlflow.set_experiment`` say) that ends with
+status FINISHED, FAILED or KILLED (interrupted). The tracking server is MLflow's default
+(``MLFLOW_TRACKING_URI``; the workspace on Databricks). tfnb writes ``tfnb_mlflow.json`` to
+``model_dir`` naming the MLflow run, so an ``Evaluator(mlflow=True)`` watching that directory logs to
+the same run, from this kernel or another one.
+
+MLflow never stops or slows the training: calls happen off the run's thread, and the first call
+that fails (after MLflow's own retries, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) is reported once as a
+warning and ends tracking for that run. ``tfnb.run`` returns once the final status and the model
+are logged.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from . import events
+from .errors import ConfigError
+from .events import RunEvent
+
+log = logging.getLogger(__name__)
+
+MLFLOW_FLOOR = (3, 0)
+_MLFLOW_FIX = "pip install 'tfnb[mlflow]' (mlflow-skinny>=3), or on Databricks %pip install 'mlflow>=3'"
+LINK_FILE = "tfnb_mlflow.json"  # in model_dir: the MLflow run a tfnb run logs to
+_NOT_METRICS = frozenset({"epoch", "epochs", "step", "steps", "epoch_end", "batch_size", "time"})
+_MAX_TAG = 5000     # characters of a tag value (MLflow's limit is 8000)
+_MAX_PARAM = 500    # characters of a param value logged from args
+_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+
+
+def check_option(value: Any, name: str = "mlflow") -> bool:
+    """Validate ``mlflow=`` (True, an experiment name, or None/False) and import MLflow when it is on.
+
+    Returns:
+        True when tracking is on.
+
+    Raises:
+        ConfigError: any other value.
+        MissingDependencyError: tracking is on but MLflow is not installed (names ``tfnb[mlflow]``).
+    """
+    if value is None or value is False:
+        return False
+    if value is not True and not (isinstance(value, str) and value.strip()):
+        raise ConfigError(f"{name}={value!r} must be True (MLflow's default experiment), an experiment name "
+                          f"such as {name}='my-training', or None for no MLflow tracking")
+    from ._deps import _floor, require
+
+    mlflow = require("mlflow", f"MLflow tracking ({name}={value!r})")
+    _floor("MLflow", getattr(mlflow, "__version__", "0"), MLFLOW_FLOOR,
+           "models are logged as MLflow 3 LoggedModels of the run", _MLFLOW_FIX)
+    return True
+
+
+def _experiment_id(client, value: Any) -> str | None:
+    """The id of the experiment ``mlflow="name"`` names (created when missing); None: MLflow's default."""
+    if not isinstance(value, str):
+        return None
+    found = client.get_experiment_by_name(value)
+    return found.experiment_id if found is not None else client.create_experiment(value)
+
+
+def _params(spark, num_workers: int, num_ps: int, max_attempts: int, args: Sequence, model_dir, log_dir,
+            timeout) -> dict[str, str]:
+    params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
+              "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
+    for key in ("spark.master", "spark.app.id"):
+        try:
+            params[key] = spark.conf.get(key, None)
+        except Exception:  # noqa: BLE001 - a Connect server may not say; the run goes on without it
+            pass
+    for i, arg in enumerate(args):
+        if isinstance(arg, (bool, int, float, str)):
+            params[f"args.{i}"] = str(arg)[:_MAX_PARAM]
+    return {k: str(v) for k, v in params.items() if v is not None}
+
+
+class _Link:
+    """One MLflow run, used from one thread; the first failing call turns it off with one warning."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.run_id: str | None = None
+        self.own = False     # tfnb started the run, so tfnb ends it
+        self.broken = False
+
+    def call(self, fn: Callable, *args, **kwargs) -> Any:
+        if self.broken:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a tracking server problem must never end the training
+            self.broken = True
+            run = f" (MLflow run {self.run_id})" if self.run_id else ""
+            first = (str(e).splitlines() or [""])[0][:300]
+            log.warning("MLflow tracking of %s stopped%s after %s: %s; it goes on without MLflow",
+                        self.what, run, type(e).__name__, first)
+            return None
+
+    def start(self, mlflow, experiment: Any, active_run_id: str | None, tags: Mapping[str, str]) -> None:
+        """Use ``active_run_id``, else start a run of our own in this thread (ended by :meth:`end`)."""
+        if active_run_id is not None:
+            self.run_id = active_run_id
+            return
+        client = mlflow.MlflowClient()
+        experiment_id = self.call(_experiment_id, client, experiment)
+        if self.broken:
+            return
+        run = self.call(mlflow.start_run, experiment_id=experiment_id, tags=dict(tags))
+        if run is not None:
+            self.run_id, self.own = run.info.run_id, True
+
+    def log(self, mlflow, metrics=(), params=None, tags=None) -> None:
+        from mlflow.entities import Param, RunTag
+
+        if self.run_id is None:
+            return
+        self.call(mlflow.MlflowClient().log_batch, self.run_id, metrics=list(metrics),
+                  params=[Param(k, v) for k, v in (params or {}).items()],
+                  tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in (tags or {}).items()])
+
+    def end(self, mlflow, status: str) -> None:
+        if self.own and self.run_id is not None and not self.broken:
+            self.call(mlflow.end_run, status)
+
+
+class Tracker:
+    """The display of a tracked ``tfnb.run``: passes every event on and logs to MLflow in the background.
+
+    Built by :func:`track`; ``tfnb.run`` calls ``close()`` once the run has ended.
+    """
+
+    def __init__(self, display: Callable[[RunEvent], None], experiment: Any, *, run_id: str,
+                 model_dir: str | None, params: Mapping[str, str]):
+        import mlflow
+
+        self.display = display
+        self.model_dir = model_dir
+        self.link = _Link(f"tfnb run {run_id}")
+        self._state: str | None = None  # the driver's final state event
+        self._error: str | None = None
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        active = mlflow.active_run()  # thread-local in MLflow: the caller's run, read in the caller's thread
+        self._thread = threading.Thread(
+            target=self._work, name="tfnb-mlflow", daemon=True,
+            args=(mlflow, experiment, active.info.run_id if active else None, run_id, dict(params)))
+        self._thread.start()
+
+    def __call__(self, event: RunEvent) -> None:
+        self.display(event)
+        data = event.data
+        if event.kind == events.PROGRESS and event.job_name == "chief" and data.get("epoch_end"):
+            self._epoch_end(event)
+        elif event.kind == events.ATTEMPT:
+            reason = f"{data.get('reason', '')}; relaunched as attempt {data.get('attempt')}"
+            self._q.put(("tags", {"tfnb.attempt": data.get("attempt"),
+                                  f"tfnb.relaunch.{data.get('attempt')}": reason}))
+            self._error = None
+        elif event.kind == events.FAILED and self._error is None:
+            # the attempt's first failure: the others are usually peers losing it
+            self._error = f"{event.label}: {data.get('exc_type')}: {data.get('message', '')}"
+        elif event.kind == events.STATE and event.job_name == "driver" and data.get("state") in _STATUS:
+            self._state = data["state"]
+
+    def _epoch_end(self, event: RunEvent) -> None:
+        from mlflow.entities import Metric
+
+        try:
+            step = int(event.data["epoch"]) - 1
+        except (KeyError, TypeError, ValueError):
+            return
+        stamp = int(event.time * 1000)
+        metrics = [Metric(k, float(v), stamp, step) for k, v in event.data.items()
+                   if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v)]
+        if metrics:
+            self._q.put(("metrics", metrics))
+
+    def close(self) -> None:
+        """Close the display, then log the final status (and model) and wait until that is done.
+
+        The status comes from the run's final state event; without one the run was interrupted
+        (KILLED when a KeyboardInterrupt, i.e. a cancel, is propagating) or timed out (FAILED).
+        """
+        close = getattr(self.display, "close", None)
+        if close:
+            close()
+        state = self._state
+        if state is None:
+            state = "cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed"
+        self._q.put(("end", state, self._error if state == "failed" else None))
+        self._thread.join()
+
+    # ------------------------------------------------------------ the background thread
+
+    def _work(self, mlflow, experiment, active_run_id, run_id, params) -> None:
+        link = self.link
+        link.start(mlflow, experiment, active_run_id, {"tfnb.run_id": run_id})
+        if link.run_id is not None:
+            if active_run_id is not None:
+                # params cannot change in MLflow: a second tfnb.run in the same active run keeps the first's
+                have = link.call(lambda: mlflow.MlflowClient().get_run(link.run_id).data.params) or {}
+                params = {k: v for k, v in params.items() if k not in have}
+            link.log(mlflow, params=params, tags={"tfnb.run_id": run_id, "tfnb.attempt": 1})
+            if self.model_dir:
+                link.call(_write_link, self.model_dir, run_id, link.run_id)
+        while True:
+            item = self._q.get()
+            if item[0] == "end":
+                self._end(mlflow, *item[1:])
+                return
+            metrics, tags = [], {}
+            while True:  # what piled up while the last call ran goes in one batch
+                if item[0] == "metrics":
+                    metrics += item[1]
+                else:
+                    tags.update(item[1])
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item[0] == "end":
+                    self._q.put(item)  # after this batch
+                    break
+            for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
+                link.log(mlflow, metrics=metrics[i:i + 1000], tags=tags if i == 0 else None)
+            if not metrics and tags:
+                link.log(mlflow, tags=tags)
+
+    def _end(self, mlflow, state: str, error: str | None) -> None:
+        link = self.link
+        tags = {"tfnb.state": state, **({"tfnb.error": error} if error else {})}
+        link.log(mlflow, tags=tags)
+        if state == "succeeded" and self.model_dir and link.run_id is not None and not link.broken:
+            started = time.monotonic()
+            if link.call(_log_model, mlflow, self.model_dir, link.run_id):
+                log.info("logged the model in %s to MLflow run %s in %.1f s", self.model_dir, link.run_id,
+                         time.monotonic() - started)
+        link.end(mlflow, _STATUS.get(state, "FAILED"))
+
+
+def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spark, num_workers: int,
+          num_ps: int, max_attempts: int, args: Sequence, model_dir: str | None, log_dir: str | None,
+          timeout: float | None) -> Callable[[RunEvent], None]:
+    """``display`` teed into MLflow when ``mlflow`` (tfnb.run's option) is on, else ``display`` itself.
+
+    Raises:
+        ConfigError: a bad ``mlflow`` value.
+        MissingDependencyError: MLflow is not installed.
+    """
+    if not check_option(mlflow):
+        return display
+    params = _params(spark, num_workers, num_ps, max_attempts, args, model_dir, log_dir, timeout)
+    return Tracker(display, mlflow, run_id=run_id, model_dir=model_dir, params=params)
+
+
+# ---------------------------------------------------------------- model_dir: the link file and the model
+
+
+def _write_link(model_dir: str, tfnb_run_id: str, mlflow_run_id: str) -> None:
+    from ._storage import open_store
+
+    body = json.dumps({"tfnb_run_id": tfnb_run_id, "mlflow_run_id": mlflow_run_id}).encode()
+    open_store(model_dir, purpose="writing the MLflow run link to").write(LINK_FILE, body)
+
+
+def _find_model(listing: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """(relative path, is a folder) of the newest saved model in a model_dir listing, or None."""
+    found: dict[tuple[str, bool], float] = {}
+    for rel, entry in listing.items():
+        parts = rel.split("/")
+        if parts[0] == "backup" or any(p.startswith("workertemp_") for p in parts):
+            continue  # BackupAndRestore's state and the non-chief workers' copies
+        mtime = getattr(entry, "mtime", 0) or 0
+        if rel.endswith((".keras", ".h5")):
+            found[(rel, False)] = mtime
+        elif parts[-1] == "saved_model.pb":
+            key = ("/".join(parts[:-1]), True)
+            found[key] = max(found.get(key, 0), mtime)
+    return max(found, key=found.get) if found else None
+
+
+def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
+    """Log the newest saved model in ``model_dir`` to the run; returns its path in model_dir, None if none."""
+    from ._storage import open_store
+
+    store = open_store(model_dir, purpose="reading the saved model in")
+    listing = store.list()
+    found = _find_model(listing)
+    if found is None:
+        return None
+    rel, folder = found
+    tmp = None
+    try:
+        if store.local:
+            path = store.url(rel) if rel else store.url()
+        else:
+            tmp = tempfile.mkdtemp(prefix="tfnb-mlflow-model-")
+            prefix = rel + "/" if folder and rel else ""
+            for sub, entry in listing.items():
+                if (folder and sub.startswith(prefix)) or sub == rel:
+                    store.get(sub, os.path.join(tmp, sub.replace("/", os.sep)), size=entry.size)
+            path = os.path.join(tmp, rel.replace("/", os.sep)) if rel else tmp
+        model = _load_keras(path)
+        if model is not None:
+            try:
+                _log_keras(model, mlflow_run_id)
+                return rel or "."
+            except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
+                log.info("MLflow's TensorFlow flavour could not log %s (%s: %s); logging its files instead",
+                         path, type(e).__name__, e)
+        client = mlflow.MlflowClient()
+        if folder:
+            client.log_artifacts(mlflow_run_id, path, "model")
+        else:
+            client.log_artifact(mlflow_run_id, path, "model")
+        return rel or "."
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_keras(path: str):
+    """The tf.keras model at ``path``, or None when it is not one (or TensorFlow is missing)."""
+    if "tensorflow" not in sys.modules:
+        # the workers trained with tf-keras (tfnb.run's legacy_keras): load with the same Keras
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    try:
+        from ._deps import require_tensorflow
+
+        return require_tensorflow("logging the model to MLflow").keras.models.load_model(path)
+    except Exception as e:  # noqa: BLE001 - not a Keras model (a tf.Module SavedModel, another Keras...)
+        log.info("%s does not load as a tf.keras model (%s: %s); logging its files", path, type(e).__name__, e)
+        return None
+
+
+def _log_keras(model, mlflow_run_id: str) -> None:
+    import importlib.metadata
+
+    import mlflow.tensorflow  # noqa: F401 - imports TensorFlow: only once there is a model to log
+
+    reqs = []
+    for dist in ("tensorflow", "tensorflow-cpu", "tf-keras"):
+        try:
+            reqs.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    # explicit requirements: MLflow would otherwise load the model in a subprocess to infer them.
+    # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
+    # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
+    mlflow.tensorflow.log_model(model, name="model", run_id=mlflow_run_id, pip_requirements=reqs,
+                                keras_model_kwargs={"save_format": "keras_v3"})
+
+
+# ---------------------------------------------------------------- the Evaluator's side
+
+
+class EvalTracker:
+    """Logs an Evaluator's results to MLflow, from the evaluator's thread.
+
+    Which run: the one the ``tfnb.run`` writing ``model_dir`` logs to (its ``tfnb_mlflow.json``,
+    when its tfnb run id matches the status file's), else the MLflow run active where the Evaluator
+    was created, else a run of its own (in the experiment ``mlflow="name"`` names), ended when the
+    evaluator stops. Decided at the first evaluated checkpoint.
+
+    Metrics are ``eval_<name>`` at the evaluation's step; the best checkpoint's are
+    ``best_eval_<name>`` (at its step), with tags ``tfnb.eval.best_step`` and
+    ``tfnb.eval.best_checkpoint``.
+    """
+
+    def __init__(self, experiment: Any, status_store):
+        import mlflow
+
+        self.experiment = experiment
+        self.store = status_store
+        active = mlflow.active_run()  # the creating thread's, read there
+        self.active_run_id = active.info.run_id if active else None
+        self.link = _Link("the evaluator")
+        self._resolved = False
+
+    def _resolve(self, mlflow) -> None:
+        self._resolved = True
+        run_id = self.link.call(self._linked_run)
+        if self.link.broken:
+            return
+        self.link.start(mlflow, self.experiment, run_id or self.active_run_id, {"tfnb.evaluator": "true"})
+
+    def _linked_run(self) -> str | None:
+        from ._status import read_status
+
+        try:
+            linked = json.loads(self.store.read(LINK_FILE))
+        except (FileNotFoundError, ValueError):
+            return None
+        status = read_status(self.store) or {}
+        if linked.get("tfnb_run_id") != status.get("run_id"):
+            return None  # written by an earlier run in the same model_dir
+        return linked.get("mlflow_run_id")
+
+    def log(self, result) -> None:
+        """Log one EvalResult (and, when it is the best so far, the best-checkpoint tags)."""
+        import mlflow
+        from mlflow.entities import Metric
+
+        if not self._resolved:
+            self._resolve(mlflow)
+        stamp = int(time.time() * 1000)
+        metrics = [Metric(f"eval_{k}", float(v), stamp, int(result.step)) for k, v in result.metrics.items()]
+        tags = None
+        if result.best:
+            metrics += [Metric(f"best_eval_{k}", float(v), stamp, int(result.step))
+                        for k, v in result.metrics.items()]
+            tags = {"tfnb.eval.best_step": result.step, "tfnb.eval.best_checkpoint": result.checkpoint}
+        self.link.log(mlflow, metrics=metrics, tags=tags)
+
+    def close(self, failed: bool) -> None:
+        """End the evaluator's own run (if it started one)."""
+        import mlflow
+
+        self.link.end(mlflow, "FAILED" if failed else "FINISHED")
