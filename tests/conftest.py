@@ -113,6 +113,17 @@ def no_orphans():
     assert not left, f"train_fn processes left running: {left}"
 
 
+@pytest.fixture
+def no_gcsfs(monkeypatch):
+    """This process as if gcsfs were not installed (the monitoring extra brings it along)."""
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # `import gcsfs` now raises ImportError
+    registry = importlib.import_module("fsspec.registry")._registry  # classes fsspec already imported
+    for scheme in ("gs", "gcs"):
+        monkeypatch.delitem(registry, scheme, raising=False)
+
+
 def _fail_in_ci(report) -> None:
     """Turn a skip for a missing component into a failure when CI is set (components.need's rule,
     applied to importorskip and to skips raised in fixtures and helpers)."""

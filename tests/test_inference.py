@@ -269,13 +269,8 @@ def test_missing_model_path(df, tmp_path):
         inference.predict(df, f"zip://nope.keras::file://{tmp_path}/none.zip", input_cols=["features"])
 
 
-def test_url_without_its_filesystem_package(df):
+def test_url_without_its_filesystem_package(df, no_gcsfs):
     pytest.importorskip("fsspec")
-    try:
-        import gcsfs  # noqa: F401
-        pytest.skip("gcsfs is installed")
-    except ImportError:
-        pass
     with pytest.raises(MissingDependencyError, match="gcsfs"):
         inference.predict(df, "gs://bucket/model.keras", input_cols=["features"])
 

@@ -373,13 +373,8 @@ def test_bad_arguments(tmp_path):
         stage("s3://b/x", tmp_path, endpoint_url="not a url")
 
 
-def test_missing_fsspec_backend(tmp_path):
+def test_missing_fsspec_backend(tmp_path, no_gcsfs):
     pytest.importorskip("fsspec")
-    try:
-        import gcsfs  # noqa: F401
-        pytest.skip("gcsfs is installed")
-    except ImportError:
-        pass
     with pytest.raises(MissingDependencyError, match=r"staging gs://bucket/train needs .*gcsfs"):
         stage("gs://bucket/train", tmp_path)
 

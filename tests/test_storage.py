@@ -175,13 +175,8 @@ def test_s3_without_credentials(rclone_s3, tmp_path, monkeypatch):
         open_store("s3://b/x", {"endpoint_url": rclone_s3.endpoint_url}).list()
 
 
-def test_missing_backend_and_unknown_scheme():
+def test_missing_backend_and_unknown_scheme(no_gcsfs):
     pytest.importorskip("fsspec")
-    try:
-        import gcsfs  # noqa: F401
-        pytest.skip("gcsfs is installed")
-    except ImportError:
-        pass
     with pytest.raises(MissingDependencyError, match=r"staging gs://b/x needs .*gcsfs"):
         open_store("gs://b/x", purpose="staging")
     with pytest.raises(ConfigError, match=r"scheme 'nosuchfs'.*use s3://, file://"):
