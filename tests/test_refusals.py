@@ -165,6 +165,24 @@ def run_preimport_not_names(env):
     tfnb.run(one, num_workers=2, preimport=[1], display=False)
 
 
+@case("launcher", "`profile_steps=(25, 20)`", ConfigError, "profile_steps=(25, 20)", "profile_steps=(20, 25)",
+      says="(first, last) with first <= last")
+def run_profile_steps_reversed(env):
+    tfnb.run(one, num_workers=2, profile_steps=(25, 20), log_dir="/tmp/logs", display=False)
+
+
+@case("launcher", "`profile_steps=(20, 25)` without `log_dir`", ConfigError, "profile_steps=(20, 25)",
+      "pass log_dir=", says="pass log_dir= (where the traces go)")
+def run_profile_steps_no_log_dir(env):
+    tfnb.run(one, num_workers=2, profile_steps=(20, 25), display=False)
+
+
+@case("launcher", "`mlflow=1`", ConfigError, "mlflow=1", "mlflow='my-training'",
+      says="True, an experiment name or None")
+def run_mlflow_not_bool_or_name(env):
+    tfnb.run(one, num_workers=2, mlflow=1, display=False)
+
+
 @case("launcher", "`env={'SEED': 1}`", ConfigError, "'SEED': 'int'", "str()", says="str -> str; convert with str()")
 def run_env_not_str(env):
     tfnb.run(one, num_workers=2, env={"SEED": 1}, display=False)
