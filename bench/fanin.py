@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
+from tfnb.progress import show  # noqa: E402  (after the path is set)
+
 SENDERS = 8
 WARMUP = 3.0
 TICK = 0.05
@@ -97,21 +99,26 @@ class Lag:
         self.measuring = False
 
     def __call__(self, event) -> None:
-        self.display(event)
+        self.batch([event])
+
+    def batch(self, batch) -> None:
+        # tfnb.run hands the display each pass over its inbox as one batch (tfnb.progress.show)
+        show(self.display, batch)
         if not self.measuring:
             return
         now = time.time()
-        if event.kind == "log":
-            self.count += 1
-            self.lags.append(now - float(event.data["line"][:17]))
-        elif event.kind == "progress" and "t" in event.data:
-            self.count += 1
-            self.lags.append(now - event.data["t"])
+        for event in batch:
+            if event.kind == "log":
+                self.count += 1
+                self.lags.append(now - float(event.data["line"][:17]))
+            elif event.kind == "progress" and "t" in event.data:
+                self.count += 1
+                self.lags.append(now - event.data["t"])
 
 
 def _display(kind: str, tasks: int):
     if kind == "widget":
-        from tfnb.progress import ProgressWidget
+        from tfnb.notebook import ProgressWidget
 
         return ProgressWidget(num_workers=tasks)  # the ipywidgets model, rendered, with no browser
     if kind == "console":
