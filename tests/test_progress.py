@@ -524,10 +524,14 @@ def train_fn(ctx, flag):
     import pathlib, time
     print(f"LIVE-MARKER from task {ctx.task_index}", flush=True)
     print("\\r".join(f"bar {i}/5" for i in range(1, 6)), flush=True)  # a carriage-return progress bar
-    ctx.report(epoch=1, epochs=1, step=1, steps=2, loss=0.5, examples_per_sec=100.0)
+    step = 1
+    ctx.report(epoch=1, epochs=1, step=step, steps=400, loss=0.5, accuracy=0.5, examples_per_sec=100.0)
     while not pathlib.Path(flag).exists():  # the test lets the run finish once it saw the live widget
-        time.sleep(0.1)
-    ctx.report(epoch=1, epochs=1, step=2, steps=2, loss=0.25, epoch_end=True)
+        time.sleep(0.2)
+        step = min(step + 1, 399)  # a curve that keeps moving while the test watches it
+        ctx.report(epoch=1, epochs=1, step=step, steps=400, loss=0.5 / (1 + step / 20),
+                   accuracy=0.9 - 0.4 / (1 + step / 20), examples_per_sec=100.0)
+    ctx.report(epoch=1, epochs=1, step=400, steps=400, loss=0.0125, accuracy=0.89, epoch_end=True)
     return "ok"
 
 result = tfnb.run(train_fn, num_workers=2, args=(FLAG,), max_attempts=1)
@@ -570,22 +574,38 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
     first.get_by_text("LIVE-MARKER from task 1").wait_for(timeout=ms)
     first.get_by_text("LIVE-MARKER from task 0").wait_for(timeout=ms)
     table = first.locator("table.tfnb-progress")
-    # both rows training, each with its first report (renders are throttled, so wait for both)
+    # both rows training, each with reports (renders are throttled, so wait for both)
     page.wait_for_function(
         """() => { const t = document.querySelector('table.tfnb-progress')?.innerText || '';
-                   return (t.match(/training/g) || []).length == 2 && (t.match(/1\\/2/g) || []).length >= 2; }""",
+                   return (t.match(/training/g) || []).length == 2 && (t.match(/\\d+\\/400/g) || []).length >= 2; }""",
         timeout=ms)
     assert "[*]" in first.locator(".jp-InputPrompt").inner_text()
     rows = table.locator("tr").all_inner_texts()
-    assert any(r.startswith("chief 0") and "0.5" in r and "100" in r for r in rows), rows
-    assert any(r.startswith("worker 1") and "1/2" in r for r in rows), rows
+    assert any(r.startswith("chief 0") and "/400" in r and "100" in r for r in rows), rows
+    assert any(r.startswith("worker 1") and "/400" in r for r in rows), rows
+    # the live chart: a drawn image, which a later report redraws while the run goes on
+    chart = first.locator("img.tfnb-chart")
+    chart.wait_for(state="visible", timeout=ms)
+    page.wait_for_function("() => document.querySelector('img.tfnb-chart')?.naturalWidth > 300", timeout=ms)
+
+    def next_frame():
+        src = chart.get_attribute("src")
+        page.wait_for_function("old => { const img = document.querySelector('img.tfnb-chart');"
+                               "         return img.src !== old && img.complete; }", arg=src, timeout=ms)
+
+    next_frame()  # a few points into the curve
+    shot = chart.screenshot(path=str(artifacts / "progress-chart-1.png"))
     page.screenshot(path=str(artifacts / "progress-live.png"))
+    first.locator(".tfnb-panel").screenshot(path=str(artifacts / "progress-panel.png"))
+    next_frame()
+    assert chart.screenshot(path=str(artifacts / "progress-chart-2.png")) != shot
+    assert "[*]" in first.locator(".jp-InputPrompt").inner_text()  # still mid-run
 
     flag.touch()
     first.get_by_text("RESULT ok").wait_for(timeout=ms)
     first.get_by_text("Succeeded (attempt 1").wait_for(timeout=ms)
     rows = table.locator("tr").all_inner_texts()
-    assert sum("done" in r for r in rows) == 2 and any("0.25" in r and "2/2" in r for r in rows), rows
+    assert sum("done" in r for r in rows) == 2 and any("0.0125" in r and "400/400" in r for r in rows), rows
     page.wait_for_function(
         """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
                  .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=ms)

@@ -87,6 +87,7 @@ class LiveChart:
                     new = True
                 else:
                     line.set_data(xs, ys)
+                line.set_marker("." if len(xs) < 20 else "")  # a new curve's first points show as dots
             ax.relim()
             ax.autoscale_view()
         if new and len(curves) <= 8:

@@ -530,18 +530,20 @@ class ConsoleDisplay:
 
     def _on_log(self, event: RunEvent, data: dict) -> None:
         line = str(data.get("line", ""))
+        label = event.label
         if data.get("partial"):
             w = self.run.workers.get((event.job_name, event.task_index))
             if w is not None and w.live:
-                self._live_pending[event.label] = w.live
+                self._live_pending[label] = w.live
             self._flush_live()
             return
-        self._live_pending.pop(event.label, None)  # the finished line below says more
+        if self._live_pending:
+            self._live_pending.pop(label, None)  # the finished line below says more
         if "\r" in line:
             if self.run.large() and event.job_name != "chief":
                 return  # a finished bar from each of hundreds of tasks: the summary speaks for them
             line = _last_segment(line)
-        self._print(f"[{event.label}] {line}")
+        self._print(f"[{label}] {line}")
 
     def _flush_live(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -174,6 +174,7 @@ class ProgressWidget:
         self.logs = widgets.Output(layout=widgets.Layout(border="1px solid #ddd"))
         self.box = widgets.VBox([self.status, chart_box, self.summary, self._pager, self.table, self.live,
                                  self.logs])
+        self.box.add_class("tfnb-panel")
         self.renders = 0
         self._rows: dict = {}  # task key -> its row's HTML while the task did not change
         self._lock = threading.Lock()
