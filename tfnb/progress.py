@@ -266,9 +266,9 @@ class RunProgress:
             self.started = event.time
         if event.job_name == "driver":
             return self._apply_driver(event.kind, data)
-        if event.kind == events.LOG:
+        if event.kind == events.LOG:  # the hot path: thousands of lines a second in a large run
             line = str(data.get("line", ""))
-            w = self.worker(event.job_name, event.task_index)
+            w = self.workers.get((event.job_name, event.task_index)) or self.worker(event.job_name, event.task_index)
             if data.get("partial") or "\r" in line:
                 # carriage-return output (progress bars): one updating line per task, not a flood
                 shown = _last_segment(line)[:_MAX_LINE]
@@ -277,7 +277,7 @@ class RunProgress:
                     return True
                 line = shown
             w.live = None  # the bar's line ended (tasks send its final state as the line): keep it in the log
-            self.logs.append(f"[{event.label}] {line[:_MAX_LINE]}")
+            self.logs.append(f"[{event.job_name} {event.task_index}] {line[:_MAX_LINE]}")
             return True
         w = self.worker(event.job_name, event.task_index)
         if event.kind == events.STATE:
