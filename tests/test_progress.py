@@ -310,6 +310,9 @@ def test_widget_charts_each_workers_loss_and_redraws_at_most_every_chart_interva
     events = _training_events()
     half = len(events) // 2
     widget.batch(events[:half])
+    deadline = time.monotonic() + 60
+    while widget.frames == 0 and time.monotonic() < deadline:  # frames are drawn on a thread of their own
+        time.sleep(0.05)
     first = bytes(widget.chart.value)
     assert widget.frames == 1 and first.startswith(b"\x89PNG") and widget.chart.layout.display == ""
     # a line (and legend entry) per worker in matplotlib's first two colours; the page is mostly white

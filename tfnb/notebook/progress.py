@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import html
+import logging
 import threading
 import time
 
@@ -14,6 +15,8 @@ from ..errors import ConfigError
 from ..events import RunEvent
 from .._charts import LiveChart, matplotlib_missing
 from ..progress import SUMMARY_ABOVE, RunProgress, _num, _number, _of, _short, _sort_key, in_notebook
+
+log = logging.getLogger(__name__)
 
 PAGE_ROWS = SUMMARY_ABOVE  # rows of the table a large run shows at once
 _LARGE_REFRESH = 1.0       # seconds between re-renders of a large run: its summary is O(tasks)
@@ -162,6 +165,7 @@ class ProgressWidget:
             self.chart.add_class("tfnb-chart")
         self._chart = None  # the LiveChart, made at the first frame
         self._drawn = (0, float("-inf"))  # (run.chart_version, time) of the last frame
+        self._frame: threading.Timer | None = None  # the frame being drawn or waiting for its time
         self.frames = 0
         self.page = 0
         self._prev = widgets.Button(description="◀", tooltip="previous tasks", layout=widgets.Layout(width="3em"))
@@ -303,25 +307,48 @@ class ProgressWidget:
         return plain[0] if plain else min(names, default=None)
 
     def _draw_chart(self) -> None:
-        """A new frame when a task reported since the last one, at most every chart_interval seconds."""
+        """Start a frame when a task reported since the last one, at most every chart_interval seconds.
+
+        The frame is drawn on a thread of its own and outside the lock, so the driver's main thread
+        goes on folding events while matplotlib draws (tens of milliseconds; the first frame also
+        imports matplotlib).
+        """
         version, drawn_at = self._drawn
-        if self.chart is None or self.run.chart_version == version or not self.run.curves:
+        if (self.chart is None or self._frame is not None or self._closed or self.run.chart_version == version
+                or not self.run.curves):
             return
         # a large run's frames are spaced twice as far: the table's summary already costs O(tasks)
         interval = max(self.chart_interval, 2 * _LARGE_REFRESH) if self.run.large() else self.chart_interval
-        wait = drawn_at + interval - time.monotonic()
-        if wait > 0 and not self._closed:
-            self._dirty = True
-            self._later(wait)
+        self._frame = threading.Timer(max(drawn_at + interval - time.monotonic(), 0.0), self._draw_frame)
+        self._frame.daemon = True
+        self._frame.start()
+
+    def _draw_frame(self) -> None:
+        with self._lock:
+            if self.chart is None:
+                return
+            # copies: tasks keep reporting while the frame is drawn
+            curves = {f"{job} {index}": list(points) for (job, index), points in
+                      sorted(self.run.curves.items(), key=lambda kv: _sort_key(kv[0]))}
+            metric, unit, version = self._chosen_metric(), self.run.chart_unit, self.run.chart_version
+        try:
+            if self._chart is None:
+                self._chart = LiveChart()
+            png = self._chart.png(curves, metric, unit)
+        except Exception as e:  # noqa: BLE001 - the chart is a view; the panel must go on without it
+            log.warning("tfnb progress panel: the chart failed and is turned off: %s: %s", type(e).__name__, e)
+            with self._lock:
+                self.chart.layout.display = "none"
+                self.chart = self._frame = None
             return
-        if self._chart is None:
-            self._chart = LiveChart()
-        curves = {f"{job} {index}": points for (job, index), points in sorted(self.run.curves.items(),
-                                                                             key=lambda kv: _sort_key(kv[0]))}
-        self.chart.value = self._chart.png(curves, self._chosen_metric(), self.run.chart_unit)
-        self.chart.layout.display = ""
-        self._drawn = (self.run.chart_version, time.monotonic())
-        self.frames += 1
+        with self._lock:
+            self.chart.value = png
+            self.chart.layout.display = ""
+            self._drawn = (version, time.monotonic())
+            self.frames += 1
+            if threading.current_thread() is self._frame:
+                self._frame = None
+                self._draw_chart()  # reports that came while it drew get the next frame
 
     def log_text(self) -> str:
         """The log lines the widget shows, as text."""
@@ -334,6 +361,11 @@ class ProgressWidget:
                 self._timer.cancel()
                 self._timer = None
             self.run.end()
-            self._closed = True  # the last frame is drawn now, whatever chart_interval says
-            self._drawn = (self._drawn[0], float("-inf"))
+            self._closed = True
             self._render()
+            frame, self._frame = self._frame, None
+        if frame is not None:  # a frame waiting for its turn is drawn now, whatever chart_interval says
+            frame.cancel()
+            frame.join()
+        if self.chart is not None and self.run.curves and self.run.chart_version != self._drawn[0]:
+            self._draw_frame()
