@@ -236,7 +236,7 @@ class ProgressWidget:
                 self._closed = False
                 self.run = RunProgress.for_run(**self._shape)
                 self._rows.clear()
-                self._drawn = (0, float("-inf"))
+                self._drawn, self._chart = (0, float("-inf")), None
                 self._logs_dirty = True
             changed = False
             for event in batch:
