@@ -17,7 +17,10 @@ printed with the table.
 
 Usage:
     .venv/bin/python bench/fanin.py [--tasks 256,512,1024,2048] [--lines 5,20] [--seconds 10]
-        [--display widget|console|none]
+        [--display widget|console|none] [--replay]
+
+``--replay`` measures the display alone: the same events, handed over in real time one 50 ms
+drain pass at a time, without channel or senders; its CPU figure barely depends on the load.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
+
+from tfnb.progress import show  # noqa: E402  (after the path is set)
 
 SENDERS = 8
 WARMUP = 3.0
@@ -97,21 +102,26 @@ class Lag:
         self.measuring = False
 
     def __call__(self, event) -> None:
-        self.display(event)
+        self.batch([event])
+
+    def batch(self, batch) -> None:
+        # tfnb.run hands the display each pass over its inbox as one batch (tfnb.progress.show)
+        show(self.display, batch)
         if not self.measuring:
             return
         now = time.time()
-        if event.kind == "log":
-            self.count += 1
-            self.lags.append(now - float(event.data["line"][:17]))
-        elif event.kind == "progress" and "t" in event.data:
-            self.count += 1
-            self.lags.append(now - event.data["t"])
+        for event in batch:
+            if event.kind == "log":
+                self.count += 1
+                self.lags.append(now - float(event.data["line"][:17]))
+            elif event.kind == "progress" and "t" in event.data:
+                self.count += 1
+                self.lags.append(now - event.data["t"])
 
 
 def _display(kind: str, tasks: int):
     if kind == "widget":
-        from tfnb.progress import ProgressWidget
+        from tfnb.notebook import ProgressWidget
 
         return ProgressWidget(num_workers=tasks)  # the ipywidgets model, rendered, with no browser
     if kind == "console":
@@ -119,6 +129,44 @@ def _display(kind: str, tasks: int):
 
         return ConsoleDisplay(open(os.devnull, "w"), num_workers=tasks, tty=False)
     return lambda event: None
+
+
+def replay(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict:
+    """The display alone: the events of ``seconds`` of the load, handed over in real time as
+    ``tfnb.run`` does (one batch per 50 ms drain pass), no channel. CPU of all threads (renders
+    happen on a timer thread too), so a loaded machine changes it little."""
+    from tfnb.events import RunEvent
+
+    shown = _display(display, tasks)
+    made = time.time()
+    line = f"{made:.6f} 1875/1875 [==============================] - 12s 6ms/step - loss: 0.2931 - accuracy: 0.9153"
+    logs = [RunEvent("log", "chief" if i == 0 else "worker", i, {"stream": "stdout", "line": line})
+            for i in range(tasks)]
+    count, due, tick = 0, [0.0] * tasks, 0
+    start = time.monotonic()
+    warm_ticks = round(WARMUP / TICK)  # the first chart frame imports matplotlib: not the steady state
+    while tick < warm_ticks + round(seconds / TICK):
+        if tick == warm_ticks:
+            cpu0, count, measured = _cpu(), 0, time.monotonic()
+        batch = []
+        for i in range(tasks):
+            due[i] += lines_per_s * TICK
+            while due[i] >= 1.0:
+                due[i] -= 1.0
+                batch.append(logs[i])
+            if (tick + i) % 10 == 0:
+                batch.append(RunEvent("progress", logs[i].job_name, i, {
+                    "epoch": 1, "epochs": 10, "step": tick, "steps": 100000, "loss": 0.25 + 1 / (tick + 1),
+                    "accuracy": 0.9, "steps_per_sec": 20.0, "batch_size": 64}))
+        show(shown, batch)
+        count += len(batch)
+        tick += 1
+        time.sleep(max(0.0, start + tick * TICK - time.monotonic()))
+    cpu, wall = _cpu() - cpu0, time.monotonic() - measured
+    if hasattr(shown, "close"):
+        shown.close()
+    return {"tasks": tasks, "lines": lines_per_s, "display": display, "events": count,
+            "us_per_event": cpu / count * 1e6, "cpu": cpu / wall}
 
 
 def driver(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict:
@@ -191,6 +239,8 @@ def main() -> None:
     p.add_argument("--lines", default="5,20", help="log lines per second per task")
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per configuration")
     p.add_argument("--display", default="widget", choices=("widget", "console", "none"))
+    p.add_argument("--replay", action="store_true",
+                   help="measure the display alone: the same events in real time, no channel or senders")
     p.add_argument("--_sender", nargs=5, help=argparse.SUPPRESS)
     p.add_argument("--_driver", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -201,6 +251,16 @@ def main() -> None:
     if a._driver:
         tasks, lines, seconds, display = a._driver
         print(json.dumps(driver(int(tasks), float(lines), float(seconds), display)))
+        return
+    if a.replay:
+        print(f"display alone ({a.display}), events of the load replayed in real time, {a.seconds:g} s per row")
+        print("| tasks | lines/s per task | display | events | display CPU us/event | display CPU s/s |")
+        print("|---|---|---|---|---|---|")
+        for lines in a.lines.split(","):
+            for tasks in a.tasks.split(","):
+                r = replay(int(tasks), float(lines), a.seconds, a.display)
+                print(f"| {r['tasks']} | {r['lines']:g} | {r['display']} | {r['events']:,} | {r['us_per_event']:.2f} "
+                      f"| {r['cpu']:.3f} |", flush=True)
         return
     print(f"fan-in: {SENDERS} sender processes, {a.seconds:g} s measured per row, display={a.display}, "
           f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.1f}")

@@ -15,7 +15,7 @@ from tfnb.errors import ConfigError, WorkerError
 from tfnb.events import RunEvent
 from tfnb.callbacks import keras_callback
 from tfnb.notebook import ProgressWidget
-from tfnb.progress import SUMMARY_ABOVE, ConsoleDisplay, auto_display
+from tfnb.progress import CHART_TASKS, SUMMARY_ABOVE, ConsoleDisplay, auto_display
 
 EPOCHS, STEPS, BATCH = 2, 4, 16
 
@@ -294,6 +294,88 @@ def test_widget_summarises_a_large_run_and_pages_its_rows():
     assert widget.table.value.count("<tr>") - 1 == LARGE - 12 * SUMMARY_ABOVE and "page 13/13" in widget.summary.value
 
 
+def _colour_share(png: bytes, hex_colour: str) -> float:
+    """Share of the image's pixels drawn in ``hex_colour`` (a line of the chart)."""
+    import matplotlib.image
+    import numpy as np
+
+    rgb = matplotlib.image.imread(io.BytesIO(png))[..., :3]
+    want = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    return float((np.abs(rgb - want).max(axis=-1) < 0.06).mean())
+
+
+def test_widget_charts_each_workers_loss_and_redraws_at_most_every_chart_interval(tmp_path):
+    widget = ProgressWidget(num_workers=2, refresh_interval=0, chart_interval=3600)
+    assert widget.chart.layout.display == "none" and widget.frames == 0  # nothing to draw yet
+    events = _training_events()
+    half = len(events) // 2
+    widget.batch(events[:half])
+    deadline = time.monotonic() + 60
+    while widget.frames == 0 and time.monotonic() < deadline:  # frames are drawn on a thread of their own
+        time.sleep(0.05)
+    first = bytes(widget.chart.value)
+    assert widget.frames == 1 and first.startswith(b"\x89PNG") and widget.chart.layout.display == ""
+    # a line (and legend entry) per worker in matplotlib's first two colours; the page is mostly white
+    assert _colour_share(first, "#1f77b4") > 1e-4 and _colour_share(first, "#ff7f0e") > 1e-4
+    assert _colour_share(first, "#ffffff") > 0.8
+    widget.batch(events[half:])
+    assert widget.frames == 1 and bytes(widget.chart.value) == first  # within chart_interval: no new frame
+    widget.close()
+    assert widget.frames == 2 and bytes(widget.chart.value) != first  # the end always gets its frame
+    (tmp_path / "chart.png").write_bytes(widget.chart.value)
+    # the curve is the loss by fractional epoch, ending on the last epoch's summary
+    curve = widget.run.curves[("worker", 1)]
+    assert curve[0] == (0.25, {"loss": 1.0, "accuracy": 0.5})
+    assert curve[-1] == (2.0, {"loss": 0.125, "accuracy": 0.75})
+    assert widget._chosen_metric() == "accuracy"
+
+
+def test_widget_handles_a_batch_as_one_render_and_keeps_few_curves():
+    widget = ProgressWidget(num_workers=LARGE, refresh_interval=0, chart_interval=0)
+    before = widget.renders
+    widget.batch(_large_run_events())
+    widget.close()
+    assert widget.renders == before + 1 and widget.frames == 1  # ~2,000 events, one re-render
+    assert sorted(widget.run.curves) == [("chief", 0)] + [("worker", i) for i in range(1, CHART_TASKS)]
+
+    # a row is rebuilt only when its task changed
+    small = ProgressWidget(num_workers=2, refresh_interval=0)
+    small.batch(_training_events()[:10])
+    rows = dict(small._rows)
+    small.batch([_ev("progress", "worker", 1, epoch=1, epochs=1, step=50, steps=100, loss=0.1)])
+    assert small._rows[("chief", 0)] is rows[("chief", 0)] and small._rows[("worker", 1)] != rows[("worker", 1)]
+    assert "50/100" in small.table.value
+
+
+def test_console_writes_a_batch_of_lines_at_once():
+    class Writes(io.StringIO):
+        calls = 0
+
+        def write(self, text):
+            Writes.calls += 1
+            return super().write(text)
+
+    out = Writes()
+    display = ConsoleDisplay(out, num_workers=2, tty=False, interval=3600)
+    display.batch([_ev("log", "worker", 1, stream="stdout", line=f"line {i}") for i in range(500)])
+    assert out.getvalue().splitlines() == [f"[worker 1] line {i}" for i in range(500)]
+    assert Writes.calls <= 2  # print writes the text and its newline
+
+
+def test_without_matplotlib_the_panel_works_and_says_how_to_get_the_chart(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    widget = ProgressWidget(num_workers=2, refresh_interval=0)
+    for event in _training_events():
+        widget(event)
+    widget.close()
+    assert widget.chart is None and widget.frames == 0
+    hint = [c.value for c in widget.box.children if "tfnb-chart-missing" in getattr(c, "value", "")]
+    assert len(hint) == 1 and "pip install matplotlib" in hint[0]
+    assert "Succeeded" in widget.status.value and "done" in widget.table.value
+
+
 def test_console_summarises_a_large_run(capsys):
     display = ConsoleDisplay(num_workers=LARGE, interval=0)
     for event in _large_run_events(rounds=7) + _bar_events("chief", 0)[-1:] + _bar_events("worker", 5)[-1:]:
@@ -445,10 +527,14 @@ def train_fn(ctx, flag):
     import pathlib, time
     print(f"LIVE-MARKER from task {ctx.task_index}", flush=True)
     print("\\r".join(f"bar {i}/5" for i in range(1, 6)), flush=True)  # a carriage-return progress bar
-    ctx.report(epoch=1, epochs=1, step=1, steps=2, loss=0.5, examples_per_sec=100.0)
+    step = 1
+    ctx.report(epoch=1, epochs=1, step=step, steps=400, loss=0.5, accuracy=0.5, examples_per_sec=100.0)
     while not pathlib.Path(flag).exists():  # the test lets the run finish once it saw the live widget
-        time.sleep(0.1)
-    ctx.report(epoch=1, epochs=1, step=2, steps=2, loss=0.25, epoch_end=True)
+        time.sleep(0.2)
+        step = min(step + 1, 399)  # a curve that keeps moving while the test watches it
+        ctx.report(epoch=1, epochs=1, step=step, steps=400, loss=0.5 / (1 + step / 20),
+                   accuracy=0.9 - 0.4 / (1 + step / 20), examples_per_sec=100.0)
+    ctx.report(epoch=1, epochs=1, step=400, steps=400, loss=0.0125, accuracy=0.89, epoch_end=True)
     return "ok"
 
 result = tfnb.run(train_fn, num_workers=2, args=(FLAG,), max_attempts=1)
@@ -491,22 +577,38 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
     first.get_by_text("LIVE-MARKER from task 1").wait_for(timeout=ms)
     first.get_by_text("LIVE-MARKER from task 0").wait_for(timeout=ms)
     table = first.locator("table.tfnb-progress")
-    # both rows training, each with its first report (renders are throttled, so wait for both)
+    # both rows training, each with reports (renders are throttled, so wait for both)
     page.wait_for_function(
         """() => { const t = document.querySelector('table.tfnb-progress')?.innerText || '';
-                   return (t.match(/training/g) || []).length == 2 && (t.match(/1\\/2/g) || []).length >= 2; }""",
+                   return (t.match(/training/g) || []).length == 2 && (t.match(/\\d+\\/400/g) || []).length >= 2; }""",
         timeout=ms)
     assert "[*]" in first.locator(".jp-InputPrompt").inner_text()
     rows = table.locator("tr").all_inner_texts()
-    assert any(r.startswith("chief 0") and "0.5" in r and "100" in r for r in rows), rows
-    assert any(r.startswith("worker 1") and "1/2" in r for r in rows), rows
+    assert any(r.startswith("chief 0") and "/400" in r and "100" in r for r in rows), rows
+    assert any(r.startswith("worker 1") and "/400" in r for r in rows), rows
+    # the live chart: a drawn image, which a later report redraws while the run goes on
+    chart = first.locator("img.tfnb-chart")
+    chart.wait_for(state="visible", timeout=ms)
+    page.wait_for_function("() => document.querySelector('img.tfnb-chart')?.naturalWidth > 300", timeout=ms)
+
+    def next_frame():
+        src = chart.get_attribute("src")
+        page.wait_for_function("old => { const img = document.querySelector('img.tfnb-chart');"
+                               "         return img.src !== old && img.complete; }", arg=src, timeout=ms)
+
+    next_frame()  # a few points into the curve
+    shot = chart.screenshot(path=str(artifacts / "progress-chart-1.png"))
     page.screenshot(path=str(artifacts / "progress-live.png"))
+    first.locator(".tfnb-panel").screenshot(path=str(artifacts / "progress-panel.png"))
+    next_frame()
+    assert chart.screenshot(path=str(artifacts / "progress-chart-2.png")) != shot
+    assert "[*]" in first.locator(".jp-InputPrompt").inner_text()  # still mid-run
 
     flag.touch()
     first.get_by_text("RESULT ok").wait_for(timeout=ms)
     first.get_by_text("Succeeded (attempt 1").wait_for(timeout=ms)
     rows = table.locator("tr").all_inner_texts()
-    assert sum("done" in r for r in rows) == 2 and any("0.25" in r and "2/2" in r for r in rows), rows
+    assert sum("done" in r for r in rows) == 2 and any("0.0125" in r and "400/400" in r for r in rows), rows
     page.wait_for_function(
         """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
                  .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=ms)

@@ -25,7 +25,7 @@ from ._config import setting
 from .errors import (STALLED, ClusterError, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure,
                      WorkerError, WorkerStalledError)
 from .events import RunEvent
-from .progress import make_display
+from .progress import make_display, show
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +300,14 @@ class _Attempt:
         self.job_error: BaseException | None = None
         self.first_bad: float | None = None  # when the first sign of failure arrived
         self.decided = False  # past this point, disconnects are tfnb's own stopping of the tasks
+        self._batch: list | None = None  # events of the current _drain pass, for the display
+
+    def _show(self, event: RunEvent) -> None:
+        # inside _drain the display gets the pass's events as one batch (one redraw, one write)
+        if self._batch is not None:
+            self._batch.append(event)
+        else:
+            self.display(event)
 
     def _on_message(self, peer: dict, msg: dict) -> None:
         # the channel thread: the file gets every line even while the display is behind
@@ -313,7 +321,7 @@ class _Attempt:
         data = {"stream": msg.get("stream"), "line": line}
         if msg.get("partial"):
             data["partial"] = True  # a carriage-return update: the next line of this task replaces it
-        self.display(RunEvent(events.LOG, job, idx, data))
+        self._show(RunEvent(events.LOG, job, idx, data))
 
     def _job(self, spec) -> None:
         import functools
@@ -357,9 +365,9 @@ class _Attempt:
         elif kind == "log":
             self._log(job, idx, msg)
         elif kind == "event":
-            self.display(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
+            self._show(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
         elif kind == "state":
-            self.display(RunEvent(events.STATE, job, idx, {k: v for k, v in msg.items() if k != "kind"}))
+            self._show(RunEvent(events.STATE, job, idx, {k: v for k, v in msg.items() if k != "kind"}))
             if msg.get("state") == "done" and job == "chief" and self.num_ps > 0:
                 # ps and worker tasks serve until the coordinator is finished
                 self.channel.broadcast({"kind": "stop"})
@@ -379,7 +387,7 @@ class _Attempt:
                                   message=f.get("message", ""), traceback=f.get("traceback", ""),
                                   exit_code=f.get("exit_code"), attempt=self.attempt, host=peer.get("host", ""))
             self.failures.append(failure)
-            self.display(RunEvent(events.FAILED, job, idx, {"exc_type": failure.exc_type, "message": failure.message}))
+            self._show(RunEvent(events.FAILED, job, idx, {"exc_type": failure.exc_type, "message": failure.message}))
             self._trouble()  # the others keep running until _settled(): their reports decide the retry
 
     def run(self) -> _Outcome:
@@ -421,14 +429,19 @@ class _Attempt:
         except queue.Empty:
             return None
         end = time.monotonic() + _DRAIN_SLICE
-        while item[0] == "msg":
-            self._handle(item[1], item[2])
-            if time.monotonic() > end:
-                break
-            try:
-                item = self.q.get_nowait()
-            except queue.Empty:
-                break
+        self._batch = []
+        try:
+            while item[0] == "msg":
+                self._handle(item[1], item[2])
+                if time.monotonic() > end:
+                    break
+                try:
+                    item = self.q.get_nowait()
+                except queue.Empty:
+                    break
+        finally:
+            batch, self._batch = self._batch, None
+            show(self.display, batch)
         dropped, shown = self._dropped_shown
         if self.q.dropped > dropped and time.monotonic() - shown > 5.0:
             # progress reports merged while the driver was behind: say so, without repeating it often

@@ -275,6 +275,60 @@ class Evaluator:
                  "started_at": pd.Timestamp(r.started_at, unit="s"), "best": r.best} for r in self._history]
         return pd.DataFrame(rows, columns=None if rows else ["step", "checkpoint", "seconds", "started_at", "best"])
 
+    def plot(self, training: Mapping[str, Sequence[float]] | None = None, metrics: Sequence[str] | None = None):
+        """Evaluation metrics by epoch against the training curve: a matplotlib Figure.
+
+        Args:
+            training: metric name -> one value per epoch (Keras ``History.history``, or what a
+                ``train_fn`` returning it made ``tfnb.run`` return). Default: the ``train``
+                scalars Keras' TensorBoard callback wrote under a local ``log_dir`` (needs the
+                ``tensorboard`` package), else none. Training is drawn for ``step="epoch"`` only.
+            metrics: the metrics to draw (default: every evaluated one).
+
+        Returns:
+            A ``matplotlib.figure.Figure``, one panel per metric; a notebook shows it as an image.
+
+        Raises:
+            ConfigError: matplotlib is not installed (``pip install matplotlib``).
+
+        Example:
+            >>> ev.run(); ev.plot()                      # in 04_evaluate, after training
+            >>> ev.plot(training=history, metrics=["accuracy"])
+        """
+        from ._charts import INSTALL_HINT, matplotlib_missing, metrics_figure
+
+        if matplotlib_missing():
+            raise ConfigError(f"Evaluator.plot() draws with matplotlib, which is not installed: {INSTALL_HINT}")
+        by_epoch = self.step_rule == "epoch"
+        names = list(metrics) if metrics is not None else list(dict.fromkeys(
+            k for r in self._history for k in r.metrics))
+        # step="epoch" stores the 0-based epoch (Keras' TensorBoard convention); the chart counts from 1
+        evaluated = {n: [(r.step + 1 if by_epoch else r.step, float(r.metrics[n]))
+                         for r in self._history if n in r.metrics] for n in names}
+        if not by_epoch:
+            trained = {}
+        elif training is not None:
+            trained = {n: [(i + 1, float(v)) for i, v in enumerate(training.get(n) or ())] for n in names}
+        else:
+            trained = self._training_scalars()
+        return metrics_figure(evaluated, trained, unit="epoch" if by_epoch else "step",
+                              title=f"evaluation of {len(self._history)} checkpoints vs training")
+
+    def _training_scalars(self) -> dict:
+        """metric -> [(epoch, value)] from the ``train`` scalars of Keras' TensorBoard callback, if any."""
+        folder = os.path.join(self.log_dir, "train")
+        if "://" in self.log_dir or not os.path.isdir(folder):
+            return {}
+        try:
+            from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
+            from tensorboard.util.tensor_util import make_ndarray
+        except ImportError:
+            return {}
+        acc = EventAccumulator(folder, size_guidance={TENSORS: 0})
+        acc.Reload()
+        return {tag[len(self.tag_prefix):]: [(e.step + 1, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+                for tag in acc.Tags().get(TENSORS, []) if tag.startswith(self.tag_prefix)}
+
     def start(self) -> "Evaluator":
         """Evaluate in a background thread until training ends, ``timeout`` passes or :meth:`stop`.
 

@@ -42,16 +42,32 @@ _CORE_FIELDS = frozenset({"epoch", "epochs", "step", "steps", "global_step", "st
 _ROLE_ORDER = {"chief": 0, "worker": 1, "ps": 2, "evaluator": 3}
 _MAX_LINE = 2000  # characters of one log line kept for display; a runaway line should not flood the page
 SUMMARY_ABOVE = 16  # tasks; more than this and displays show a summary with the rows paged or left out
+CHART_TASKS = 16    # tasks with a curve (chief and workers 1..15): more lines than that read as noise
+CHART_POINTS = 512  # points kept per curve; past that every other one goes, so a long fit keeps its shape
 STATES = ("pending", "starting", "training", "serving", "stalled", "done", "stopped", "failed")
 
 
 class Display(Protocol):
     """What ``tfnb.run(display=...)`` accepts: called with every RunEvent on the driver's main thread.
 
-    A display may also have ``close()``, called once when the run ends (also on failure or Ctrl-C).
+    A display may also have ``batch(events)``: the driver then hands it the events of one pass over
+    its inbox (up to thousands at scale) in one call instead of one call each, so it can fold them
+    and redraw once. And ``close()``, called once when the run ends (also on failure or Ctrl-C).
     """
 
     def __call__(self, event: RunEvent) -> None: ...
+
+
+def show(display: Display, batch: list) -> None:
+    """Hand ``batch`` (RunEvents, in order) to ``display``: one ``batch()`` call when it has one."""
+    if not batch:
+        return
+    handle = getattr(display, "batch", None)
+    if handle is not None:
+        handle(batch)
+    else:
+        for event in batch:
+            display(event)
 
 
 # ---------------------------------------------------------------- plain-data model
@@ -135,6 +151,10 @@ class RunProgress:
         relaunch_reason: why the last relaunch happened.
         log_file: where the driver keeps every line of the run (announced when the run starts).
         logs: the latest log lines, ``"[worker 1] text"``.
+        curves: ``(job_name, task_index) -> [(x, {"loss": .., "accuracy": ..}), ...]`` for the first
+            :data:`CHART_TASKS` chief/worker tasks, across relaunches; x is the fractional epoch
+            when steps per epoch are known (``chart_unit == "epoch"``), else the step.
+        chart_version: bumped whenever a curve gets a point (charts redraw only then).
     """
 
     workers: dict = field(default_factory=dict)
@@ -147,6 +167,9 @@ class RunProgress:
     started: float | None = None  # time of the first event
     finished: float | None = None
     shape: tuple = field(default=(None, 0), repr=False)  # (num_workers, num_ps): the rows to pre-fill
+    curves: dict = field(default_factory=dict, repr=False)
+    chart_unit: str = "epoch"
+    chart_version: int = 0
 
     @classmethod
     def for_run(cls, num_workers: int | None = None, num_ps: int = 0, *, max_attempts: int | None = None,
@@ -243,9 +266,9 @@ class RunProgress:
             self.started = event.time
         if event.job_name == "driver":
             return self._apply_driver(event.kind, data)
-        if event.kind == events.LOG:
+        if event.kind == events.LOG:  # the hot path: thousands of lines a second in a large run
             line = str(data.get("line", ""))
-            w = self.worker(event.job_name, event.task_index)
+            w = self.workers.get((event.job_name, event.task_index)) or self.worker(event.job_name, event.task_index)
             if data.get("partial") or "\r" in line:
                 # carriage-return output (progress bars): one updating line per task, not a flood
                 shown = _last_segment(line)[:_MAX_LINE]
@@ -254,7 +277,7 @@ class RunProgress:
                     return True
                 line = shown
             w.live = None  # the bar's line ended (tasks send its final state as the line): keep it in the log
-            self.logs.append(f"[{event.label}] {line[:_MAX_LINE]}")
+            self.logs.append(f"[{event.job_name} {event.task_index}] {line[:_MAX_LINE]}")
             return True
         w = self.worker(event.job_name, event.task_index)
         if event.kind == events.STATE:
@@ -272,8 +295,29 @@ class RunProgress:
             return True
         if event.kind == events.PROGRESS:
             self._apply_progress(w, data)
+            if event.task_index < CHART_TASKS and event.job_name in ("chief", "worker"):
+                self._add_point(w, data)
             return True
         return False
+
+    def _add_point(self, w: WorkerProgress, data: dict) -> None:
+        values = {k: _number(v) for k, v in data.items()
+                  if (k == "loss" or k not in _CORE_FIELDS) and _number(v) is not None}
+        if not values:
+            return
+        if w.epoch is not None and w.steps:
+            x = w.epoch - 1 + (w.step or 0) / w.steps
+        elif w.epoch is not None and data.get("epoch_end"):
+            x = float(w.epoch)  # steps per epoch unknown: the epoch ends are the curve
+        elif w.epoch is None and w.step is not None:
+            x, self.chart_unit = float(w.step), "step"
+        else:
+            return
+        curve = self.curves.setdefault((w.job_name, w.task_index), [])
+        curve.append((x, values))
+        if len(curve) > CHART_POINTS:
+            del curve[1:-1:2]
+        self.chart_version += 1
 
     def _apply_driver(self, kind: str, data: dict) -> bool:
         if "max_attempts" in data:
@@ -436,6 +480,7 @@ class ConsoleDisplay:
         self._last_live = float("-inf")
         self._live_pending: dict = {}  # task label -> its latest unprinted carriage-return line
         self._last_bar = float("-inf")
+        self._held: list | None = None  # lines of the batch being shown, written at its end
 
     def _out(self) -> TextIO:
         return self.stream or sys.stdout
@@ -449,10 +494,23 @@ class ConsoleDisplay:
         return self._tty
 
     def _print(self, text: str) -> None:
-        if self._bar is not None:
+        if self._held is not None:
+            self._held.append(text)
+        elif self._bar is not None:
             self._bar.write(text, file=self._out())
         else:
             print(text, file=self._out(), flush=True)
+
+    def batch(self, events_: list) -> None:
+        """Show a batch of events with one write: at scale a flush per line costs more than the line."""
+        self._held = []
+        try:
+            for event in events_:
+                self(event)
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self._print("\n".join(held))
 
     def __call__(self, event: RunEvent) -> None:
         self.run.apply(event)
@@ -472,18 +530,20 @@ class ConsoleDisplay:
 
     def _on_log(self, event: RunEvent, data: dict) -> None:
         line = str(data.get("line", ""))
+        label = event.label
         if data.get("partial"):
             w = self.run.workers.get((event.job_name, event.task_index))
             if w is not None and w.live:
-                self._live_pending[event.label] = w.live
+                self._live_pending[label] = w.live
             self._flush_live()
             return
-        self._live_pending.pop(event.label, None)  # the finished line below says more
+        if self._live_pending:
+            self._live_pending.pop(label, None)  # the finished line below says more
         if "\r" in line:
             if self.run.large() and event.job_name != "chief":
                 return  # a finished bar from each of hundreds of tasks: the summary speaks for them
             line = _last_segment(line)
-        self._print(f"[{event.label}] {line}")
+        self._print(f"[{label}] {line}")
 
     def _flush_live(self, force: bool = False) -> None:
         now = time.monotonic()
