@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import events
 from .errors import ConfigError
 from .events import RunEvent
+from .progress import show
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,15 @@ class Tracker:
 
     def __call__(self, event: RunEvent) -> None:
         self.display(event)
+        self._observe(event)
+
+    def batch(self, batch: list) -> None:
+        """A drain's events: the display gets them as one batch (see ``tfnb.progress.show``)."""
+        show(self.display, batch)
+        for event in batch:
+            self._observe(event)
+
+    def _observe(self, event: RunEvent) -> None:
         data = event.data
         if event.kind == events.PROGRESS and event.job_name == "chief" and data.get("epoch_end"):
             self._epoch_end(event)
