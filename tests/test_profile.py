@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import os
 import urllib.parse
 import urllib.request
 
