@@ -12,8 +12,9 @@ input columns travel to Python and only the prediction comes back; the rest of t
 JVM, so row order and identity are Spark's own. ``bench/inference.py`` measures this against
 ``mapInArrow`` and ``predict_batch_udf`` with the same worker code: per CPU-second it was on par
 with ``mapInArrow`` for a narrow frame (id + features) and 1.6x faster with a 1 KB column carried
-along (mapInArrow moves every column through Python and back), and ~2x faster than
-``predict_batch_udf`` (pandas conversion).
+along (mapInArrow moves every column through Python and back), and 1.6-2x faster than
+``predict_batch_udf`` (pandas conversion) on a small MLP; on a conv net of ~65-90 us/row, where the
+model's own time dominates, all wirings cost the same per row.
 
 The model is loaded once per Python worker process, not per batch or task: a per-process cache
 keyed by (model path, version), where the version is the file's mtime (or the remote object's
@@ -27,7 +28,8 @@ driver listed; each GET is conditional on that version. A cache folder that is n
 owner, group/other-writable) is not read: the model goes to a fresh private folder instead.
 
 Rows per model call: unless given, the largest that keeps one call's tensors (the input, every
-layer's output and the prediction, float32) under 256 MiB, capped at the Arrow batch Spark sends
+layer's output and the prediction, float32; a SavedModel's layers are not visible, so its input
+and outputs) under 256 MiB, capped at the Arrow batch Spark sends
 (``spark.sql.execution.arrow.maxRecordsPerBatch``, 10000 by default): a whole Arrow batch for an MLP
 on 64 features, 1024 rows for a small conv net on 28x28 images. Fewer, larger calls matter for small
 models (64-256-256-10 MLP on one core: 2.1 us/row at 1024 rows per call, 1.3 at 10000); conv nets
@@ -180,7 +182,10 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
             output_type = "float" if desc["scalar_output"] else "array"
         if size is None:
             size = _batch_size(desc, _arrow_batch_rows(spark)) if desc else 0
-            log.info("tfnb.predict: %s rows per model call for %s", size or "chosen on each worker:", source)
+            if size:
+                log.info("tfnb.predict: %d rows per model call for %s", size, source)
+            else:
+                log.info("tfnb.predict: rows per model call for %s chosen on each worker", source)
     try:
         threads = int(spark.conf.get("spark.task.cpus", "1") or 1)
     except Exception:  # noqa: BLE001 - Connect raises its own types for unreadable confs
