@@ -110,6 +110,7 @@ def test_keras_file_predictions_equal_model_predict(spark, df, models):
     path, expected = models["keras"]
     preds = inference.predict(df, str(path), input_cols=["features"], batch_size=100)
     assert preds.schema["prediction"].dataType.simpleString() == "array<float>"
+    assert preds.schema["prediction"].metadata == {"tfnb.batch_size": 100}
     assert preds.columns == df.columns + ["prediction"]
     rows = preds.collect()
     _assert_matches(rows, expected)
@@ -171,6 +172,45 @@ def test_rewritten_model_file_is_loaded_again(spark, df, models, digits, tmp_pat
     os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))  # coarse-mtime filesystems
     second = inference.predict(df, str(path), input_cols=["features"]).select("id", "prediction").collect()
     _assert_matches(second, other.predict(x, verbose=0))
+
+
+def test_batch_size_is_chosen_from_the_model_and_reported(spark, df, models, tmp_path):
+    """Without batch_size: a whole Arrow batch per call for a small MLP, a power of two for a conv net."""
+    import tf_keras
+
+    old = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "300")
+    try:
+        preds = inference.predict(df, str(models["keras"][0]), input_cols=["features"])
+        assert preds.schema["prediction"].metadata == {"tfnb.batch_size": 300}
+        _assert_matches(preds.select("id", "prediction").collect(), models["keras"][1])
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", old)
+    # Keras' MNIST convnet: ~39k float32 values per row over all its layers; 256 MiB hold 1730 rows: 1024.
+    layers = tf_keras.layers
+    cnn = tf_keras.Sequential([layers.Input((28, 28, 1)), layers.Conv2D(32, 3, activation="relu"),
+                               layers.MaxPooling2D(), layers.Conv2D(64, 3, activation="relu"),
+                               layers.MaxPooling2D(), layers.Flatten(), layers.Dense(10)])
+    cnn.save(tmp_path / "cnn.keras")
+    images = np.random.default_rng(0).random((40, 784), dtype=np.float32)
+    frame = spark.createDataFrame([(i, images[i].tolist()) for i in range(40)], "id long, pixels array<float>")
+    preds = inference.predict(frame, str(tmp_path / "cnn.keras"), input_cols=["pixels"])
+    assert preds.schema["prediction"].metadata == {"tfnb.batch_size": 1024}
+    _assert_matches(preds.collect(), cnn.predict(images.reshape(-1, 28, 28, 1), verbose=0))
+
+
+def test_without_tensorflow_on_the_driver_each_worker_chooses(spark, df, models, monkeypatch):
+    """A driver that cannot read the model (no TensorFlow) still predicts when output_type is given."""
+    def no_tensorflow(*_):
+        raise MissingDependencyError("No module named 'tensorflow'")
+
+    monkeypatch.setattr(inference, "_describe", no_tensorflow)  # stands in for a driver without TensorFlow
+    path, expected = models["keras"]
+    preds = inference.predict(df, str(path), input_cols=["features"], output_type="array")
+    assert preds.schema["prediction"].metadata == {}
+    _assert_matches(preds.select("id", "prediction").collect(), expected)
+    with pytest.raises(MissingDependencyError, match="tensorflow"):
+        inference.predict(df, str(path), input_cols=["features"])
 
 
 def test_model_is_loaded_once_per_python_worker(spark, df, models, tmp_path, monkeypatch):

@@ -12,8 +12,9 @@ input columns travel to Python and only the prediction comes back; the rest of t
 JVM, so row order and identity are Spark's own. ``bench/inference.py`` measures this against
 ``mapInArrow`` and ``predict_batch_udf`` with the same worker code: per CPU-second it was on par
 with ``mapInArrow`` for a narrow frame (id + features) and 1.6x faster with a 1 KB column carried
-along (mapInArrow moves every column through Python and back), and ~2x faster than
-``predict_batch_udf`` (pandas conversion).
+along (mapInArrow moves every column through Python and back), and 1.6-2x faster than
+``predict_batch_udf`` (pandas conversion) on a small MLP; on a conv net of ~65-90 us/row, where the
+model's own time dominates, all wirings cost the same per row.
 
 The model is loaded once per Python worker process, not per batch or task: a per-process cache
 keyed by (model path, version), where the version is the file's mtime (or the remote object's
@@ -26,7 +27,16 @@ be owned by this user) and used only when its files have the sizes and the recor
 driver listed; each GET is conditional on that version. A cache folder that is not private (another
 owner, group/other-writable) is not read: the model goes to a fresh private folder instead.
 
-Settings (keyword, then environment, then default): ``TFNB_PREDICT_BATCH_SIZE`` (1024),
+Rows per model call: unless given, the largest that keeps one call's tensors (the input, every
+layer's output and the prediction, float32; a SavedModel's layers are not visible, so its input
+and outputs) under 256 MiB, capped at the Arrow batch Spark sends
+(``spark.sql.execution.arrow.maxRecordsPerBatch``, 10000 by default): a whole Arrow batch for an MLP
+on 64 features, 1024 rows for a small conv net on 28x28 images. Fewer, larger calls matter for small
+models (64-256-256-10 MLP on one core: 2.1 us/row at 1024 rows per call, 1.3 at 10000); conv nets
+run at the same speed from ~1024 rows up. The size is read from the model on the driver, logged,
+and reported in the output column's metadata (``df.schema[output_col].metadata["tfnb.batch_size"]``).
+
+Settings (keyword, then environment, then default): ``TFNB_PREDICT_BATCH_SIZE`` (chosen as above),
 ``TFNB_MODEL_CACHE_DIR``, and, for diagnostics only, ``TFNB_PREDICT_TRACE_DIR``: when set on the
 driver, each Python worker appends a line per model load and per Arrow batch to ``<dir>/<pid>.log``
 (the tests use it to show the model is loaded once per worker).
@@ -59,6 +69,8 @@ log = logging.getLogger(__name__)
 _NUMERIC = ("byte", "short", "integer", "long", "float", "double")
 _OUTPUT_TYPES = ("float", "array")
 _MODELS_CACHED = 2  # loaded models kept per Python worker; models can be large
+_CALL_BYTES = 256 << 20  # tensors of one model call (an upper bound: every layer output), for the automatic batch size
+_MAX_ROWS = 1 << 16  # rows per call when Spark's Arrow batches are unbounded
 
 
 # ---------------------------------------------------------------- what the workers receive
@@ -74,7 +86,7 @@ class _Spec:
     files: tuple                # remote: ((rel, size, version), ...) as listed on the driver; else ()
     input_cols: tuple[str, ...]
     scalar_output: bool         # one float per row, else array<float>
-    batch_size: int
+    batch_size: int             # rows per model call; 0 = each worker chooses (no description on the driver)
     threads: int                # TensorFlow intra-op threads per Python worker (spark.task.cpus)
     cache_dir: str              # base of the private model cache; "" = the temp folder there
     trace_dir: str | None       # diagnostics only: one file per worker pid logging loads and batches
@@ -102,21 +114,25 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
             model's input shape (e.g. 64 values -> ``(8, 8, 1)``) and dtype. Nulls are an error.
             Models with more than one input are not supported.
         output_col: name of the new column; it must not exist in ``df``.
-        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE`` or 1024). Spark hands
-            Python at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (default 10000) at
-            a time; each such batch is cut into ``batch_size`` pieces.
+        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else chosen from the
+            model: the largest whose input, layer outputs and prediction fit in 256 MiB, at most one
+            Arrow batch; logged and reported in the output column's metadata). Spark hands Python
+            at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (default 10000) at a
+            time; each such batch is cut into ``batch_size`` pieces.
         output_type: ``"float"`` or ``"array"``. By default it is read from the model: ``float``
             (Spark FloatType) when the model has one output with one value per row, else ``array``
             (``array<float>``: all outputs flattened per row and concatenated, in the order
             ``tf.nest.flatten`` gives — list order, dict outputs by sorted key). Reading it loads
             the model once on the driver, per model version: in this process if TensorFlow is
             already imported here, else in a short-lived subprocess (a TensorFlow import, ~4 s).
-            Pass ``output_type`` to skip that, e.g. on a Spark Connect client without TensorFlow.
+            The automatic batch size reads the model the same way. Pass ``output_type`` and
+            ``batch_size`` to skip that, e.g. on a Spark Connect client without TensorFlow.
         storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (README,
             "Storage URLs and options"); sent to the executors with the task, never logged.
 
     Returns:
-        ``df`` with ``output_col`` appended; all other columns and rows unchanged.
+        ``df`` with ``output_col`` appended; all other columns and rows unchanged. The column's
+        metadata holds the rows per model call: ``metadata["tfnb.batch_size"]``.
 
     Raises:
         ConfigError: a missing or non-numeric input column, an existing ``output_col``, a bad
@@ -134,8 +150,8 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
     cols = _check_input_cols(input_cols)
     if not isinstance(output_col, str) or not output_col:
         raise ConfigError(f"output_col={output_col!r} must be a non-empty column name")
-    size = setting("predict_batch_size", batch_size, 1024, int)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    size = setting("predict_batch_size", batch_size, None, int)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ConfigError(f"batch_size={size!r} must be an integer >= 1 (rows per model call); "
                           "e.g. batch_size=1024")
     if output_type is not None and output_type not in _OUTPUT_TYPES:
@@ -153,10 +169,23 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
         # resolved here, once: the executors' environment may lack TFNB_S3_ENDPOINT_URL
         options["endpoint_url"] = endpoint_url()
     cache_dir = setting("model_cache_dir", None, "")
-    if output_type is None:
-        local = _fetch(source, version, files, options, cache_dir) if files else source
-        output_type = "float" if _describe(local, version)["scalar_output"] else "array"
     spark = df.sparkSession
+    if output_type is None or size is None:
+        local = _fetch(source, version, files, options, cache_dir) if files else source
+        try:
+            desc = _describe(local, version)
+        except MissingDependencyError:
+            if output_type is None:
+                raise
+            desc = None  # no TensorFlow on this driver: each worker chooses the size from its loaded model
+        if output_type is None:
+            output_type = "float" if desc["scalar_output"] else "array"
+        if size is None:
+            size = _batch_size(desc, _arrow_batch_rows(spark)) if desc else 0
+            if size:
+                log.info("tfnb.predict: %d rows per model call for %s", size, source)
+            else:
+                log.info("tfnb.predict: rows per model call for %s chosen on each worker", source)
     try:
         threads = int(spark.conf.get("spark.task.cpus", "1") or 1)
     except Exception:  # noqa: BLE001 - Connect raises its own types for unreadable confs
@@ -166,6 +195,25 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
                  cache_dir=cache_dir, trace_dir=setting("predict_trace_dir", None, "") or None,
                  options=options)
     return _with_predictions(df, spec, output_col)
+
+
+def _arrow_batch_rows(spark) -> int:
+    try:
+        rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
+    except Exception:  # noqa: BLE001 - Connect raises its own types for unreadable confs
+        rows = 10000
+    return rows if rows > 0 else _MAX_ROWS  # <= 0: Spark sends whole partitions
+
+
+def _batch_size(desc: Mapping[str, Any], arrow_rows: int) -> int:
+    """Rows per model call: the largest whose tensors fit in _CALL_BYTES, at most one Arrow batch.
+
+    Below one Arrow batch the size is a power of two, a shape oneDNN kernels handle well.
+    """
+    fit = _CALL_BYTES // (4 * max(1, desc["values_per_row"]))
+    if fit >= arrow_rows:
+        return arrow_rows
+    return 1 << max(0, fit.bit_length() - 1)
 
 
 def _check_input_cols(input_cols) -> tuple[str, ...]:
@@ -368,13 +416,17 @@ def _with_predictions(df, spec: _Spec, output_col: str):
         # pyspark prefers type hints, which would need pyarrow imported by this module; the kind is explicit.
         warnings.filterwarnings("ignore", message="It is preferred to specify type hints", category=UserWarning)
         fn = arrow_udf(functools.partial(_predict_arrays, spec), rtype, ArrowUDFType.SCALAR_ITER)
-    return df.withColumn(output_col, fn(*[col(c) for c in spec.input_cols]))
+    return df.select("*", fn(*[col(c) for c in spec.input_cols]).alias(output_col, metadata=_metadata(spec)))
+
+
+def _metadata(spec: _Spec) -> dict:
+    return {"tfnb.batch_size": spec.batch_size} if spec.batch_size else {}
 
 
 def _with_predictions_by_map(df, spec: _Spec, output_col: str, rtype):
     from pyspark.sql.types import StructField, StructType
 
-    schema = StructType(df.schema.fields + [StructField(output_col, rtype, nullable=False)])
+    schema = StructType(df.schema.fields + [StructField(output_col, rtype, nullable=False, metadata=_metadata(spec))])
     return df.mapInArrow(functools.partial(_predict_record_batches, spec, output_col), schema)
 
 
@@ -412,7 +464,8 @@ def _predict_batch(model: "_Model", spec: _Spec, arrays: Sequence) -> Any:
     if n == 0:
         y = np.zeros((0, 1 if spec.scalar_output else 0), dtype=np.float32)
     else:
-        y = np.concatenate([model.call(x[i:i + spec.batch_size]) for i in range(0, n, spec.batch_size)])
+        step = spec.batch_size or _batch_size(model.describe(), n)
+        y = np.concatenate([model.call(x[i:i + step]) for i in range(0, n, step)])
     if spec.trace_dir:
         _trace(spec.trace_dir, f"batch {n}")
     if spec.scalar_output:
@@ -488,6 +541,7 @@ class _Model:
     input_shape: list           # per-row dims, None where unknown
     input_dtype: str
     output_shapes: list         # per-row dims of each output, in flattening order
+    values_per_row: int = 0     # input + every layer's output (SavedModel: input + outputs), for the batch size
     keep: Any = None            # the loaded object; its signatures need it alive
 
     @property
@@ -496,7 +550,8 @@ class _Model:
 
     def describe(self) -> dict:
         return {"input_shape": self.input_shape, "input_dtype": self.input_dtype,
-                "output_shapes": self.output_shapes, "scalar_output": self.scalar_output}
+                "output_shapes": self.output_shapes, "scalar_output": self.scalar_output,
+                "values_per_row": self.values_per_row}
 
 
 # Spark reuses Python workers, so this cache lives across tasks and predict() calls; the version in
@@ -549,8 +604,26 @@ def _load_keras(tf, path: str) -> _Model:
     fn = tf.function(lambda x: model(x, training=False), reduce_retracing=True,
                      input_signature=[tf.TensorSpec([None, *shape], dtype)])
     out_shapes = [list(o.shape[1:]) for o in tf.nest.flatten(model.outputs)]
+    layer_shapes = []
+    for layer in model.layers:
+        try:
+            layer_shapes += [list(o.shape[1:]) for o in tf.nest.flatten(layer.output)]
+        except (AttributeError, ValueError):  # a layer called more than once has no single output
+            pass
     return _Model(call=functools.partial(_run, tf, fn, None), input_shape=shape, input_dtype=dtype.name,
-                  output_shapes=out_shapes, keep=model)
+                  output_shapes=out_shapes, values_per_row=_values([shape, *layer_shapes, *out_shapes]),
+                  keep=model)
+
+
+def _values(shapes) -> int:
+    """Values per row of tensors with these per-row shapes (an unknown dimension counts as 1)."""
+    total = 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d or 1
+        total += n
+    return total
 
 
 def _keras_for(path: str):
@@ -586,10 +659,10 @@ def _load_saved_model(tf, path: str) -> _Model:
         raise ConfigError(f"the SavedModel at {path!r} takes {len(inputs)} inputs ({[n for n, _ in inputs]}); "
                           "tfnb.predict feeds one input built from input_cols")
     name, tspec = inputs[0]
-    outs = tf.nest.flatten(sig.structured_outputs)
-    return _Model(call=functools.partial(_run, tf, sig, name), input_shape=list(tspec.shape[1:]),
-                  input_dtype=tspec.dtype.name, output_shapes=[list(o.shape[1:]) for o in outs],
-                  keep=loaded)
+    outs = [list(o.shape[1:]) for o in tf.nest.flatten(sig.structured_outputs)]
+    shape = list(tspec.shape[1:])
+    return _Model(call=functools.partial(_run, tf, sig, name), input_shape=shape, input_dtype=tspec.dtype.name,
+                  output_shapes=outs, values_per_row=_values([shape, *outs]), keep=loaded)
 
 
 def _run(tf, fn, input_name: str | None, x):

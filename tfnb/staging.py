@@ -56,7 +56,11 @@ MANIFEST_NAME = ".tfnb-stage.json"
 PART_SUFFIX = PART
 _LOCK_NAME = MANIFEST_NAME + ".lock"
 _MANIFEST_VERSION = 1
-_DEFAULT_CONCURRENCY = 16
+# GETs in flight per worker, for small objects and for the parts of big ones each. 16 oversubscribed
+# a 2-core worker: 16 x 32 MiB over 2 workers (8 MiB parts, rclone on loopback) ran at 0.64-0.68 x
+# a sequential download_file loop with 16 and 1.03-1.13 x with 8 (4: the same as 8); 256 x 1 MiB
+# ran the same with 8 and 16 at 0 and 20 ms added RTT (bench/staging.py).
+_DEFAULT_CONCURRENCY = 8
 _DEFAULT_CHUNK = 8 * 1024 * 1024
 _CALLBACK_INTERVAL = 0.25              # seconds between progress callbacks
 _MANIFEST_INTERVAL = 1.0               # seconds between manifest writes while downloading
@@ -336,7 +340,7 @@ def stage(src_url: str, dest_dir: str | os.PathLike, *, index: int = 0, count: i
         endpoint_url: S3-compatible server (MinIO, Ceph, rclone, ...). Env: TFNB_S3_ENDPOINT_URL,
             then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL.
         concurrency: S3 GETs in flight at once, for small objects and for the parts of big ones
-            each; fsspec file copies at once. Default 16. Env: TFNB_STAGE_CONCURRENCY.
+            each; fsspec file copies at once. Default 8. Env: TFNB_STAGE_CONCURRENCY.
         chunk_size: objects larger than this are fetched as parallel ranged GETs of this size;
             smaller ones with one GET. Default 8 MiB, at least 1 MiB. Env: TFNB_STAGE_CHUNK_SIZE
             (bytes).
