@@ -37,6 +37,7 @@ BENCHES = {
     "evaluator": ["--checkpoints", "8"],
     "sync": ["--minutes", "0.5", "--interval", "5"],
     "overhead": ["--steps", "150", "--repeats", "1"],
+    "fanin": ["--tasks", "2048", "--lines", "20", "--seconds", "10"],
 }
 
 
@@ -82,7 +83,7 @@ def _result_line(text: str) -> dict | None:
 
 # What each bench is held to (the project's goals); the parsers fill in the values.
 _LOWER_IS_BETTER = {"launch vs floor", "evaluator p95 lag vs goal", "rerun vs the peer's rerun",
-                    "rerun seconds"}
+                    "rerun seconds", "fan-in driver CPU s/s", "fan-in lag p99 vs 500 ms"}
 
 
 def parse(bench: str, text: str) -> list[Ratio]:
@@ -99,14 +100,6 @@ def parse(bench: str, text: str) -> list[Ratio]:
             out.append(Ratio(bench, f"staging {spec} MiB, {rtt} ms vs s5cmd", float(s5), 0.9))
             out.append(Ratio(bench, f"staging {spec} MiB, {rtt} ms vs boto3 loop", float(seq), 1.0))
         return out or [Ratio(bench, "staging vs s5cmd", None, 0.9)]
-    if bench == "inference":
-        wall = {name.strip(): float(v) for name, v in
-                re.findall(r"^ratio (.+?)\s+wall ([\d.]+)\s+cpu [\d.]+", text, re.M)}
-        mine = next((v for k, v in wall.items() if "tfnb" in k), None)
-        udf = next((v for k, v in wall.items() if "predict_batch_udf" in k), None)
-        return [Ratio(bench, "predict vs model.predict per core", mine, 0.8),
-                Ratio(bench, "predict vs predict_batch_udf",
-                      mine / udf if mine is not None and udf else None, 2.0)]
     if bench == "evaluator":
         return [Ratio(bench, "evaluator p95 lag vs goal", _num(r"p95 / anchor = ([\d.]+)", text), 1.0, False)]
     if bench == "sync":

@@ -72,6 +72,27 @@ def test_a_rerun_uses_a_standby_and_a_changed_env_discards_it(session, no_orphan
     assert third["value"] == "b" and third["started"] >= called - 1, "a standby with another env= was used"
 
 
+def importing_then_info(ctx):
+    import slow_import  # noqa: F401 - the module the standbys preimport: takes seconds
+
+    return process_info(ctx)
+
+
+def test_a_rerun_claims_a_standby_that_is_still_importing(session, tmp_path, no_orphans):
+    # A notebook rerun right after a run: its standbys have not finished importing. Claiming one
+    # costs only the rest of its import; a fresh process would pay all of it.
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(4)\n")
+    opts = dict(num_workers=2, spark=session, display=False, preimport=("slow_import",),
+                env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    tfnb.run(importing_then_info, **opts)
+    folder = Path(f"/tmp/tfnb-warm-{os.getuid()}")
+    assert wait_for(lambda: len(list(folder.glob("*.sock.part"))) >= 2, 30), "no standby began importing"
+    assert not list(folder.glob("*.sock")), "the standbys finished importing before the rerun"
+    importing = {int(p.split()[0]) for p in standbys() if "tfnb._child --standby" in p}
+    second = tfnb.run(importing_then_info, **opts)
+    assert second["pid"] in importing, "the rerun started new processes instead of the importing standbys"
+
+
 def test_an_idle_standby_exits_after_the_idle_timeout(session, monkeypatch, no_orphans):
     monkeypatch.setenv("TFNB_WARM_IDLE", "2")
     tfnb.run(process_info, num_workers=2, spark=session, display=False)

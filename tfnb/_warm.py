@@ -6,7 +6,9 @@ successful run ends, it leaves a standby that imports the run's ``preimport`` mo
 on a Unix socket in this user's private folder. The next task whose settings match (same Python,
 ``preimport``, legacy Keras, ``env=``, GPUs) connects, hands over the run's pipes, port and
 environment with SCM_RIGHTS, and from then on the process behaves exactly like a freshly started one:
-the connection is its parent-death watch and carries ``go`` and the exit code.
+the connection is its parent-death watch and carries ``go`` and the exit code. A standby is claimable
+while it still imports (its socket is then named ``.sock.part``; warm ones are preferred), so a rerun
+right after a run waits only for the rest of that import instead of paying a whole one.
 
 An unclaimed standby exits after ``TFNB_WARM_IDLE`` seconds (default 600), when the executor's Python
 daemon that its creator belonged to exits (session stopped, executor lost), or when a task with other
@@ -19,6 +21,7 @@ import glob
 import hashlib
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -40,7 +43,9 @@ def key(preimport: tuple, legacy_keras: bool, env: tuple, gpus: tuple) -> str:
 
 
 def _sockets() -> list[str]:
-    return sorted(glob.glob(os.path.join(private_dir(_FOLDER), "*.sock")))
+    """Standbys' sockets: the warm ones (``.sock``) first, then those still importing (``.sock.part``)."""
+    folder = private_dir(_FOLDER)
+    return sorted(glob.glob(os.path.join(folder, "*.sock"))) + sorted(glob.glob(os.path.join(folder, "*.sock.part")))
 
 
 def _unlink(path: str) -> None:
@@ -176,7 +181,7 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
 
     inner_end, outer = socket.socketpair()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path + ".part")  # the file names this standby while it imports
+    listener.bind(path + ".part")  # the name while it imports; path once warm
     os.chmod(path + ".part", 0o600)
     inner = subprocess.Popen([sys.executable, "-m", "tfnb._child", "--standby", str(inner_end.fileno())],
                              pass_fds=[inner_end.fileno()], stdin=subprocess.DEVNULL)
@@ -188,41 +193,35 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
         inner.kill()
         os._exit(0)
 
-    deadline = time.monotonic() + idle
-    outer.settimeout(1.0)
-    while True:  # importing: wait for "ready"
-        if time.monotonic() > deadline or not _alive(watch_pid) or inner.poll() is not None:
-            leave()
-        try:
-            if _readline(outer) == b"ready\n":
-                break
-        except socket.timeout:
-            continue
-        except (ConnectionError, OSError):
-            leave()
+    # Claimable from the start: a task that connects while the standby still imports hands over its
+    # payload at once and waits only for the rest of the import, never longer than a fresh process.
     listener.listen(1)
-    os.replace(path + ".part", path)  # findable only once warm
-    listener.settimeout(1.0)
+    deadline = time.monotonic() + idle
+    ready = False
     while True:
         if time.monotonic() > deadline or not _alive(watch_pid) or inner.poll() is not None:
             leave()
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            continue
-        listener.close()
-        _unlink(path)
-        try:
-            msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
-            if json.loads(msg.split(b"\n", 1)[0] or b"{}").get("exit") or len(fds) != 4:
+        readable, _, _ = select.select([listener] if ready else [listener, outer], [], [], 1.0)
+        if outer in readable:
+            if outer.recv(64) != b"ready\n":
                 leave()
-            outer.settimeout(None)
-            socket.send_fds(outer, [msg], fds)
-        except (OSError, ValueError):
+            ready = True
+            os.replace(path + ".part", path)  # warm: claimed before standbys still importing
+        if listener in readable:
+            conn, _ = listener.accept()
+            break
+    listener.close()
+    _unlink(path)
+    _unlink(path + ".part")
+    try:
+        msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
+        if json.loads(msg.split(b"\n", 1)[0] or b"{}").get("exit") or len(fds) != 4:
             leave()
-        for fd in fds:
-            os.close(fd)
-        break
+        socket.send_fds(outer, [msg], fds)
+    except (OSError, ValueError):
+        leave()
+    for fd in fds:
+        os.close(fd)
     # Claimed. The supervisor signals this process group (SIGTERM, SIGKILL) and this pid (the stack dump).
     for sig in (signal.SIGUSR1, signal.SIGCONT):
         signal.signal(sig, lambda n, _f: os.kill(inner.pid, n))
