@@ -149,8 +149,8 @@ def test_keras_run_is_one_mlflow_run_with_epochs_params_model_and_eval(spark, cl
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    ev = tfnb.Evaluator(model_fn, val_data, str(model_dir), str(tmp_path / "tb"), interval=0.5, export_format=None,
-                        mlflow=True).start()
+    ev = tfnb.Evaluator(model_fn, val_data, str(model_dir), str(tmp_path / "tb"), interval=0.5, export_format="keras",
+                        export_dir=str(tmp_path / "export"), mlflow=True).start()
     assert tfnb.run(fit_save, num_workers=2, args=(3,), spark=spark, model_dir=str(model_dir), display=False,
                     timeout=600, mlflow="tfnb-keras") == 1
     ev.join(120)
@@ -180,6 +180,11 @@ def test_keras_run_is_one_mlflow_run_with_epochs_params_model_and_eval(spark, cl
     saved = tf.keras.models.load_model(model_dir / "model.keras")
     x = val_data()[0]
     np.testing.assert_allclose(logged.predict(x, verbose=0), saved.predict(x, verbose=0), rtol=1e-6)
+    # the Evaluator's best model, exported and logged to the same run
+    best_file = client.download_artifacts(run.info.run_id, "best_model/best.keras", str(tmp_path / "dl"))
+    np.testing.assert_allclose(tf.keras.models.load_model(best_file).predict(x, verbose=0),
+                               tf.keras.models.load_model(tmp_path / "export" / "best.keras").predict(x, verbose=0),
+                               rtol=1e-6)
 
 
 # ---------------------------------------------------------------- relaunch, active run, failures (no TensorFlow)

@@ -763,13 +763,17 @@ class Evaluator:
             if self.export_format == "keras":
                 # "keras_v3" by name: tf-keras keeps its .keras switch in a thread-local that is only
                 # on in the importing thread, so from this thread a plain .keras path would write HDF5
-                self._model.save(os.path.join(tmp, "best.keras"), save_format="keras_v3")
-                store.put("best.keras", os.path.join(tmp, "best.keras"))
+                local = os.path.join(tmp, "best.keras")
+                self._model.save(local, save_format="keras_v3")
+                store.put("best.keras", local)
             else:
-                self._model.save(os.path.join(tmp, "best"), save_format="tf", include_optimizer=False)
-                store.put_dir("best", os.path.join(tmp, "best"))
+                local = os.path.join(tmp, "best")
+                self._model.save(local, save_format="tf", include_optimizer=False)
+                store.put_dir("best", local)
             # written last: once best.json names a step, that step's model is in place
             store.write("best.json", info)
+            if self._mlflow is not None:
+                self._mlflow.log_best_model(local)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         log.info("exported the best model (step %d, %s=%.4g) to %s", result.step, self.best_metric,

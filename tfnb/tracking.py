@@ -409,7 +409,7 @@ class EvalTracker:
 
     Metrics are ``eval_<name>`` at the evaluation's step; the best checkpoint's are
     ``best_eval_<name>`` (at its step), with tags ``tfnb.eval.best_step`` and
-    ``tfnb.eval.best_checkpoint``.
+    ``tfnb.eval.best_checkpoint``; the exported best model is the artifact ``best_model``.
     """
 
     def __init__(self, experiment: Any, status_store):
@@ -456,6 +456,16 @@ class EvalTracker:
                         for k, v in result.metrics.items()]
             tags = {"tfnb.eval.best_step": result.step, "tfnb.eval.best_checkpoint": result.checkpoint}
         self.link.log(mlflow, metrics=metrics, tags=tags)
+
+    def log_best_model(self, local_path: str) -> None:
+        """Upload the exported best model (a file or a SavedModel folder) as the run's ``best_model``."""
+        if self.link.run_id is None:
+            return
+        client = __import__("mlflow").MlflowClient()
+        if os.path.isdir(local_path):
+            self.link.call(client.log_artifacts, self.link.run_id, local_path, "best_model")
+        else:
+            self.link.call(client.log_artifact, self.link.run_id, local_path, "best_model")
 
     def close(self, failed: bool) -> None:
         """End the evaluator's own run (if it started one)."""
