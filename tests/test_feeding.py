@@ -7,11 +7,7 @@ test runs in its own process, which cannot share the JVM with the classic sessio
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from decimal import Decimal
 
 import pyarrow as pa
@@ -450,36 +446,4 @@ def test_dataset_columns_shuffle_and_remainder(spark, no_orphans):
     assert out["unknown_col"].startswith("ConfigError: feature_cols has ['nope'], not among the fed columns")
 
 
-# ---------------------------------------------------------------- Spark Connect
-
-
-_CONNECT_SCRIPT = textwrap.dedent("""
-    import json
-    from pyspark.sql import SparkSession, functions as F
-    import tfnb
-
-    spark = SparkSession.builder.remote("local[2]").getOrCreate()
-    try:
-        df = spark.range(0, 1000, 1, 1).select(
-            (F.col("id") / 1000.0).alias("x"), F.array(F.col("id").cast("float"), F.lit(1.0)).alias("v"))
-
-        def report(ctx):
-            return {"rows": list(ctx.feed.rows_per_worker), "steps": ctx.steps_per_epoch(100),
-                    "lengths": dict(ctx.feed.array_lengths)}
-
-        print("RESULT " + json.dumps(tfnb.run(report, num_workers=2, data=df, spark=spark, display=False)))
-    finally:
-        spark.stop()
-""")
-
-
-@pytest.mark.slow
-def test_feeding_on_spark_connect(tmp_path, no_orphans):
-    # A separate process: a Connect session cannot share the test process with the classic one.
-    script = tmp_path / "connect_feed.py"
-    script.write_text(_CONNECT_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400,
-                          cwd=str(tmp_path))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert json.loads(lines[0][len("RESULT "):]) == {"rows": [500, 500], "steps": 5, "lengths": {"v": 2}}
+# Feeding on a Spark Connect session: tests/test_masters.py (tests/scripts/connect_run.py, one Connect server).

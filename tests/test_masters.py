@@ -88,6 +88,7 @@ def test_spark_connect_session(no_orphans):
     assert out["error"]["task_index"] == 1 and out["error"]["exc_type"] == "KeyError"
     assert "missing-feature" in out["error"]["text"]
     assert "timeout_cancelled_after" in out and out["after_cancel"] == "chief"
+    assert out["feed"] == {"rows": [500, 500], "steps": 5, "lengths": {"v": 2}}
 
 
 def _free_port() -> int:

@@ -1,6 +1,6 @@
 """Runs tfnb on a Spark Connect session (no SparkContext, no RDD API) and prints one JSON line.
 
-Run by tests/test_masters.py in its own process: a Connect session and a classic one don't mix.
+Also feeds a DataFrame. Run by tests/test_masters.py in its own process: a Connect session and a classic one don't mix.
 """
 import json
 import os
@@ -10,6 +10,7 @@ import time
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
 from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 
 import tfnb  # noqa: E402
 from tfnb.errors import RunTimeoutError, WorkerError  # noqa: E402
@@ -23,6 +24,11 @@ def fail(ctx):
     if ctx.task_index == 1:
         raise KeyError("missing-feature")
     time.sleep(600)
+
+
+def report_feed(ctx):
+    return {"rows": list(ctx.feed.rows_per_worker), "steps": ctx.steps_per_epoch(100),
+            "lengths": dict(ctx.feed.array_lengths)}
 
 
 def main():
@@ -40,6 +46,10 @@ def main():
     except RunTimeoutError:
         out["timeout_cancelled_after"] = time.monotonic() - start
     out["after_cancel"] = tfnb.run(describe, num_workers=2, spark=spark, display=False)["job_name"]
+    # feeding a DataFrame of a Connect session (plans only, no RDD API)
+    df = spark.range(0, 1000, 1, 1).select(
+        (F.col("id") / 1000.0).alias("x"), F.array(F.col("id").cast("float"), F.lit(1.0)).alias("v"))
+    out["feed"] = tfnb.run(report_feed, num_workers=2, data=df, spark=spark, display=False)
     print("RESULT " + json.dumps(out), flush=True)
     spark.stop()
 
