@@ -829,7 +829,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
     from .tracking import check_option, track
 
-    check_option(mlflow)  # a bad value or a missing MLflow fails here, before Spark starts
+    tracked = check_option(mlflow)  # a bad value or a missing MLflow fails here, before Spark starts
     warm = setting("warm", warm, True, bool)
     warm_idle = setting("warm_idle", None, 600.0, float)
     from .profiling import check_profile_steps
@@ -852,8 +852,9 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         from ._status import write_status
 
         write_status(model_dir, "running", run_id=run_id, attempt=1, attempts=[])
-    sink = track(sink, mlflow, run_id=run_id, spark=spark, num_workers=num_workers, num_ps=num_ps,
-                 max_attempts=max_attempts, args=args, model_dir=model_dir, log_dir=log_dir, timeout=timeout)
+    if tracked:
+        sink = track(sink, mlflow, run_id=run_id, spark=spark, num_workers=num_workers, num_ps=num_ps,
+                     max_attempts=max_attempts, args=args, model_dir=model_dir, log_dir=log_dir, timeout=timeout)
     final_state = "failed"
     history: list[dict] = []  # one entry per launch; in the status file and on WorkerError.attempts
     try:

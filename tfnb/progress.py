@@ -301,8 +301,8 @@ class RunProgress:
         return False
 
     def _add_point(self, w: WorkerProgress, data: dict) -> None:
-        values = {k: _number(v) for k, v in data.items()
-                  if (k == "loss" or k not in _CORE_FIELDS) and _number(v) is not None}
+        values = {k: n for k, v in data.items()
+                  if (k == "loss" or k not in _CORE_FIELDS) and (n := _number(v)) is not None}
         if not values:
             return
         if w.epoch is not None and w.steps:

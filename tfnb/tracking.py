@@ -285,15 +285,8 @@ class Tracker:
 
 def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spark, num_workers: int,
           num_ps: int, max_attempts: int, args: Sequence, model_dir: str | None, log_dir: str | None,
-          timeout: float | None) -> Callable[[RunEvent], None]:
-    """``display`` teed into MLflow when ``mlflow`` (tfnb.run's option) is on, else ``display`` itself.
-
-    Raises:
-        ConfigError: a bad ``mlflow`` value.
-        MissingDependencyError: MLflow is not installed.
-    """
-    if not check_option(mlflow):
-        return display
+          timeout: float | None) -> "Tracker":
+    """``display`` teed into MLflow; ``mlflow`` is tfnb.run's option, already accepted by :func:`check_option`."""
     params = _params(spark, num_workers, num_ps, max_attempts, args, model_dir, log_dir, timeout)
     return Tracker(display, mlflow, run_id=run_id, model_dir=model_dir, params=params)
 
