@@ -101,14 +101,22 @@ def test_split_balances_a_skewed_dataframe(spark):
 
 
 def test_split_feeds_a_cached_balanced_dataframe_as_it_is(spark):
-    df = spark.range(0, 1000, 1, 3).repartition(2).cache()
+    sc = spark.sparkContext
+    split = spark.range(0, 1000, 1, 3).repartition(2).cache()  # what the README tells users to do
+    even = spark.range(0, 1000, 1, 2).cache()                  # balanced, but only a count can tell
     try:
-        df.count()
-        assert feeding.split_for_workers(df, 2) is df
+        split.count(), even.count()
+        sc.setJobGroup("tfnb-split-test", "split_for_workers")
+        assert feeding.split_for_workers(split, 2) is split
+        assert sc.statusTracker().getJobIdsForGroup("tfnb-split-test") == []  # no job: the plan says it
+        assert feeding.split_for_workers(even, 2) is even
+        assert len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test")) == 1  # one counting job
         # the same DataFrame for 3 workers must still be split into 3
-        assert _partition_sizes(feeding.split_for_workers(df, 3)) == [333, 333, 334]
+        assert _partition_sizes(feeding.split_for_workers(split, 3)) == [333, 333, 334]
     finally:
-        df.unpersist()
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        split.unpersist()
+        even.unpersist()
 
 
 # ---------------------------------------------------------------- spill and counts (task), no TensorFlow
@@ -160,23 +168,30 @@ def test_empty_part_and_missing_data_say_what_to_do(tmp_path):
 # ---------------------------------------------------------------- streaming (task writes, train_fn reads), no Spark
 
 
-class _Gather:
-    """BarrierTaskContext.allGather for tasks played by threads: each call returns every task's message."""
+class _Driver:
+    """The driver's half of the row-count agreement (tfnb.run answers on its channel thread), for
+    tasks played by threads: every task's report is answered to every stream at once."""
 
-    def __init__(self, n: int):
+    def __init__(self, num_workers: int):
         import threading
 
-        self._barrier = threading.Barrier(n, timeout=60)
-        self._slots = [None] * n
+        self.num_workers = num_workers
+        self.streams: dict = {}
+        self._reports: dict = {}
+        self._lock = threading.Lock()
 
-    def of(self, rank: int):
-        def all_gather(message: str) -> list:
-            self._slots[rank] = message
-            self._barrier.wait()
-            out = list(self._slots)
-            self._barrier.wait()
-            return out
-        return all_gather
+    def stream(self, rank: int, workdir) -> "feeding.FeedStream":
+        self.streams[rank] = feeding.FeedStream(_V, str(workdir), self.num_workers)
+        return self.streams[rank]
+
+    def tell(self, rank: int):
+        def tell(rows: int, done: bool) -> None:
+            with self._lock:
+                self._reports[rank] = (rows, done)
+                answer = feeding.agree_counts(self._reports, self.num_workers)
+                for s in self.streams.values() if answer else ():
+                    s.heard(answer)
+        return tell
 
 
 def _id_batches(start: int, sizes, width: int = 64):
@@ -204,12 +219,12 @@ def _read_epochs(info, batch_size: int, epochs: int, shuffle: bool = False, seed
 def test_train_fn_reads_rows_before_the_partition_is_complete(tmp_path):
     import threading
 
-    stream = feeding.FeedStream(_V, str(tmp_path), num_workers=1)
+    driver = _Driver(1)
+    stream = driver.stream(0, tmp_path)
     first_rows = threading.Event()
     seen = {}
 
     def source():
-        # 4096 rows of 256 B: the first batch fills the first agreement round (1 MB).
         yield from _id_batches(0, [4096])
         # Without streaming the reader would get nothing until this generator ends: the wait would
         # time out instead of being released by the reader.
@@ -236,7 +251,7 @@ def test_train_fn_reads_rows_before_the_partition_is_complete(tmp_path):
 
     reader = threading.Thread(target=read)
     reader.start()
-    assert stream.pump(source(), _Gather(1).of(0)) == [8096]
+    assert stream.pump(source(), driver.tell(0)) == [8096]
     reader.join(60)
     assert "error" not in seen, seen.get("error")
     assert seen["released_by_reader"] and seen["complete_at_first_rows"] is False
@@ -247,14 +262,14 @@ def test_train_fn_reads_rows_before_the_partition_is_complete(tmp_path):
 def test_streamed_workers_serve_equal_batches(tmp_path, monkeypatch):
     import threading
 
-    # Small rounds: the readers go through several safe counts before the final one.
-    monkeypatch.setattr(feeding, "_FIRST_ROUND_BYTES", 64 << 10)
+    # A report after every batch: the readers go through several safe counts before the final one.
+    monkeypatch.setattr(feeding, "_TELL_EVERY", 0)
     parts = {0: [1000, 1000, 1000, 1000, 313], 1: [500] * 7 + [77], 2: [4000, 2500]}
     starts = {0: 0, 1: 100_000, 2: 200_000}
-    gather = _Gather(3)
+    driver = _Driver(3)
     for r in parts:
         (tmp_path / str(r)).mkdir()
-    streams = {r: feeding.FeedStream(_V, str(tmp_path / str(r)), 3) for r in parts}
+    streams = {r: driver.stream(r, tmp_path / str(r)) for r in parts}
     out, errors = {}, []
 
     def read(rank):
@@ -266,7 +281,7 @@ def test_streamed_workers_serve_equal_batches(tmp_path, monkeypatch):
 
     def pump(rank):
         try:
-            streams[rank].pump(_id_batches(starts[rank], parts[rank]), gather.of(rank))
+            streams[rank].pump(_id_batches(starts[rank], parts[rank]), driver.tell(rank))
         except BaseException as e:  # noqa: BLE001
             errors.append(repr(e))
 
@@ -287,9 +302,10 @@ def test_streamed_workers_serve_equal_batches(tmp_path, monkeypatch):
 
 
 def test_no_rows_is_refused_by_the_task_and_train_fn(tmp_path):
-    stream = feeding.FeedStream(_V, str(tmp_path), num_workers=1)
+    driver = _Driver(1)
+    stream = driver.stream(0, tmp_path)
     with pytest.raises(ConfigError, match=r"data= has 0 rows \(rows per worker: \[0\]\).*df.count\(\) > 0"):
-        stream.pump(iter([]), _Gather(1).of(0))
+        stream.pump(iter([]), driver.tell(0))
     with pytest.raises(ConfigError, match="data= has 0 rows"):
         _read_epochs(stream.info, 8, 1)
     with pytest.raises(ConfigError, match=r"worker\(s\) \[1\] got no rows .* data= has 1 rows for 2 workers"):

@@ -516,6 +516,11 @@ class TaskChannel:
         with self._lock:  # nothing posted later can overtake it
             return self._write(self._take() + [{"kind": kind, **fields}])
 
+    def send_apart(self, kind: str, **fields) -> bool:
+        """Send one message now in a frame of its own, ahead of what waits for the next batch."""
+        with self._lock:
+            return self._write([{"kind": kind, **fields}])
+
     def post(self, kind: str, merge: str | None = None, **fields) -> None:
         """Queue one message for the next batch.
 

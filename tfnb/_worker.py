@@ -236,6 +236,7 @@ class _Supervisor:
         self._threads: list[threading.Thread] = []
         self._settled = threading.Event()  # the child exited, or train_fn returned and it lingers
         self.released = threading.Event()  # the driver's "end" (every train_fn returned) or a stop
+        self.feed = None  # the FeedStream that hears the driver's row counts (tfnb.run(data=df))
         self._code: int | None = None
         self._waiter: threading.Thread | None = None
 
@@ -245,6 +246,8 @@ class _Supervisor:
             self.stop()
         elif msg.get("kind") == "end":
             self.released.set()
+        elif msg.get("kind") == "feed" and self.feed is not None:
+            self.feed.heard(msg)
         elif msg.get("kind") == "dump":
             # off the channel's reader thread: a stop may follow while the dump is being written
             threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
@@ -282,6 +285,8 @@ class _Supervisor:
     def stop(self) -> None:
         self.stop_requested.set()
         self.released.set()
+        if self.feed is not None:
+            self.feed.abort()
         self._signal(signal.SIGTERM)
         t = threading.Timer(self.spec.stop_grace, self._signal, args=(signal.SIGKILL,))
         t.daemon = True
@@ -526,7 +531,9 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
             from .feeding import FeedStream
 
             # Streamed: train_fn starts now and reads the partition while this task receives it.
-            stream = FeedStream(spec.feed, workdir, spec.num_workers)
+            stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers)
+            if sup.stop_requested.is_set():
+                stream.abort()
             feed_info = stream.info
         ctx = WorkerContext(
             task_index=task_index, num_workers=spec.num_workers, num_ps=spec.num_ps, job_name=job_name,
@@ -537,7 +544,7 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         )
         sup.release(ctx, mode)
         if stream is not None:
-            stream.pump(batches, bctx.allGather)
+            stream.pump(batches, lambda rows, done: chan.send_apart("feed", rows=rows, done=done))
         code = sup.wait()
         done_sent = code is None
         if code is None:  # train_fn returned; its TensorFlow server stays up for the peers' last collectives

@@ -301,6 +301,8 @@ class _Attempt:
         self.first_bad: float | None = None  # when the first sign of failure arrived
         self.decided = False  # past this point, disconnects are tfnb's own stopping of the tasks
         self._batch: list | None = None  # events of the current _drain pass, for the display
+        self._feed: dict[int, tuple[int, bool]] = {}  # rank -> (rows so far, whole) while data= streams
+        self._feed_told = 0.0
 
     def _show(self, event: RunEvent) -> None:
         # inside _drain the display gets the pass's events as one batch (one redraw, one write)
@@ -310,9 +312,23 @@ class _Attempt:
             self.display(event)
 
     def _on_message(self, peer: dict, msg: dict) -> None:
+        if msg.get("kind") == "feed":  # answered here, in milliseconds: train_fn waits for these rows
+            self._on_feed(peer, msg)
+            return
         # the channel thread: the file gets every line even while the display is behind
         self.runlog.message(peer, msg)
         self.q.put_message(peer, msg)
+
+    def _on_feed(self, peer: dict, msg: dict) -> None:
+        from .feeding import agree_counts
+
+        self._feed[int(peer.get("rank", -1))] = (int(msg.get("rows", 0)), bool(msg.get("done")))
+        answer = agree_counts(self._feed, self.num_tasks - self.num_ps)
+        now = time.monotonic()
+        # the smallest count at most 20 times a second (every answer goes to every task); the final at once
+        if answer is not None and ("counts" in answer or now - self._feed_told >= 0.05):
+            self._feed_told = now
+            self.channel.broadcast(answer)
 
     def _log(self, job: str, idx: int, msg: dict) -> None:
         line = str(msg.get("line", ""))

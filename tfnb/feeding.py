@@ -12,8 +12,8 @@ The rows travel as Arrow end to end and are never pickled one by one:
 
 Every worker yields exactly ``steps_per_epoch`` batches per epoch, computed from the smallest
 worker's row count, so MultiWorkerMirroredStrategy never waits for a batch that does not come.
-The count needs no job before launch: the tasks exchange their row counts through the barrier
-(``allGather``) in rounds while they receive, and train_fn never serves more rows than every worker
+The count needs no job before launch: the tasks tell the driver their row counts while they
+receive, the driver answers with the smallest, and train_fn never serves more rows than every worker
 is known to have.
 """
 from __future__ import annotations
@@ -172,12 +172,34 @@ def _cached_partition_rows(df) -> list[int]:
     return [int(r["rows"]) for r in df.select(F.lit(0).alias("_")).mapInArrow(_count_rows, "rows long").collect()]
 
 
+def _split_round_robin(df, n: int) -> bool:
+    """True when ``df`` is a cached ``repartition(n)``: balanced by construction, nothing to count.
+
+    Reads the cached plan (classic sessions only): its last step must be Spark's round-robin exchange
+    into ``n`` partitions, with no filter or projection after the cache.
+    """
+    try:
+        rel = df._jdf.queryExecution().optimizedPlan()
+        if rel.getClass().getSimpleName() != "InMemoryRelation":
+            return False
+        plan = rel.cachedPlan()
+        if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
+            plan = plan.inputPlan()
+        part = plan.outputPartitioning()
+        return (plan.getClass().getSimpleName() == "ShuffleExchangeExec"
+                and part.getClass().getSimpleName() == "RoundRobinPartitioning" and part.numPartitions() == n)
+    except Exception as e:  # noqa: BLE001 - Spark Connect, or a plan this Spark shapes differently: count
+        log.debug("cached plan not readable: %s", e)
+        return False
+
+
 def split_for_workers(df, num_workers: int, num_ps: int = 0):
     """``df`` as exactly ``num_workers + num_ps`` balanced partitions; partition i feeds task i.
 
     A cached DataFrame that already has that many partitions with (nearly) equal row counts, say
     one the notebook split once with ``df = df.repartition(n).cache()``, is fed as it is, with no
-    shuffle (deciding costs one quick counting job over the cache). Anything else is repartitioned
+    shuffle (deciding costs nothing for that ``repartition(n).cache()`` on a classic session, else one
+    quick counting job over the cache). Anything else is repartitioned
     round-robin (one shuffle), which leaves the partitions at most one row per input partition apart.
 
     Uses the DataFrame API only, so it works on classic and Spark Connect sessions.
@@ -195,6 +217,9 @@ def split_for_workers(df, num_workers: int, num_ps: int = 0):
         >>> part.mapInArrow(run_task, schema, barrier=True)
     """
     n = num_workers + num_ps
+    if _is_cached(df) and _split_round_robin(df, n):
+        log.debug("feeding the cached round-robin split into %d partitions as it is", n)
+        return df
     if _is_cached(df):
         # Counting an uncached DataFrame would compute it twice; a cached one is cheap to count.
         counts = _cached_partition_rows(df)
@@ -210,11 +235,9 @@ def split_for_workers(df, num_workers: int, num_ps: int = 0):
 
 STATE_FILE = "tfnb-feed.json"  # how far the task has written, replaced atomically on every change
 WAKE_FIFO = "tfnb-feed.wake"   # one byte per state change, so train_fn waits without polling
-# The tasks agree on a row count every worker already has after ~1 MB per worker, then after twice
-# as much each round up to 64 MB: train_fn gets rows after about one Arrow batch per worker, for
-# one allGather (a few ms) per round.
-_FIRST_ROUND_BYTES = 1 << 20
-_MAX_ROUND_BYTES = 64 << 20
+# A task tells the driver its row count at most this often while it receives (and once at the end);
+# the driver answers with the smallest count, the rows train_fn may already serve.
+_TELL_EVERY = 0.05
 _MAGIC_BYTES = 8  # "ARROW1" and padding before the first message of an Arrow IPC file
 
 
@@ -360,11 +383,12 @@ class FeedStream:
     """Task side of ``tfnb.run(data=df)``: writes the partition while train_fn already reads it.
 
     Made before train_fn starts (``info`` becomes ``ctx.feed``). :meth:`pump` then writes the
-    partition batch by batch, publishing after each batch how far the file is whole, and meets the
-    other tasks in rounds (``allGather`` of rows received so far): the smallest count is a number of
-    rows every worker will have, so train_fn may hand out that many (in whole batches) before the
-    final counts are known. The last round, once every task has its whole partition, fixes the
-    counts, so every worker serves the same number of batches without a counting job before launch.
+    partition batch by batch, publishing after each batch how far the file is whole, and tells the
+    driver how many rows it has so far; the driver answers every task with the smallest count
+    (:meth:`heard`), a number of rows every worker will have, so train_fn may hand out that many (in
+    whole batches) before the final counts are known. Once every task has its whole partition the
+    driver sends the final counts, so every worker serves the same number of batches without a
+    counting job before launch.
     """
 
     def __init__(self, spec: FeedSpec, workdir: str, num_workers: int):
@@ -375,11 +399,14 @@ class FeedStream:
         os.mkfifo(fifo, 0o600)
         # Read-write: opening never blocks, and the pipe has a writer until pump() ends.
         self._wake: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        self._lock = threading.Lock()  # the state: pump's thread and the channel's reader both change it
+        self._final = threading.Event()
+        self._counts: list[int] | None = None
         self._state: dict = {"end": 0, "rows": 0, "safe": 0, "lengths": None, "final": None, "error": None}
         self._publish()
         self.info = FeedInfo(path=os.path.join(workdir, SPILL_FILE), spec=spec)
 
-    def _publish(self) -> None:
+    def _publish(self) -> None:  # callers hold self._lock (or own the stream alone)
         path = os.path.join(self._dir, STATE_FILE)
         with open(path + ".part", "w") as f:
             json.dump(self._state, f)
@@ -388,13 +415,30 @@ class FeedStream:
             os.write(self._wake, b"\0")
         except BlockingIOError:
             pass  # the pipe is full of wake-ups the reader has not taken yet: it will look anyway
+        except (OSError, TypeError):
+            pass  # pump() has ended: nobody reads any more
 
-    def pump(self, batches: Iterable, all_gather: Callable[[str], list]) -> list[int]:
-        """Write the partition and agree on the counts; returns the rows per worker.
+    def heard(self, msg: dict) -> None:
+        """The driver's answer (channel reader thread): ``safe`` rows every worker has, or the final ``counts``."""
+        with self._lock:
+            if self._final.is_set():
+                return
+            if isinstance(msg.get("counts"), list):
+                self._counts = [int(r) for r in msg["counts"]][: self.num_workers]
+                self._final.set()
+            elif int(msg.get("safe", 0)) > self._state["safe"] and self._state["final"] is None:
+                self._state["safe"] = int(msg["safe"])
+                self._publish()
 
-        Every task must call it (``all_gather`` is the barrier's): the rounds end together. The
-        rounds run in a thread beside the receiving loop, because Spark's barrier answers no faster
-        than its one-second poll: receiving never waits for a round.
+    def abort(self) -> None:
+        """The run is being stopped: :meth:`pump` stops waiting for the final counts."""
+        self._final.set()
+
+    def pump(self, batches: Iterable, tell: Callable[[int, bool], Any]) -> list[int] | None:
+        """Write the partition and agree on the counts; returns the rows per worker (None: stopped).
+
+        ``tell(rows, done)`` reports this task's rows to the driver: after the first batch, then at
+        most every ``_TELL_EVERY`` seconds, and once when the partition is whole.
 
         Raises:
             ConfigError: nulls or ragged arrays in a batch, or a worker without rows.
@@ -402,74 +446,60 @@ class FeedStream:
         start = time.perf_counter()
         spill = ArrowSpill(self.info.path, _arrow_schema(self.spec))
         lengths: dict[str, int] = {}
-        progress = threading.Condition()
-        shared: dict = {"rows": 0, "bytes": 0, "done": False, "stop": False, "counts": None, "error": None}
-        first = None
-
-        def rounds() -> None:
-            budget = _FIRST_ROUND_BYTES
-            try:
-                while True:
-                    with progress:
-                        progress.wait_for(lambda: shared["stop"] or shared["done"] or shared["bytes"] >= budget)
-                        if shared["stop"]:
-                            return
-                        message = json.dumps([shared["rows"], shared["done"]])
-                        shared["bytes"] = 0
-                    counts = [json.loads(m) for m in all_gather(message)][: self.num_workers]
-                    if all(d for _, d in counts):
-                        shared["counts"] = counts
-                        return
-                    with progress:
-                        self._state["safe"] = min(r for r, _ in counts)
-                        self._publish()
-                    budget = min(2 * budget, _MAX_ROUND_BYTES)
-            except BaseException as e:  # noqa: BLE001 - re-raised by the receiving loop
-                shared["error"] = e
-
-        agree = threading.Thread(target=rounds, name="tfnb-feed-rounds", daemon=True)
-        agree.start()
+        first = told = None
         try:
             try:
                 for batch in batches:
-                    if shared["error"] is not None:
-                        raise shared["error"]
                     if not batch.num_rows:
                         continue
                     first = first or time.time()
-                    batch = _prepare(self.spec, batch, lengths)
-                    spill.write(batch)
-                    with progress:
+                    spill.write(_prepare(self.spec, batch, lengths))
+                    with self._lock:
                         self._state.update(end=spill.end, rows=spill.rows, lengths=lengths)
                         self._publish()
-                        shared["rows"] = spill.rows
-                        shared["bytes"] += batch.nbytes
-                        progress.notify()
+                    if told is None or time.monotonic() - told >= _TELL_EVERY:
+                        tell(spill.rows, False)
+                        told = time.monotonic()
             finally:
                 nbytes = spill.close()
             last = time.time()
-            with progress:
-                shared["done"] = True
-                progress.notify()
-            agree.join()
-            if shared["error"] is not None:
-                raise shared["error"]
-            rows = [r for r, _ in shared["counts"]]
-            self._state.update(safe=min(rows), lengths=lengths, final={
-                "rows_per_worker": rows, "nbytes": nbytes, "seconds": time.perf_counter() - start,
-                "first": first, "last": last})
+            tell(spill.rows, True)
+            self._final.wait()
+            rows = self._counts
+            if rows is None:
+                return None
+            with self._lock:
+                self._state.update(safe=min(rows), lengths=lengths, final={
+                    "rows_per_worker": rows, "nbytes": nbytes, "seconds": time.perf_counter() - start,
+                    "first": first, "last": last})
             if not min(rows):
                 raise ConfigError(_no_rows_message(rows))
         except BaseException as e:
             self._state["error"] = f"{type(e).__name__}: {e}"
             raise
         finally:
-            with progress:
-                shared["stop"] = True  # a failed receive leaves no thread waiting in this Python worker
-                progress.notify()
+            with self._lock:
+                if self._counts is None and not self._state["error"]:
+                    self._state["error"] = "RuntimeError: the run was stopped"
                 self._publish()
-            os.close(self._wake)
+                os.close(self._wake)
+                self._wake = None
         return rows
+
+
+def agree_counts(reports: dict[int, tuple[int, bool]], num_workers: int) -> dict | None:
+    """The driver's answer to the tasks' ``tell``: final counts once every worker is done, else ``safe``.
+
+    Example:
+        >>> agree_counts({0: (500, True), 1: (300, False)}, 2)
+        {'kind': 'feed', 'safe': 300}
+    """
+    mine = [reports.get(rank) for rank in range(num_workers)]
+    if any(r is None for r in mine):
+        return None
+    if all(done for _, done in mine):
+        return {"kind": "feed", "counts": [rows for rows, _ in mine]}
+    return {"kind": "feed", "safe": min(rows for rows, _ in mine)}
 
 
 @dataclass(frozen=True)
