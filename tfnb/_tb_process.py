@@ -3,32 +3,23 @@
 Core only: every function returns a typed outcome (:class:`Launched`, :class:`Reused`,
 :class:`Failed`, :class:`TimedOut`) and never prints; :mod:`tfnb.tensorboard` renders them.
 
-Security: TensorBoard has no authentication. Anyone who can reach its port can read every
-scalar, image, graph and text summary under ``logdir``. Binding to loopback (``127.0.0.1``, the
-default) is what protects it: only processes on the driver machine (including other users of
-that machine), and a notebook proxy running there (jupyter-server-proxy, the Databricks driver
-proxy, which add their own login), can reach it. Pass ``host="0.0.0.0"`` only on a trusted network.
+Security: TensorBoard has no authentication; anyone who can reach its port reads everything under
+``logdir``. Binding to loopback (``127.0.0.1``, the default) is what protects it: only processes on
+the driver machine (other users of it included) and a notebook proxy running there (which adds its
+own login) can reach it. Any other address makes the outcome carry a ``warning`` (also logged).
 
-A TensorBoard bound to any other address (``host="0.0.0.0"``, a LAN address) is reachable from
-the network: its outcome carries a ``warning`` saying so, which is also logged.
+Bookkeeping: one JSON info file per instance, in a private per-user folder (``tfnb-tensorboard-<uid>``
+under ``TFNB_STATE_DIR`` or the temp dir; ``TFNB_TENSORBOARD_DIR`` names another), checked on every
+use (else :class:`~tfnb.errors.UnsafePathError` and nothing in it is read, killed or deleted). An
+entry is stale when its process is gone or is not the TensorBoard recorded (start time, owner,
+command line, own process group), when its URL is not the host and port it was launched on, or when
+it no longer answers; listing instances removes stale entries (killing a hung TensorBoard of ours).
+Only log files tfnb created inside the folder are ever deleted.
 
-Bookkeeping: one JSON info file per running instance, in a private per-user folder
-(``tfnb-tensorboard-<uid>`` under ``TFNB_STATE_DIR`` or the temp dir; ``TFNB_TENSORBOARD_DIR``
-names another). The folder must be this user's and writable by no one else, checked on every use,
-else :class:`~tfnb.errors.UnsafePathError` and nothing in it is read, killed or deleted. An entry
-is stale when its process is gone or is not the TensorBoard recorded (start time, owner, command
-line, own process group), when its URL is not the host and port it was launched on, or when it no
-longer answers on its port; stale entries are removed (and a hung TensorBoard of ours is killed)
-whenever instances are listed. Only log files tfnb created inside the folder are ever deleted.
-
-Lifetime: each TensorBoard runs in its own session, so Ctrl-C / interrupting the kernel (which
-signals the kernel's process group) does not hit it. An ``atexit`` hook stops the instances this
-process launched when the process exits normally: a Jupyter kernel shut down or restarted from the
-UI gets a shutdown request and exits normally (shutdown is covered by the browser test). A kernel
-killed with SIGKILL (OOM, "kill -9", or Jupyter giving up on a slow shutdown) runs no atexit
-hooks: its TensorBoard keeps running, and the next :func:`ensure_tensorboard` for that logdir
-reuses it; if it died meanwhile, its entry is found stale and removed. :func:`instances` lists what
-is running and :func:`stop` stops one.
+Lifetime: each TensorBoard runs in its own session, so interrupting the kernel does not hit it. An
+``atexit`` hook stops the instances this process launched when it exits normally (a kernel shut down
+or restarted from the UI does). After a SIGKILLed kernel its TensorBoard keeps running, and the next
+:func:`ensure_tensorboard` for that logdir reuses it (or finds it stale and removes it).
 """
 from __future__ import annotations
 
@@ -55,6 +46,7 @@ from urllib.parse import urlsplit
 
 from ._config import setting
 from ._private import check_private, private_dir
+from ._storage import atomic_write, locked
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -123,21 +115,10 @@ class _Serving:
     instance: TensorBoardInstance
     warning: str = ""
 
-    @property
-    def url(self) -> str:
-        return self.instance.url
-
-    @property
-    def port(self) -> int:
-        return self.instance.port
-
-    @property
-    def pid(self) -> int:
-        return self.instance.pid
-
-    @property
-    def logdir(self) -> str:
-        return self.instance.logdir
+    url = property(lambda self: self.instance.url)
+    port = property(lambda self: self.instance.port)
+    pid = property(lambda self: self.instance.pid)
+    logdir = property(lambda self: self.instance.logdir)
 
 
 @dataclass(frozen=True)
@@ -307,12 +288,10 @@ def _stop(inst: TensorBoardInstance, grace: float) -> bool:
 
 def _normalize_logdir(logdir) -> str:
     try:
-        text = os.fspath(logdir)
+        text = os.fsdecode(logdir)
     except TypeError as e:
         raise ConfigError(f"logdir={logdir!r} is not a path; pass the directory holding the event "
                           f"files, e.g. tfnb.tensorboard('/tmp/run1/logs')") from e
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
     if not text.strip():
         raise ConfigError("logdir is empty; pass the directory holding the event files, "
                           "e.g. tfnb.tensorboard('/tmp/run1/logs')")
@@ -329,9 +308,7 @@ def _check_host(host) -> str:
 
 
 def _check_port(port) -> int | None:
-    if port is None:
-        return None
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} is not a TCP port (0-65535); pass port=None to pick a free one")
     return port
 
@@ -343,10 +320,8 @@ def _positive(name: str, value) -> float:
 
 
 def _logdir_problem(logdir: str) -> Failed | None:
-    if "://" in logdir:
+    if "://" in logdir or os.path.isdir(logdir):
         return None  # remote stores (gs://, s3://): TensorBoard itself checks them
-    if os.path.isdir(logdir):
-        return None
     if os.path.exists(logdir):
         return Failed(logdir, f"logdir {logdir} is a file, not a directory",
                       "pass the directory that holds the event files (e.g. the run's log_dir)")
@@ -381,28 +356,13 @@ def _info_path(pid: int) -> str:
     return os.path.join(_info_dir(), f"{pid}.json")
 
 
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
+def _locked():
     """Serialize find-or-launch between kernels on this machine, so two cells do not both launch."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no cross-process lock, at worst two instances for one logdir
-        yield
-        return
-    with open(os.path.join(_info_dir(), ".lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return locked(os.path.join(_info_dir(), ".lock"))
 
 
 def _write_info(inst: TensorBoardInstance) -> None:
-    path = _info_path(inst.pid)
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump({"format": _INFO_FORMAT, **asdict(inst)}, fh, indent=1)
-    os.replace(tmp, path)
+    atomic_write(_info_path(inst.pid), json.dumps({"format": _INFO_FORMAT, **asdict(inst)}, indent=1).encode())
 
 
 _FIELD_TYPES = {"int": int, "float": (int, float), "str": str}
@@ -480,21 +440,18 @@ def _live_instances() -> list[TensorBoardInstance]:
         if not _is_ours(inst):
             log.info("removing stale TensorBoard entry for %s: pid %d is gone or is not that TensorBoard",
                      inst.logdir, inst.pid)
-            _remove_entry(inst, path)
-            continue
-        if not _url_matches(inst):
+        elif not _url_matches(inst):
             # never show it: an iframe pointed elsewhere would hand the page to whoever serves there
             log.warning("removing TensorBoard entry %s: its url %s is not host %s port %d it was launched on",
                         path, inst.url, inst.host, inst.port)
-            _remove_entry(inst, path)
-            continue
-        if not _answers(inst):
+        elif not _answers(inst):
             log.warning("TensorBoard pid %d for %s does not answer on port %d; stopping it",
                         inst.pid, inst.logdir, inst.port)
             _kill_group(inst.pid)
-            _remove_entry(inst, path)
+        else:
+            live.append(inst)
             continue
-        live.append(inst)
+        _remove_entry(inst, path)
     return live
 
 
@@ -556,13 +513,19 @@ def _is_ours(inst: TensorBoardInstance) -> bool:
             and inst.proc_start != 0 and _proc_start(inst.pid) == inst.proc_start)
 
 
-def _proc_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
+def _proc_stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); [] where unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
+    parts = _proc_stat(pid)
+    return int(parts[19]) if len(parts) > 19 else None
 
 
 def _probe_host(host: str) -> str:
@@ -591,8 +554,7 @@ def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: 
     log_path = os.path.join(_info_dir(), f"tb-{uuid.uuid4().hex[:12]}.log")
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", host,
            "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
     proc = None
     try:
         # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid:
@@ -623,7 +585,7 @@ def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: 
                         f"TensorFlow at start, which is slow on a busy machine: raise timeout= "
                         f"(or TFNB_TENSORBOARD_TIMEOUT)")
     version, url = ready.group(1), ready.group(2)
-    inst = TensorBoardInstance(pid=proc.pid, port=_port_of(url, port), host=host, logdir=logdir, url=url,
+    inst = TensorBoardInstance(pid=proc.pid, port=urlsplit(url).port or port, host=host, logdir=logdir, url=url,
                                reload_interval=reload_interval, start_time=time.time(),
                                launched_by=os.getpid(), tensorboard_version=version, log_path=log_path,
                                proc_start=_proc_start(proc.pid) or 0)
@@ -663,12 +625,6 @@ def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
             return None, code, text
         if ready is not None or time.monotonic() >= deadline:
             return ready, None, text
-
-
-def _port_of(url: str, asked: int) -> int:
-    from urllib.parse import urlparse
-
-    return urlparse(url).port or asked
 
 
 def _exit_failure(logdir: str, host: str, port: int, code: int, text: str) -> Failed:
@@ -749,21 +705,16 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return not os.path.isdir("/proc/self")
+    parts = _proc_stat(pid)
+    return parts[0] != b"Z" if parts else not os.path.isdir("/proc/self")
 
 
 def _stop_at_exit(inst: TensorBoardInstance, proc: subprocess.Popen) -> None:
     del proc
-    try:
-        # Short grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit; TensorBoard, already
-        # sent SIGTERM, exits on its own even if that happens.
+    # Short grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit; TensorBoard, already
+    # sent SIGTERM, exits on its own even if that happens. Interpreter shutdown: never let cleanup raise.
+    with contextlib.suppress(Exception):
         _stop(inst, _EXIT_GRACE)
-    except Exception:  # interpreter shutdown: never let cleanup raise
-        pass
 
 
 # ---------------------------------------------------------------- small helpers

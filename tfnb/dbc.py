@@ -408,9 +408,11 @@ def read(archive: str | os.PathLike) -> list[Notebook]:
     with zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
-            if info.is_dir() or PurePosixPath(name).name.lower() == _MANIFEST:
+            entry = PurePosixPath(name)
+            if info.is_dir() or entry.name.lower() == _MANIFEST:
                 continue
-            _check_entry_name(arc, name)
+            if entry.is_absolute() or ".." in entry.parts or "\\" in name:
+                raise DbcFormatError(f"{arc}: entry {name!r} points outside the archive folder; refusing to read it")
             if info.file_size > _MAX_ENTRY_BYTES:
                 raise DbcFormatError(f"{arc}: entry {name!r} is {info.file_size} bytes, more than the "
                                      f"{_MAX_ENTRY_BYTES} a notebook may have")
@@ -427,12 +429,6 @@ def read(archive: str | os.PathLike) -> list[Notebook]:
 def _parent(path: str) -> str:
     parent = str(PurePosixPath(path).parent)
     return "" if parent == "." else parent
-
-
-def _check_entry_name(arc: Path, name: str) -> None:
-    p = PurePosixPath(name)
-    if p.is_absolute() or ".." in p.parts or "\\" in name:
-        raise DbcFormatError(f"{arc}: entry {name!r} points outside the archive folder; refusing to read it")
 
 
 def _parse_notebook(arc: Path, entry: str, raw: bytes) -> Notebook:

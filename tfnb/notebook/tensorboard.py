@@ -35,7 +35,6 @@ def _with_query(url: str, **params: Any) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-
 def _ago(start_time: float) -> str:
     return str(datetime.timedelta(seconds=max(0, int(time.time() - start_time))))
 
@@ -129,32 +128,33 @@ class TensorBoardPanel:
     def stop(self) -> bool:
         """Stop the TensorBoard process shown (even one another kernel started); True if it ran."""
         outcome = self.outcome
-        stopped = isinstance(outcome, (Launched, Reused)) and stop(outcome)
+        running = isinstance(outcome, (Launched, Reused))
+        stopped = running and stop(outcome)
         self.outcome = None
-        self.url = None
-        pid = f" (pid {outcome.pid})" if isinstance(outcome, (Launched, Reused)) else ""
+        self._clear()
+        pid = f" (pid {outcome.pid})" if running else ""
         self._status.value = f"TensorBoard{pid} stopped. Reload starts it again."
-        self._link.value = ""
-        self._frame.value = ""
-        self._stop_button.disabled = True
         return stopped
 
     def _render(self) -> None:
         outcome = self.outcome
         self._status.value = status_html(outcome)
-        if isinstance(outcome, (Launched, Reused)):
-            self.url = browser_url(outcome, proxy_url=self.proxy_url)
-            self._link.value = link_html(self.url)
-            self._reloads += 1
-            # a changed src is what makes the browser fetch the page again
-            src = self.url if self._reloads == 1 else _with_query(self.url, tfnb_reload=self._reloads)
-            self._frame.value = frame_html(src, self.height)
-            self._stop_button.disabled = False
-        else:
-            self.url = None
-            self._link.value = ""
-            self._frame.value = ""
-            self._stop_button.disabled = True
+        if not isinstance(outcome, (Launched, Reused)):
+            self._clear()
+            return
+        self.url = browser_url(outcome, proxy_url=self.proxy_url)
+        self._link.value = link_html(self.url)
+        self._reloads += 1
+        # a changed src is what makes the browser fetch the page again
+        src = self.url if self._reloads == 1 else _with_query(self.url, tfnb_reload=self._reloads)
+        self._frame.value = frame_html(src, self.height)
+        self._stop_button.disabled = False
+
+    def _clear(self) -> None:
+        self.url = None
+        self._link.value = ""
+        self._frame.value = ""
+        self._stop_button.disabled = True
 
     def _guard(self, action: Callable[[], Any]) -> None:
         # Button callbacks run in the kernel, where an exception would vanish into its log.
@@ -180,7 +180,6 @@ class TensorBoardPanel:
     def __repr__(self) -> str:
         state = self.url or "not running"
         return f"TensorBoardPanel({str(self.logdir)!r}, {state})"
-
 
 
 __all__ = ["TensorBoardPanel", "show_panel", "status_html", "frame_html", "link_html"]
