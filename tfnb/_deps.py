@@ -90,9 +90,8 @@ def require_tensorflow(purpose: str = "") -> ModuleType:
 
 def _has_job_tags(spark) -> bool:
     # Job tags: every Spark Connect session, classic sessions from Spark 4.0 (3.5 raises on addTag).
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        return True
-    return _version(require("pyspark").__version__) >= (4, 0)
+    return (type(spark).__module__.startswith("pyspark.sql.connect")
+            or _version(require("pyspark").__version__) >= (4, 0))
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ from typing import Iterator, Union
 from urllib.parse import urlsplit
 
 from ._config import setting
+from ._deps import require
 from ._private import check_private, private_dir
 from ._storage import atomic_write, locked
 from .errors import ConfigError
@@ -104,13 +105,9 @@ class TensorBoardInstance:
 
 @dataclass(frozen=True)
 class _Serving:
-    """A TensorBoard that answers; ``url``/``port``/``pid``/``logdir`` are its instance's.
-
-    Attributes:
-        instance: the running instance.
-        warning: non-empty when TensorBoard is reachable from the network (bound to a non-loopback
-            host): what is exposed and how to avoid it. Also logged.
-    """
+    """A TensorBoard that answers: its ``instance`` (whose ``url``, ``port``, ``pid``, ``logdir`` it shows)
+    and a ``warning`` (also logged) saying what is exposed and how to avoid it when it is bound to a
+    non-loopback host, reachable from the network."""
 
     instance: TensorBoardInstance
     warning: str = ""
@@ -133,15 +130,8 @@ class Reused(_Serving):
 
 @dataclass(frozen=True)
 class Failed:
-    """TensorBoard could not be started.
-
-    Attributes:
-        logdir: the logdir asked for.
-        error: what went wrong.
-        fix: what to change.
-        exit_code: TensorBoard's exit status when it started and exited, else None.
-        output: the last lines TensorBoard printed, when it ran.
-    """
+    """TensorBoard could not be started for ``logdir``: ``error`` says why and ``fix`` what to change;
+    ``exit_code`` and ``output`` (its last lines) are set when TensorBoard ran and exited."""
 
     logdir: str
     error: str
@@ -152,15 +142,8 @@ class Failed:
 
 @dataclass(frozen=True)
 class TimedOut:
-    """TensorBoard did not start serving within ``timeout`` seconds; it was stopped.
-
-    Attributes:
-        logdir: the logdir asked for.
-        timeout: seconds waited.
-        pid: the process that was stopped.
-        output: the last lines it printed.
-        fix: what to change.
-    """
+    """TensorBoard (process ``pid``) did not serve ``logdir`` within ``timeout`` seconds and was stopped;
+    ``output`` holds the last lines it printed, ``fix`` what to change."""
 
     logdir: str
     timeout: float
@@ -211,8 +194,6 @@ def ensure_tensorboard(logdir, *, host: str | None = None, port: int | None = No
     asked_interval = setting("tensorboard_reload_interval", reload_interval, None, float)
     interval = _positive("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
     timeout = _positive("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
-    from ._deps import require
-
     require("tensorboard", "tfnb.tensorboard")
 
     problem = _logdir_problem(logdir)
@@ -295,9 +276,7 @@ def _normalize_logdir(logdir) -> str:
     if not text.strip():
         raise ConfigError("logdir is empty; pass the directory holding the event files, "
                           "e.g. tfnb.tensorboard('/tmp/run1/logs')")
-    if "://" in text:
-        return text
-    return os.path.abspath(os.path.expanduser(text))
+    return text if "://" in text else os.path.abspath(os.path.expanduser(text))
 
 
 def _check_host(host) -> str:
@@ -477,12 +456,9 @@ def _url_matches(inst: TensorBoardInstance) -> bool:
 def _exposure(inst: TensorBoardInstance) -> str:
     """A warning when the instance is reachable from the network, else ""."""
     host = inst.host.strip("[]")
-    try:
-        local = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        local = False  # a host name: it may well resolve to a network address
-    if local:
-        return ""
+    with contextlib.suppress(ValueError):  # a host name: it may well resolve to a network address
+        if host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return ""
     return (f"TensorBoard listens on {inst.host} port {inst.port}, reachable from the network: anyone who can "
             f"connect to it reads everything under {inst.logdir} (TensorBoard has no login). Use "
             f"host='127.0.0.1' (the default) unless the network is trusted.")
@@ -615,14 +591,12 @@ def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
     """Wait for TensorBoard's "serving at URL" line: (match, None, text), exit (None, code, text) or timeout."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            code = proc.wait(timeout=_READY_POLL)
-        except subprocess.TimeoutExpired:
-            code = None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_READY_POLL)
         text = _read_text(log_path)
         ready = _READY_LINE.search(text)
-        if code is not None:
-            return None, code, text
+        if proc.returncode is not None:
+            return None, proc.returncode, text
         if ready is not None or time.monotonic() >= deadline:
             return ready, None, text
 
@@ -665,11 +639,9 @@ def _await_exit(pid: int, grace: float, proc: subprocess.Popen | None = None) ->
 
 def _wait_gone(pid: int, timeout: float, proc: subprocess.Popen | None) -> bool:
     if proc is not None:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
+        return proc.returncode is not None
     deadline = time.monotonic() + timeout
     fd = None
     if hasattr(os, "pidfd_open"):

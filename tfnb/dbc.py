@@ -103,7 +103,8 @@ _CREDENTIALS = (
 
 _RUN_LINE = re.compile(r"""^%run\s+("[^"]*"|'[^']*'|\S+)""")
 # The same %run in each world: IPython runs ``./NAME.ipynb``, Databricks runs ``./NAME``.
-# Targets with spaces are quoted: ``%run "./00 setup"``.
+# Targets with spaces are quoted: ``%run "./00 setup"``. Groups: 1 ``%run `` and 5 trailing space around
+# either 2 an unquoted target or 4 a target in quotes 3.
 _RUN_IPYNB = re.compile(r"^(\s*%run\s+)(?:(\./[^/\s\"']+)\.ipynb|([\"'])(\./[^/\"']+)\.ipynb\3)(\s*)$",
                         re.MULTILINE)
 _RUN_DATABRICKS = re.compile(r"^(\s*%run\s+)(?:(\./[^/\s.\"']+)|([\"'])(\./[^/.\"']+)\3)(\s*)$", re.MULTILINE)
@@ -156,13 +157,8 @@ class Notebook:
 
 @dataclass(frozen=True)
 class BuildResult:
-    """What :func:`build` wrote.
-
-    Attributes:
-        path: the archive file.
-        notebooks: archive entries in run order, e.g. ``("tfnb/00_constants", ...)``.
-        sha256: hex digest of the archive bytes.
-    """
+    """What :func:`build` wrote: the archive ``path``, its ``notebooks`` entries in run order
+    (``("tfnb/00_constants", ...)``) and the ``sha256`` hex digest of its bytes."""
 
     path: Path
     notebooks: tuple[str, ...]
@@ -334,8 +330,7 @@ def _orig_id(*parts: object) -> int:
 def _command_source(cell: Cell) -> str:
     if cell.cell_type == "markdown":
         return "%md\n" + cell.source
-    return _RUN_IPYNB.sub(lambda m: m.group(1) + (m.group(2) or f"{m.group(3)}{m.group(4)}{m.group(3)}")
-                          + m.group(5), cell.source)
+    return _RUN_IPYNB.sub(r"\1\3\2\4\3\5", cell.source)  # %run ./NAME.ipynb -> ./NAME
 
 
 def _notebook_json(nb: Notebook) -> dict[str, Any]:
@@ -529,15 +524,6 @@ def extract(archive: str | os.PathLike, out_dir: str | os.PathLike, *,
     return written
 
 
-def _run_ipynb(m: re.Match) -> str:
-    q = m.group(3) or ""
-    return f"{m.group(1)}{q}{m.group(2) or m.group(4)}.ipynb{q}{m.group(5)}"
-
-
-def _lines(text: str) -> list[str]:
-    return text.splitlines(keepends=True)
-
-
 def to_ipynb(nb: Notebook) -> str:
     """The notebook as nbformat 4.5 JSON text (formatted like Jupyter saves it).
 
@@ -553,10 +539,11 @@ def to_ipynb(nb: Notebook) -> str:
             meta["jupyter"] = jupyter
         if cell.tags:
             meta["tags"] = list(cell.tags)
-        out: dict[str, Any] = {"cell_type": cell.cell_type, "id": _uuid("cell", nb.path, pos)[:8] + f"-{pos}",
-                               "metadata": meta, "source": _lines(cell.source)}
+        out = {"cell_type": cell.cell_type, "id": _uuid("cell", nb.path, pos)[:8] + f"-{pos}",
+               "metadata": meta, "source": cell.source.splitlines(keepends=True)}
         if cell.cell_type == "code":
-            out.update(execution_count=None, outputs=[], source=_lines(_RUN_DATABRICKS.sub(_run_ipynb, cell.source)))
+            source = _RUN_DATABRICKS.sub(r"\1\3\2\4.ipynb\3\5", cell.source)  # %run ./NAME -> ./NAME.ipynb
+            out.update(execution_count=None, outputs=[], source=source.splitlines(keepends=True))
         cells.append(out)
     metadata: dict[str, Any] = {"language_info": {"name": nb.language}}
     if nb.language == "python":

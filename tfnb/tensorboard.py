@@ -83,9 +83,6 @@ def tensorboard(logdir, *, host: str | None = None, port: int | None = None,
     return outcome
 
 
-# ---------------------------------------------------------------- URLs
-
-
 def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, str] | None = None,
                 spark_conf: Mapping[str, str] | None = None) -> str:
     """The URL a notebook user's browser opens to reach a running TensorBoard.

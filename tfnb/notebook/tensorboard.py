@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .._deps import require
 from ..tensorboard import (DEFAULT_HEIGHT, Launched, Outcome, Reused, browser_url, check_height,
                            ensure_tensorboard, problem_text, stop)
 
@@ -87,8 +88,6 @@ class TensorBoardPanel:
 
     def __init__(self, logdir, *, height: int = DEFAULT_HEIGHT, proxy_url: str | None = None,
                  start: bool = True, **options: Any):
-        from .._deps import require
-
         widgets = require("ipywidgets", "the TensorBoard panel")
         self.logdir = logdir
         self.height = check_height(height)
