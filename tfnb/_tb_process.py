@@ -195,9 +195,7 @@ def ensure_tensorboard(logdir, *, host: str | None = None, port: int | None = No
     interval = _positive("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
     timeout = _positive("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
     require("tensorboard", "tfnb.tensorboard")
-
-    problem = _logdir_problem(logdir)
-    if problem is not None:
+    if problem := _logdir_problem(logdir):
         return problem
     with _locked():
         live = _live_instances()
@@ -644,9 +642,8 @@ def _wait_gone(pid: int, timeout: float, proc: subprocess.Popen | None) -> bool:
         return proc.returncode is not None
     deadline = time.monotonic() + timeout
     fd = None
-    if hasattr(os, "pidfd_open"):
-        with contextlib.suppress(OSError):
-            fd = os.pidfd_open(pid)
+    with contextlib.suppress(AttributeError, OSError):  # no pidfd on macOS, nor on Linux before 5.3
+        fd = os.pidfd_open(pid)
     try:
         while _reap(pid) and time.monotonic() < deadline:
             if fd is not None:

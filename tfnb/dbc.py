@@ -116,15 +116,10 @@ _MD_LINE = re.compile(r"^%md(?:-sandbox)?(?:[ \t]|$)")
 
 @dataclass(frozen=True)
 class Cell:
-    """One notebook cell as it travels through a DBC archive.
-
-    Attributes:
-        cell_type: ``"code"`` or ``"markdown"``.
-        source: the cell text (for markdown without the ``%md`` line).
-        tags: Jupyter cell tags, e.g. ``("parameters",)``.
-        hide_code: Jupyter ``source_hidden`` / Databricks ``hideCommandCode``.
-        hide_result: Jupyter ``outputs_hidden`` / Databricks ``hideCommandResult``.
-    """
+    """One notebook cell as it travels through a DBC archive: ``cell_type`` ``"code"`` or ``"markdown"``,
+    its ``source`` (for markdown without the ``%md`` line), Jupyter ``tags`` (``("parameters",)``), and
+    ``hide_code`` / ``hide_result``: Jupyter ``source_hidden`` / ``outputs_hidden``, Databricks
+    ``hideCommandCode`` / ``hideCommandResult``."""
 
     cell_type: str
     source: str
@@ -135,14 +130,9 @@ class Cell:
 
 @dataclass(frozen=True)
 class Notebook:
-    """One notebook of a DBC archive.
-
-    Attributes:
-        path: the archive entry without extension, e.g. ``"tfnb/00_constants"``.
-        name: the notebook name, e.g. ``"00_constants"``.
-        language: ``python``, ``scala``, ``sql`` or ``r``.
-        cells: the cells in run order.
-    """
+    """One notebook of a DBC archive: its ``path``, the archive entry without extension
+    (``"tfnb/00_constants"``), its ``name`` (``"00_constants"``), ``language`` (``python``, ``scala``,
+    ``sql`` or ``r``) and ``cells`` in run order."""
 
     path: str
     name: str
@@ -182,9 +172,8 @@ def build(src_dir: str | os.PathLike, out_path: str | os.PathLike, *,
         A :class:`BuildResult` with the archive path, its notebooks and sha256.
 
     Raises:
-        ConfigError: no notebooks, a notebook that is not nbformat 4 or not Python, has
-            outputs, a raw cell, a credential, a ``%run`` sharing its cell or naming a
-            notebook not in the archive, or a bad ``folder``.
+        ConfigError: no notebooks, a bad ``folder``, or a notebook that is not nbformat 4 or not Python,
+            has outputs, a raw cell, a credential, or a ``%run`` not alone or naming no notebook of the archive.
 
     Example:
         >>> build("notebooks", "dbc/tfnb.dbc").notebooks[0]       # doctest: +SKIP
@@ -218,7 +207,7 @@ def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb") -> tuple[by
         _check_runs(path, nb, names)
 
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+    with zipfile.ZipFile(buf, "w") as zf:  # each entry says how it is compressed: see _zip_write
         _zip_write(zf, _MANIFEST, {"version": "Manifest", "guid": _uuid("manifest", folder),
                                    "origId": -1, "name": _MANIFEST})
         _zip_write(zf, folder + "/", {"version": "FolderV1", "origId": _orig_id("folder", folder),

@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
     took = time.monotonic() - start
-    print()
-    print(f"tfnb demo: {args.workers} workers, {args.epochs} epochs on scikit-learn digits")
+    print(f"\ntfnb demo: {args.workers} workers, {args.epochs} epochs on scikit-learn digits")
     print(f"  test accuracy : {result['accuracy']:.3f}  (chance is 0.100)")
     print(f"  model         : {os.path.join(model_dir, 'model.keras')}")
     print(f"  checkpoints   : {model_dir}")

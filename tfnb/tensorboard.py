@@ -141,9 +141,7 @@ def databricks_proxy_url(port: int, conf: Mapping[str, str]) -> str | None:
         return None
     path = f"/driver-proxy/o/{org}/{cluster}/{port}/"
     workspace = (conf.get(_DATABRICKS_WORKSPACE) or "").strip().rstrip("/")
-    if not workspace:
-        return path
-    if "://" not in workspace:
+    if workspace and "://" not in workspace:
         workspace = "https://" + workspace
     return workspace + path
 
@@ -153,9 +151,8 @@ def _active_spark_conf() -> dict:
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
-        if spark is None:
-            return {}
-        return {k: spark.conf.get(k, None) for k in (_DATABRICKS_ORG, _DATABRICKS_CLUSTER, _DATABRICKS_WORKSPACE)}
+        keys = (_DATABRICKS_ORG, _DATABRICKS_CLUSTER, _DATABRICKS_WORKSPACE)
+        return {k: spark.conf.get(k, None) for k in keys} if spark is not None else {}
     except Exception as e:  # any Spark/Py4J trouble just means "no proxy tags"
         log.debug("could not read the Databricks cluster tags: %s", e)
         return {}

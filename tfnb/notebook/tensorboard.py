@@ -19,12 +19,11 @@ from ..tensorboard import (DEFAULT_HEIGHT, Launched, Outcome, Reused, browser_ur
 log = logging.getLogger(__name__)
 
 
-def show_panel(logdir, *, height: int = DEFAULT_HEIGHT, proxy_url: str | None = None,
-               **options: Any) -> "TensorBoardPanel":
-    """Show a :class:`TensorBoardPanel` for ``logdir`` in the running cell and return it."""
+def show_panel(logdir, **options: Any) -> "TensorBoardPanel":
+    """Show a :class:`TensorBoardPanel` for ``logdir`` (``options`` as for it) in the running cell and return it."""
     from IPython.display import display
 
-    panel = TensorBoardPanel(logdir, height=height, proxy_url=proxy_url, start=False, **options)
+    panel = TensorBoardPanel(logdir, start=False, **options)
     display(panel)  # first, so the cell shows "Starting..." during TensorBoard's slow start
     panel.reload()
     return panel
@@ -36,18 +35,15 @@ def _with_query(url: str, **params: Any) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-def _ago(start_time: float) -> str:
-    return str(datetime.timedelta(seconds=max(0, int(time.time() - start_time))))
-
-
 def status_html(outcome: Outcome) -> str:
     """One status paragraph for an outcome (escaped HTML)."""
     e = html.escape
     warning = getattr(outcome, "warning", "")
     warning = f" <b style='color:#b45309'>{e(warning)}</b>" if warning else ""
     if isinstance(outcome, Reused):
+        age = datetime.timedelta(seconds=max(0, int(time.time() - outcome.instance.start_time)))
         return (f"Reusing the TensorBoard serving <code>{e(outcome.logdir)}</code> (pid {outcome.pid}, "
-                f"port {outcome.port}, started {_ago(outcome.instance.start_time)} ago).{warning}")
+                f"port {outcome.port}, started {age} ago).{warning}")
     if isinstance(outcome, Launched):
         return (f"TensorBoard started for <code>{e(outcome.logdir)}</code> (pid {outcome.pid}, "
                 f"port {outcome.port}).{warning}")
@@ -59,13 +55,13 @@ def status_html(outcome: Outcome) -> str:
 
 def frame_html(url: str, height: int) -> str:
     """The iframe showing TensorBoard at ``url``."""
-    return (f'<iframe src="{html.escape(url, quote=True)}" title="TensorBoard" width="100%" '
+    return (f'<iframe src="{html.escape(url)}" title="TensorBoard" width="100%" '
             f'height="{height}" style="border:1px solid #ddd" loading="eager"></iframe>')
 
 
 def link_html(url: str) -> str:
-    e = html.escape(url, quote=True)
-    return f'<a href="{e}" target="_blank" rel="noopener">{html.escape(url)}</a>'
+    e = html.escape(url)
+    return f'<a href="{e}" target="_blank" rel="noopener">{e}</a>'
 
 
 class TensorBoardPanel:
@@ -167,8 +163,7 @@ class TensorBoardPanel:
         from IPython import get_ipython
         from IPython.display import display
 
-        shell = get_ipython()
-        count = getattr(shell, "execution_count", None)
+        count = getattr(get_ipython(), "execution_count", None)
         # tensorboard() shows the panel itself and also returns it; when that call is the cell's
         # last line, the returned value would show a second copy of the same panel.
         if count is not None and count == self._shown_in:
