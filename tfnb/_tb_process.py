@@ -298,7 +298,7 @@ def _positive(name: str, value) -> float:
 
 def _logdir_problem(logdir: str) -> Failed | None:
     if "://" in logdir or os.path.isdir(logdir):
-        return None  # remote stores (gs://, s3://): TensorBoard itself checks them
+        return None  # a remote store (gs://, s3://) is TensorBoard's to check
     if os.path.exists(logdir):
         return Failed(logdir, f"logdir {logdir} is a file, not a directory",
                       "pass the directory that holds the event files (e.g. the run's log_dir)")

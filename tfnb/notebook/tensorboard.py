@@ -172,8 +172,7 @@ class TensorBoardPanel:
         display(self.widget)
 
     def __repr__(self) -> str:
-        state = self.url or "not running"
-        return f"TensorBoardPanel({str(self.logdir)!r}, {state})"
+        return f"TensorBoardPanel({str(self.logdir)!r}, {self.url or 'not running'})"
 
 
 __all__ = ["TensorBoardPanel", "show_panel", "status_html", "frame_html", "link_html"]
