@@ -13,19 +13,12 @@ from types import ModuleType
 
 from .errors import MissingDependencyError
 
-# module -> what to pip install
+# module -> what to pip install, where that is not the module's own name
 _HINTS = {
     "tensorflow": "'tfnb[tf]' (tensorflow and tf-keras)",
     "tf_keras": "tf-keras",
     "pyspark": "'tfnb[spark]' (pyspark)",
-    "boto3": "boto3",
-    "fsspec": "fsspec",
-    "ipywidgets": "ipywidgets",
     "IPython": "ipython",
-    "tensorboard": "tensorboard",
-    "pyarrow": "pyarrow",
-    "tqdm": "tqdm",
-    "cloudpickle": "cloudpickle",
     "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)",
 }
 
@@ -39,20 +32,8 @@ _TF_FIX = ("on Databricks use Runtime ML 15.4 LTS or later, or %pip install 'ten
 
 
 def require(module: str, purpose: str = "") -> ModuleType:
-    """Import ``module`` or raise MissingDependencyError naming the package to install.
-
-    ``tensorflow`` goes through :func:`require_tensorflow`, so its floor is checked too.
-
-    Args:
-        module: dotted module name, e.g. ``"boto3"``.
-        purpose: what the caller wanted it for, shown in the message.
-
-    Returns:
-        The imported module.
-
-    Raises:
-        MissingDependencyError: when the import fails (or TensorFlow is too old).
-    """
+    """Import ``module`` (dotted name) or raise MissingDependencyError naming the package to install
+    and ``purpose``, what the caller wanted it for. ``tensorflow`` also gets its floor checked."""
     if module == "tensorflow":
         return require_tensorflow(purpose)
     try:
@@ -61,9 +42,7 @@ def require(module: str, purpose: str = "") -> ModuleType:
         top = module.split(".")[0]
         pkg = _HINTS.get(top, top)
         why = f" for {purpose}" if purpose else ""
-        raise MissingDependencyError(
-            f"{module} is needed{why} but is not installed; pip install {pkg}"
-        ) from e
+        raise MissingDependencyError(f"{module} is needed{why} but is not installed; pip install {pkg}") from e
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -78,18 +57,8 @@ def _floor(name: str, found: str, floor: tuple[int, ...], why: str, fix: str) ->
 
 
 def require_spark(spark=None) -> ModuleType:
-    """Import pyspark and check it (and ``spark``'s server, when given) is Spark >= 3.5.
-
-    Args:
-        spark: a SparkSession whose ``version`` to check as well (a Spark Connect server may
-            run another version than the local client).
-
-    Returns:
-        The ``pyspark`` module.
-
-    Raises:
-        MissingDependencyError: pyspark is missing or older than 3.5, naming the fix.
-    """
+    """Import pyspark and check it is Spark >= 3.5, and so is ``spark``'s version when given (a Spark
+    Connect server may run another version than the local client); else MissingDependencyError."""
     pyspark = require("pyspark", "tfnb.run")
     why = "tfnb launches TensorFlow as one barrier DataFrame.mapInArrow job"
     _floor("Spark", getattr(pyspark, "__version__", "0"), SPARK_FLOOR, why, _SPARK_FIX)
@@ -104,11 +73,7 @@ def require_spark(spark=None) -> ModuleType:
 
 
 def require_tensorflow(purpose: str = "") -> ModuleType:
-    """Import TensorFlow and check it is >= 2.16 with tf-keras installed.
-
-    Raises:
-        MissingDependencyError: TensorFlow is missing or too old, or tf-keras is missing.
-    """
+    """Import TensorFlow and check it is >= 2.16 with tf-keras installed; else MissingDependencyError."""
     why = f" for {purpose}" if purpose else ""
     if importlib.util.find_spec("tf_keras") is None:
         raise MissingDependencyError(
@@ -125,9 +90,8 @@ def require_tensorflow(purpose: str = "") -> ModuleType:
 
 def _has_job_tags(spark) -> bool:
     # Job tags: every Spark Connect session, classic sessions from Spark 4.0 (3.5 raises on addTag).
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        return True
-    return _version(require("pyspark").__version__) >= (4, 0)
+    return (type(spark).__module__.startswith("pyspark.sql.connect")
+            or _version(require("pyspark").__version__) >= (4, 0))
 
 
 @contextlib.contextmanager

@@ -3,32 +3,23 @@
 Core only: every function returns a typed outcome (:class:`Launched`, :class:`Reused`,
 :class:`Failed`, :class:`TimedOut`) and never prints; :mod:`tfnb.tensorboard` renders them.
 
-Security: TensorBoard has no authentication. Anyone who can reach its port can read every
-scalar, image, graph and text summary under ``logdir``. Binding to loopback (``127.0.0.1``, the
-default) is what protects it: only processes on the driver machine (including other users of
-that machine), and a notebook proxy running there (jupyter-server-proxy, the Databricks driver
-proxy, which add their own login), can reach it. Pass ``host="0.0.0.0"`` only on a trusted network.
+Security: TensorBoard has no authentication; anyone who can reach its port reads everything under
+``logdir``. Binding to loopback (``127.0.0.1``, the default) is what protects it: only processes on
+the driver machine (other users of it included) and a notebook proxy running there (which adds its
+own login) can reach it. Any other address makes the outcome carry a ``warning`` (also logged).
 
-A TensorBoard bound to any other address (``host="0.0.0.0"``, a LAN address) is reachable from
-the network: its outcome carries a ``warning`` saying so, which is also logged.
+Bookkeeping: one JSON info file per instance, in a private per-user folder (``tfnb-tensorboard-<uid>``
+under ``TFNB_STATE_DIR`` or the temp dir; ``TFNB_TENSORBOARD_DIR`` names another), checked on every
+use (else :class:`~tfnb.errors.UnsafePathError` and nothing in it is read, killed or deleted). An
+entry is stale when its process is gone or is not the TensorBoard recorded (start time, owner,
+command line, own process group), when its URL is not the host and port it was launched on, or when
+it no longer answers; listing instances removes stale entries (killing a hung TensorBoard of ours).
+Only log files tfnb created inside the folder are ever deleted.
 
-Bookkeeping: one JSON info file per running instance, in a private per-user folder
-(``tfnb-tensorboard-<uid>`` under ``TFNB_STATE_DIR`` or the temp dir; ``TFNB_TENSORBOARD_DIR``
-names another). The folder must be this user's and writable by no one else, checked on every use,
-else :class:`~tfnb.errors.UnsafePathError` and nothing in it is read, killed or deleted. An entry
-is stale when its process is gone or is not the TensorBoard recorded (start time, owner, command
-line, own process group), when its URL is not the host and port it was launched on, or when it no
-longer answers on its port; stale entries are removed (and a hung TensorBoard of ours is killed)
-whenever instances are listed. Only log files tfnb created inside the folder are ever deleted.
-
-Lifetime: each TensorBoard runs in its own session, so Ctrl-C / interrupting the kernel (which
-signals the kernel's process group) does not hit it. An ``atexit`` hook stops the instances this
-process launched when the process exits normally: a Jupyter kernel shut down or restarted from the
-UI gets a shutdown request and exits normally (shutdown is covered by the browser test). A kernel
-killed with SIGKILL (OOM, "kill -9", or Jupyter giving up on a slow shutdown) runs no atexit
-hooks: its TensorBoard keeps running, and the next :func:`ensure_tensorboard` for that logdir
-reuses it; if it died meanwhile, its entry is found stale and removed. :func:`instances` lists what
-is running and :func:`stop` stops one.
+Lifetime: each TensorBoard runs in its own session, so interrupting the kernel does not hit it. An
+``atexit`` hook stops the instances this process launched when it exits normally (a kernel shut down
+or restarted from the UI does). After a SIGKILLed kernel its TensorBoard keeps running, and the next
+:func:`ensure_tensorboard` for that logdir reuses it (or finds it stale and removes it).
 """
 from __future__ import annotations
 
@@ -54,7 +45,9 @@ from typing import Iterator, Union
 from urllib.parse import urlsplit
 
 from ._config import setting
+from ._deps import require
 from ._private import check_private, private_dir
+from ._storage import atomic_write, locked
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -112,32 +105,17 @@ class TensorBoardInstance:
 
 @dataclass(frozen=True)
 class _Serving:
-    """A TensorBoard that answers; ``url``/``port``/``pid``/``logdir`` are its instance's.
-
-    Attributes:
-        instance: the running instance.
-        warning: non-empty when TensorBoard is reachable from the network (bound to a non-loopback
-            host): what is exposed and how to avoid it. Also logged.
-    """
+    """A TensorBoard that answers: its ``instance`` (whose ``url``, ``port``, ``pid``, ``logdir`` it shows)
+    and a ``warning`` (also logged) saying what is exposed and how to avoid it when it is bound to a
+    non-loopback host, reachable from the network."""
 
     instance: TensorBoardInstance
     warning: str = ""
 
-    @property
-    def url(self) -> str:
-        return self.instance.url
-
-    @property
-    def port(self) -> int:
-        return self.instance.port
-
-    @property
-    def pid(self) -> int:
-        return self.instance.pid
-
-    @property
-    def logdir(self) -> str:
-        return self.instance.logdir
+    url = property(lambda self: self.instance.url)
+    port = property(lambda self: self.instance.port)
+    pid = property(lambda self: self.instance.pid)
+    logdir = property(lambda self: self.instance.logdir)
 
 
 @dataclass(frozen=True)
@@ -152,15 +130,8 @@ class Reused(_Serving):
 
 @dataclass(frozen=True)
 class Failed:
-    """TensorBoard could not be started.
-
-    Attributes:
-        logdir: the logdir asked for.
-        error: what went wrong.
-        fix: what to change.
-        exit_code: TensorBoard's exit status when it started and exited, else None.
-        output: the last lines TensorBoard printed, when it ran.
-    """
+    """TensorBoard could not be started for ``logdir``: ``error`` says why and ``fix`` what to change;
+    ``exit_code`` and ``output`` (its last lines) are set when TensorBoard ran and exited."""
 
     logdir: str
     error: str
@@ -171,15 +142,8 @@ class Failed:
 
 @dataclass(frozen=True)
 class TimedOut:
-    """TensorBoard did not start serving within ``timeout`` seconds; it was stopped.
-
-    Attributes:
-        logdir: the logdir asked for.
-        timeout: seconds waited.
-        pid: the process that was stopped.
-        output: the last lines it printed.
-        fix: what to change.
-    """
+    """TensorBoard (process ``pid``) did not serve ``logdir`` within ``timeout`` seconds and was stopped;
+    ``output`` holds the last lines it printed, ``fix`` what to change."""
 
     logdir: str
     timeout: float
@@ -230,12 +194,8 @@ def ensure_tensorboard(logdir, *, host: str | None = None, port: int | None = No
     asked_interval = setting("tensorboard_reload_interval", reload_interval, None, float)
     interval = _positive("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
     timeout = _positive("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
-    from ._deps import require
-
     require("tensorboard", "tfnb.tensorboard")
-
-    problem = _logdir_problem(logdir)
-    if problem is not None:
+    if problem := _logdir_problem(logdir):
         return problem
     with _locked():
         live = _live_instances()
@@ -307,18 +267,14 @@ def _stop(inst: TensorBoardInstance, grace: float) -> bool:
 
 def _normalize_logdir(logdir) -> str:
     try:
-        text = os.fspath(logdir)
+        text = os.fsdecode(logdir)
     except TypeError as e:
         raise ConfigError(f"logdir={logdir!r} is not a path; pass the directory holding the event "
                           f"files, e.g. tfnb.tensorboard('/tmp/run1/logs')") from e
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
     if not text.strip():
         raise ConfigError("logdir is empty; pass the directory holding the event files, "
                           "e.g. tfnb.tensorboard('/tmp/run1/logs')")
-    if "://" in text:
-        return text
-    return os.path.abspath(os.path.expanduser(text))
+    return text if "://" in text else os.path.abspath(os.path.expanduser(text))
 
 
 def _check_host(host) -> str:
@@ -329,9 +285,7 @@ def _check_host(host) -> str:
 
 
 def _check_port(port) -> int | None:
-    if port is None:
-        return None
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} is not a TCP port (0-65535); pass port=None to pick a free one")
     return port
 
@@ -343,10 +297,8 @@ def _positive(name: str, value) -> float:
 
 
 def _logdir_problem(logdir: str) -> Failed | None:
-    if "://" in logdir:
-        return None  # remote stores (gs://, s3://): TensorBoard itself checks them
-    if os.path.isdir(logdir):
-        return None
+    if "://" in logdir or os.path.isdir(logdir):
+        return None  # a remote store (gs://, s3://) is TensorBoard's to check
     if os.path.exists(logdir):
         return Failed(logdir, f"logdir {logdir} is a file, not a directory",
                       "pass the directory that holds the event files (e.g. the run's log_dir)")
@@ -381,28 +333,13 @@ def _info_path(pid: int) -> str:
     return os.path.join(_info_dir(), f"{pid}.json")
 
 
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
+def _locked():
     """Serialize find-or-launch between kernels on this machine, so two cells do not both launch."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no cross-process lock, at worst two instances for one logdir
-        yield
-        return
-    with open(os.path.join(_info_dir(), ".lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return locked(os.path.join(_info_dir(), ".lock"))
 
 
 def _write_info(inst: TensorBoardInstance) -> None:
-    path = _info_path(inst.pid)
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump({"format": _INFO_FORMAT, **asdict(inst)}, fh, indent=1)
-    os.replace(tmp, path)
+    atomic_write(_info_path(inst.pid), json.dumps({"format": _INFO_FORMAT, **asdict(inst)}, indent=1).encode())
 
 
 _FIELD_TYPES = {"int": int, "float": (int, float), "str": str}
@@ -480,21 +417,18 @@ def _live_instances() -> list[TensorBoardInstance]:
         if not _is_ours(inst):
             log.info("removing stale TensorBoard entry for %s: pid %d is gone or is not that TensorBoard",
                      inst.logdir, inst.pid)
-            _remove_entry(inst, path)
-            continue
-        if not _url_matches(inst):
+        elif not _url_matches(inst):
             # never show it: an iframe pointed elsewhere would hand the page to whoever serves there
             log.warning("removing TensorBoard entry %s: its url %s is not host %s port %d it was launched on",
                         path, inst.url, inst.host, inst.port)
-            _remove_entry(inst, path)
-            continue
-        if not _answers(inst):
+        elif not _answers(inst):
             log.warning("TensorBoard pid %d for %s does not answer on port %d; stopping it",
                         inst.pid, inst.logdir, inst.port)
             _kill_group(inst.pid)
-            _remove_entry(inst, path)
+        else:
+            live.append(inst)
             continue
-        live.append(inst)
+        _remove_entry(inst, path)
     return live
 
 
@@ -520,12 +454,9 @@ def _url_matches(inst: TensorBoardInstance) -> bool:
 def _exposure(inst: TensorBoardInstance) -> str:
     """A warning when the instance is reachable from the network, else ""."""
     host = inst.host.strip("[]")
-    try:
-        local = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        local = False  # a host name: it may well resolve to a network address
-    if local:
-        return ""
+    with contextlib.suppress(ValueError):  # a host name: it may well resolve to a network address
+        if host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return ""
     return (f"TensorBoard listens on {inst.host} port {inst.port}, reachable from the network: anyone who can "
             f"connect to it reads everything under {inst.logdir} (TensorBoard has no login). Use "
             f"host='127.0.0.1' (the default) unless the network is trusted.")
@@ -556,13 +487,19 @@ def _is_ours(inst: TensorBoardInstance) -> bool:
             and inst.proc_start != 0 and _proc_start(inst.pid) == inst.proc_start)
 
 
-def _proc_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
+def _proc_stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); [] where unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
+    parts = _proc_stat(pid)
+    return int(parts[19]) if len(parts) > 19 else None
 
 
 def _probe_host(host: str) -> str:
@@ -591,8 +528,7 @@ def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: 
     log_path = os.path.join(_info_dir(), f"tb-{uuid.uuid4().hex[:12]}.log")
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", host,
            "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
     proc = None
     try:
         # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid:
@@ -623,7 +559,7 @@ def _launch(logdir: str, host: str, port: int, reload_interval: float, timeout: 
                         f"TensorFlow at start, which is slow on a busy machine: raise timeout= "
                         f"(or TFNB_TENSORBOARD_TIMEOUT)")
     version, url = ready.group(1), ready.group(2)
-    inst = TensorBoardInstance(pid=proc.pid, port=_port_of(url, port), host=host, logdir=logdir, url=url,
+    inst = TensorBoardInstance(pid=proc.pid, port=urlsplit(url).port or port, host=host, logdir=logdir, url=url,
                                reload_interval=reload_interval, start_time=time.time(),
                                launched_by=os.getpid(), tensorboard_version=version, log_path=log_path,
                                proc_start=_proc_start(proc.pid) or 0)
@@ -653,22 +589,14 @@ def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
     """Wait for TensorBoard's "serving at URL" line: (match, None, text), exit (None, code, text) or timeout."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            code = proc.wait(timeout=_READY_POLL)
-        except subprocess.TimeoutExpired:
-            code = None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_READY_POLL)
         text = _read_text(log_path)
         ready = _READY_LINE.search(text)
-        if code is not None:
-            return None, code, text
+        if proc.returncode is not None:
+            return None, proc.returncode, text
         if ready is not None or time.monotonic() >= deadline:
             return ready, None, text
-
-
-def _port_of(url: str, asked: int) -> int:
-    from urllib.parse import urlparse
-
-    return urlparse(url).port or asked
 
 
 def _exit_failure(logdir: str, host: str, port: int, code: int, text: str) -> Failed:
@@ -709,16 +637,13 @@ def _await_exit(pid: int, grace: float, proc: subprocess.Popen | None = None) ->
 
 def _wait_gone(pid: int, timeout: float, proc: subprocess.Popen | None) -> bool:
     if proc is not None:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
+        return proc.returncode is not None
     deadline = time.monotonic() + timeout
     fd = None
-    if hasattr(os, "pidfd_open"):
-        with contextlib.suppress(OSError):
-            fd = os.pidfd_open(pid)
+    with contextlib.suppress(AttributeError, OSError):  # no pidfd on macOS, nor on Linux before 5.3
+        fd = os.pidfd_open(pid)
     try:
         while _reap(pid) and time.monotonic() < deadline:
             if fd is not None:
@@ -749,21 +674,16 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return not os.path.isdir("/proc/self")
+    parts = _proc_stat(pid)
+    return parts[0] != b"Z" if parts else not os.path.isdir("/proc/self")
 
 
 def _stop_at_exit(inst: TensorBoardInstance, proc: subprocess.Popen) -> None:
     del proc
-    try:
-        # Short grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit; TensorBoard, already
-        # sent SIGTERM, exits on its own even if that happens.
+    # Short grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit; TensorBoard, already
+    # sent SIGTERM, exits on its own even if that happens. Interpreter shutdown: never let cleanup raise.
+    with contextlib.suppress(Exception):
         _stop(inst, _EXIT_GRACE)
-    except Exception:  # interpreter shutdown: never let cleanup raise
-        pass
 
 
 # ---------------------------------------------------------------- small helpers

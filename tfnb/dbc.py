@@ -1,44 +1,33 @@
 """Databricks DBC archives: build one from the project's notebooks, read one back.
 
-A DBC archive is a zip of notebook JSON documents, one entry per notebook at
-``<folder>/<name>.<language>`` (``tfnb/00_constants.python``). Each document is a
-``NotebookV1`` object whose ``commands`` are the cells, in ``position`` order; a markdown
-cell is a command whose source starts with ``%md``. :func:`build` writes every field
-Databricks' own exporter writes, in its order, so that importing the archive
-(Workspace > Import, or ``databricks workspace import TARGET --file tfnb.dbc --format DBC``) gives the notebooks
-exactly as they are in ``notebooks/``: same names (so ``%run ./00_constants`` resolves),
-same order, same cells, magics (``%run``, ``%pip``, ``%sh``) untouched.
+A DBC archive is a zip of ``NotebookV1`` JSON documents, one entry per notebook at
+``<folder>/<name>.<language>`` (``tfnb/00_constants.python``), whose ``commands`` are the cells in
+``position`` order (a markdown cell is a command starting with ``%md``). :func:`build` writes every
+field Databricks' exporter writes, in its order, so that importing the archive (Workspace > Import, or
+``databricks workspace import TARGET --file tfnb.dbc --format DBC``) gives the notebooks exactly as
+they are in ``notebooks/``: same names (so ``%run ./00_constants`` resolves), order, cells and magics.
 
 Choices a reader of the archive should know about:
 
-* **Like an export.** As Databricks' exporter does: a root ``manifest.mf``, a ``FolderV1``
-  entry for the folder, every entry deflated, command ``metadata`` ``{}``.
-* **Byte-identical builds.** Entries in a fixed order, deflated at a fixed level, dated
-  1980-01-01, with fixed permissions; ids (``origId``, ``guid``, ``nuid``) are derived from a
-  hash of the notebook path and the cell position, never random; the JSON is compact with a
-  fixed field order. The same notebooks give the same bytes on one machine. Deflate output
-  may differ between zlib builds (zlib-ng), so :func:`is_fresh` compares what the entries
-  hold (names, dates, modes, uncompressed bytes), not the compressed bytes.
-* **Notebooks must be stored without outputs**: a notebook with outputs is refused (run
-  ``jupyter nbconvert --clear-output --inplace notebooks/*.ipynb``) rather than silently
-  cleared, so what is committed is what is shipped.
-* **No credentials**: a cell holding something that looks like an AWS access key id or session
-  token, a secret assigned a literal (``aws_secret_access_key = "..."``,
-  ``os.environ["AWS_SECRET_ACCESS_KEY"] = "..."``, ``.setdefault``/``.update`` forms, tfnb's
-  storage options ``{"key": ..., "secret": ..., "token": ...}``), a private key block or a
-  Databricks token is refused, naming the notebook and cell (never the value).
-* **Databricks rules checked up front**: ``%run`` must be alone in its cell, and
-  ``%run ./NAME`` must name a notebook of the same archive.
-* **Cell metadata**: Jupyter's hidden-source / hidden-output flags map to
-  ``hideCommandCode`` / ``hideCommandResult``. Cell tags (papermill's ``parameters``) are
-  not carried: exports have ``metadata: {}`` and Databricks parameters are widgets. Other
-  cell and notebook metadata (kernelspec, cell ids) is not carried either. :func:`extract`
-  writes fresh kernel metadata and ids derived from the command ids.
-* **Reading real exports**: data descriptors, ``FolderV1`` folder entries, ``manifest.mf``,
-  commands that start with a blank line, ``%md-sandbox``, ``%run "./NAME"`` with quotes and
-  commands without ``metadata`` are all read.
-* ``environmentMetadata`` (serverless environment version) is left out: writing the
-  exporter's value would pin imported notebooks to an old serverless environment.
+* **Like an export**: a root ``manifest.mf``, a ``FolderV1`` entry for the folder, every entry
+  deflated, command ``metadata`` ``{}``. No ``environmentMetadata``: the exporter's value would pin
+  imported notebooks to an old serverless environment.
+* **Byte-identical builds**: fixed entry order, deflate level, date (1980-01-01) and permissions; ids
+  (``origId``, ``guid``, ``nuid``) hashed from the notebook path and cell position, never random;
+  compact JSON in a fixed field order. zlib builds (zlib-ng) may deflate differently, so
+  :func:`is_fresh` compares what the entries hold (names, dates, modes, bytes), not the compressed bytes.
+* **Refused, naming the notebook and cell**: outputs (run ``jupyter nbconvert --clear-output --inplace
+  notebooks/*.ipynb``: what is committed is what is shipped); what looks like a credential (an AWS
+  access key id or session token, a literal assigned to a secret name such as
+  ``aws_secret_access_key`` or to tfnb's storage options ``key``/``secret``/``token``, a private key
+  block, a Databricks token; the value is never shown); a ``%run`` that is not alone in its cell or
+  that names a notebook not in the archive.
+* **Cell metadata**: Jupyter's hidden-source / hidden-output flags map to ``hideCommandCode`` /
+  ``hideCommandResult``. Tags, kernelspec and cell ids are not carried (exports have ``metadata: {}``;
+  Databricks parameters are widgets); :func:`extract` writes fresh kernel metadata and ids.
+* **Reading real exports**: data descriptors, ``FolderV1`` entries, ``manifest.mf``, commands that
+  start with a blank line, ``%md-sandbox``, quoted ``%run "./NAME"`` and commands without
+  ``metadata`` are all read.
 
 Example:
     >>> from tfnb import dbc
@@ -62,7 +51,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import uuid
 import zipfile
 from collections.abc import Iterable, Sequence
@@ -70,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ._storage import atomic_write
 from .errors import ConfigError, DbcFormatError, TfnbError
 
 log = logging.getLogger(__name__)
@@ -77,23 +66,12 @@ log = logging.getLogger(__name__)
 __all__ = ["Cell", "Notebook", "BuildResult", "build", "build_bytes", "is_fresh", "read", "extract",
            "to_ipynb", "to_source", "main"]
 
-# language -> (entry extension, source-format comment prefix, source-format file suffix)
-_LANGUAGES = {
-    "python": ("python", "#", ".py"),
-    "scala": ("scala", "//", ".scala"),
-    "sql": ("sql", "--", ".sql"),
-    "r": ("r", "#", ".r"),
-}
+# language (also the entry extension) -> (source-format comment prefix, source-format file suffix)
+_LANGUAGES = {"python": ("#", ".py"), "scala": ("//", ".scala"), "sql": ("--", ".sql"), "r": ("#", ".r")}
 _FORMATS = ("ipynb", "py")
-_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 _MANIFEST = "manifest.mf"       # Databricks exports carry one at the root; it holds no cells
-_ZIP_LEVEL = 9
 _NOTEBOOK_VERSION = "NotebookV1"
-_COMMAND_VERSION = "CommandV1"
 _MAX_ENTRY_BYTES = 256 << 20    # a DBC notebook this large is not one we wrote; refuse, don't inflate
-
-# What Databricks writes as "latestUser" in exports: no real user name goes into the archive.
-_EXPORT_USER = "a user"
 
 # A quoted literal of 8+ characters without spaces (placeholders such as "<your key>" pass), or the
 # unquoted base64-like value of a shell/ini/%env line that is not a name being read.
@@ -125,7 +103,8 @@ _CREDENTIALS = (
 
 _RUN_LINE = re.compile(r"""^%run\s+("[^"]*"|'[^']*'|\S+)""")
 # The same %run in each world: IPython runs ``./NAME.ipynb``, Databricks runs ``./NAME``.
-# Targets with spaces are quoted: ``%run "./00 setup"``.
+# Targets with spaces are quoted: ``%run "./00 setup"``. Groups: 1 ``%run `` and 5 trailing space around
+# either 2 an unquoted target or 4 a target in quotes 3.
 _RUN_IPYNB = re.compile(r"^(\s*%run\s+)(?:(\./[^/\s\"']+)\.ipynb|([\"'])(\./[^/\"']+)\.ipynb\3)(\s*)$",
                         re.MULTILINE)
 _RUN_DATABRICKS = re.compile(r"^(\s*%run\s+)(?:(\./[^/\s.\"']+)|([\"'])(\./[^/.\"']+)\3)(\s*)$", re.MULTILINE)
@@ -137,15 +116,10 @@ _MD_LINE = re.compile(r"^%md(?:-sandbox)?(?:[ \t]|$)")
 
 @dataclass(frozen=True)
 class Cell:
-    """One notebook cell as it travels through a DBC archive.
-
-    Attributes:
-        cell_type: ``"code"`` or ``"markdown"``.
-        source: the cell text (for markdown without the ``%md`` line).
-        tags: Jupyter cell tags, e.g. ``("parameters",)``.
-        hide_code: Jupyter ``source_hidden`` / Databricks ``hideCommandCode``.
-        hide_result: Jupyter ``outputs_hidden`` / Databricks ``hideCommandResult``.
-    """
+    """One notebook cell as it travels through a DBC archive: ``cell_type`` ``"code"`` or ``"markdown"``,
+    its ``source`` (for markdown without the ``%md`` line), Jupyter ``tags`` (``("parameters",)``), and
+    ``hide_code`` / ``hide_result``: Jupyter ``source_hidden`` / ``outputs_hidden``, Databricks
+    ``hideCommandCode`` / ``hideCommandResult``."""
 
     cell_type: str
     source: str
@@ -156,14 +130,9 @@ class Cell:
 
 @dataclass(frozen=True)
 class Notebook:
-    """One notebook of a DBC archive.
-
-    Attributes:
-        path: the archive entry without extension, e.g. ``"tfnb/00_constants"``.
-        name: the notebook name, e.g. ``"00_constants"``.
-        language: ``python``, ``scala``, ``sql`` or ``r``.
-        cells: the cells in run order.
-    """
+    """One notebook of a DBC archive: its ``path``, the archive entry without extension
+    (``"tfnb/00_constants"``), its ``name`` (``"00_constants"``), ``language`` (``python``, ``scala``,
+    ``sql`` or ``r``) and ``cells`` in run order."""
 
     path: str
     name: str
@@ -178,13 +147,8 @@ class Notebook:
 
 @dataclass(frozen=True)
 class BuildResult:
-    """What :func:`build` wrote.
-
-    Attributes:
-        path: the archive file.
-        notebooks: archive entries in run order, e.g. ``("tfnb/00_constants", ...)``.
-        sha256: hex digest of the archive bytes.
-    """
+    """What :func:`build` wrote: the archive ``path``, its ``notebooks`` entries in run order
+    (``("tfnb/00_constants", ...)``) and the ``sha256`` hex digest of its bytes."""
 
     path: Path
     notebooks: tuple[str, ...]
@@ -208,28 +172,16 @@ def build(src_dir: str | os.PathLike, out_path: str | os.PathLike, *,
         A :class:`BuildResult` with the archive path, its notebooks and sha256.
 
     Raises:
-        ConfigError: no notebooks, a notebook that is not nbformat 4 or not Python, has
-            outputs, a raw cell, a credential, a ``%run`` sharing its cell or naming a
-            notebook not in the archive, or a bad ``folder``.
+        ConfigError: no notebooks, a bad ``folder``, or a notebook that is not nbformat 4 or not Python,
+            has outputs, a raw cell, a credential, or a ``%run`` not alone or naming no notebook of the archive.
 
     Example:
         >>> build("notebooks", "dbc/tfnb.dbc").notebooks[0]       # doctest: +SKIP
         'tfnb/00_constants'
     """
-    src = Path(src_dir)
     out = Path(out_path)
-    folder = _check_folder(out.stem if folder is None else folder)
-    data, entries = build_bytes(src, folder=folder)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    data, entries = build_bytes(src_dir, folder=out.stem if folder is None else folder)
+    atomic_write(str(out), data)
     digest = hashlib.sha256(data).hexdigest()
     log.info("wrote %s: %d notebooks, sha256 %s", out, len(entries), digest)
     return BuildResult(path=out, notebooks=tuple(entries), sha256=digest)
@@ -242,7 +194,8 @@ def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb") -> tuple[by
         >>> data, entries = build_bytes("notebooks", folder="tfnb")   # doctest: +SKIP
     """
     src = Path(src_dir)
-    folder = _check_folder(folder)
+    if not folder or "/" in folder or "\\" in folder or folder.startswith(".") or folder.strip() != folder:
+        raise ConfigError(f"folder={folder!r} is not a usable workspace folder name; pass a plain name such as 'tfnb'")
     if not src.is_dir():
         raise ConfigError(f"notebook folder {str(src)!r} does not exist; pass the folder holding the .ipynb files")
     files = sorted((p for p in src.glob("*.ipynb") if not p.name.startswith(".")), key=lambda p: p.name)
@@ -254,19 +207,14 @@ def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb") -> tuple[by
         _check_runs(path, nb, names)
 
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=_ZIP_LEVEL) as zf:
-        _zip_write(zf, _MANIFEST, _compact({"version": "Manifest", "guid": _uuid("manifest", folder),
-                                            "origId": -1, "name": _MANIFEST}))
-        _zip_write(zf, folder + "/", _compact({"version": "FolderV1", "origId": _orig_id("folder", folder),
-                                               "name": folder, "guid": "", "children": []}))
+    with zipfile.ZipFile(buf, "w") as zf:  # each entry says how it is compressed: see _zip_write
+        _zip_write(zf, _MANIFEST, {"version": "Manifest", "guid": _uuid("manifest", folder),
+                                   "origId": -1, "name": _MANIFEST})
+        _zip_write(zf, folder + "/", {"version": "FolderV1", "origId": _orig_id("folder", folder),
+                                      "name": folder, "guid": "", "children": []})
         for nb in notebooks:
-            doc = _notebook_json(nb)
-            _zip_write(zf, f"{nb.path}.{_LANGUAGES[nb.language][0]}", _compact(doc))
+            _zip_write(zf, f"{nb.path}.{nb.language}", _notebook_json(nb))
     return buf.getvalue(), [nb.path for nb in notebooks]
-
-
-def _compact(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _contents(data: bytes) -> list[tuple]:
@@ -275,7 +223,7 @@ def _contents(data: bytes) -> list[tuple]:
 
 
 def is_fresh(src_dir: str | os.PathLike, archive: str | os.PathLike, *, folder: str | None = None) -> bool:
-    """Whether ``archive`` has exactly the bytes a build of ``src_dir`` gives now.
+    """Whether ``archive`` holds what a build of ``src_dir`` gives now.
 
     Example:
         >>> is_fresh("notebooks", "dbc/tfnb.dbc")                 # doctest: +SKIP
@@ -290,23 +238,12 @@ def is_fresh(src_dir: str | os.PathLike, archive: str | os.PathLike, *, folder: 
         return False
 
 
-def _check_folder(folder: str) -> str:
-    if not folder or "/" in folder or "\\" in folder or folder.startswith(".") or folder.strip() != folder:
-        raise ConfigError(
-            f"folder={folder!r} is not a usable workspace folder name; pass a plain name such as 'tfnb'")
-    return folder
-
-
-def _zip_write(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
-    info = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
+def _zip_write(zf: zipfile.ZipFile, name: str, doc: dict[str, Any]) -> None:
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
     info.compress_type = zipfile.ZIP_DEFLATED
     info.create_system = 3  # unix, whatever OS builds it, so the bytes match everywhere
     info.external_attr = ((0o40755 << 16) | 0x10) if name.endswith("/") else (0o100644 << 16)
-    zf.writestr(info, data)
-
-
-def _text(source: Any) -> str:
-    return "".join(source) if isinstance(source, list) else str(source)
+    zf.writestr(info, json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
 def _load_ipynb(path: Path, folder: str) -> Notebook:
@@ -333,7 +270,8 @@ def _load_ipynb(path: Path, folder: str) -> Notebook:
         if cell.get("outputs"):
             raise ConfigError(f"{where_cell} has outputs; notebooks must be stored without outputs: run "
                               f"`jupyter nbconvert --clear-output --inplace {path}` first")
-        source = _text(cell.get("source", ""))
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else str(source)
         for what, pattern in _CREDENTIALS:
             if pattern.search(source):
                 raise ConfigError(f"{where_cell} contains what looks like {what}; credentials must not "
@@ -351,23 +289,18 @@ def _load_ipynb(path: Path, folder: str) -> Notebook:
 
 def _check_runs(path: Path, nb: Notebook, names: set[str]) -> None:
     for i, cell in enumerate(nb.cells, start=1):
-        if cell.cell_type != "code":
-            continue
-        lines = [ln for ln in cell.source.splitlines() if ln.strip()]
-        runs = [ln for ln in lines if _RUN_LINE.match(ln.strip())]
-        if not runs:
+        lines = [ln.strip() for ln in cell.source.splitlines() if ln.strip()]
+        if cell.cell_type != "code" or not any(_RUN_LINE.match(ln) for ln in lines):
             continue
         where = f"notebook {path.name}, cell {i}"
         if len(lines) > 1:
             raise ConfigError(f"{where} has %run together with other lines; Databricks runs %run only "
                               f"when it is alone in its cell: move the other lines to their own cell")
-        target = _RUN_LINE.match(lines[0].strip()).group(1).strip("\"'")
-        target = target[: -len(".ipynb")] if target.endswith(".ipynb") else target
-        if target.startswith("./") and "/" not in target[2:]:
-            name = target[2:]
-            if name not in names:
-                raise ConfigError(f"{where} runs {target!r} but the archive has no notebook {name!r} "
-                                  f"(it has {', '.join(sorted(names))}); fix the %run line or add the notebook")
+        target = _RUN_LINE.match(lines[0]).group(1).strip("\"'").removesuffix(".ipynb")
+        name = target[2:]
+        if target.startswith("./") and "/" not in name and name not in names:
+            raise ConfigError(f"{where} runs {target!r} but the archive has no notebook {name!r} "
+                              f"(it has {', '.join(sorted(names))}); fix the %run line or add the notebook")
 
 
 def _digest(*parts: object) -> bytes:
@@ -386,89 +319,43 @@ def _orig_id(*parts: object) -> int:
 def _command_source(cell: Cell) -> str:
     if cell.cell_type == "markdown":
         return "%md\n" + cell.source
-    return _RUN_IPYNB.sub(lambda m: m.group(1) + (m.group(2) or f"{m.group(3)}{m.group(4)}{m.group(3)}")
-                          + m.group(5), cell.source)
+    return _RUN_IPYNB.sub(r"\1\3\2\4\3\5", cell.source)  # %run ./NAME.ipynb -> ./NAME
 
 
 def _notebook_json(nb: Notebook) -> dict[str, Any]:
     base = _orig_id("origId", nb.path)
     commands = [_command_json(nb, cell, pos, base) for pos, cell in enumerate(nb.cells, start=1)]
     # Field order is the order Databricks' exporter writes.
-    return {
-        "version": _NOTEBOOK_VERSION,
-        "origId": base,
-        "name": nb.name,
-        "language": nb.language,
-        "commands": commands,
-        "dashboards": [],
-        "guid": _uuid("guid", nb.path),
-        "globalVars": {},
-        "iPythonMetadata": None,
-        "inputWidgets": {},
-        "notebookMetadata": {"pythonIndentUnit": 4},
-        "reposExportFormat": "SOURCE",
-    }
+    return {"version": _NOTEBOOK_VERSION, "origId": base, "name": nb.name, "language": nb.language,
+            "commands": commands, "dashboards": [], "guid": _uuid("guid", nb.path), "globalVars": {},
+            "iPythonMetadata": None, "inputWidgets": {}, "notebookMetadata": {"pythonIndentUnit": 4},
+            "reposExportFormat": "SOURCE"}
+
+
+# Every field of a command as Databricks' exporter writes it, in its order; _command_json fills in the
+# per-cell ones. "state" "input": never run, so no results ship. "latestUser" holds what exports write
+# there: no real user name goes into the archive.
+_COMMAND = {
+    "version": "CommandV1", "origId": 0, "guid": "", "subtype": "command", "commandType": "auto",
+    "position": 0.0, "command": "", "commandVersion": 0, "state": "input", "results": None,
+    "resultDbfsStatus": "INLINED_IN_TREE", "resultDbfsErrorMessage": None, "errorSummary": None,
+    "errorTraceType": None, "error": None, "errorDetails": None, "baseErrorDetails": None, "workflows": [],
+    "startTime": 0, "submitTime": 0, "finishTime": 0, "collapsed": False, "bindings": {}, "inputWidgets": {},
+    "displayType": "table", "width": "auto", "height": "auto", "xColumns": None, "yColumns": None,
+    "pivotColumns": None, "pivotAggregation": None, "useConsistentColors": False, "customPlotOptions": {},
+    "commentThread": [], "commentsVisible": False, "parentHierarchy": [], "diffInserts": [], "diffDeletes": [],
+    "globalVars": {}, "latestUser": "a user", "latestUserId": None, "commandTitle": "",
+    "showCommandTitle": False, "hideCommandCode": False, "hideCommandResult": False,
+    "isLockedInExamMode": False, "iPythonMetadata": None, "metadata": {}, "streamStates": {},
+    "datasetPreviewNameToCmdIdMap": {}, "tableResultIndex": None, "listResultMetadata": [],
+    "subcommandOptions": None, "contentSha256Hex": None, "tableResultSettingsMap": None, "nuid": "",
+}
 
 
 def _command_json(nb: Notebook, cell: Cell, position: int, base: int) -> dict[str, Any]:
-    return {
-        "version": _COMMAND_VERSION,
-        "origId": base + position,
-        "guid": _uuid("guid", nb.path, position),
-        "subtype": "command",
-        "commandType": "auto",
-        "position": float(position),
-        "command": _command_source(cell),
-        "commandVersion": 0,
-        "state": "input",           # never run: there are no results to ship
-        "results": None,
-        "resultDbfsStatus": "INLINED_IN_TREE",
-        "resultDbfsErrorMessage": None,
-        "errorSummary": None,
-        "errorTraceType": None,
-        "error": None,
-        "errorDetails": None,
-        "baseErrorDetails": None,
-        "workflows": [],
-        "startTime": 0,
-        "submitTime": 0,
-        "finishTime": 0,
-        "collapsed": False,
-        "bindings": {},
-        "inputWidgets": {},
-        "displayType": "table",
-        "width": "auto",
-        "height": "auto",
-        "xColumns": None,
-        "yColumns": None,
-        "pivotColumns": None,
-        "pivotAggregation": None,
-        "useConsistentColors": False,
-        "customPlotOptions": {},
-        "commentThread": [],
-        "commentsVisible": False,
-        "parentHierarchy": [],
-        "diffInserts": [],
-        "diffDeletes": [],
-        "globalVars": {},
-        "latestUser": _EXPORT_USER,
-        "latestUserId": None,
-        "commandTitle": "",
-        "showCommandTitle": False,
-        "hideCommandCode": cell.hide_code,
-        "hideCommandResult": cell.hide_result,
-        "isLockedInExamMode": False,
-        "iPythonMetadata": None,
-        "metadata": {},
-        "streamStates": {},
-        "datasetPreviewNameToCmdIdMap": {},
-        "tableResultIndex": None,
-        "listResultMetadata": [],
-        "subcommandOptions": None,
-        "contentSha256Hex": None,
-        "tableResultSettingsMap": None,
-        "nuid": _uuid("nuid", nb.path, position),
-    }
+    return {**_COMMAND, "origId": base + position, "guid": _uuid("guid", nb.path, position),
+            "position": float(position), "command": _command_source(cell), "hideCommandCode": cell.hide_code,
+            "hideCommandResult": cell.hide_result, "nuid": _uuid("nuid", nb.path, position)}
 
 
 # ---------------------------------------------------------------- read
@@ -505,9 +392,11 @@ def read(archive: str | os.PathLike) -> list[Notebook]:
     with zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
-            if info.is_dir() or PurePosixPath(name).name.lower() == _MANIFEST:
+            entry = PurePosixPath(name)
+            if info.is_dir() or entry.name.lower() == _MANIFEST:
                 continue
-            _check_entry_name(arc, name)
+            if entry.is_absolute() or ".." in entry.parts or "\\" in name:
+                raise DbcFormatError(f"{arc}: entry {name!r} points outside the archive folder; refusing to read it")
             if info.file_size > _MAX_ENTRY_BYTES:
                 raise DbcFormatError(f"{arc}: entry {name!r} is {info.file_size} bytes, more than the "
                                      f"{_MAX_ENTRY_BYTES} a notebook may have")
@@ -524,12 +413,6 @@ def read(archive: str | os.PathLike) -> list[Notebook]:
 def _parent(path: str) -> str:
     parent = str(PurePosixPath(path).parent)
     return "" if parent == "." else parent
-
-
-def _check_entry_name(arc: Path, name: str) -> None:
-    p = PurePosixPath(name)
-    if p.is_absolute() or ".." in p.parts or "\\" in name:
-        raise DbcFormatError(f"{arc}: entry {name!r} points outside the archive folder; refusing to read it")
 
 
 def _parse_notebook(arc: Path, entry: str, raw: bytes) -> Notebook:
@@ -582,9 +465,8 @@ def _cell_of(cmd: dict[str, Any]) -> Cell:
     common = dict(tags=tuple(str(t) for t in tags), hide_code=bool(cmd.get("hideCommandCode", False)),
                   hide_result=bool(cmd.get("hideCommandResult", False)))
     if _MD_LINE.match(first):
-        inline = first.split(None, 1)[1] if len(first.split(None, 1)) > 1 else ""
-        source = inline + (sep if inline else "") + rest
-        return Cell(cell_type="markdown", source=source, **common)
+        inline = "".join(first.split(None, 1)[1:])
+        return Cell(cell_type="markdown", source=inline + (sep if inline else "") + rest, **common)
     return Cell(cell_type="code", source=text, **common)
 
 
@@ -615,8 +497,7 @@ def extract(archive: str | os.PathLike, out_dir: str | os.PathLike, *,
         [PosixPath('/tmp/nbs/tfnb/00_constants.ipynb'), ...]
     """
     formats = tuple(formats)
-    bad = [f for f in formats if f not in _FORMATS]
-    if bad or not formats:
+    if not formats or not set(formats) <= set(_FORMATS):
         raise ConfigError(f"formats={formats!r}: each must be one of {', '.join(_FORMATS)}")
     notebooks = read(archive)
     out = Path(out_dir)
@@ -624,24 +505,12 @@ def extract(archive: str | os.PathLike, out_dir: str | os.PathLike, *,
     for nb in notebooks:
         base = out.joinpath(*PurePosixPath(nb.path).parts)
         base.parent.mkdir(parents=True, exist_ok=True)
-        if "ipynb" in formats:
-            target = base.with_name(base.name + ".ipynb")
-            target.write_text(to_ipynb(nb), encoding="utf-8")
-            written.append(target)
-        if "py" in formats:
-            target = base.with_name(base.name + _LANGUAGES[nb.language][2])
-            target.write_text(to_source(nb), encoding="utf-8")
-            written.append(target)
+        for fmt, suffix, render in (("ipynb", ".ipynb", to_ipynb), ("py", _LANGUAGES[nb.language][1], to_source)):
+            if fmt in formats:
+                target = base.with_name(base.name + suffix)
+                target.write_text(render(nb), encoding="utf-8")
+                written.append(target)
     return written
-
-
-def _run_ipynb(m: re.Match) -> str:
-    q = m.group(3) or ""
-    return f"{m.group(1)}{q}{m.group(2) or m.group(4)}.ipynb{q}{m.group(5)}"
-
-
-def _lines(text: str) -> list[str]:
-    return text.splitlines(keepends=True)
 
 
 def to_ipynb(nb: Notebook) -> str:
@@ -659,10 +528,11 @@ def to_ipynb(nb: Notebook) -> str:
             meta["jupyter"] = jupyter
         if cell.tags:
             meta["tags"] = list(cell.tags)
-        out: dict[str, Any] = {"cell_type": cell.cell_type, "id": _uuid("cell", nb.path, pos)[:8] + f"-{pos}",
-                               "metadata": meta, "source": _lines(cell.source)}
+        out = {"cell_type": cell.cell_type, "id": _uuid("cell", nb.path, pos)[:8] + f"-{pos}",
+               "metadata": meta, "source": cell.source.splitlines(keepends=True)}
         if cell.cell_type == "code":
-            out.update(execution_count=None, outputs=[], source=_lines(_RUN_DATABRICKS.sub(_run_ipynb, cell.source)))
+            source = _RUN_DATABRICKS.sub(r"\1\3\2\4.ipynb\3\5", cell.source)  # %run ./NAME -> ./NAME.ipynb
+            out.update(execution_count=None, outputs=[], source=source.splitlines(keepends=True))
         cells.append(out)
     metadata: dict[str, Any] = {"language_info": {"name": nb.language}}
     if nb.language == "python":
@@ -683,7 +553,7 @@ def to_source(nb: Notebook) -> str:
         # MAGIC %md
         ...
     """
-    comment = _LANGUAGES[nb.language][1]
+    comment = _LANGUAGES[nb.language][0]
     parts = []
     for cell in nb.cells:
         text = _command_source(cell)
@@ -695,10 +565,6 @@ def to_source(nb: Notebook) -> str:
 
 
 # ---------------------------------------------------------------- command line
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -739,7 +605,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                 return 1
             print(f"{args.archive} is up to date")
     except (TfnbError, OSError) as e:
-        print(f"tfnb.dbc: error: {_one_line(e)}", file=sys.stderr)
+        print(f"tfnb.dbc: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     return 0
 

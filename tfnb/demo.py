@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 
@@ -88,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = os.path.abspath(args.out)
     model_dir, log_dir = os.path.join(out, "model"), os.path.join(out, "logs")
-    if os.path.isdir(model_dir):
-        import shutil
-
-        shutil.rmtree(model_dir)  # a fresh run, not a resume of the last demo
+    shutil.rmtree(model_dir, ignore_errors=True)  # a fresh run, not a resume of the last demo
     start = time.monotonic()
     spark = (SparkSession.builder.master(args.master or f"local[{args.workers}]").appName("tfnb-demo")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
@@ -102,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
     took = time.monotonic() - start
-    print()
-    print(f"tfnb demo: {args.workers} workers, {args.epochs} epochs on scikit-learn digits")
+    print(f"\ntfnb demo: {args.workers} workers, {args.epochs} epochs on scikit-learn digits")
     print(f"  test accuracy : {result['accuracy']:.3f}  (chance is 0.100)")
     print(f"  model         : {os.path.join(model_dir, 'model.keras')}")
     print(f"  checkpoints   : {model_dir}")

@@ -1,9 +1,8 @@
 """The few exception classes a tfnb user may want to catch.
 
-Every error tfnb raises for bad input says the value, the rule, and the knob
-that fixes it. Errors raised inside a worker reach the driver as one
-:class:`WorkerError` carrying the task's role, index, exception type, message
-and traceback.
+Every error tfnb raises for bad input says the value, the rule, and the knob that fixes it. Errors
+raised inside a worker reach the driver as one :class:`WorkerError` carrying the task's role, index,
+exception type, message and traceback.
 """
 from __future__ import annotations
 
@@ -60,7 +59,7 @@ class TaskFailure:
     def retryable(self) -> bool:
         """Bad luck worth a relaunch: the process died (signal, lost executor), it stalled, or it failed
         because a peer disappeared. Any other Python exception in train_fn is a bug and is not retried."""
-        return self.exc_type in _PROCESS_DEATHS or self.exc_type == STALLED or self.peer_lost
+        return self.died or self.exc_type == STALLED or self.peer_lost
 
     @property
     def died(self) -> bool:
@@ -71,9 +70,7 @@ class TaskFailure:
     def peer_lost(self) -> bool:
         """The error TensorFlow raises in a survivor when a peer of a collective or gRPC call is gone."""
         module, _, name = self.exc_type.rpartition(".")
-        if name in _PEER_ERRORS and module.startswith("tensorflow"):
-            return True
-        return bool(_PEER_MESSAGES.search(self.message))
+        return (name in _PEER_ERRORS and module.startswith("tensorflow")) or bool(_PEER_MESSAGES.search(self.message))
 
 
 _PROCESS_DEATHS = frozenset({"ProcessDied", "TaskLost", "ExecutorLost"})
@@ -112,21 +109,11 @@ class WorkerError(TfnbError):
         body = failure.traceback.rstrip()
         return head + ("\n\nWorker traceback:\n" + body if body else "")
 
-    @property
-    def task_index(self) -> int:
-        return self.failure.task_index
-
-    @property
-    def job_name(self) -> str:
-        return self.failure.job_name
-
-    @property
-    def exc_type(self) -> str:
-        return self.failure.exc_type
-
-    @property
-    def worker_traceback(self) -> str:
-        return self.failure.traceback
+    # The deciding failure's fields, for ``except WorkerError as e: ... e.task_index``.
+    task_index = property(lambda self: self.failure.task_index)
+    job_name = property(lambda self: self.failure.job_name)
+    exc_type = property(lambda self: self.failure.exc_type)
+    worker_traceback = property(lambda self: self.failure.traceback)
 
 
 class WorkerStalledError(WorkerError):

@@ -1,27 +1,11 @@
 """TensorBoard on the driver: ``tfnb.tensorboard(logdir)``, its outcomes, and the instances running.
 
-``tfnb.tensorboard(logdir)`` asks :mod:`tfnb._tb_process` for a TensorBoard serving ``logdir``
-(reusing a running one) and shows the outcome: in a Jupyter or Databricks kernel the panel of
-:mod:`tfnb.notebook.tensorboard` (status, link, Reload and Stop buttons, TensorBoard in an
-iframe); in a script or a terminal IPython, one line with the URL. The outcomes are typed values
-(:class:`Launched`, :class:`Reused`, :class:`Failed`, :class:`TimedOut`); :func:`instances` lists
-the TensorBoards tfnb runs for this user and :func:`stop` stops one.
-
-The iframe URL is the one the *browser* can open, which is not always the driver's
-``http://127.0.0.1:PORT/``:
-
-* ``TENSORBOARD_PROXY_URL`` (or ``proxy_url=``) set: that URL with ``%PORT%`` replaced, the same
-  convention as TensorBoard's own ``%tensorboard``; e.g. ``/user/alice/proxy/%PORT%/``.
-* Databricks (``DATABRICKS_RUNTIME_VERSION`` set): the driver proxy,
-  ``https://<workspaceUrl>/driver-proxy/o/<orgId>/<clusterId>/<port>/``, from the
-  ``spark.databricks.*`` conf of the active session. Built from documented conventions; it is
-  unit-tested but has not been run on a live Databricks workspace.
-* JupyterHub (``JUPYTERHUB_SERVICE_PREFIX`` set): ``<prefix>proxy/<port>/``, served by
-  jupyter-server-proxy, which must be installed in the single-user server.
-* Otherwise: ``http://127.0.0.1:PORT/`` (the browser runs on the same machine as the kernel).
-
-This module is itself callable: ``tfnb.tensorboard(logdir)`` is :func:`tensorboard` whether
-``tfnb.tensorboard`` names the function or this module.
+:func:`tensorboard` asks :mod:`tfnb._tb_process` for a TensorBoard serving ``logdir`` (reusing a
+running one) and shows the typed outcome (:class:`Launched`, :class:`Reused`, :class:`Failed`,
+:class:`TimedOut`): inside a Jupyter or Databricks kernel as the panel of
+:mod:`tfnb.notebook.tensorboard`, elsewhere as one line with the URL. :func:`instances` lists the
+TensorBoards tfnb runs for this user and :func:`stop` stops one. The module itself is callable, so
+``tfnb.tensorboard(logdir)`` works whether ``tfnb.tensorboard`` names the function or this module.
 """
 from __future__ import annotations
 
@@ -99,12 +83,15 @@ def tensorboard(logdir, *, host: str | None = None, port: int | None = None,
     return outcome
 
 
-# ---------------------------------------------------------------- URLs
-
-
 def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, str] | None = None,
                 spark_conf: Mapping[str, str] | None = None) -> str:
     """The URL a notebook user's browser opens to reach a running TensorBoard.
+
+    The first that applies: ``proxy_url`` or ``TENSORBOARD_PROXY_URL`` with ``%PORT%`` replaced (the
+    convention of TensorBoard's own ``%tensorboard``); on Databricks (``DATABRICKS_RUNTIME_VERSION``
+    set) the driver proxy, :func:`databricks_proxy_url`; under JupyterHub (``JUPYTERHUB_SERVICE_PREFIX``
+    set) ``<prefix>proxy/<port>/``, served by jupyter-server-proxy; else the driver's own
+    ``http://127.0.0.1:PORT/`` (the browser runs on the kernel's machine).
 
     Args:
         outcome: a ``Launched``/``Reused`` outcome (or anything with ``.port`` and ``.url``).
@@ -140,9 +127,9 @@ def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, 
 def databricks_proxy_url(port: int, conf: Mapping[str, str]) -> str | None:
     """Databricks driver-proxy URL for ``port``, or None when the cluster tags are missing.
 
-    Untested on a live workspace (none is reachable from CI); the form
-    ``/driver-proxy/o/<orgId>/<clusterId>/<port>/`` is the one Databricks documents for apps
-    served from the driver.
+    ``https://<workspaceUrl>/driver-proxy/o/<orgId>/<clusterId>/<port>/``, from the
+    ``spark.databricks.*`` conf: the form Databricks documents for apps served from the driver,
+    unit-tested but not run on a live workspace (none is reachable from CI).
 
     Example:
         >>> databricks_proxy_url(6006, {"spark.databricks.clusterUsageTags.clusterOwnerOrgId": "123",
@@ -154,9 +141,7 @@ def databricks_proxy_url(port: int, conf: Mapping[str, str]) -> str | None:
         return None
     path = f"/driver-proxy/o/{org}/{cluster}/{port}/"
     workspace = (conf.get(_DATABRICKS_WORKSPACE) or "").strip().rstrip("/")
-    if not workspace:
-        return path
-    if "://" not in workspace:
+    if workspace and "://" not in workspace:
         workspace = "https://" + workspace
     return workspace + path
 
@@ -166,9 +151,8 @@ def _active_spark_conf() -> dict:
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
-        if spark is None:
-            return {}
-        return {k: spark.conf.get(k, None) for k in (_DATABRICKS_ORG, _DATABRICKS_CLUSTER, _DATABRICKS_WORKSPACE)}
+        keys = (_DATABRICKS_ORG, _DATABRICKS_CLUSTER, _DATABRICKS_WORKSPACE)
+        return {k: spark.conf.get(k, None) for k in keys} if spark is not None else {}
     except Exception as e:  # any Spark/Py4J trouble just means "no proxy tags"
         log.debug("could not read the Databricks cluster tags: %s", e)
         return {}
@@ -193,12 +177,8 @@ def problem_text(outcome: Outcome) -> str:
 
 
 class _CallableModule(types.ModuleType):
-    """Makes ``tfnb.tensorboard(logdir)`` work whatever was imported first.
-
-    The function shares its name with this module, and importing a submodule binds the package
-    attribute ``tfnb.tensorboard`` to the module (e.g. after ``from tfnb.tensorboard import ...``
-    or ``%tfnb_tensorboard``). Calling the module calls the function, so both spellings agree.
-    """
+    # Importing this module (``from tfnb.tensorboard import ...``, ``%tfnb_tensorboard``) binds the
+    # package attribute ``tfnb.tensorboard`` to it instead of the function: calling it must still work.
 
     def __call__(self, *args, **kwargs):
         return tensorboard(*args, **kwargs)

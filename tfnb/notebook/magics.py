@@ -23,16 +23,14 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"%{MAGIC_NAME}: {message}\n{self.format_usage().strip()}")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=f"%{MAGIC_NAME}", add_help=False,
-                description="Show TensorBoard for a logdir inline (see tfnb.tensorboard).")
-    p.add_argument("--logdir", required=True, help="directory holding the event files")
-    p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
-    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    p.add_argument("--reload_interval", type=float, default=None, help="seconds between logdir scans")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for TensorBoard to start")
-    p.add_argument("--height", type=int, default=None, help="iframe height in pixels")
-    return p
+_PARSER = _Parser(prog=f"%{MAGIC_NAME}", add_help=False,
+                  description="Show TensorBoard for a logdir inline (see tfnb.tensorboard).")
+_PARSER.add_argument("--logdir", required=True, help="directory holding the event files")
+_PARSER.add_argument("--port", type=int, help="port (default: a free one)")
+_PARSER.add_argument("--host", help="bind address (default 127.0.0.1)")
+_PARSER.add_argument("--reload_interval", type=float, help="seconds between logdir scans")
+_PARSER.add_argument("--timeout", type=float, help="seconds to wait for TensorBoard to start")
+_PARSER.add_argument("--height", type=int, help="iframe height in pixels")
 
 
 def tfnb_tensorboard_magic(line: str):
@@ -49,11 +47,10 @@ def tfnb_tensorboard_magic(line: str):
         words = shlex.split(line, comments=True)
     except ValueError as e:
         raise ConfigError(f"%{MAGIC_NAME}: cannot parse {line!r}: {e}; quote paths with spaces") from e
-    args = _parser().parse_args(words)
+    args = _PARSER.parse_args(words)
     from ..tensorboard import tensorboard
 
-    tensorboard(args.logdir, port=args.port, host=args.host, reload_interval=args.reload_interval,
-                timeout=args.timeout, height=args.height)
+    tensorboard(**vars(args))
     # nothing returned: the panel (or URL) is already shown, and a value would show as Out[n]
 
 

@@ -12,18 +12,18 @@ import time
 from typing import Any, Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .._deps import require
 from ..tensorboard import (DEFAULT_HEIGHT, Launched, Outcome, Reused, browser_url, check_height,
                            ensure_tensorboard, problem_text, stop)
 
 log = logging.getLogger(__name__)
 
 
-def show_panel(logdir, *, height: int = DEFAULT_HEIGHT, proxy_url: str | None = None,
-               **options: Any) -> "TensorBoardPanel":
-    """Show a :class:`TensorBoardPanel` for ``logdir`` in the running cell and return it."""
+def show_panel(logdir, **options: Any) -> "TensorBoardPanel":
+    """Show a :class:`TensorBoardPanel` for ``logdir`` (``options`` as for it) in the running cell and return it."""
     from IPython.display import display
 
-    panel = TensorBoardPanel(logdir, height=height, proxy_url=proxy_url, start=False, **options)
+    panel = TensorBoardPanel(logdir, start=False, **options)
     display(panel)  # first, so the cell shows "Starting..." during TensorBoard's slow start
     panel.reload()
     return panel
@@ -35,19 +35,15 @@ def _with_query(url: str, **params: Any) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-
-def _ago(start_time: float) -> str:
-    return str(datetime.timedelta(seconds=max(0, int(time.time() - start_time))))
-
-
 def status_html(outcome: Outcome) -> str:
     """One status paragraph for an outcome (escaped HTML)."""
     e = html.escape
     warning = getattr(outcome, "warning", "")
     warning = f" <b style='color:#b45309'>{e(warning)}</b>" if warning else ""
     if isinstance(outcome, Reused):
+        age = datetime.timedelta(seconds=max(0, int(time.time() - outcome.instance.start_time)))
         return (f"Reusing the TensorBoard serving <code>{e(outcome.logdir)}</code> (pid {outcome.pid}, "
-                f"port {outcome.port}, started {_ago(outcome.instance.start_time)} ago).{warning}")
+                f"port {outcome.port}, started {age} ago).{warning}")
     if isinstance(outcome, Launched):
         return (f"TensorBoard started for <code>{e(outcome.logdir)}</code> (pid {outcome.pid}, "
                 f"port {outcome.port}).{warning}")
@@ -59,13 +55,13 @@ def status_html(outcome: Outcome) -> str:
 
 def frame_html(url: str, height: int) -> str:
     """The iframe showing TensorBoard at ``url``."""
-    return (f'<iframe src="{html.escape(url, quote=True)}" title="TensorBoard" width="100%" '
+    return (f'<iframe src="{html.escape(url)}" title="TensorBoard" width="100%" '
             f'height="{height}" style="border:1px solid #ddd" loading="eager"></iframe>')
 
 
 def link_html(url: str) -> str:
-    e = html.escape(url, quote=True)
-    return f'<a href="{e}" target="_blank" rel="noopener">{html.escape(url)}</a>'
+    e = html.escape(url)
+    return f'<a href="{e}" target="_blank" rel="noopener">{e}</a>'
 
 
 class TensorBoardPanel:
@@ -88,8 +84,6 @@ class TensorBoardPanel:
 
     def __init__(self, logdir, *, height: int = DEFAULT_HEIGHT, proxy_url: str | None = None,
                  start: bool = True, **options: Any):
-        from .._deps import require
-
         widgets = require("ipywidgets", "the TensorBoard panel")
         self.logdir = logdir
         self.height = check_height(height)
@@ -129,32 +123,33 @@ class TensorBoardPanel:
     def stop(self) -> bool:
         """Stop the TensorBoard process shown (even one another kernel started); True if it ran."""
         outcome = self.outcome
-        stopped = isinstance(outcome, (Launched, Reused)) and stop(outcome)
+        running = isinstance(outcome, (Launched, Reused))
+        stopped = running and stop(outcome)
         self.outcome = None
-        self.url = None
-        pid = f" (pid {outcome.pid})" if isinstance(outcome, (Launched, Reused)) else ""
+        self._clear()
+        pid = f" (pid {outcome.pid})" if running else ""
         self._status.value = f"TensorBoard{pid} stopped. Reload starts it again."
-        self._link.value = ""
-        self._frame.value = ""
-        self._stop_button.disabled = True
         return stopped
 
     def _render(self) -> None:
         outcome = self.outcome
         self._status.value = status_html(outcome)
-        if isinstance(outcome, (Launched, Reused)):
-            self.url = browser_url(outcome, proxy_url=self.proxy_url)
-            self._link.value = link_html(self.url)
-            self._reloads += 1
-            # a changed src is what makes the browser fetch the page again
-            src = self.url if self._reloads == 1 else _with_query(self.url, tfnb_reload=self._reloads)
-            self._frame.value = frame_html(src, self.height)
-            self._stop_button.disabled = False
-        else:
-            self.url = None
-            self._link.value = ""
-            self._frame.value = ""
-            self._stop_button.disabled = True
+        if not isinstance(outcome, (Launched, Reused)):
+            self._clear()
+            return
+        self.url = browser_url(outcome, proxy_url=self.proxy_url)
+        self._link.value = link_html(self.url)
+        self._reloads += 1
+        # a changed src is what makes the browser fetch the page again
+        src = self.url if self._reloads == 1 else _with_query(self.url, tfnb_reload=self._reloads)
+        self._frame.value = frame_html(src, self.height)
+        self._stop_button.disabled = False
+
+    def _clear(self) -> None:
+        self.url = None
+        self._link.value = ""
+        self._frame.value = ""
+        self._stop_button.disabled = True
 
     def _guard(self, action: Callable[[], Any]) -> None:
         # Button callbacks run in the kernel, where an exception would vanish into its log.
@@ -168,8 +163,7 @@ class TensorBoardPanel:
         from IPython import get_ipython
         from IPython.display import display
 
-        shell = get_ipython()
-        count = getattr(shell, "execution_count", None)
+        count = getattr(get_ipython(), "execution_count", None)
         # tensorboard() shows the panel itself and also returns it; when that call is the cell's
         # last line, the returned value would show a second copy of the same panel.
         if count is not None and count == self._shown_in:
@@ -178,9 +172,7 @@ class TensorBoardPanel:
         display(self.widget)
 
     def __repr__(self) -> str:
-        state = self.url or "not running"
-        return f"TensorBoardPanel({str(self.logdir)!r}, {state})"
-
+        return f"TensorBoardPanel({str(self.logdir)!r}, {self.url or 'not running'})"
 
 
 __all__ = ["TensorBoardPanel", "show_panel", "status_html", "frame_html", "link_html"]
