@@ -112,10 +112,21 @@ class _Serving:
     instance: TensorBoardInstance
     warning: str = ""
 
-    url = property(lambda self: self.instance.url)
-    port = property(lambda self: self.instance.port)
-    pid = property(lambda self: self.instance.pid)
-    logdir = property(lambda self: self.instance.logdir)
+    @property
+    def url(self) -> str:
+        return self.instance.url
+
+    @property
+    def port(self) -> int:
+        return self.instance.port
+
+    @property
+    def pid(self) -> int:
+        return self.instance.pid
+
+    @property
+    def logdir(self) -> str:
+        return self.instance.logdir
 
 
 @dataclass(frozen=True)

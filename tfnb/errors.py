@@ -110,10 +110,21 @@ class WorkerError(TfnbError):
         return head + ("\n\nWorker traceback:\n" + body if body else "")
 
     # The deciding failure's fields, for ``except WorkerError as e: ... e.task_index``.
-    task_index = property(lambda self: self.failure.task_index)
-    job_name = property(lambda self: self.failure.job_name)
-    exc_type = property(lambda self: self.failure.exc_type)
-    worker_traceback = property(lambda self: self.failure.traceback)
+    @property
+    def task_index(self) -> int:
+        return self.failure.task_index
+
+    @property
+    def job_name(self) -> str:
+        return self.failure.job_name
+
+    @property
+    def exc_type(self) -> str:
+        return self.failure.exc_type
+
+    @property
+    def worker_traceback(self) -> str:
+        return self.failure.traceback
 
 
 class WorkerStalledError(WorkerError):
