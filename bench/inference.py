@@ -258,10 +258,10 @@ def bench_model(spark, jvm_pid: int, kind: str, tmp: str, args) -> dict[str, flo
         print(f"ratio {kind} {name:25s} wall {r['wall'] / base['wall']:.2f}   cpu {r['cpu'] / base['cpu']:.2f}")
     mine, udf = results.get("arrow_udf (tfnb.predict)"), results.get("predict_batch_udf")
     ratios = {}
-    if mine:
+    if mine and kind != "mlp":  # the 0.8 goal is for a model of >= 20 us/row; the MLP's figure is printed above
         ratios[f"predict vs model.predict per core ({kind})"] = round(mine["wall"] / base["wall"], 3)
-        if udf:
-            ratios[f"predict vs predict_batch_udf ({kind})"] = round(mine["wall"] / udf["wall"], 3)
+    if mine and udf:
+        ratios[f"predict vs predict_batch_udf ({kind})"] = round(mine["wall"] / udf["wall"], 3)
     return ratios
 
 
