@@ -45,6 +45,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -117,7 +118,6 @@ class _Candidate:
     found_at: float | None = None
     failures: int = 0              # failed loads since the files last changed
     unchanged_polls: int = 0
-    last_error: str = ""
     mtime: float = 0.0
 
 
@@ -230,7 +230,6 @@ class Evaluator:
         self._best: EvalResult | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
-        self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._model = self._data = self._writer = self._event_sync = None
         self._tmp_logs: str | None = None
@@ -340,10 +339,8 @@ class Evaluator:
         """
         if self.running:
             return self
-        if self.state != "new":
-            raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
+        self._begin()
         self._thread = threading.Thread(target=self._loop, args=(True,), name="tfnb-evaluator", daemon=True)
-        self.state = "running"
         self._thread.start()
         return self
 
@@ -399,9 +396,7 @@ class Evaluator:
         """
         if self.running:
             raise EvaluatorError("the evaluator is running in the background; call stop() or join() instead")
-        if self.state != "new":
-            raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
-        self.state = "running"
+        self._begin()
         try:
             self._loop(until_done)
         except KeyboardInterrupt:
@@ -416,6 +411,11 @@ class Evaluator:
 
     # ------------------------------------------------------------ loop
 
+    def _begin(self) -> None:
+        if self.state != "new":
+            raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
+        self.state = "running"
+
     def _raise_error(self) -> None:
         if self._error is None:
             return
@@ -429,12 +429,12 @@ class Evaluator:
             self._prepare()
             while not self._stop.is_set():
                 # read the status before listing: every checkpoint written before "finished" is then seen
-                finished = self._training_finished() if until_done else False
+                finished = until_done and self._training_finished()
                 progressed = self._poll(finished)
                 if not until_done:
                     self.state = "finished"
                     break
-                if finished and not self._pending():
+                if finished and not self._candidates:
                     self.state = "finished"
                     log.info("training has ended; evaluator done (%d evaluated, %d skipped)",
                              len(self._history), len(self._skipped))
@@ -442,7 +442,7 @@ class Evaluator:
                 if deadline is not None and time.monotonic() >= deadline:
                     self.state = "timed out"
                     log.warning("evaluator stopped after timeout=%s s; %d checkpoints pending",
-                                self.timeout, len(self._pending()))
+                                self.timeout, len(self._candidates))
                     break
                 if not progressed:
                     self._stop.wait(self.interval)
@@ -454,7 +454,6 @@ class Evaluator:
             self._fail(e, f"the evaluator failed: {type(e).__name__}: {e}")
         finally:
             self._close()
-            self._done.set()
 
     def _fail(self, cause: BaseException, message: str) -> None:
         err = EvaluatorError(message)
@@ -462,9 +461,6 @@ class Evaluator:
         self._error = err
         self.state = "failed"
         log.error("%s", message, exc_info=cause)
-
-    def _pending(self) -> list[_Candidate]:
-        return list(self._candidates.values())
 
     def _training_finished(self) -> bool:
         try:
@@ -498,9 +494,7 @@ class Evaluator:
             seen.add(name)
             if self._done_versions.get(name) == info.mtime:
                 continue
-            cand = self._candidates.get(name)
-            if cand is None:
-                cand = self._candidates[name] = _Candidate(name, _number(name))
+            cand = self._candidates.setdefault(name, _Candidate(name, _number(name)))
             parts = shards.get(name, [])
             count = parts[0][1] if parts else 0
             have = {i for i, n, _ in parts if n == count}
@@ -522,15 +516,13 @@ class Evaluator:
 
     def _ready(self, finished: bool) -> list[_Candidate]:
         out = []
-        for cand in self._pending():
-            if not cand.complete:
-                # a missing shard is a write in progress; after training ended it never comes
-                if finished and cand.unchanged_polls >= self.max_retries:
-                    self._skip(cand, "incomplete: data files missing after training ended")
-                continue
-            out.append(cand)
-        inf = math.inf
-        return sorted(out, key=lambda c: (c.number if c.number is not None else inf, c.mtime, c.name))
+        for cand in list(self._candidates.values()):
+            if cand.complete:
+                out.append(cand)
+            # a missing shard is a write in progress; after training ended it never comes
+            elif finished and cand.unchanged_polls >= self.max_retries:
+                self._skip(cand, "incomplete: data files missing after training ended")
+        return sorted(out, key=lambda c: (math.inf if c.number is None else c.number, c.mtime, c.name))
 
     def _poll(self, finished: bool) -> bool:
         self._scan()
@@ -638,29 +630,18 @@ class Evaluator:
 
         started_at, t0 = time.time(), time.monotonic()
         where = self._ckpt_store.url(cand.name)
-        local_dir = None
         try:
-            if self._ckpt_store.local:
-                prefix = self._ckpt_store.url(cand.name)
-            else:
-                local_dir = tempfile.mkdtemp(prefix="tfnb-eval-ckpt-")
-                for rel in cand.files:
-                    self._ckpt_store.get(rel, os.path.join(local_dir, rel))
-                prefix = os.path.join(local_dir, cand.name)
-            try:
+            with self._local_copy(cand) as prefix:
                 step = self._restore(tf, prefix, cand)
-            except _Mismatch as e:
-                if not self._history:
-                    raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.__cause__}; "
-                                 f"make model_fn build the same layers as train_fn") from e.__cause__
-                self._skip(cand, f"does not fit the model: {e.__cause__}")
-                return
-            except Exception as e:  # noqa: BLE001 - half-written or corrupt: decided below
-                self._load_failed(cand, e)
-                return
-        finally:
-            if local_dir:
-                shutil.rmtree(local_dir, ignore_errors=True)
+        except _Mismatch as e:
+            if not self._history:
+                raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.__cause__}; "
+                             f"make model_fn build the same layers as train_fn") from e.__cause__
+            self._skip(cand, f"does not fit the model: {e.__cause__}")
+            return
+        except Exception as e:  # noqa: BLE001 - half-written or corrupt: decided below
+            self._load_failed(cand, e)
+            return
         try:
             raw = self._run_evaluate()
         except Exception as e:
@@ -686,6 +667,17 @@ class Evaluator:
                 except Exception:  # noqa: BLE001 - a failed export must not end evaluation
                     log.exception("exporting the best model (step %d) to %s failed", step, self.export_dir)
 
+    @contextlib.contextmanager
+    def _local_copy(self, cand: _Candidate):
+        """The checkpoint's prefix on a local disk: TensorFlow cannot read every URL."""
+        if self._ckpt_store.local:
+            yield self._ckpt_store.url(cand.name)
+            return
+        with tempfile.TemporaryDirectory(prefix="tfnb-eval-ckpt-", ignore_cleanup_errors=True) as tmp:
+            for rel in cand.files:
+                self._ckpt_store.get(rel, os.path.join(tmp, rel))
+            yield os.path.join(tmp, cand.name)
+
     def _run_evaluate(self, steps: int | None = None) -> dict:
         data = self._data
         args = data if isinstance(data, tuple) and len(data) in (2, 3) else (data,)
@@ -705,9 +697,9 @@ class Evaluator:
             if _MISMATCH_RE.search(str(e)):
                 raise _Mismatch() from e
             raise
-        return self._step(reader, keys, cand, prefix)
+        return self._step(reader, keys, cand)
 
-    def _step(self, reader, keys, cand: _Candidate, prefix: str) -> int:
+    def _step(self, reader, keys, cand: _Candidate) -> int:
         rule = self.step_rule
         if callable(rule):
             return int(rule(self._ckpt_store.url(cand.name)))
@@ -721,7 +713,6 @@ class Evaluator:
     def _load_failed(self, cand: _Candidate, e: Exception) -> None:
         text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         cand.failures += 1
-        cand.last_error = text
         if _is_gone(e) and not self._ckpt_store.list(recursive=False).get(cand.name + ".index"):
             self._skip(cand, "deleted before it could be evaluated")
             return
@@ -758,8 +749,7 @@ class Evaluator:
         info = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "metrics": dict(result.metrics),
                            "best_metric": self.best_metric, "mode": self.mode, "format": self.export_format,
                            "time": time.time()}, indent=1).encode()
-        tmp = tempfile.mkdtemp(prefix="tfnb-eval-export-")
-        try:
+        with tempfile.TemporaryDirectory(prefix="tfnb-eval-export-", ignore_cleanup_errors=True) as tmp:
             if self.export_format == "keras":
                 # "keras_v3" by name: tf-keras keeps its .keras switch in a thread-local that is only
                 # on in the importing thread, so from this thread a plain .keras path would write HDF5
@@ -774,8 +764,6 @@ class Evaluator:
             store.write("best.json", info)
             if self._mlflow is not None:
                 self._mlflow.log_best_model(local)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         log.info("exported the best model (step %d, %s=%.4g) to %s", result.step, self.best_metric,
                  result.metrics[self.best_metric], store.url("best.keras" if self.export_format == "keras" else "best"))
 

@@ -15,6 +15,7 @@ log line the driver shows, and takes no further trace.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -105,21 +106,15 @@ class Tracer:
                 raise RuntimeError(f"the profiler wrote {len(found)} trace files, expected 1")
             from ._storage import open_store
 
-            store = open_store(self.ctx.log_dir, purpose="writing a profiler trace to")
-            try:
-                store.put(self.rel_path(), found[0])
-            finally:
-                store.close()
+            ctx = self.ctx
+            with contextlib.closing(open_store(ctx.log_dir, purpose="writing a profiler trace to")) as store:
+                store.put(f"plugins/profile/{ctx.profile_run}/{ctx.job_name}-{ctx.task_index}.xplane.pb", found[0])
             self.state = "done"
         except Exception as e:  # noqa: BLE001 - a trace must never stop training
             self._failed("was not written", e, "check that log_dir is writable from every worker "
                          "(path, permissions, storage credentials in env=)")
         finally:
             self._cleanup()
-
-    def rel_path(self) -> str:
-        ctx = self.ctx
-        return f"plugins/profile/{ctx.profile_run}/{ctx.job_name}-{ctx.task_index}.xplane.pb"
 
     def _failed(self, what: str, e: Exception, fix: str) -> None:
         self.state = "failed"

@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import posixpath
@@ -72,8 +73,7 @@ _MAX_READ = 64 << 20             # bytes read from one file per pass; the rest f
 
 def _crc_table() -> list[int]:
     table = []
-    for i in range(256):
-        c = i
+    for c in range(256):
         for _ in range(8):
             c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
         table.append(c)
@@ -323,9 +323,8 @@ class EventSync:
             try:
                 self._sync_once(final)
             except Exception as e:  # noqa: BLE001 - a network blip must not end the sync; retried next pass
-                s = self._stats
-                self._stats = SyncStats(s.bytes_sent, s.event_bytes, s.writes, s.passes, s.files,
-                                        s.errors + 1, f"{type(e).__name__}: {e}", s.last_pass)
+                self._stats = dataclasses.replace(self._stats, errors=self._stats.errors + 1,
+                                                  last_error=f"{type(e).__name__}: {e}")
                 if raise_errors:
                     raise SyncError(f"event sync {self.src_url} -> {self.dst_url} failed: "
                                     f"{type(e).__name__}: {e}; check both locations, and for a remote "
@@ -337,31 +336,29 @@ class EventSync:
         if not self._resumed:
             self._resume()
             self._resumed = True
-        listing = self._src.list()
-        streams, others = _group(listing)
-        sent = event_sent = writes = 0
+        streams, others = _group(self._src.list())
+        event_sent = copied = writes = 0
         for name, segments in sorted(streams.items()):
             while True:
-                n, w = self._ship_stream(name, segments)
-                sent += n
+                n = self._ship_stream(name, segments)
                 event_sent += n
-                writes += w
+                writes += n > 0
                 if n < _MAX_READ // 2:
                     break  # caught up (a bigger backlog is read in several chunks)
         now = time.time()
         for rel, info in sorted(others.items()):
-            if self._copied.get(rel) == info:
+            # unchanged since the last copy, or still being written (copied once it settles)
+            if self._copied.get(rel) == info or (not final and now - info.mtime < _QUIET):
                 continue
-            if not final and now - info.mtime < _QUIET:
-                continue  # still being written; copy it once it settles
             data = self._src.read(rel)
             self._dst.write(rel, data)
             self._copied[rel] = info
-            sent += len(data)
+            copied += len(data)
             writes += 1
         s = self._stats
-        self._stats = SyncStats(s.bytes_sent + sent, s.event_bytes + event_sent, s.writes + writes,
-                                s.passes + 1, len(self._tracks), s.errors, s.last_error, time.time())
+        self._stats = dataclasses.replace(
+            s, bytes_sent=s.bytes_sent + event_sent + copied, event_bytes=s.event_bytes + event_sent,
+            writes=s.writes + writes, passes=s.passes + 1, files=len(self._tracks), last_pass=time.time())
 
     def _resume(self) -> None:
         """Learn what the destination already holds so a restarted sync continues, not repeats."""
@@ -369,13 +366,12 @@ class EventSync:
         for name, segments in streams.items():
             track = _Track(delivered=sum(size for _, size in segments))
             if self.mode == "parts":
-                numbers = [_part_number(rel) for rel, _ in segments]
-                track.next_part = max(n for n in numbers if n is not None) + 1 if any(
-                    n is not None for n in numbers) else 1
+                track.next_part = 1 + max((int(m.group("n")) for rel, _ in segments
+                                           if (m := _PART_RE.match(rel))), default=0)
             self._tracks[name] = track
 
-    def _ship_stream(self, name: str, segments: list[tuple[str, int]]) -> tuple[int, int]:
-        """Ship the new whole records of one logical event file; returns (bytes, writes)."""
+    def _ship_stream(self, name: str, segments: list[tuple[str, int]]) -> int:
+        """Ship the new whole records of one logical event file (in one write); returns the bytes sent."""
         track = self._tracks.setdefault(name, _Track())
         total = sum(size for _, size in segments)
         if total < track.delivered:
@@ -388,22 +384,16 @@ class EventSync:
                     self._dst.delete(f"{name}.part-{number:06d}")
             track.delivered, track.raw, track.next_part = 0, False, 1
         if total == track.delivered:
-            return 0, 0
+            return 0
         data = _read_range(self._src, segments, track.delivered, min(total - track.delivered, _MAX_READ))
-        if track.raw:
+        cut = len(data) if track.raw else complete_records(data)
+        if cut is None:
+            # not TFRecord framing (or damaged): pass bytes through untouched rather than stall
+            log.warning("%s is not a TFRecord stream at byte %d; copying it as raw bytes", name, track.delivered)
+            track.raw = True
             cut = len(data)
-        else:
-            whole = complete_records(data)
-            if whole is None:
-                # not TFRecord framing (or damaged): pass bytes through untouched rather than stall
-                log.warning("%s is not a TFRecord stream at byte %d; copying it as raw bytes",
-                            name, track.delivered)
-                track.raw = True
-                cut = len(data)
-            else:
-                cut = whole
         if cut == 0:
-            return 0, 0
+            return 0
         chunk = data[:cut]
         if self.mode == "parts":
             self._dst.write(f"{name}.part-{track.next_part:06d}", chunk)
@@ -413,12 +403,7 @@ class EventSync:
         else:
             self._dst.append(name, chunk)
         track.delivered += cut
-        return cut, 1
-
-
-def _part_number(rel: str) -> int | None:
-    m = _PART_RE.match(rel)
-    return int(m.group("n")) if m else None
+        return cut
 
 
 def _group(listing: Mapping[str, Entry]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, Entry]]:
@@ -435,18 +420,14 @@ def _group(listing: Mapping[str, Entry]) -> tuple[dict[str, list[tuple[str, int]
             others[rel] = info
     out: dict[str, list[tuple[str, int]]] = {}
     for name, items in streams.items():
-        items.sort()
-        # parts must be contiguous from 1: a later part may be listed before an earlier one lands
-        chain, expect = [], 1
-        for number, rel, size in items:
-            if number == 0:
-                chain.append((rel, size))
-            elif number == expect:
-                chain.append((rel, size))
-                expect += 1
-            else:
+        chain = out[name] = []
+        expect = 1
+        for number, rel, size in sorted(items):
+            # parts must be contiguous from 1: a later part may be listed before an earlier one lands
+            if number and number != expect:
                 break
-        out[name] = chain
+            expect += bool(number)
+            chain.append((rel, size))
     return out, others
 
 

@@ -36,12 +36,12 @@ are logged.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import queue
-import shutil
 import sys
 import tempfile
 import threading
@@ -93,21 +93,6 @@ def _experiment_id(client, value: Any) -> str | None:
         return None
     found = client.get_experiment_by_name(value)
     return found.experiment_id if found is not None else client.create_experiment(value)
-
-
-def _params(spark, num_workers: int, num_ps: int, max_attempts: int, args: Sequence, model_dir, log_dir,
-            timeout) -> dict[str, str]:
-    params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
-              "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
-    for key in ("spark.master", "spark.app.id"):
-        try:
-            params[key] = spark.conf.get(key, None)
-        except Exception:  # noqa: BLE001 - a Connect server may not say; the run goes on without it
-            pass
-    for i, arg in enumerate(args):
-        if isinstance(arg, (bool, int, float, str)):
-            params[f"args.{i}"] = str(arg)[:_MAX_PARAM]
-    return {k: str(v) for k, v in params.items() if v is not None}
 
 
 class _Link:
@@ -232,7 +217,7 @@ class Tracker:
         state = self._state
         if state is None:
             state = "cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed"
-        self._q.put(("end", state, self._error if state == "failed" else None))
+        self._q.put(("end", (state, self._error if state == "failed" else None)))
         self._thread.join()
 
     # ------------------------------------------------------------ the background thread
@@ -249,27 +234,23 @@ class Tracker:
             if self.model_dir:
                 link.call(_write_link, self.model_dir, run_id, link.run_id)
         while True:
-            item = self._q.get()
-            if item[0] == "end":
-                self._end(mlflow, *item[1:])
-                return
+            batch = [self._q.get()]
+            with contextlib.suppress(queue.Empty):  # what piled up while the last call ran goes in one batch
+                while batch[-1][0] != "end":
+                    batch.append(self._q.get_nowait())
             metrics, tags = [], {}
-            while True:  # what piled up while the last call ran goes in one batch
-                if item[0] == "metrics":
-                    metrics += item[1]
-                else:
-                    tags.update(item[1])
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if item[0] == "end":
-                    self._q.put(item)  # after this batch
-                    break
+            for kind, value in batch:
+                if kind == "metrics":
+                    metrics += value
+                elif kind == "tags":
+                    tags.update(value)
             for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
                 link.log(mlflow, metrics=metrics[i:i + 1000], tags=tags if i == 0 else None)
             if not metrics and tags:
                 link.log(mlflow, tags=tags)
+            if batch[-1][0] == "end":
+                self._end(mlflow, *batch[-1][1])
+                return
 
     def _end(self, mlflow, state: str, error: str | None) -> None:
         link = self.link
@@ -287,7 +268,15 @@ def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spar
           num_ps: int, max_attempts: int, args: Sequence, model_dir: str | None, log_dir: str | None,
           timeout: float | None) -> "Tracker":
     """``display`` teed into MLflow; ``mlflow`` is tfnb.run's option, already accepted by :func:`check_option`."""
-    params = _params(spark, num_workers, num_ps, max_attempts, args, model_dir, log_dir, timeout)
+    params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
+              "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
+    for key in ("spark.master", "spark.app.id"):
+        with contextlib.suppress(Exception):  # a Connect server may not say; the run goes on without it
+            params[key] = spark.conf.get(key, None)
+    for i, arg in enumerate(args):
+        if isinstance(arg, (bool, int, float, str)):
+            params[f"args.{i}"] = str(arg)[:_MAX_PARAM]
+    params = {k: str(v) for k, v in params.items() if v is not None}
     return Tracker(display, mlflow, run_id=run_id, model_dir=model_dir, params=params)
 
 
@@ -327,12 +316,12 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
     if found is None:
         return None
     rel, folder = found
-    tmp = None
-    try:
+    with contextlib.ExitStack() as stack:
         if store.local:
-            path = store.url(rel) if rel else store.url()
+            path = store.url(rel)
         else:
-            tmp = tempfile.mkdtemp(prefix="tfnb-mlflow-model-")
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tfnb-mlflow-model-",
+                                                                  ignore_cleanup_errors=True))
             prefix = rel + "/" if folder and rel else ""
             for sub, entry in listing.items():
                 if (folder and sub.startswith(prefix)) or sub == rel:
@@ -346,15 +335,15 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
             except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
                 log.info("MLflow's TensorFlow flavour could not log %s (%s: %s); logging its files instead",
                          path, type(e).__name__, e)
-        client = mlflow.MlflowClient()
-        if folder:
-            client.log_artifacts(mlflow_run_id, path, "model")
-        else:
-            client.log_artifact(mlflow_run_id, path, "model")
+        _log_files(mlflow.MlflowClient(), mlflow_run_id, path, "model")
         return rel or "."
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _log_files(client, run_id: str, path: str, artifact_path: str) -> None:
+    if os.path.isdir(path):
+        client.log_artifacts(run_id, path, artifact_path)
+    else:
+        client.log_artifact(run_id, path, artifact_path)
 
 
 def _load_keras(path: str):
@@ -442,23 +431,17 @@ class EvalTracker:
         if not self._resolved:
             self._resolve(mlflow)
         stamp = int(time.time() * 1000)
-        metrics = [Metric(f"eval_{k}", float(v), stamp, int(result.step)) for k, v in result.metrics.items()]
-        tags = None
-        if result.best:
-            metrics += [Metric(f"best_eval_{k}", float(v), stamp, int(result.step))
-                        for k, v in result.metrics.items()]
-            tags = {"tfnb.eval.best_step": result.step, "tfnb.eval.best_checkpoint": result.checkpoint}
-        self.link.log(mlflow, metrics=metrics, tags=tags)
+        prefixes = ("eval_", "best_eval_") if result.best else ("eval_",)
+        metrics = [Metric(prefix + k, float(v), stamp, int(result.step))
+                   for prefix in prefixes for k, v in result.metrics.items()]
+        tags = {"tfnb.eval.best_step": result.step, "tfnb.eval.best_checkpoint": result.checkpoint}
+        self.link.log(mlflow, metrics=metrics, tags=tags if result.best else None)
 
     def log_best_model(self, local_path: str) -> None:
         """Upload the exported best model (a file or a SavedModel folder) as the run's ``best_model``."""
-        if self.link.run_id is None:
-            return
-        client = __import__("mlflow").MlflowClient()
-        if os.path.isdir(local_path):
-            self.link.call(client.log_artifacts, self.link.run_id, local_path, "best_model")
-        else:
-            self.link.call(client.log_artifact, self.link.run_id, local_path, "best_model")
+        if self.link.run_id is not None:
+            client = __import__("mlflow").MlflowClient()
+            self.link.call(_log_files, client, self.link.run_id, local_path, "best_model")
 
     def close(self, failed: bool) -> None:
         """End the evaluator's own run (if it started one)."""
