@@ -5,37 +5,27 @@ while ``tfnb.run`` trains on the cluster. For every new checkpoint it restores t
 model ``model_fn()`` built, evaluates on ``dataset_fn()``, writes the metrics as TensorBoard scalars
 to ``log_dir/eval`` at the checkpoint's training step, and exports the best model so far.
 
-What it reads (the layout tf-keras 2.21 writes): TensorFlow checkpoints directly inside
-``checkpoint_dir``, each a prefix ``NAME`` with ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files.
-Both writers of that layout work:
+Checkpoints are the TensorFlow ones tf-keras 2.21 writes directly inside ``checkpoint_dir``: a
+prefix ``NAME`` with ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files, as written by
+``tf.keras.callbacks.ModelCheckpoint(model_dir + "/ckpt-{epoch}", save_weights_only=True)`` (restored
+with ``model.load_weights``) or ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model, ...),
+model_dir)`` (variables under ``model/``: restored with ``tf.train.Checkpoint(model=model)``).
+Subdirectories (``backup/``, ``workertemp_*``, TensorFlow's ``*_temp``) and other files are ignored.
+A checkpoint is *complete* when its ``.index`` (TensorFlow writes it last) and every data shard exist.
+One that fails to load is retried while its files change (a copy in progress), and skipped as corrupt
+after ``max_retries`` failures with unchanged files. Each version is evaluated once: a checkpoint
+rewritten under the same name (a fixed ``filepath``, ``save_best_only=True``) is evaluated again.
 
-* ``tf.keras.callbacks.ModelCheckpoint(model_dir + "/ckpt-{epoch}", save_weights_only=True)``
-  (``ckpt-1``, ``ckpt-2``, ... — ``{epoch}`` is 1-based; restored with ``model.load_weights``);
-* ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model, ...), model_dir)`` (``ckpt-N``;
-  restored with ``tf.train.Checkpoint(model=model)``, chosen because the checkpoint's variables
-  are under ``model/``).
+Steps: ``step="epoch"`` (default) is the number in the checkpoint's name minus one: the 0-based epoch
+of Keras' TensorBoard callback, so ``eval`` lines up with ``train`` and ``validation`` for
+``ckpt-{epoch}`` files. ``step="name"`` uses the number as is; ``step="iterations"`` reads the training
+step saved in the checkpoint (a ``step`` variable, else the optimizer's iterations). Scalars are named
+``tag_prefix + metric`` (default ``epoch_loss``, ``epoch_accuracy``, as the Keras callback names them).
 
-Subdirectories (``backup/`` of BackupAndRestore, ``workertemp_*`` of non-chief workers, TensorFlow's
-``*_temp`` staging folders) and other files (``checkpoint``, ``*.keras``, ``*.h5``,
-``tfnb_status.json``) are ignored. A checkpoint is *complete* when its ``.index`` and every data
-shard the shard names announce exist; TensorFlow writes the index last. A complete checkpoint that
-fails to load is retried on the next poll while its files still change (a copy in progress); once
-it has failed ``max_retries`` times with unchanged files it is reported as corrupt and skipped.
-
-Steps: ``step="epoch"`` (default) is the number in the checkpoint's name minus one, which is the
-0-based epoch Keras' TensorBoard callback uses for its ``epoch_*`` scalars, so ``eval`` lines up
-with ``train`` and ``validation`` for ModelCheckpoint's ``ckpt-{epoch}`` files. ``step="name"`` uses
-the number as is; ``step="iterations"`` reads the training step saved in the checkpoint (a ``step``
-variable, else the optimizer's iterations), matching batch-level summaries. Scalars are named
-``tag_prefix + metric`` (default ``epoch_loss``, ``epoch_accuracy``: the Keras callback's names).
-
-Each checkpoint version is evaluated once: a checkpoint rewritten under the same name (a fixed
-``filepath``, ``save_best_only=True``) has a new index file and is evaluated again.
-
-Training is over when ``model_dir/tfnb_status.json`` (written by ``tfnb.run``) says succeeded,
-failed or cancelled; the evaluator then evaluates what is left and stops. A status left final by an
-earlier run in the same ``model_dir`` also counts, so start the evaluator on a fresh ``model_dir``
-(or after ``tfnb.run`` has marked the new run running). ``dataset_fn`` must give finite data.
+Training is over when ``model_dir/tfnb_status.json`` (written by ``tfnb.run``) says succeeded, failed
+or cancelled; the evaluator then evaluates what is left and stops. A final status left by an earlier
+run counts too: start the evaluator on a fresh ``model_dir`` or after ``tfnb.run`` has marked the new
+run running. ``dataset_fn`` must give finite data.
 
 Example:
     >>> ev = tfnb.Evaluator(build_model, val_dataset, "/dbfs/runs/1/model", "/tmp/tb/run1")
@@ -133,8 +123,7 @@ class Evaluator:
             loss/metrics to evaluate, or pass ``metrics=``. Called once, in the evaluator's thread.
         dataset_fn: ``dataset_fn()`` -> the validation data: a ``tf.data.Dataset`` of (x, y) batches,
             or an ``(x, y)`` tuple of arrays. Called once; the dataset is re-iterated per checkpoint.
-        checkpoint_dir: where training writes checkpoints: local path, ``/dbfs/...``, ``s3://...`` or
-            fsspec URL.
+        checkpoint_dir: where training writes checkpoints (local path, ``/dbfs/...``, ``s3://...``, URL).
         log_dir: TensorBoard directory; scalars go to ``log_dir/eval`` (local path or URL).
         metrics: Keras metrics (names or objects) to compile the model with, keeping its loss;
             None uses what ``model_fn`` compiled.
@@ -147,13 +136,11 @@ class Evaluator:
         export_format: "savedmodel", "keras", or None to track the best without exporting.
         step: "epoch", "name", "iterations" (see the module docstring) or ``fn(checkpoint) -> int``.
         tag_prefix: prefix of the scalar names (default "epoch_", as Keras' TensorBoard callback).
-        timeout: seconds after which the evaluator stops even if training has not ended
-            (env TFNB_EVAL_TIMEOUT; default none).
+        timeout: seconds before it stops even if training goes on (default none; env TFNB_EVAL_TIMEOUT).
         max_retries: failed loads of an unchanged checkpoint before it counts as corrupt (default 3).
         storage_options: options for remote directories (see :class:`tfnb.EventSync`).
-        mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best
-            checkpoint to MLflow, in the run of the ``tfnb.run(mlflow=...)`` writing ``model_dir``
-            (else the active MLflow run, else a run of its own); see :class:`tfnb.tracking.EvalTracker`.
+        mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best model to
+            MLflow, in the run ``tfnb.run(mlflow=...)`` uses (see :class:`tfnb.tracking.EvalTracker`).
 
     Raises:
         ConfigError: a bad argument (message names the fix).
@@ -228,7 +215,7 @@ class Evaluator:
         # rewritten under the same name (save_best_only, a fixed filepath) is a new one
         self._done_versions: dict[str, float] = {}
         self._best: EvalResult | None = None
-        self._error: BaseException | None = None
+        self._error: EvaluatorError | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._model = self._data = self._writer = self._event_sync = None
@@ -417,11 +404,8 @@ class Evaluator:
         self.state = "running"
 
     def _raise_error(self) -> None:
-        if self._error is None:
-            return
-        if isinstance(self._error, EvaluatorError):
+        if self._error is not None:
             raise self._error
-        raise EvaluatorError(f"the evaluator failed: {type(self._error).__name__}: {self._error}") from self._error
 
     def _loop(self, until_done: bool) -> None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -456,9 +440,8 @@ class Evaluator:
             self._close()
 
     def _fail(self, cause: BaseException, message: str) -> None:
-        err = EvaluatorError(message)
-        err.__cause__ = cause
-        self._error = err
+        self._error = EvaluatorError(message)
+        self._error.__cause__ = cause
         self.state = "failed"
         log.error("%s", message, exc_info=cause)
 
@@ -514,20 +497,18 @@ class Evaluator:
                 # CheckpointManager(max_to_keep=...) deleted it before we got to it
                 self._skip(self._candidates[name], "deleted before it could be evaluated")
 
-    def _ready(self, finished: bool) -> list[_Candidate]:
-        out = []
+    def _poll(self, finished: bool) -> bool:
+        """Scan, then evaluate the complete checkpoints in order; True when one was dealt with."""
+        self._scan()
+        ready = []
         for cand in list(self._candidates.values()):
             if cand.complete:
-                out.append(cand)
+                ready.append(cand)
             # a missing shard is a write in progress; after training ended it never comes
             elif finished and cand.unchanged_polls >= self.max_retries:
                 self._skip(cand, "incomplete: data files missing after training ended")
-        return sorted(out, key=lambda c: (math.inf if c.number is None else c.number, c.mtime, c.name))
-
-    def _poll(self, finished: bool) -> bool:
-        self._scan()
         progressed = False
-        for cand in self._ready(finished):
+        for cand in sorted(ready, key=lambda c: (math.inf if c.number is None else c.number, c.mtime, c.name)):
             if self._stop.is_set():
                 break
             self._evaluate(cand)
@@ -610,20 +591,12 @@ class Evaluator:
         if self._mlflow is not None:
             self._mlflow.close(failed=self._error is not None)
         if self._writer is not None:
-            try:
-                self._writer.close()
-            except Exception:  # noqa: BLE001
-                log.exception("closing the eval summary writer failed")
-            self._writer = None
+            _log_failure("closing the eval summary writer", self._writer.close)
         if self._event_sync is not None:
-            try:
-                self._event_sync.stop()
-            except Exception:  # noqa: BLE001
-                log.exception("final sync of eval summaries to %s failed", self.log_dir)
-            self._event_sync = None
+            _log_failure(f"final sync of eval summaries to {self.log_dir}", self._event_sync.stop)
         if self._tmp_logs:
             shutil.rmtree(self._tmp_logs, ignore_errors=True)
-            self._tmp_logs = None
+        self._writer = self._event_sync = self._tmp_logs = None
 
     def _evaluate(self, cand: _Candidate) -> None:
         import tensorflow as tf
@@ -661,11 +634,8 @@ class Evaluator:
                  " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if is_best:
             self._best = result
-            if self.export_format:
-                try:
-                    self._export(result)
-                except Exception:  # noqa: BLE001 - a failed export must not end evaluation
-                    log.exception("exporting the best model (step %d) to %s failed", step, self.export_dir)
+            if self.export_format:  # a failed export must not end evaluation
+                _log_failure(f"exporting the best model (step {step}) to {self.export_dir}", self._export, result)
 
     @contextlib.contextmanager
     def _local_copy(self, cand: _Candidate):
@@ -715,8 +685,7 @@ class Evaluator:
         cand.failures += 1
         if _is_gone(e) and not self._ckpt_store.list(recursive=False).get(cand.name + ".index"):
             self._skip(cand, "deleted before it could be evaluated")
-            return
-        if cand.failures >= self.max_retries:
+        elif cand.failures >= self.max_retries:
             self._skip(cand, f"corrupt: failed to load {cand.failures} times with unchanged files ({text})")
         else:
             log.info("checkpoint %s not loadable yet (attempt %d; retrying next poll): %s",
@@ -749,23 +718,23 @@ class Evaluator:
         info = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "metrics": dict(result.metrics),
                            "best_metric": self.best_metric, "mode": self.mode, "format": self.export_format,
                            "time": time.time()}, indent=1).encode()
+        name = "best.keras" if self.export_format == "keras" else "best"
         with tempfile.TemporaryDirectory(prefix="tfnb-eval-export-", ignore_cleanup_errors=True) as tmp:
+            local = os.path.join(tmp, name)
             if self.export_format == "keras":
                 # "keras_v3" by name: tf-keras keeps its .keras switch in a thread-local that is only
                 # on in the importing thread, so from this thread a plain .keras path would write HDF5
-                local = os.path.join(tmp, "best.keras")
                 self._model.save(local, save_format="keras_v3")
-                store.put("best.keras", local)
+                store.put(name, local)
             else:
-                local = os.path.join(tmp, "best")
                 self._model.save(local, save_format="tf", include_optimizer=False)
-                store.put_dir("best", local)
+                store.put_dir(name, local)
             # written last: once best.json names a step, that step's model is in place
             store.write("best.json", info)
             if self._mlflow is not None:
                 self._mlflow.log_best_model(local)
         log.info("exported the best model (step %d, %s=%.4g) to %s", result.step, self.best_metric,
-                 result.metrics[self.best_metric], store.url("best.keras" if self.export_format == "keras" else "best"))
+                 result.metrics[self.best_metric], store.url(name))
 
 
 class _Mismatch(Exception):
@@ -775,6 +744,14 @@ class _Mismatch(Exception):
 def _number(name: str) -> int | None:
     found = re.findall(r"\d+", os.path.basename(name))
     return int(found[-1]) if found else None
+
+
+def _log_failure(what: str, fn: Callable, *args) -> None:
+    """``fn(*args)``, with a failure logged instead of raised."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001
+        log.exception("%s failed", what)
 
 
 def _is_scalar(value: Any) -> bool:

@@ -1,41 +1,31 @@
 """Incremental TensorBoard event-file sync between a local directory and persistent storage.
 
-One class, :class:`EventSync`, used at both ends of a run:
-
-* on the chief, inside ``train_fn``: the task's local ``log_dir`` -> persistent storage
-  (a ``/dbfs`` or ``/Volumes`` path, ``s3://bucket/prefix``, any fsspec URL, or a plain path);
-* on the driver, in the notebook: persistent storage -> a local directory TensorBoard reads.
+One class, :class:`EventSync`, used at both ends of a run: on the chief, inside ``train_fn``, from
+the task's local ``log_dir`` to persistent storage (``/dbfs``, ``/Volumes``, ``s3://``, any fsspec URL
+or a plain path); on the driver, from persistent storage to a local directory TensorBoard reads. Both
+ends go through tfnb's storage layer, with the options of the README's "Storage URLs and options".
 
 Event files are append-only TFRecord streams (each record: 8-byte little-endian length, 4-byte
 masked CRC-32C of the length, the data, 4-byte masked CRC-32C of the data). The sync remembers,
 per file, how many bytes it has delivered, and each pass ships only the new bytes, cut at the last
-complete record, so a destination never holds a torn record written by the sync.
+complete record, so a destination never holds a torn record written by the sync. Every byte
+produced is sent once, in one of two ways:
 
-How the new bytes travel depends on the destination:
+``append`` (local disks, NFS): a file's first bytes go to a hidden temporary name (without
+    "tfevents", so TensorBoard never lists it), renamed into place; later records are appended.
+    (A reader racing an append can meet its record half there; TensorBoard's loader treats that as
+    a truncated record and resumes from it on its next reload: event_file_loader.py.)
+``parts`` (object stores, and the ``/dbfs`` and ``/Volumes`` FUSE mounts, which cannot append in
+    place): each pass uploads a file's new records as one new object ``<file>.part-NNNNNN`` (six or
+    more digits, from 1), itself a valid event file; no re-upload of a growing file (the quadratic
+    cost of tensorboard#5655). Reading a store with parts, :class:`EventSync` concatenates them in
+    order back into ``<file>``, so the driver side restores the original files byte for byte. The
+    price: up to one object per file per pass with new data (360 an hour at interval=10).
 
-``append`` (local disks, NFS): a file's first bytes are written to a hidden temporary name (one
-    without "tfevents", so TensorBoard never lists it) and renamed into place; later bytes are
-    appended, whole records only. Every byte produced is sent once. (A reader racing one append
-    can meet its record half there; TensorBoard's loader treats that as a truncated record and
-    resumes from it on its next reload, see tensorboard/backend/event_processing/event_file_loader.py.)
-``parts`` (S3 and other object stores, ``/dbfs`` and ``/Volumes`` FUSE mounts, which cannot
-    append in place): each pass uploads the file's new records as one new immutable object named
-    ``<file>.part-NNNNNN`` (six or more digits, counting from 1). Every byte produced is again sent
-    once; there is no re-upload of a growing file (the quadratic cost of tensorboard#5655). Each
-    part is itself a valid event file. Reading a store with parts, :class:`EventSync` concatenates
-    them in order back into ``<file>``, so the driver-side sync (store -> local dir) restores the
-    original event files byte for byte. The price is object count: at most one object per file per
-    pass with new data (360 an hour at interval=10), which the driver lists each pass.
-
-A sync resumes where an earlier one stopped: on its first pass it measures what the destination
-already holds (file size, or the sizes of the parts) and continues from there. One destination
-should have one writing sync at a time. Files other than event files (plugin assets, profiles)
-are copied whole when they change and have been quiet for a second, also through a temporary
-name. ``stop()`` (and leaving the ``with`` block, also on an exception) runs a final pass.
-
-Both ends go through tfnb's storage layer: any path or URL, with the options of the README's
-"Storage URLs and options" (S3 through boto3, endpoint from ``TFNB_S3_ENDPOINT_URL`` or
-``AWS_ENDPOINT_URL`` when not given).
+A sync resumes where an earlier one stopped: its first pass measures what the destination already
+holds. One destination should have one writing sync at a time. Other files (plugin assets,
+profiles) are copied whole, through a temporary name, once they change and have been quiet for a
+second. ``stop()`` (and leaving the ``with`` block, also on an exception) runs a final pass.
 
 Example:
     >>> with tfnb.EventSync("/local_disk0/tb", "s3://bucket/run1/logs", interval=10):
@@ -282,10 +272,9 @@ class EventSync:
             self._thread.join()
             self._thread = None
         _live.discard(self)
-        if self._stopped:
-            return self._stats
-        self._stopped = True
-        self._pass(final=True, raise_errors=True)
+        if not self._stopped:
+            self._stopped = True
+            self._pass(final=True, raise_errors=True)
         return self._stats
 
     def __enter__(self) -> "EventSync":
@@ -311,11 +300,9 @@ class EventSync:
         next_at = time.monotonic()
         while True:
             self._pass(final=False, raise_errors=False)
-            next_at += self.interval
-            delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind: carry on from now rather than run a burst of passes
-                next_at, delay = time.monotonic(), 0.0
-            if self._stop.wait(delay):
+            # fell behind: carry on from now rather than run a burst of passes
+            next_at = max(next_at + self.interval, time.monotonic())
+            if self._stop.wait(next_at - time.monotonic()):
                 return
 
     def _pass(self, *, final: bool, raise_errors: bool) -> None:

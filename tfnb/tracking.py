@@ -2,37 +2,32 @@
 
 Autologging on every rank of a distributed training makes one MLflow run per worker (mlflow#11782).
 tfnb logs from the driver instead: :func:`track` wraps the run's display (the callable that receives
-every :class:`~tfnb.events.RunEvent`), so it sees what the display sees — the chief's epoch-end
-metrics from the progress stream, relaunches, the final state — and hands them to one background
-thread that talks to MLflow. Workers need no MLflow package and no credentials.
+every :class:`~tfnb.events.RunEvent`), so it sees what the display sees, and hands it to one
+background thread that talks to MLflow. Workers need no MLflow package and no credentials.
 
 What a run logs:
 
 * params: num_workers, num_ps, max_attempts, model_dir, log_dir, timeout, the Spark master and
-  application id, and ``args.N`` for each of ``args`` that is a plain value (bool, int, float, str);
-  never the ``env`` values or storage options (credentials live there);
-* metrics: every number of the chief's epoch-end progress event (``loss``, ``accuracy``, ``val_*``,
-  ``steps_per_sec``...; from ``ctx.progress_callback()``, or ``ctx.report(epoch=E, epoch_end=True,
-  ...)`` in a custom loop) at ``step = epoch - 1``: Keras' 0-based epoch, as its TensorBoard callback
-  and the Evaluator's ``step="epoch"`` count, so training and evaluation curves line up;
-* tags: ``tfnb.run_id``, ``tfnb.attempt`` (the launch in progress), ``tfnb.relaunch.N`` (why launch N
-  was needed), ``tfnb.state`` and, on failure, ``tfnb.error``;
-* the model: when the run succeeded and ``model_dir`` holds a saved model (``*.keras``, ``*.h5``, or a
-  SavedModel folder, outside ``backup/`` and ``workertemp_*``), the newest one, with MLflow's
-  TensorFlow flavour when tf.keras loads it, else as plain files under the artifact path ``model``.
+  application id, and ``args.N`` for each of ``args`` that is a bool, int, float or str; never the
+  ``env`` values or storage options (credentials live there);
+* metrics: every number of the chief's epoch-end progress event (``loss``, ``val_*``,
+  ``steps_per_sec``...; from ``ctx.progress_callback()`` or ``ctx.report(epoch=E, epoch_end=True, ...)``)
+  at ``step = epoch - 1``, Keras' 0-based epoch, so training and Evaluator curves line up;
+* tags: ``tfnb.run_id``, ``tfnb.attempt``, ``tfnb.relaunch.N`` (why launch N was needed),
+  ``tfnb.state`` and, on failure, ``tfnb.error``;
+* the model: when the run succeeded, the newest saved model in ``model_dir`` (``*.keras``, ``*.h5`` or
+  a SavedModel folder, outside ``backup/`` and ``workertemp_*``), with MLflow's TensorFlow flavour
+  when tf.keras loads it, else as plain files under the artifact path ``model``.
 
-The run is the MLflow run active in the calling thread when there is one (left open), else a new
-run in the experiment ``mlflow="name"`` names (or MLflow's default experiment: on Databricks the
-notebook's, elsewhere what ``MLFLOW_EXPERIMENT_NAME``/``mlflow.set_experiment`` say) that ends with
-status FINISHED, FAILED or KILLED (interrupted). The tracking server is MLflow's default
-(``MLFLOW_TRACKING_URI``; the workspace on Databricks). tfnb writes ``tfnb_mlflow.json`` to
-``model_dir`` naming the MLflow run, so an ``Evaluator(mlflow=True)`` watching that directory logs to
-the same run, from this kernel or another one.
+The run is the MLflow run active in the calling thread (left open), else a new run in the experiment
+``mlflow="name"`` names (or MLflow's default experiment) that ends with status FINISHED, FAILED or
+KILLED (interrupted), on MLflow's default tracking server (``MLFLOW_TRACKING_URI``; the workspace on
+Databricks). ``model_dir/tfnb_mlflow.json`` names that run, so an ``Evaluator(mlflow=True)``
+watching the directory logs to it too, from any kernel.
 
 MLflow never stops or slows the training: calls happen off the run's thread, and the first call
-that fails (after MLflow's own retries, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) is reported once as a
-warning and ends tracking for that run. ``tfnb.run`` returns once the final status and the model
-are logged.
+that fails (after MLflow's own retries) is reported once as a warning and ends tracking for that
+run. ``tfnb.run`` returns once the final status and the model are logged.
 """
 from __future__ import annotations
 
@@ -115,7 +110,6 @@ class _Link:
             first = (str(e).splitlines() or [""])[0][:300]
             log.warning("MLflow tracking of %s stopped%s after %s: %s; it goes on without MLflow",
                         self.what, run, type(e).__name__, first)
-            return None
 
     def start(self, mlflow, experiment: Any, active_run_id: str | None, tags: Mapping[str, str]) -> None:
         """Use ``active_run_id``, else start a run of our own in this thread (ended by :meth:`end`)."""
@@ -214,9 +208,7 @@ class Tracker:
         close = getattr(self.display, "close", None)
         if close:
             close()
-        state = self._state
-        if state is None:
-            state = "cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed"
+        state = self._state or ("cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed")
         self._q.put(("end", (state, self._error if state == "failed" else None)))
         self._thread.join()
 
@@ -367,10 +359,8 @@ def _log_keras(model, mlflow_run_id: str) -> None:
 
     reqs = []
     for dist in ("tensorflow", "tensorflow-cpu", "tf-keras"):
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             reqs.append(f"{dist}=={importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            pass
     # explicit requirements: MLflow would otherwise load the model in a subprocess to infer them.
     # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
     # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
