@@ -50,9 +50,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ._config import setting
 from ._status import FINAL_STATES, read_status
-from ._storage import is_temp, open_store
+from ._storage import open_store
 from .errors import ConfigError, EvaluatorError, StorageError
-from .sync import EventSync
+from .sync import EventSync, location, positive
 from .tracking import EvalTracker, check_option
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,15 @@ class _Fatal(Exception):
     """Ends the loop: user code (model_fn, dataset_fn, evaluate) or configuration is broken."""
 
 
+@contextlib.contextmanager
+def _fatal_on_error(what: str, fix: str = ""):
+    """A failure of the user code inside becomes a _Fatal: ``what: Type: message`` and the fix."""
+    try:
+        yield
+    except Exception as e:
+        raise _Fatal(f"{what}: {type(e).__name__}: {e}{fix}") from e
+
+
 class Evaluator:
     """Evaluates every new checkpoint in ``checkpoint_dir`` and logs the metrics for TensorBoard.
 
@@ -171,10 +180,10 @@ class Evaluator:
             raise ConfigError(f"dataset_fn must be a function returning the validation data, got {dataset_fn!r}; "
                               f"wrap a dataset as dataset_fn=lambda: val_ds")
         interval = setting("eval_interval", interval, 10.0, float)
-        if not _positive(interval):
+        if not positive(interval):
             raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
         timeout = setting("eval_timeout", timeout, None, float)
-        if timeout is not None and not _positive(timeout):
+        if timeout is not None and not positive(timeout):
             raise ConfigError(f"timeout={timeout!r} must be seconds > 0, or None to wait for training to end")
         if mode not in ("auto", "min", "max"):
             raise ConfigError(f"mode={mode!r} must be 'min', 'max' or 'auto'")
@@ -189,12 +198,8 @@ class Evaluator:
         if best_metric is not None and not isinstance(best_metric, str):
             raise ConfigError(f"best_metric={best_metric!r} must be a metric name such as 'loss', or None")
         self.model_fn, self.dataset_fn = model_fn, dataset_fn
-        for name, value in (("checkpoint_dir", checkpoint_dir), ("log_dir", log_dir)):
-            if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-                raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. the model_dir "
-                                  "given to tfnb.run")
-        self.checkpoint_dir = os.fspath(checkpoint_dir)
-        self.log_dir = os.fspath(log_dir)
+        self.checkpoint_dir = location("checkpoint_dir", checkpoint_dir, "the model_dir given to tfnb.run")
+        self.log_dir = location("log_dir", log_dir, "the model_dir given to tfnb.run")
         self.model_dir = os.fspath(model_dir) if model_dir is not None else self.checkpoint_dir
         self.export_dir = os.fspath(export_dir) if export_dir is not None else self.log_dir
         self.metrics = list(metrics) if metrics is not None else None
@@ -316,10 +321,7 @@ class Evaluator:
                 for tag in acc.Tags().get(TENSORS, []) if tag.startswith(self.tag_prefix)}
 
     def start(self) -> "Evaluator":
-        """Evaluate in a background thread until training ends, ``timeout`` passes or :meth:`stop`.
-
-        Returns:
-            self.
+        """Evaluate in a background thread until training ends, ``timeout`` passes or :meth:`stop`; returns self.
 
         Example:
             >>> ev = tfnb.Evaluator(model_fn, dataset_fn, model_dir, log_dir).start()
@@ -471,7 +473,7 @@ class Evaluator:
                 shards.setdefault(m.group("prefix"), []).append((int(m.group("i")), int(m.group("n")), rel))
         seen = set()
         for rel, info in listing.items():
-            if not rel.endswith(".index") or is_temp(rel):
+            if not rel.endswith(".index"):
                 continue
             name = rel[: -len(".index")]
             seen.add(name)
@@ -534,10 +536,8 @@ class Evaluator:
             os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
         tf = require("tensorflow", "the evaluator")
-        try:
+        with _fatal_on_error("model_fn() failed"):
             model = self.model_fn()
-        except Exception as e:
-            raise _Fatal(f"model_fn() failed: {type(e).__name__}: {e}") from e
         if not hasattr(model, "evaluate") or not hasattr(model, "load_weights"):
             raise _Fatal(f"model_fn() returned {type(model).__name__}, not a Keras model; "
                          f"return the model (built with tf.keras) from model_fn")
@@ -552,28 +552,21 @@ class Evaluator:
             raise _Fatal("model_fn() returned an uncompiled model, so there is nothing to evaluate; "
                          "compile it in model_fn (loss and metrics) or pass metrics=['accuracy']")
         self._has_loss = getattr(model, "loss", None) is not None
-        try:
+        with _fatal_on_error("dataset_fn() failed"):
             data = self.dataset_fn()
-        except Exception as e:
-            raise _Fatal(f"dataset_fn() failed: {type(e).__name__}: {e}") from e
         if data is None:
             raise _Fatal("dataset_fn() returned None; return a tf.data.Dataset of (x, y) batches or an (x, y) tuple")
         if not model.built and isinstance(data, tf.data.Dataset):
             # build the variables now so restore errors come from the checkpoint, not from evaluate()
-            try:
+            with _fatal_on_error("could not build the model on the first batch of dataset_fn()"):
                 first = next(iter(data.take(1)))
                 model(first[0] if isinstance(first, (tuple, list)) else first, training=False)
-            except Exception as e:
-                raise _Fatal(f"could not build the model on the first batch of dataset_fn(): "
-                             f"{type(e).__name__}: {e}") from e
         self._model, self._data = model, data
-        try:
-            # one batch now: traces evaluate() before the first checkpoint lands (so its evaluation
-            # starts on time) and shows a model/data mismatch at start, not at the first checkpoint
+        # one batch now: traces evaluate() before the first checkpoint lands (so its evaluation
+        # starts on time) and shows a model/data mismatch at start, not at the first checkpoint
+        with _fatal_on_error("model.evaluate on the first batch of dataset_fn() failed",
+                             "; check that model_fn and dataset_fn fit together"):
             self._run_evaluate(steps=1)
-        except Exception as e:
-            raise _Fatal(f"model.evaluate on the first batch of dataset_fn() failed: {type(e).__name__}: {e}; "
-                         f"check that model_fn and dataset_fn fit together") from e
         store = open_store(self.log_dir, self._options, purpose="writing evaluation logs to")
         if store.local:
             eval_dir = os.path.join(store.url(), "eval")
@@ -615,10 +608,8 @@ class Evaluator:
         except Exception as e:  # noqa: BLE001 - half-written or corrupt: decided below
             self._load_failed(cand, e)
             return
-        try:
+        with _fatal_on_error(f"model.evaluate failed on checkpoint {where}"):
             raw = self._run_evaluate()
-        except Exception as e:
-            raise _Fatal(f"model.evaluate failed on checkpoint {where}: {type(e).__name__}: {e}") from e
         metrics = {k: float(v) for k, v in raw.items()
                    if _is_scalar(v) and (k != "loss" or self._has_loss)}
         seconds = time.monotonic() - t0
@@ -764,7 +755,3 @@ def _is_scalar(value: Any) -> bool:
 
 def _is_gone(e: Exception) -> bool:
     return isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError" or "No such file" in str(e)
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0

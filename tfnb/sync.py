@@ -103,6 +103,18 @@ def complete_records(buf: bytes | memoryview) -> int | None:
     return pos
 
 
+def positive(value: Any) -> bool:
+    """A number (not a bool) > 0: what an interval or timeout argument must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def location(name: str, value: Any, example: str) -> str:
+    """The directory argument ``name`` as a string; a ConfigError when it is not a path or URL."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. {example}")
+    return os.fspath(value)
+
+
 def is_event_file(name: str) -> bool:
     """TensorBoard's own rule: an event file has "tfevents" in its base name."""
     return "tfevents" in posixpath.basename(name)
@@ -187,16 +199,12 @@ class EventSync:
                  interval: float | None = None, mode: str = "auto",
                  storage_options: Mapping[str, Any] | None = None):
         interval = setting("sync_interval", interval, 10.0, float)
-        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval <= 0:
+        if not positive(interval):
             raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} must be one of {', '.join(MODES)}")
-        for name, value in (("src_dir", src_dir), ("dst_url", dst_url)):
-            if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-                raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. '/tmp/tb/run1' "
-                                  "or 's3://bucket/run1/logs'")
-        self.src_url = os.fspath(src_dir)
-        self.dst_url = os.fspath(dst_url)
+        self.src_url = location("src_dir", src_dir, "'/tmp/tb/run1' or 's3://bucket/run1/logs'")
+        self.dst_url = location("dst_url", dst_url, "'/tmp/tb/run1' or 's3://bucket/run1/logs'")
         self.interval = float(interval)
         self._src = open_store(self.src_url, storage_options, purpose="syncing events from")
         self._dst = open_store(self.dst_url, storage_options, purpose="syncing events to")
@@ -256,10 +264,7 @@ class EventSync:
         return self._stats
 
     def stop(self) -> SyncStats:
-        """Stop the thread and run a final pass that ships everything written so far.
-
-        Returns:
-            The final counters.
+        """Stop the thread, run a final pass that ships everything written so far, return the counters.
 
         Raises:
             SyncError: the final pass failed (the cause is chained).

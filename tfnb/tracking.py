@@ -91,7 +91,8 @@ def _experiment_id(client, value: Any) -> str | None:
 
 
 class _Link:
-    """One MLflow run, used from one thread; the first failing call turns it off with one warning."""
+    """One MLflow run, used from one thread; the first failing call turns it off with one warning
+    (every later call does nothing)."""
 
     def __init__(self, what: str):
         self.what = what
@@ -118,8 +119,6 @@ class _Link:
             return
         client = mlflow.MlflowClient()
         experiment_id = self.call(_experiment_id, client, experiment)
-        if self.broken:
-            return
         run = self.call(mlflow.start_run, experiment_id=experiment_id, tags=dict(tags))
         if run is not None:
             self.run_id, self.own = run.info.run_id, True
@@ -134,7 +133,7 @@ class _Link:
                   tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in (tags or {}).items()])
 
     def end(self, mlflow, status: str) -> None:
-        if self.own and self.run_id is not None and not self.broken:
+        if self.own:  # call() does nothing once the link is broken
             self.call(mlflow.end_run, status)
 
 
@@ -397,8 +396,6 @@ class EvalTracker:
     def _resolve(self, mlflow) -> None:
         self._resolved = True
         run_id = self.link.call(self._linked_run)
-        if self.link.broken:
-            return
         self.link.start(mlflow, self.experiment, run_id or self.active_run_id, {"tfnb.evaluator": "true"})
 
     def _linked_run(self) -> str | None:
