@@ -1,33 +1,18 @@
 """MLflow tracking: one MLflow run per ``tfnb.run``, logged by the driver alone.
 
-Autologging on every rank of a distributed training makes one MLflow run per worker (mlflow#11782).
-tfnb logs from the driver instead: :func:`track` wraps the run's display (the callable that receives
-every :class:`~tfnb.events.RunEvent`), so it sees what the display sees, and hands it to one
-background thread that talks to MLflow. Workers need no MLflow package and no credentials.
-
-What a run logs:
-
-* params: num_workers, num_ps, max_attempts, model_dir, log_dir, timeout, the Spark master and
-  application id, and ``args.N`` for each of ``args`` that is a bool, int, float or str; never the
-  ``env`` values or storage options (credentials live there);
-* metrics: every number of the chief's epoch-end progress event (``loss``, ``val_*``,
-  ``steps_per_sec``...; from ``ctx.progress_callback()`` or ``ctx.report(epoch=E, epoch_end=True, ...)``)
-  at ``step = epoch - 1``, Keras' 0-based epoch, so training and Evaluator curves line up;
-* tags: ``tfnb.run_id``, ``tfnb.attempt``, ``tfnb.relaunch.N`` (why launch N was needed),
-  ``tfnb.state`` and, on failure, ``tfnb.error``;
-* the model: when the run succeeded, the newest saved model in ``model_dir`` (``*.keras``, ``*.h5`` or
-  a SavedModel folder, outside ``backup/`` and ``workertemp_*``), with MLflow's TensorFlow flavour
-  when tf.keras loads it, else as plain files under the artifact path ``model``.
-
-The run is the MLflow run active in the calling thread (left open), else a new run in the experiment
-``mlflow="name"`` names (or MLflow's default experiment) that ends with status FINISHED, FAILED or
-KILLED (interrupted), on MLflow's default tracking server (``MLFLOW_TRACKING_URI``; the workspace on
-Databricks). ``model_dir/tfnb_mlflow.json`` names that run, so an ``Evaluator(mlflow=True)``
-watching the directory logs to it too, from any kernel.
+What a run logs, and to which run, is in the README ("MLflow tracking"). Autologging on every rank
+would make one MLflow run per worker (mlflow#11782), so :func:`track` wraps the run's display (the
+callable that receives every :class:`~tfnb.events.RunEvent`) and hands what it sees (the chief's
+epoch-end metrics at ``step = epoch - 1``, relaunches, the final state) to one background thread
+that talks to MLflow: workers need no MLflow package and no credentials. Params never include the
+``env`` values or storage options (credentials live there). ``model_dir/tfnb_mlflow.json`` names
+the MLflow run, so an ``Evaluator(mlflow=True)`` watching that directory (:class:`EvalTracker`)
+logs to the same run, from any kernel.
 
 MLflow never stops or slows the training: calls happen off the run's thread, and the first call
-that fails (after MLflow's own retries) is reported once as a warning and ends tracking for that
-run. ``tfnb.run`` returns once the final status and the model are logged.
+that fails (after MLflow's own retries, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) is reported once as a
+warning and ends tracking for that run. ``tfnb.run`` returns once the final status and the model
+are logged.
 """
 from __future__ import annotations
 
@@ -59,7 +44,7 @@ _MAX_PARAM = 500    # characters of a param value logged from args
 _STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
-def check_option(value: Any, name: str = "mlflow") -> bool:
+def check_option(value: Any) -> bool:
     """Validate ``mlflow=`` (True, an experiment name, or None/False) and import MLflow when it is on.
 
     Returns:
@@ -72,11 +57,11 @@ def check_option(value: Any, name: str = "mlflow") -> bool:
     if value is None or value is False:
         return False
     if value is not True and not (isinstance(value, str) and value.strip()):
-        raise ConfigError(f"{name}={value!r} must be True (MLflow's default experiment), an experiment name "
-                          f"such as {name}='my-training', or None for no MLflow tracking")
+        raise ConfigError(f"mlflow={value!r} must be True (MLflow's default experiment), an experiment name "
+                          "such as mlflow='my-training', or None for no MLflow tracking")
     from ._deps import _floor, require
 
-    mlflow = require("mlflow", f"MLflow tracking ({name}={value!r})")
+    mlflow = require("mlflow", f"MLflow tracking (mlflow={value!r})")
     _floor("MLflow", getattr(mlflow, "__version__", "0"), MLFLOW_FLOOR,
            "models are logged as MLflow 3 LoggedModels of the run", _MLFLOW_FIX)
     return True
