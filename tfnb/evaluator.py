@@ -41,7 +41,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import tempfile
 import threading
 import time
@@ -224,7 +223,7 @@ class Evaluator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._model = self._data = self._writer = self._event_sync = None
-        self._tmp_logs: str | None = None
+        self._tmp_logs: tempfile.TemporaryDirectory | None = None
         self._has_loss = True
         self.state = "new"
 
@@ -572,9 +571,9 @@ class Evaluator:
             eval_dir = os.path.join(store.url(), "eval")
         else:
             # TensorFlow cannot write to every URL (s3:// left TF in 2.6): write locally, sync out
-            self._tmp_logs = tempfile.mkdtemp(prefix="tfnb-eval-logs-")
-            eval_dir = self._tmp_logs
-            self._event_sync = EventSync(self._tmp_logs, self.log_dir.rstrip("/") + "/eval",
+            self._tmp_logs = tempfile.TemporaryDirectory(prefix="tfnb-eval-logs-", ignore_cleanup_errors=True)
+            eval_dir = self._tmp_logs.name
+            self._event_sync = EventSync(eval_dir, self.log_dir.rstrip("/") + "/eval",
                                          interval=self.interval, storage_options=self._options)
         self._writer = tf.summary.create_file_writer(eval_dir)
         # with no default writer this records nothing, but pays now for the summary code's first load
@@ -587,9 +586,8 @@ class Evaluator:
             _log_failure("closing the eval summary writer", self._writer.close)
         if self._event_sync is not None:
             _log_failure(f"final sync of eval summaries to {self.log_dir}", self._event_sync.stop)
-        if self._tmp_logs:
-            shutil.rmtree(self._tmp_logs, ignore_errors=True)
-        self._writer = self._event_sync = self._tmp_logs = None
+        if self._tmp_logs is not None:
+            self._tmp_logs.cleanup()
 
     def _evaluate(self, cand: _Candidate) -> None:
         import tensorflow as tf
