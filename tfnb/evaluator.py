@@ -5,37 +5,27 @@ while ``tfnb.run`` trains on the cluster. For every new checkpoint it restores t
 model ``model_fn()`` built, evaluates on ``dataset_fn()``, writes the metrics as TensorBoard scalars
 to ``log_dir/eval`` at the checkpoint's training step, and exports the best model so far.
 
-What it reads (the layout tf-keras 2.21 writes): TensorFlow checkpoints directly inside
-``checkpoint_dir``, each a prefix ``NAME`` with ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files.
-Both writers of that layout work:
+Checkpoints are the TensorFlow ones tf-keras 2.21 writes directly inside ``checkpoint_dir``: a
+prefix ``NAME`` with ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files, as written by
+``tf.keras.callbacks.ModelCheckpoint(model_dir + "/ckpt-{epoch}", save_weights_only=True)`` (restored
+with ``model.load_weights``) or ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model, ...),
+model_dir)`` (variables under ``model/``: restored with ``tf.train.Checkpoint(model=model)``).
+Subdirectories (``backup/``, ``workertemp_*``, TensorFlow's ``*_temp``) and other files are ignored.
+A checkpoint is *complete* when its ``.index`` (TensorFlow writes it last) and every data shard exist.
+One that fails to load is retried while its files change (a copy in progress), and skipped as corrupt
+after ``max_retries`` failures with unchanged files. Each version is evaluated once: a checkpoint
+rewritten under the same name (a fixed ``filepath``, ``save_best_only=True``) is evaluated again.
 
-* ``tf.keras.callbacks.ModelCheckpoint(model_dir + "/ckpt-{epoch}", save_weights_only=True)``
-  (``ckpt-1``, ``ckpt-2``, ... — ``{epoch}`` is 1-based; restored with ``model.load_weights``);
-* ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model, ...), model_dir)`` (``ckpt-N``;
-  restored with ``tf.train.Checkpoint(model=model)``, chosen because the checkpoint's variables
-  are under ``model/``).
+Steps: ``step="epoch"`` (default) is the number in the checkpoint's name minus one: the 0-based epoch
+of Keras' TensorBoard callback, so ``eval`` lines up with ``train`` and ``validation`` for
+``ckpt-{epoch}`` files. ``step="name"`` uses the number as is; ``step="iterations"`` reads the training
+step saved in the checkpoint (a ``step`` variable, else the optimizer's iterations). Scalars are named
+``tag_prefix + metric`` (default ``epoch_loss``, ``epoch_accuracy``, as the Keras callback names them).
 
-Subdirectories (``backup/`` of BackupAndRestore, ``workertemp_*`` of non-chief workers, TensorFlow's
-``*_temp`` staging folders) and other files (``checkpoint``, ``*.keras``, ``*.h5``,
-``tfnb_status.json``) are ignored. A checkpoint is *complete* when its ``.index`` and every data
-shard the shard names announce exist; TensorFlow writes the index last. A complete checkpoint that
-fails to load is retried on the next poll while its files still change (a copy in progress); once
-it has failed ``max_retries`` times with unchanged files it is reported as corrupt and skipped.
-
-Steps: ``step="epoch"`` (default) is the number in the checkpoint's name minus one, which is the
-0-based epoch Keras' TensorBoard callback uses for its ``epoch_*`` scalars, so ``eval`` lines up
-with ``train`` and ``validation`` for ModelCheckpoint's ``ckpt-{epoch}`` files. ``step="name"`` uses
-the number as is; ``step="iterations"`` reads the training step saved in the checkpoint (a ``step``
-variable, else the optimizer's iterations), matching batch-level summaries. Scalars are named
-``tag_prefix + metric`` (default ``epoch_loss``, ``epoch_accuracy``: the Keras callback's names).
-
-Each checkpoint version is evaluated once: a checkpoint rewritten under the same name (a fixed
-``filepath``, ``save_best_only=True``) has a new index file and is evaluated again.
-
-Training is over when ``model_dir/tfnb_status.json`` (written by ``tfnb.run``) says succeeded,
-failed or cancelled; the evaluator then evaluates what is left and stops. A status left final by an
-earlier run in the same ``model_dir`` also counts, so start the evaluator on a fresh ``model_dir``
-(or after ``tfnb.run`` has marked the new run running). ``dataset_fn`` must give finite data.
+Training is over when ``model_dir/tfnb_status.json`` (written by ``tfnb.run``) says succeeded, failed
+or cancelled; the evaluator then evaluates what is left and stops. A final status left by an earlier
+run counts too: start the evaluator on a fresh ``model_dir`` or after ``tfnb.run`` has marked the new
+run running. ``dataset_fn`` must give finite data.
 
 Example:
     >>> ev = tfnb.Evaluator(build_model, val_dataset, "/dbfs/runs/1/model", "/tmp/tb/run1")
@@ -45,12 +35,12 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import re
-import shutil
 import tempfile
 import threading
 import time
@@ -59,9 +49,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ._config import setting
 from ._status import FINAL_STATES, read_status
-from ._storage import is_temp, open_store
+from ._storage import open_store
 from .errors import ConfigError, EvaluatorError, StorageError
-from .sync import EventSync
+from .sync import EventSync, location, positive
 from .tracking import EvalTracker, check_option
 
 log = logging.getLogger(__name__)
@@ -117,12 +107,20 @@ class _Candidate:
     found_at: float | None = None
     failures: int = 0              # failed loads since the files last changed
     unchanged_polls: int = 0
-    last_error: str = ""
     mtime: float = 0.0
 
 
 class _Fatal(Exception):
     """Ends the loop: user code (model_fn, dataset_fn, evaluate) or configuration is broken."""
+
+
+@contextlib.contextmanager
+def _fatal_on_error(what: str, fix: str = ""):
+    """A failure of the user code inside becomes a _Fatal: ``what: Type: message`` and the fix."""
+    try:
+        yield
+    except Exception as e:
+        raise _Fatal(f"{what}: {type(e).__name__}: {e}{fix}") from e
 
 
 class Evaluator:
@@ -133,8 +131,7 @@ class Evaluator:
             loss/metrics to evaluate, or pass ``metrics=``. Called once, in the evaluator's thread.
         dataset_fn: ``dataset_fn()`` -> the validation data: a ``tf.data.Dataset`` of (x, y) batches,
             or an ``(x, y)`` tuple of arrays. Called once; the dataset is re-iterated per checkpoint.
-        checkpoint_dir: where training writes checkpoints: local path, ``/dbfs/...``, ``s3://...`` or
-            fsspec URL.
+        checkpoint_dir: where training writes checkpoints (local path, ``/dbfs/...``, ``s3://...``, URL).
         log_dir: TensorBoard directory; scalars go to ``log_dir/eval`` (local path or URL).
         metrics: Keras metrics (names or objects) to compile the model with, keeping its loss;
             None uses what ``model_fn`` compiled.
@@ -147,13 +144,11 @@ class Evaluator:
         export_format: "savedmodel", "keras", or None to track the best without exporting.
         step: "epoch", "name", "iterations" (see the module docstring) or ``fn(checkpoint) -> int``.
         tag_prefix: prefix of the scalar names (default "epoch_", as Keras' TensorBoard callback).
-        timeout: seconds after which the evaluator stops even if training has not ended
-            (env TFNB_EVAL_TIMEOUT; default none).
+        timeout: seconds before it stops even if training goes on (default none; env TFNB_EVAL_TIMEOUT).
         max_retries: failed loads of an unchanged checkpoint before it counts as corrupt (default 3).
         storage_options: options for remote directories (see :class:`tfnb.EventSync`).
-        mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best
-            checkpoint to MLflow, in the run of the ``tfnb.run(mlflow=...)`` writing ``model_dir``
-            (else the active MLflow run, else a run of its own); see :class:`tfnb.tracking.EvalTracker`.
+        mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best model to
+            MLflow, in the run ``tfnb.run(mlflow=...)`` uses (see :class:`tfnb.tracking.EvalTracker`).
 
     Raises:
         ConfigError: a bad argument (message names the fix).
@@ -184,10 +179,10 @@ class Evaluator:
             raise ConfigError(f"dataset_fn must be a function returning the validation data, got {dataset_fn!r}; "
                               f"wrap a dataset as dataset_fn=lambda: val_ds")
         interval = setting("eval_interval", interval, 10.0, float)
-        if not _positive(interval):
+        if not positive(interval):
             raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
         timeout = setting("eval_timeout", timeout, None, float)
-        if timeout is not None and not _positive(timeout):
+        if timeout is not None and not positive(timeout):
             raise ConfigError(f"timeout={timeout!r} must be seconds > 0, or None to wait for training to end")
         if mode not in ("auto", "min", "max"):
             raise ConfigError(f"mode={mode!r} must be 'min', 'max' or 'auto'")
@@ -202,12 +197,8 @@ class Evaluator:
         if best_metric is not None and not isinstance(best_metric, str):
             raise ConfigError(f"best_metric={best_metric!r} must be a metric name such as 'loss', or None")
         self.model_fn, self.dataset_fn = model_fn, dataset_fn
-        for name, value in (("checkpoint_dir", checkpoint_dir), ("log_dir", log_dir)):
-            if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-                raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. the model_dir "
-                                  "given to tfnb.run")
-        self.checkpoint_dir = os.fspath(checkpoint_dir)
-        self.log_dir = os.fspath(log_dir)
+        self.checkpoint_dir = location("checkpoint_dir", checkpoint_dir, "the model_dir given to tfnb.run")
+        self.log_dir = location("log_dir", log_dir, "the model_dir given to tfnb.run")
         self.model_dir = os.fspath(model_dir) if model_dir is not None else self.checkpoint_dir
         self.export_dir = os.fspath(export_dir) if export_dir is not None else self.log_dir
         self.metrics = list(metrics) if metrics is not None else None
@@ -228,12 +219,11 @@ class Evaluator:
         # rewritten under the same name (save_best_only, a fixed filepath) is a new one
         self._done_versions: dict[str, float] = {}
         self._best: EvalResult | None = None
-        self._error: BaseException | None = None
+        self._error: EvaluatorError | None = None
         self._stop = threading.Event()
-        self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._model = self._data = self._writer = self._event_sync = None
-        self._tmp_logs: str | None = None
+        self._tmp_logs: tempfile.TemporaryDirectory | None = None
         self._has_loss = True
         self.state = "new"
 
@@ -330,20 +320,15 @@ class Evaluator:
                 for tag in acc.Tags().get(TENSORS, []) if tag.startswith(self.tag_prefix)}
 
     def start(self) -> "Evaluator":
-        """Evaluate in a background thread until training ends, ``timeout`` passes or :meth:`stop`.
-
-        Returns:
-            self.
+        """Evaluate in a background thread until training ends, ``timeout`` passes or :meth:`stop`; returns self.
 
         Example:
             >>> ev = tfnb.Evaluator(model_fn, dataset_fn, model_dir, log_dir).start()
         """
         if self.running:
             return self
-        if self.state != "new":
-            raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
+        self._begin()
         self._thread = threading.Thread(target=self._loop, args=(True,), name="tfnb-evaluator", daemon=True)
-        self.state = "running"
         self._thread.start()
         return self
 
@@ -399,9 +384,7 @@ class Evaluator:
         """
         if self.running:
             raise EvaluatorError("the evaluator is running in the background; call stop() or join() instead")
-        if self.state != "new":
-            raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
-        self.state = "running"
+        self._begin()
         try:
             self._loop(until_done)
         except KeyboardInterrupt:
@@ -416,12 +399,14 @@ class Evaluator:
 
     # ------------------------------------------------------------ loop
 
+    def _begin(self) -> None:
+        if self.state != "new":
+            raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
+        self.state = "running"
+
     def _raise_error(self) -> None:
-        if self._error is None:
-            return
-        if isinstance(self._error, EvaluatorError):
+        if self._error is not None:
             raise self._error
-        raise EvaluatorError(f"the evaluator failed: {type(self._error).__name__}: {self._error}") from self._error
 
     def _loop(self, until_done: bool) -> None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -429,12 +414,12 @@ class Evaluator:
             self._prepare()
             while not self._stop.is_set():
                 # read the status before listing: every checkpoint written before "finished" is then seen
-                finished = self._training_finished() if until_done else False
+                finished = until_done and self._training_finished()
                 progressed = self._poll(finished)
                 if not until_done:
                     self.state = "finished"
                     break
-                if finished and not self._pending():
+                if finished and not self._candidates:
                     self.state = "finished"
                     log.info("training has ended; evaluator done (%d evaluated, %d skipped)",
                              len(self._history), len(self._skipped))
@@ -442,7 +427,7 @@ class Evaluator:
                 if deadline is not None and time.monotonic() >= deadline:
                     self.state = "timed out"
                     log.warning("evaluator stopped after timeout=%s s; %d checkpoints pending",
-                                self.timeout, len(self._pending()))
+                                self.timeout, len(self._candidates))
                     break
                 if not progressed:
                     self._stop.wait(self.interval)
@@ -454,17 +439,12 @@ class Evaluator:
             self._fail(e, f"the evaluator failed: {type(e).__name__}: {e}")
         finally:
             self._close()
-            self._done.set()
 
     def _fail(self, cause: BaseException, message: str) -> None:
-        err = EvaluatorError(message)
-        err.__cause__ = cause
-        self._error = err
+        self._error = EvaluatorError(message)
+        self._error.__cause__ = cause
         self.state = "failed"
         log.error("%s", message, exc_info=cause)
-
-    def _pending(self) -> list[_Candidate]:
-        return list(self._candidates.values())
 
     def _training_finished(self) -> bool:
         try:
@@ -492,15 +472,13 @@ class Evaluator:
                 shards.setdefault(m.group("prefix"), []).append((int(m.group("i")), int(m.group("n")), rel))
         seen = set()
         for rel, info in listing.items():
-            if not rel.endswith(".index") or is_temp(rel):
+            if not rel.endswith(".index"):
                 continue
             name = rel[: -len(".index")]
             seen.add(name)
             if self._done_versions.get(name) == info.mtime:
                 continue
-            cand = self._candidates.get(name)
-            if cand is None:
-                cand = self._candidates[name] = _Candidate(name, _number(name))
+            cand = self._candidates.setdefault(name, _Candidate(name, _number(name)))
             parts = shards.get(name, [])
             count = parts[0][1] if parts else 0
             have = {i for i, n, _ in parts if n == count}
@@ -520,22 +498,18 @@ class Evaluator:
                 # CheckpointManager(max_to_keep=...) deleted it before we got to it
                 self._skip(self._candidates[name], "deleted before it could be evaluated")
 
-    def _ready(self, finished: bool) -> list[_Candidate]:
-        out = []
-        for cand in self._pending():
-            if not cand.complete:
-                # a missing shard is a write in progress; after training ended it never comes
-                if finished and cand.unchanged_polls >= self.max_retries:
-                    self._skip(cand, "incomplete: data files missing after training ended")
-                continue
-            out.append(cand)
-        inf = math.inf
-        return sorted(out, key=lambda c: (c.number if c.number is not None else inf, c.mtime, c.name))
-
     def _poll(self, finished: bool) -> bool:
+        """Scan, then evaluate the complete checkpoints in order; True when one was dealt with."""
         self._scan()
+        ready = []
+        for cand in list(self._candidates.values()):
+            if cand.complete:
+                ready.append(cand)
+            # a missing shard is a write in progress; after training ended it never comes
+            elif finished and cand.unchanged_polls >= self.max_retries:
+                self._skip(cand, "incomplete: data files missing after training ended")
         progressed = False
-        for cand in self._ready(finished):
+        for cand in sorted(ready, key=lambda c: (math.inf if c.number is None else c.number, c.mtime, c.name)):
             if self._stop.is_set():
                 break
             self._evaluate(cand)
@@ -561,10 +535,8 @@ class Evaluator:
             os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
         tf = require("tensorflow", "the evaluator")
-        try:
+        with _fatal_on_error("model_fn() failed"):
             model = self.model_fn()
-        except Exception as e:
-            raise _Fatal(f"model_fn() failed: {type(e).__name__}: {e}") from e
         if not hasattr(model, "evaluate") or not hasattr(model, "load_weights"):
             raise _Fatal(f"model_fn() returned {type(model).__name__}, not a Keras model; "
                          f"return the model (built with tf.keras) from model_fn")
@@ -579,36 +551,29 @@ class Evaluator:
             raise _Fatal("model_fn() returned an uncompiled model, so there is nothing to evaluate; "
                          "compile it in model_fn (loss and metrics) or pass metrics=['accuracy']")
         self._has_loss = getattr(model, "loss", None) is not None
-        try:
+        with _fatal_on_error("dataset_fn() failed"):
             data = self.dataset_fn()
-        except Exception as e:
-            raise _Fatal(f"dataset_fn() failed: {type(e).__name__}: {e}") from e
         if data is None:
             raise _Fatal("dataset_fn() returned None; return a tf.data.Dataset of (x, y) batches or an (x, y) tuple")
         if not model.built and isinstance(data, tf.data.Dataset):
             # build the variables now so restore errors come from the checkpoint, not from evaluate()
-            try:
+            with _fatal_on_error("could not build the model on the first batch of dataset_fn()"):
                 first = next(iter(data.take(1)))
                 model(first[0] if isinstance(first, (tuple, list)) else first, training=False)
-            except Exception as e:
-                raise _Fatal(f"could not build the model on the first batch of dataset_fn(): "
-                             f"{type(e).__name__}: {e}") from e
         self._model, self._data = model, data
-        try:
-            # one batch now: traces evaluate() before the first checkpoint lands (so its evaluation
-            # starts on time) and shows a model/data mismatch at start, not at the first checkpoint
+        # one batch now: traces evaluate() before the first checkpoint lands (so its evaluation
+        # starts on time) and shows a model/data mismatch at start, not at the first checkpoint
+        with _fatal_on_error("model.evaluate on the first batch of dataset_fn() failed",
+                             "; check that model_fn and dataset_fn fit together"):
             self._run_evaluate(steps=1)
-        except Exception as e:
-            raise _Fatal(f"model.evaluate on the first batch of dataset_fn() failed: {type(e).__name__}: {e}; "
-                         f"check that model_fn and dataset_fn fit together") from e
         store = open_store(self.log_dir, self._options, purpose="writing evaluation logs to")
         if store.local:
             eval_dir = os.path.join(store.url(), "eval")
         else:
             # TensorFlow cannot write to every URL (s3:// left TF in 2.6): write locally, sync out
-            self._tmp_logs = tempfile.mkdtemp(prefix="tfnb-eval-logs-")
-            eval_dir = self._tmp_logs
-            self._event_sync = EventSync(self._tmp_logs, self.log_dir.rstrip("/") + "/eval",
+            self._tmp_logs = tempfile.TemporaryDirectory(prefix="tfnb-eval-logs-", ignore_cleanup_errors=True)
+            eval_dir = self._tmp_logs.name
+            self._event_sync = EventSync(eval_dir, self.log_dir.rstrip("/") + "/eval",
                                          interval=self.interval, storage_options=self._options)
         self._writer = tf.summary.create_file_writer(eval_dir)
         # with no default writer this records nothing, but pays now for the summary code's first load
@@ -618,53 +583,31 @@ class Evaluator:
         if self._mlflow is not None:
             self._mlflow.close(failed=self._error is not None)
         if self._writer is not None:
-            try:
-                self._writer.close()
-            except Exception:  # noqa: BLE001
-                log.exception("closing the eval summary writer failed")
-            self._writer = None
+            _log_failure("closing the eval summary writer", self._writer.close)
         if self._event_sync is not None:
-            try:
-                self._event_sync.stop()
-            except Exception:  # noqa: BLE001
-                log.exception("final sync of eval summaries to %s failed", self.log_dir)
-            self._event_sync = None
-        if self._tmp_logs:
-            shutil.rmtree(self._tmp_logs, ignore_errors=True)
-            self._tmp_logs = None
+            _log_failure(f"final sync of eval summaries to {self.log_dir}", self._event_sync.stop)
+        if self._tmp_logs is not None:
+            self._tmp_logs.cleanup()
 
     def _evaluate(self, cand: _Candidate) -> None:
         import tensorflow as tf
 
         started_at, t0 = time.time(), time.monotonic()
         where = self._ckpt_store.url(cand.name)
-        local_dir = None
         try:
-            if self._ckpt_store.local:
-                prefix = self._ckpt_store.url(cand.name)
-            else:
-                local_dir = tempfile.mkdtemp(prefix="tfnb-eval-ckpt-")
-                for rel in cand.files:
-                    self._ckpt_store.get(rel, os.path.join(local_dir, rel))
-                prefix = os.path.join(local_dir, cand.name)
-            try:
+            with self._local_copy(cand) as prefix:
                 step = self._restore(tf, prefix, cand)
-            except _Mismatch as e:
-                if not self._history:
-                    raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.__cause__}; "
-                                 f"make model_fn build the same layers as train_fn") from e.__cause__
-                self._skip(cand, f"does not fit the model: {e.__cause__}")
-                return
-            except Exception as e:  # noqa: BLE001 - half-written or corrupt: decided below
-                self._load_failed(cand, e)
-                return
-        finally:
-            if local_dir:
-                shutil.rmtree(local_dir, ignore_errors=True)
-        try:
+        except _Mismatch as e:
+            if not self._history:
+                raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.__cause__}; "
+                             f"make model_fn build the same layers as train_fn") from e.__cause__
+            self._skip(cand, f"does not fit the model: {e.__cause__}")
+            return
+        except Exception as e:  # noqa: BLE001 - half-written or corrupt: decided below
+            self._load_failed(cand, e)
+            return
+        with _fatal_on_error(f"model.evaluate failed on checkpoint {where}"):
             raw = self._run_evaluate()
-        except Exception as e:
-            raise _Fatal(f"model.evaluate failed on checkpoint {where}: {type(e).__name__}: {e}") from e
         metrics = {k: float(v) for k, v in raw.items()
                    if _is_scalar(v) and (k != "loss" or self._has_loss)}
         seconds = time.monotonic() - t0
@@ -680,11 +623,19 @@ class Evaluator:
                  " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if is_best:
             self._best = result
-            if self.export_format:
-                try:
-                    self._export(result)
-                except Exception:  # noqa: BLE001 - a failed export must not end evaluation
-                    log.exception("exporting the best model (step %d) to %s failed", step, self.export_dir)
+            if self.export_format:  # a failed export must not end evaluation
+                _log_failure(f"exporting the best model (step {step}) to {self.export_dir}", self._export, result)
+
+    @contextlib.contextmanager
+    def _local_copy(self, cand: _Candidate):
+        """The checkpoint's prefix on a local disk: TensorFlow cannot read every URL."""
+        if self._ckpt_store.local:
+            yield self._ckpt_store.url(cand.name)
+            return
+        with tempfile.TemporaryDirectory(prefix="tfnb-eval-ckpt-", ignore_cleanup_errors=True) as tmp:
+            for rel in cand.files:
+                self._ckpt_store.get(rel, os.path.join(tmp, rel))
+            yield os.path.join(tmp, cand.name)
 
     def _run_evaluate(self, steps: int | None = None) -> dict:
         data = self._data
@@ -705,9 +656,9 @@ class Evaluator:
             if _MISMATCH_RE.search(str(e)):
                 raise _Mismatch() from e
             raise
-        return self._step(reader, keys, cand, prefix)
+        return self._step(reader, keys, cand)
 
-    def _step(self, reader, keys, cand: _Candidate, prefix: str) -> int:
+    def _step(self, reader, keys, cand: _Candidate) -> int:
         rule = self.step_rule
         if callable(rule):
             return int(rule(self._ckpt_store.url(cand.name)))
@@ -721,11 +672,9 @@ class Evaluator:
     def _load_failed(self, cand: _Candidate, e: Exception) -> None:
         text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         cand.failures += 1
-        cand.last_error = text
         if _is_gone(e) and not self._ckpt_store.list(recursive=False).get(cand.name + ".index"):
             self._skip(cand, "deleted before it could be evaluated")
-            return
-        if cand.failures >= self.max_retries:
+        elif cand.failures >= self.max_retries:
             self._skip(cand, f"corrupt: failed to load {cand.failures} times with unchanged files ({text})")
         else:
             log.info("checkpoint %s not loadable yet (attempt %d; retrying next poll): %s",
@@ -758,26 +707,23 @@ class Evaluator:
         info = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "metrics": dict(result.metrics),
                            "best_metric": self.best_metric, "mode": self.mode, "format": self.export_format,
                            "time": time.time()}, indent=1).encode()
-        tmp = tempfile.mkdtemp(prefix="tfnb-eval-export-")
-        try:
+        name = "best.keras" if self.export_format == "keras" else "best"
+        with tempfile.TemporaryDirectory(prefix="tfnb-eval-export-", ignore_cleanup_errors=True) as tmp:
+            local = os.path.join(tmp, name)
             if self.export_format == "keras":
                 # "keras_v3" by name: tf-keras keeps its .keras switch in a thread-local that is only
                 # on in the importing thread, so from this thread a plain .keras path would write HDF5
-                local = os.path.join(tmp, "best.keras")
                 self._model.save(local, save_format="keras_v3")
-                store.put("best.keras", local)
+                store.put(name, local)
             else:
-                local = os.path.join(tmp, "best")
                 self._model.save(local, save_format="tf", include_optimizer=False)
-                store.put_dir("best", local)
+                store.put_dir(name, local)
             # written last: once best.json names a step, that step's model is in place
             store.write("best.json", info)
             if self._mlflow is not None:
                 self._mlflow.log_best_model(local)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         log.info("exported the best model (step %d, %s=%.4g) to %s", result.step, self.best_metric,
-                 result.metrics[self.best_metric], store.url("best.keras" if self.export_format == "keras" else "best"))
+                 result.metrics[self.best_metric], store.url(name))
 
 
 class _Mismatch(Exception):
@@ -787,6 +733,14 @@ class _Mismatch(Exception):
 def _number(name: str) -> int | None:
     found = re.findall(r"\d+", os.path.basename(name))
     return int(found[-1]) if found else None
+
+
+def _log_failure(what: str, fn: Callable, *args) -> None:
+    """``fn(*args)``, with a failure logged instead of raised."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001
+        log.exception("%s failed", what)
 
 
 def _is_scalar(value: Any) -> bool:
@@ -799,7 +753,3 @@ def _is_scalar(value: Any) -> bool:
 
 def _is_gone(e: Exception) -> bool:
     return isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError" or "No such file" in str(e)
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0

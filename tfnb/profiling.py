@@ -1,20 +1,17 @@
-"""Profiler traces of a tfnb run: one per worker, where TensorBoard's profile plugin finds them.
+"""Profiler traces of a tfnb run (``tfnb.run(..., profile_steps=(20, 25))``; README, "Profiling").
 
-``tfnb.run(..., log_dir=..., profile_steps=(20, 25))`` has every train_fn process trace training
-steps 20 to 25 (counted from 1 across epochs, both included, as Keras' ``profile_batch``) with
-TensorFlow's profiler, from ``ctx.progress_callback()`` or ``ctx.profile(step)`` in a custom loop.
-Each trace lands at ``<log_dir>/plugins/profile/<run>/<role>-<index>.xplane.pb``: ``<run>`` is the
-attempt's start time (UTC, TensorFlow's own format, so the newest sorts first), the file name is
-the task (``chief-0``, ``worker-1``), so TensorBoard's Profile tab shows one host per worker even
-when all of them share one machine. TensorFlow names its file after the hostname and writes only
-to paths it can open itself, so the trace is written to a private local folder first and then
-uploaded through tfnb's storage layer (local paths, ``/dbfs``, ``/Volumes``, ``s3://``, fsspec).
-
-A trace that cannot be taken or written never stops training: the process says so once, in one
-log line the driver shows, and takes no further trace.
+Each train_fn process traces the steps (counted from 1 across epochs, both included, as Keras'
+``profile_batch``) from ``ctx.progress_callback()`` or ``ctx.profile(step)``, and the trace lands at
+``<log_dir>/plugins/profile/<run>/<role>-<index>.xplane.pb``: ``<run>`` is the attempt's start time
+in TensorFlow's own format (the newest sorts first), and the task's name (``chief-0``, ``worker-1``)
+makes TensorBoard's Profile tab show one host per worker even when they share a machine.
+TensorFlow names its file after the hostname and writes only to paths it can open itself, so the
+trace goes to a private local folder first, then through tfnb's storage layer. A trace that cannot
+be taken or written never stops training: the process says so once, in one log line.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -105,21 +102,15 @@ class Tracer:
                 raise RuntimeError(f"the profiler wrote {len(found)} trace files, expected 1")
             from ._storage import open_store
 
-            store = open_store(self.ctx.log_dir, purpose="writing a profiler trace to")
-            try:
-                store.put(self.rel_path(), found[0])
-            finally:
-                store.close()
+            ctx = self.ctx
+            with contextlib.closing(open_store(ctx.log_dir, purpose="writing a profiler trace to")) as store:
+                store.put(f"plugins/profile/{ctx.profile_run}/{ctx.job_name}-{ctx.task_index}.xplane.pb", found[0])
             self.state = "done"
         except Exception as e:  # noqa: BLE001 - a trace must never stop training
             self._failed("was not written", e, "check that log_dir is writable from every worker "
                          "(path, permissions, storage credentials in env=)")
         finally:
             self._cleanup()
-
-    def rel_path(self) -> str:
-        ctx = self.ctx
-        return f"plugins/profile/{ctx.profile_run}/{ctx.job_name}-{ctx.task_index}.xplane.pb"
 
     def _failed(self, what: str, e: Exception, fix: str) -> None:
         self.state = "failed"

@@ -1,41 +1,31 @@
 """Incremental TensorBoard event-file sync between a local directory and persistent storage.
 
-One class, :class:`EventSync`, used at both ends of a run:
-
-* on the chief, inside ``train_fn``: the task's local ``log_dir`` -> persistent storage
-  (a ``/dbfs`` or ``/Volumes`` path, ``s3://bucket/prefix``, any fsspec URL, or a plain path);
-* on the driver, in the notebook: persistent storage -> a local directory TensorBoard reads.
+One class, :class:`EventSync`, used at both ends of a run: on the chief, inside ``train_fn``, from
+the task's local ``log_dir`` to persistent storage (``/dbfs``, ``/Volumes``, ``s3://``, any fsspec URL
+or a plain path); on the driver, from persistent storage to a local directory TensorBoard reads. Both
+ends go through tfnb's storage layer, with the options of the README's "Storage URLs and options".
 
 Event files are append-only TFRecord streams (each record: 8-byte little-endian length, 4-byte
 masked CRC-32C of the length, the data, 4-byte masked CRC-32C of the data). The sync remembers,
 per file, how many bytes it has delivered, and each pass ships only the new bytes, cut at the last
-complete record, so a destination never holds a torn record written by the sync.
+complete record, so a destination never holds a torn record written by the sync. Every byte
+produced is sent once, in one of two ways:
 
-How the new bytes travel depends on the destination:
+``append`` (local disks, NFS): a file's first bytes go to a hidden temporary name (without
+    "tfevents", so TensorBoard never lists it), renamed into place; later records are appended.
+    (A reader racing an append can meet its record half there; TensorBoard's loader treats that as
+    a truncated record and resumes from it on its next reload: event_file_loader.py.)
+``parts`` (object stores, and the ``/dbfs`` and ``/Volumes`` FUSE mounts, which cannot append in
+    place): each pass uploads a file's new records as one new object ``<file>.part-NNNNNN`` (six or
+    more digits, from 1), itself a valid event file; no re-upload of a growing file (the quadratic
+    cost of tensorboard#5655). Reading a store with parts, :class:`EventSync` concatenates them in
+    order back into ``<file>``, so the driver side restores the original files byte for byte. The
+    price: up to one object per file per pass with new data (360 an hour at interval=10).
 
-``append`` (local disks, NFS): a file's first bytes are written to a hidden temporary name (one
-    without "tfevents", so TensorBoard never lists it) and renamed into place; later bytes are
-    appended, whole records only. Every byte produced is sent once. (A reader racing one append
-    can meet its record half there; TensorBoard's loader treats that as a truncated record and
-    resumes from it on its next reload, see tensorboard/backend/event_processing/event_file_loader.py.)
-``parts`` (S3 and other object stores, ``/dbfs`` and ``/Volumes`` FUSE mounts, which cannot
-    append in place): each pass uploads the file's new records as one new immutable object named
-    ``<file>.part-NNNNNN`` (six or more digits, counting from 1). Every byte produced is again sent
-    once; there is no re-upload of a growing file (the quadratic cost of tensorboard#5655). Each
-    part is itself a valid event file. Reading a store with parts, :class:`EventSync` concatenates
-    them in order back into ``<file>``, so the driver-side sync (store -> local dir) restores the
-    original event files byte for byte. The price is object count: at most one object per file per
-    pass with new data (360 an hour at interval=10), which the driver lists each pass.
-
-A sync resumes where an earlier one stopped: on its first pass it measures what the destination
-already holds (file size, or the sizes of the parts) and continues from there. One destination
-should have one writing sync at a time. Files other than event files (plugin assets, profiles)
-are copied whole when they change and have been quiet for a second, also through a temporary
-name. ``stop()`` (and leaving the ``with`` block, also on an exception) runs a final pass.
-
-Both ends go through tfnb's storage layer: any path or URL, with the options of the README's
-"Storage URLs and options" (S3 through boto3, endpoint from ``TFNB_S3_ENDPOINT_URL`` or
-``AWS_ENDPOINT_URL`` when not given).
+A sync resumes where an earlier one stopped: its first pass measures what the destination already
+holds. One destination should have one writing sync at a time. Other files (plugin assets,
+profiles) are copied whole, through a temporary name, once they change and have been quiet for a
+second. ``stop()`` (and leaving the ``with`` block, also on an exception) runs a final pass.
 
 Example:
     >>> with tfnb.EventSync("/local_disk0/tb", "s3://bucket/run1/logs", interval=10):
@@ -44,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import posixpath
@@ -72,8 +63,7 @@ _MAX_READ = 64 << 20             # bytes read from one file per pass; the rest f
 
 def _crc_table() -> list[int]:
     table = []
-    for i in range(256):
-        c = i
+    for c in range(256):
         for _ in range(8):
             c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
         table.append(c)
@@ -111,6 +101,18 @@ def complete_records(buf: bytes | memoryview) -> int | None:
             break
         pos = end
     return pos
+
+
+def positive(value: Any) -> bool:
+    """A number (not a bool) > 0: what an interval or timeout argument must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def location(name: str, value: Any, example: str) -> str:
+    """The directory argument ``name`` as a string; a ConfigError when it is not a path or URL."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. {example}")
+    return os.fspath(value)
 
 
 def is_event_file(name: str) -> bool:
@@ -197,16 +199,12 @@ class EventSync:
                  interval: float | None = None, mode: str = "auto",
                  storage_options: Mapping[str, Any] | None = None):
         interval = setting("sync_interval", interval, 10.0, float)
-        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval <= 0:
+        if not positive(interval):
             raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} must be one of {', '.join(MODES)}")
-        for name, value in (("src_dir", src_dir), ("dst_url", dst_url)):
-            if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-                raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. '/tmp/tb/run1' "
-                                  "or 's3://bucket/run1/logs'")
-        self.src_url = os.fspath(src_dir)
-        self.dst_url = os.fspath(dst_url)
+        self.src_url = location("src_dir", src_dir, "'/tmp/tb/run1' or 's3://bucket/run1/logs'")
+        self.dst_url = location("dst_url", dst_url, "'/tmp/tb/run1' or 's3://bucket/run1/logs'")
         self.interval = float(interval)
         self._src = open_store(self.src_url, storage_options, purpose="syncing events from")
         self._dst = open_store(self.dst_url, storage_options, purpose="syncing events to")
@@ -266,10 +264,7 @@ class EventSync:
         return self._stats
 
     def stop(self) -> SyncStats:
-        """Stop the thread and run a final pass that ships everything written so far.
-
-        Returns:
-            The final counters.
+        """Stop the thread, run a final pass that ships everything written so far, return the counters.
 
         Raises:
             SyncError: the final pass failed (the cause is chained).
@@ -282,10 +277,9 @@ class EventSync:
             self._thread.join()
             self._thread = None
         _live.discard(self)
-        if self._stopped:
-            return self._stats
-        self._stopped = True
-        self._pass(final=True, raise_errors=True)
+        if not self._stopped:
+            self._stopped = True
+            self._pass(final=True, raise_errors=True)
         return self._stats
 
     def __enter__(self) -> "EventSync":
@@ -311,11 +305,9 @@ class EventSync:
         next_at = time.monotonic()
         while True:
             self._pass(final=False, raise_errors=False)
-            next_at += self.interval
-            delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind: carry on from now rather than run a burst of passes
-                next_at, delay = time.monotonic(), 0.0
-            if self._stop.wait(delay):
+            # fell behind: carry on from now rather than run a burst of passes
+            next_at = max(next_at + self.interval, time.monotonic())
+            if self._stop.wait(next_at - time.monotonic()):
                 return
 
     def _pass(self, *, final: bool, raise_errors: bool) -> None:
@@ -323,9 +315,8 @@ class EventSync:
             try:
                 self._sync_once(final)
             except Exception as e:  # noqa: BLE001 - a network blip must not end the sync; retried next pass
-                s = self._stats
-                self._stats = SyncStats(s.bytes_sent, s.event_bytes, s.writes, s.passes, s.files,
-                                        s.errors + 1, f"{type(e).__name__}: {e}", s.last_pass)
+                self._stats = dataclasses.replace(self._stats, errors=self._stats.errors + 1,
+                                                  last_error=f"{type(e).__name__}: {e}")
                 if raise_errors:
                     raise SyncError(f"event sync {self.src_url} -> {self.dst_url} failed: "
                                     f"{type(e).__name__}: {e}; check both locations, and for a remote "
@@ -337,31 +328,29 @@ class EventSync:
         if not self._resumed:
             self._resume()
             self._resumed = True
-        listing = self._src.list()
-        streams, others = _group(listing)
-        sent = event_sent = writes = 0
+        streams, others = _group(self._src.list())
+        event_sent = copied = writes = 0
         for name, segments in sorted(streams.items()):
             while True:
-                n, w = self._ship_stream(name, segments)
-                sent += n
+                n = self._ship_stream(name, segments)
                 event_sent += n
-                writes += w
+                writes += n > 0
                 if n < _MAX_READ // 2:
                     break  # caught up (a bigger backlog is read in several chunks)
         now = time.time()
         for rel, info in sorted(others.items()):
-            if self._copied.get(rel) == info:
+            # unchanged since the last copy, or still being written (copied once it settles)
+            if self._copied.get(rel) == info or (not final and now - info.mtime < _QUIET):
                 continue
-            if not final and now - info.mtime < _QUIET:
-                continue  # still being written; copy it once it settles
             data = self._src.read(rel)
             self._dst.write(rel, data)
             self._copied[rel] = info
-            sent += len(data)
+            copied += len(data)
             writes += 1
         s = self._stats
-        self._stats = SyncStats(s.bytes_sent + sent, s.event_bytes + event_sent, s.writes + writes,
-                                s.passes + 1, len(self._tracks), s.errors, s.last_error, time.time())
+        self._stats = dataclasses.replace(
+            s, bytes_sent=s.bytes_sent + event_sent + copied, event_bytes=s.event_bytes + event_sent,
+            writes=s.writes + writes, passes=s.passes + 1, files=len(self._tracks), last_pass=time.time())
 
     def _resume(self) -> None:
         """Learn what the destination already holds so a restarted sync continues, not repeats."""
@@ -369,13 +358,12 @@ class EventSync:
         for name, segments in streams.items():
             track = _Track(delivered=sum(size for _, size in segments))
             if self.mode == "parts":
-                numbers = [_part_number(rel) for rel, _ in segments]
-                track.next_part = max(n for n in numbers if n is not None) + 1 if any(
-                    n is not None for n in numbers) else 1
+                track.next_part = 1 + max((int(m.group("n")) for rel, _ in segments
+                                           if (m := _PART_RE.match(rel))), default=0)
             self._tracks[name] = track
 
-    def _ship_stream(self, name: str, segments: list[tuple[str, int]]) -> tuple[int, int]:
-        """Ship the new whole records of one logical event file; returns (bytes, writes)."""
+    def _ship_stream(self, name: str, segments: list[tuple[str, int]]) -> int:
+        """Ship the new whole records of one logical event file (in one write); returns the bytes sent."""
         track = self._tracks.setdefault(name, _Track())
         total = sum(size for _, size in segments)
         if total < track.delivered:
@@ -388,22 +376,16 @@ class EventSync:
                     self._dst.delete(f"{name}.part-{number:06d}")
             track.delivered, track.raw, track.next_part = 0, False, 1
         if total == track.delivered:
-            return 0, 0
+            return 0
         data = _read_range(self._src, segments, track.delivered, min(total - track.delivered, _MAX_READ))
-        if track.raw:
+        cut = len(data) if track.raw else complete_records(data)
+        if cut is None:
+            # not TFRecord framing (or damaged): pass bytes through untouched rather than stall
+            log.warning("%s is not a TFRecord stream at byte %d; copying it as raw bytes", name, track.delivered)
+            track.raw = True
             cut = len(data)
-        else:
-            whole = complete_records(data)
-            if whole is None:
-                # not TFRecord framing (or damaged): pass bytes through untouched rather than stall
-                log.warning("%s is not a TFRecord stream at byte %d; copying it as raw bytes",
-                            name, track.delivered)
-                track.raw = True
-                cut = len(data)
-            else:
-                cut = whole
         if cut == 0:
-            return 0, 0
+            return 0
         chunk = data[:cut]
         if self.mode == "parts":
             self._dst.write(f"{name}.part-{track.next_part:06d}", chunk)
@@ -413,12 +395,7 @@ class EventSync:
         else:
             self._dst.append(name, chunk)
         track.delivered += cut
-        return cut, 1
-
-
-def _part_number(rel: str) -> int | None:
-    m = _PART_RE.match(rel)
-    return int(m.group("n")) if m else None
+        return cut
 
 
 def _group(listing: Mapping[str, Entry]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, Entry]]:
@@ -435,18 +412,14 @@ def _group(listing: Mapping[str, Entry]) -> tuple[dict[str, list[tuple[str, int]
             others[rel] = info
     out: dict[str, list[tuple[str, int]]] = {}
     for name, items in streams.items():
-        items.sort()
-        # parts must be contiguous from 1: a later part may be listed before an earlier one lands
-        chain, expect = [], 1
-        for number, rel, size in items:
-            if number == 0:
-                chain.append((rel, size))
-            elif number == expect:
-                chain.append((rel, size))
-                expect += 1
-            else:
+        chain = out[name] = []
+        expect = 1
+        for number, rel, size in sorted(items):
+            # parts must be contiguous from 1: a later part may be listed before an earlier one lands
+            if number and number != expect:
                 break
-        out[name] = chain
+            expect += bool(number)
+            chain.append((rel, size))
     return out, others
 
 

@@ -1,33 +1,13 @@
 """MLflow tracking: one MLflow run per ``tfnb.run``, logged by the driver alone.
 
-Autologging on every rank of a distributed training makes one MLflow run per worker (mlflow#11782).
-tfnb logs from the driver instead: :func:`track` wraps the run's display (the callable that receives
-every :class:`~tfnb.events.RunEvent`), so it sees what the display sees — the chief's epoch-end
-metrics from the progress stream, relaunches, the final state — and hands them to one background
-thread that talks to MLflow. Workers need no MLflow package and no credentials.
-
-What a run logs:
-
-* params: num_workers, num_ps, max_attempts, model_dir, log_dir, timeout, the Spark master and
-  application id, and ``args.N`` for each of ``args`` that is a plain value (bool, int, float, str);
-  never the ``env`` values or storage options (credentials live there);
-* metrics: every number of the chief's epoch-end progress event (``loss``, ``accuracy``, ``val_*``,
-  ``steps_per_sec``...; from ``ctx.progress_callback()``, or ``ctx.report(epoch=E, epoch_end=True,
-  ...)`` in a custom loop) at ``step = epoch - 1``: Keras' 0-based epoch, as its TensorBoard callback
-  and the Evaluator's ``step="epoch"`` count, so training and evaluation curves line up;
-* tags: ``tfnb.run_id``, ``tfnb.attempt`` (the launch in progress), ``tfnb.relaunch.N`` (why launch N
-  was needed), ``tfnb.state`` and, on failure, ``tfnb.error``;
-* the model: when the run succeeded and ``model_dir`` holds a saved model (``*.keras``, ``*.h5``, or a
-  SavedModel folder, outside ``backup/`` and ``workertemp_*``), the newest one, with MLflow's
-  TensorFlow flavour when tf.keras loads it, else as plain files under the artifact path ``model``.
-
-The run is the MLflow run active in the calling thread when there is one (left open), else a new
-run in the experiment ``mlflow="name"`` names (or MLflow's default experiment: on Databricks the
-notebook's, elsewhere what ``MLFLOW_EXPERIMENT_NAME``/``mlflow.set_experiment`` say) that ends with
-status FINISHED, FAILED or KILLED (interrupted). The tracking server is MLflow's default
-(``MLFLOW_TRACKING_URI``; the workspace on Databricks). tfnb writes ``tfnb_mlflow.json`` to
-``model_dir`` naming the MLflow run, so an ``Evaluator(mlflow=True)`` watching that directory logs to
-the same run, from this kernel or another one.
+What a run logs, and to which run, is in the README ("MLflow tracking"). Autologging on every rank
+would make one MLflow run per worker (mlflow#11782), so :func:`track` wraps the run's display (the
+callable that receives every :class:`~tfnb.events.RunEvent`) and hands what it sees (the chief's
+epoch-end metrics at ``step = epoch - 1``, relaunches, the final state) to one background thread
+that talks to MLflow: workers need no MLflow package and no credentials. Params never include the
+``env`` values or storage options (credentials live there). ``model_dir/tfnb_mlflow.json`` names
+the MLflow run, so an ``Evaluator(mlflow=True)`` watching that directory (:class:`EvalTracker`)
+logs to the same run, from any kernel.
 
 MLflow never stops or slows the training: calls happen off the run's thread, and the first call
 that fails (after MLflow's own retries, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) is reported once as a
@@ -36,12 +16,12 @@ are logged.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import queue
-import shutil
 import sys
 import tempfile
 import threading
@@ -64,7 +44,7 @@ _MAX_PARAM = 500    # characters of a param value logged from args
 _STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
-def check_option(value: Any, name: str = "mlflow") -> bool:
+def check_option(value: Any) -> bool:
     """Validate ``mlflow=`` (True, an experiment name, or None/False) and import MLflow when it is on.
 
     Returns:
@@ -77,11 +57,11 @@ def check_option(value: Any, name: str = "mlflow") -> bool:
     if value is None or value is False:
         return False
     if value is not True and not (isinstance(value, str) and value.strip()):
-        raise ConfigError(f"{name}={value!r} must be True (MLflow's default experiment), an experiment name "
-                          f"such as {name}='my-training', or None for no MLflow tracking")
+        raise ConfigError(f"mlflow={value!r} must be True (MLflow's default experiment), an experiment name "
+                          "such as mlflow='my-training', or None for no MLflow tracking")
     from ._deps import _floor, require
 
-    mlflow = require("mlflow", f"MLflow tracking ({name}={value!r})")
+    mlflow = require("mlflow", f"MLflow tracking (mlflow={value!r})")
     _floor("MLflow", getattr(mlflow, "__version__", "0"), MLFLOW_FLOOR,
            "models are logged as MLflow 3 LoggedModels of the run", _MLFLOW_FIX)
     return True
@@ -95,23 +75,9 @@ def _experiment_id(client, value: Any) -> str | None:
     return found.experiment_id if found is not None else client.create_experiment(value)
 
 
-def _params(spark, num_workers: int, num_ps: int, max_attempts: int, args: Sequence, model_dir, log_dir,
-            timeout) -> dict[str, str]:
-    params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
-              "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
-    for key in ("spark.master", "spark.app.id"):
-        try:
-            params[key] = spark.conf.get(key, None)
-        except Exception:  # noqa: BLE001 - a Connect server may not say; the run goes on without it
-            pass
-    for i, arg in enumerate(args):
-        if isinstance(arg, (bool, int, float, str)):
-            params[f"args.{i}"] = str(arg)[:_MAX_PARAM]
-    return {k: str(v) for k, v in params.items() if v is not None}
-
-
 class _Link:
-    """One MLflow run, used from one thread; the first failing call turns it off with one warning."""
+    """One MLflow run, used from one thread; the first failing call turns it off with one warning
+    (every later call does nothing)."""
 
     def __init__(self, what: str):
         self.what = what
@@ -130,7 +96,6 @@ class _Link:
             first = (str(e).splitlines() or [""])[0][:300]
             log.warning("MLflow tracking of %s stopped%s after %s: %s; it goes on without MLflow",
                         self.what, run, type(e).__name__, first)
-            return None
 
     def start(self, mlflow, experiment: Any, active_run_id: str | None, tags: Mapping[str, str]) -> None:
         """Use ``active_run_id``, else start a run of our own in this thread (ended by :meth:`end`)."""
@@ -139,8 +104,6 @@ class _Link:
             return
         client = mlflow.MlflowClient()
         experiment_id = self.call(_experiment_id, client, experiment)
-        if self.broken:
-            return
         run = self.call(mlflow.start_run, experiment_id=experiment_id, tags=dict(tags))
         if run is not None:
             self.run_id, self.own = run.info.run_id, True
@@ -155,7 +118,7 @@ class _Link:
                   tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in (tags or {}).items()])
 
     def end(self, mlflow, status: str) -> None:
-        if self.own and self.run_id is not None and not self.broken:
+        if self.own:  # call() does nothing once the link is broken
             self.call(mlflow.end_run, status)
 
 
@@ -229,10 +192,8 @@ class Tracker:
         close = getattr(self.display, "close", None)
         if close:
             close()
-        state = self._state
-        if state is None:
-            state = "cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed"
-        self._q.put(("end", state, self._error if state == "failed" else None))
+        state = self._state or ("cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed")
+        self._q.put(("end", (state, self._error if state == "failed" else None)))
         self._thread.join()
 
     # ------------------------------------------------------------ the background thread
@@ -249,27 +210,23 @@ class Tracker:
             if self.model_dir:
                 link.call(_write_link, self.model_dir, run_id, link.run_id)
         while True:
-            item = self._q.get()
-            if item[0] == "end":
-                self._end(mlflow, *item[1:])
-                return
+            batch = [self._q.get()]
+            with contextlib.suppress(queue.Empty):  # what piled up while the last call ran goes in one batch
+                while batch[-1][0] != "end":
+                    batch.append(self._q.get_nowait())
             metrics, tags = [], {}
-            while True:  # what piled up while the last call ran goes in one batch
-                if item[0] == "metrics":
-                    metrics += item[1]
-                else:
-                    tags.update(item[1])
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if item[0] == "end":
-                    self._q.put(item)  # after this batch
-                    break
+            for kind, value in batch:
+                if kind == "metrics":
+                    metrics += value
+                elif kind == "tags":
+                    tags.update(value)
             for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
                 link.log(mlflow, metrics=metrics[i:i + 1000], tags=tags if i == 0 else None)
             if not metrics and tags:
                 link.log(mlflow, tags=tags)
+            if batch[-1][0] == "end":
+                self._end(mlflow, *batch[-1][1])
+                return
 
     def _end(self, mlflow, state: str, error: str | None) -> None:
         link = self.link
@@ -287,7 +244,15 @@ def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spar
           num_ps: int, max_attempts: int, args: Sequence, model_dir: str | None, log_dir: str | None,
           timeout: float | None) -> "Tracker":
     """``display`` teed into MLflow; ``mlflow`` is tfnb.run's option, already accepted by :func:`check_option`."""
-    params = _params(spark, num_workers, num_ps, max_attempts, args, model_dir, log_dir, timeout)
+    params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
+              "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
+    for key in ("spark.master", "spark.app.id"):
+        with contextlib.suppress(Exception):  # a Connect server may not say; the run goes on without it
+            params[key] = spark.conf.get(key, None)
+    for i, arg in enumerate(args):
+        if isinstance(arg, (bool, int, float, str)):
+            params[f"args.{i}"] = str(arg)[:_MAX_PARAM]
+    params = {k: str(v) for k, v in params.items() if v is not None}
     return Tracker(display, mlflow, run_id=run_id, model_dir=model_dir, params=params)
 
 
@@ -327,12 +292,12 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
     if found is None:
         return None
     rel, folder = found
-    tmp = None
-    try:
+    with contextlib.ExitStack() as stack:
         if store.local:
-            path = store.url(rel) if rel else store.url()
+            path = store.url(rel)
         else:
-            tmp = tempfile.mkdtemp(prefix="tfnb-mlflow-model-")
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tfnb-mlflow-model-",
+                                                                  ignore_cleanup_errors=True))
             prefix = rel + "/" if folder and rel else ""
             for sub, entry in listing.items():
                 if (folder and sub.startswith(prefix)) or sub == rel:
@@ -346,15 +311,15 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
             except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
                 log.info("MLflow's TensorFlow flavour could not log %s (%s: %s); logging its files instead",
                          path, type(e).__name__, e)
-        client = mlflow.MlflowClient()
-        if folder:
-            client.log_artifacts(mlflow_run_id, path, "model")
-        else:
-            client.log_artifact(mlflow_run_id, path, "model")
+        _log_files(mlflow.MlflowClient(), mlflow_run_id, path, "model")
         return rel or "."
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _log_files(client, run_id: str, path: str, artifact_path: str) -> None:
+    if os.path.isdir(path):
+        client.log_artifacts(run_id, path, artifact_path)
+    else:
+        client.log_artifact(run_id, path, artifact_path)
 
 
 def _load_keras(path: str):
@@ -378,10 +343,8 @@ def _log_keras(model, mlflow_run_id: str) -> None:
 
     reqs = []
     for dist in ("tensorflow", "tensorflow-cpu", "tf-keras"):
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             reqs.append(f"{dist}=={importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            pass
     # explicit requirements: MLflow would otherwise load the model in a subprocess to infer them.
     # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
     # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
@@ -418,8 +381,6 @@ class EvalTracker:
     def _resolve(self, mlflow) -> None:
         self._resolved = True
         run_id = self.link.call(self._linked_run)
-        if self.link.broken:
-            return
         self.link.start(mlflow, self.experiment, run_id or self.active_run_id, {"tfnb.evaluator": "true"})
 
     def _linked_run(self) -> str | None:
@@ -442,23 +403,17 @@ class EvalTracker:
         if not self._resolved:
             self._resolve(mlflow)
         stamp = int(time.time() * 1000)
-        metrics = [Metric(f"eval_{k}", float(v), stamp, int(result.step)) for k, v in result.metrics.items()]
-        tags = None
-        if result.best:
-            metrics += [Metric(f"best_eval_{k}", float(v), stamp, int(result.step))
-                        for k, v in result.metrics.items()]
-            tags = {"tfnb.eval.best_step": result.step, "tfnb.eval.best_checkpoint": result.checkpoint}
-        self.link.log(mlflow, metrics=metrics, tags=tags)
+        prefixes = ("eval_", "best_eval_") if result.best else ("eval_",)
+        metrics = [Metric(prefix + k, float(v), stamp, int(result.step))
+                   for prefix in prefixes for k, v in result.metrics.items()]
+        tags = {"tfnb.eval.best_step": result.step, "tfnb.eval.best_checkpoint": result.checkpoint}
+        self.link.log(mlflow, metrics=metrics, tags=tags if result.best else None)
 
     def log_best_model(self, local_path: str) -> None:
         """Upload the exported best model (a file or a SavedModel folder) as the run's ``best_model``."""
-        if self.link.run_id is None:
-            return
-        client = __import__("mlflow").MlflowClient()
-        if os.path.isdir(local_path):
-            self.link.call(client.log_artifacts, self.link.run_id, local_path, "best_model")
-        else:
-            self.link.call(client.log_artifact, self.link.run_id, local_path, "best_model")
+        if self.link.run_id is not None:
+            client = __import__("mlflow").MlflowClient()
+            self.link.call(_log_files, client, self.link.run_id, local_path, "best_model")
 
     def close(self, failed: bool) -> None:
         """End the evaluator's own run (if it started one)."""
