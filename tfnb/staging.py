@@ -9,11 +9,7 @@ files from object storage to its local disk, then ``tf.data`` reads local files:
 
 The source is any URL or path of tfnb's storage layer (``s3://`` through boto3: objects up to
 ``chunk_size`` are one GET each, many in flight, bigger ones parallel ranged GETs; local paths such as
-``/dbfs/...``; other schemes through fsspec), with the options of the README's "Storage URLs and options".
-
-Sharding is deterministic given the listing: files sorted by (size desc, relative path) are dealt
-greedily to the lightest shard, so shards differ by at most one file's size, every file is in exactly
-one shard, and ``count=1`` stages everything. Relative paths below the prefix are kept.
+``/dbfs/...``; other schemes through fsspec). Sharding: :func:`assign_shard`.
 
 Staging is idempotent and resumable. A file is downloaded to a hidden temporary name
 (``.NAME.tfnb-part``, which ``*.tfrecord``-style globs do not match) and renamed when whole; the
@@ -21,15 +17,13 @@ manifest ``.tfnb-stage.json`` in ``dest_dir`` records each complete file's sourc
 checksum / mtime for fsspec sources) and local mtime, and is rewritten atomically under a file lock,
 so several workers may share one ``dest_dir``. A rerun downloads only what is missing or changed;
 leftovers of a killed run are removed, and a file it renamed into place before recording it is kept
-when its MD5 equals the object's (single-part) ETag. (The guarantee holds for a killed process, not for a power
-loss: files are not fsynced.)
-
-Nothing here prints, except a tqdm bar when asked for (``progress=True``, or the command line on a
-terminal: ``python -m tfnb.staging SRC DEST``).
+when its MD5 equals the object's (single-part) ETag. (This holds for a killed process, not for a
+power loss: files are not fsynced.) Nothing here prints, except a tqdm bar when asked for.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import heapq
 import threading
 import json
@@ -227,20 +221,19 @@ class _Manifest:
         files = data.get("files")
         return files if isinstance(files, dict) else {}
 
+    @staticmethod
+    def _entry(f: RemoteFile, st: os.stat_result) -> dict:
+        return {"source": f.url, "size": f.size, "version": f.version, "mtime_ns": st.st_mtime_ns}
+
     def is_complete(self, f: RemoteFile, local: Path) -> bool:
-        e = self.entries.get(f.rel)
-        if not isinstance(e, dict) or (e.get("source"), e.get("size"), e.get("version")) != (
-                f.url, f.size, f.version):
-            return False
         try:
             st = local.stat()
         except OSError:
             return False
-        return st.st_size == f.size and st.st_mtime_ns == e.get("mtime_ns")
+        return st.st_size == f.size and self.entries.get(f.rel) == self._entry(f, st)
 
     def record(self, f: RemoteFile, st: os.stat_result) -> None:
-        self.pending[f.rel] = {"source": f.url, "size": f.size, "version": f.version,
-                               "mtime_ns": st.st_mtime_ns}
+        self.pending[f.rel] = self._entry(f, st)
         if time.monotonic() - self.last_write >= _MANIFEST_INTERVAL:
             self.flush()
 
@@ -276,8 +269,6 @@ def _verify(f: RemoteFile, local: Path) -> bool:
 
 
 def _md5(path: Path) -> str:
-    import hashlib
-
     h = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

@@ -74,34 +74,31 @@ def normalize(url: str | os.PathLike) -> str:
 
 def open_store(url: str | os.PathLike, options: Mapping[str, Any] | None = None, *, purpose: str = "",
                concurrency: int = 16, chunk_size: int = 8 << 20) -> "Store":
-    """The store rooted at ``url``.
+    """The store rooted at ``url``, a local path or URL (see the module docstring).
 
     Args:
-        url: local path or URL (see the module docstring).
-        options: storage options (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``,
-            ``profile``, ``anon``, ``config``; for fsspec schemes the filesystem's own). Never logged.
+        options: storage options (:data:`S3_OPTIONS`; for fsspec schemes the filesystem's own). Never logged.
         purpose: what the caller is doing, for messages ("staging", "predict", ...).
-        concurrency: requests in flight at once within one transfer (S3) or copies (fsspec).
+        concurrency: S3 requests in flight at once within one transfer.
         chunk_size: S3 objects larger than this are fetched as parallel ranged GETs of this size.
 
     Raises:
         ConfigError: bad URL or options. MissingDependencyError: the backend is not installed.
     """
     text = normalize(url)
-    options = dict(options or {})
+    options = options or {}
     purpose = purpose or "accessing"
-    scheme = text.split("://", 1)[0] if "://" in text else ""
-    if not scheme:
+    if "://" not in text:
         from .local import LocalStore
 
-        return LocalStore(text, purpose)
-    if scheme == "s3":
+        return LocalStore(text)
+    if text.startswith("s3://"):
         from .s3 import S3Store
 
         return S3Store(text, options, purpose, concurrency, chunk_size)
     from .fs import FsspecStore
 
-    return FsspecStore(text, options, purpose, concurrency)
+    return FsspecStore(text, options, purpose)
 
 
 class Store:
@@ -172,6 +169,12 @@ def guarded(doing: str):
     return wrap
 
 
+def check_cancel(cancel, url: str) -> None:
+    """Stop a download whose ``cancel`` Event is set."""
+    if cancel is not None and cancel.is_set():
+        raise StorageError(f"downloading {url} was cancelled")
+
+
 def os_error(e: BaseException, url: str, doing: str) -> StorageError:
     """The StorageError for an OS-level failure (local files, fsspec filesystems)."""
     if isinstance(e, FileNotFoundError):
@@ -192,38 +195,41 @@ def temp_name(path: str, named: bool = False) -> str:
     return os.path.join(head, f".{name if named else ''}{PART}-{uuid.uuid4().hex[:12]}")
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old content or all of the new."""
+@contextlib.contextmanager
+def replacing(path: str, named: bool = False) -> Iterator[str]:
+    """A temporary name (:func:`temp_name`) that replaces ``path`` when the block succeeds and is
+    removed when it fails: readers see the old content or all of the new, never a part."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = temp_name(path)
+    tmp = temp_name(path, named)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        _remove(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
         raise
 
 
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically."""
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
 def land(url: str, local_path: str, size: int | None, fetch) -> None:
-    """Download into a hidden name beside ``local_path`` with ``fetch(tmp)``, check the size the listing
+    """Download with ``fetch(tmp)`` into a hidden name beside ``local_path``, check the size the listing
     gave, then rename: a half-fetched or changed file never appears under the final name."""
-    os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-    tmp = temp_name(local_path, named=True)
-    try:
+    with replacing(local_path, named=True) as tmp:
         fetch(tmp)
         got = os.path.getsize(tmp)
         if size is not None and got != size:
             raise StorageError(f"{url} arrived with {got} bytes but was listed with {size}; it changed, run again")
-        os.replace(tmp, local_path)
-    except BaseException:
-        _remove(tmp)
-        raise
 
 
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
-    """An exclusive lock on ``path`` across processes (a no-op where fcntl is missing)."""
+    """An exclusive lock on ``path`` across processes, released when the file closes (a no-op where
+    fcntl is missing)."""
     try:
         import fcntl
     except ImportError:  # Windows: one process per folder is assumed
@@ -231,12 +237,4 @@ def locked(path: str) -> Iterator[None]:
         return
     with open(path, "a+b") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+        yield

@@ -15,7 +15,7 @@ class LocalStore(FsspecStore):
 
     local = True
 
-    def __init__(self, root: str, purpose: str):
+    def __init__(self, root: str):
         from fsspec.implementations.local import LocalFileSystem
 
         self.fs, self.path, self.root = LocalFileSystem(), root, root

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from .._config import setting
 from .._deps import require
 from ..errors import ConfigError, StorageError
-from . import S3_OPTIONS, Entry, MissingError, Store, guarded, is_temp, land
+from . import S3_OPTIONS, Entry, MissingError, Store, check_cancel, guarded, is_temp, land
 
 _IO_CHUNK = 1 << 20        # s3transfer's write unit; its 256 KiB default costs more CPU
 _IO_QUEUE = 128            # chunks waiting for the disk: bounds memory to 128 MiB per store
@@ -225,8 +225,7 @@ class S3Store(Store):
                 body = resp["Body"]
                 with open(tmp, "wb") as fh:
                     for block in body.iter_chunks(_IO_CHUNK):
-                        if cancel is not None and cancel.is_set():
-                            raise StorageError(f"downloading {self.url(rel)} was cancelled")
+                        check_cancel(cancel, self.url(rel))
                         fh.write(block)
                         written += len(block)
                         on_bytes(len(block))
