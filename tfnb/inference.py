@@ -8,10 +8,8 @@ iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``, pyspark >= 4.1; before 
 which carries whole rows through Python). Each batch becomes one numpy matrix, the model runs on
 ``batch_size`` rows at a time, and the predictions go back as one Arrow array. Only the input columns
 travel to Python; the rest of the row stays in the JVM, so row order and identity are Spark's own.
-Per CPU-second (``bench/inference.py``, same worker code) this was on par with ``mapInArrow`` on a
-narrow frame, 1.6x faster with a 1 KB column carried along, and 1.6-2x faster than
-``predict_batch_udf`` (pandas conversion) on a small MLP; on a conv net of ~65-90 us/row the
-model's own time dominates and all wirings cost the same per row.
+Per CPU-second (``bench/inference.py``) this matched ``mapInArrow`` on a narrow frame, was 1.6x
+faster with a 1 KB column carried along and 1.6-2x faster than ``predict_batch_udf`` on a small MLP.
 
 The model is loaded once per Python worker process, which Spark reuses across tasks and ``predict``
 calls: a per-process cache keyed by (model path, version), the version being the file's mtime (or
@@ -294,8 +292,7 @@ def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cac
         return dest
     os.makedirs(folder, mode=0o700, exist_ok=True)
     # download beside the destination and rename: other workers on this node may race for the same model
-    tmp = tempfile.mkdtemp(prefix=".part-", dir=folder)
-    try:
+    with tempfile.TemporaryDirectory(prefix=".part-", dir=folder, ignore_cleanup_errors=True) as tmp:
         store = open_store(url, options, purpose="downloading model_path")
         target = os.path.join(tmp, name)
         for rel, size, ver in files:
@@ -308,8 +305,6 @@ def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cac
             if not _verified(dest, record, want, files):   # another worker's copy got there first
                 raise
         atomic_write(record, want.encode())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 

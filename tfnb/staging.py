@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 
 MANIFEST_NAME = ".tfnb-stage.json"
 PART_SUFFIX = PART
-_LOCK_NAME = MANIFEST_NAME + ".lock"
 _MANIFEST_VERSION = 1
 # GETs in flight per worker, for small objects and for the parts of big ones each. 16 oversubscribed
 # a 2-core worker: 16 x 32 MiB over 2 workers (8 MiB parts, rclone on loopback) ran at 0.64-0.68 x
@@ -181,17 +180,14 @@ def _check_shard_args(index: Any, count: Any) -> None:
 
 
 def _safe_rel(rel: str, url: str) -> str | None:
-    """``rel`` normalised to ``a/b/c``; None for folder markers and our own bookkeeping files."""
+    """``rel`` normalised to ``a/b/c``; None for folder markers and our manifest (listings skip temp names)."""
     parts = [p for p in rel.split("/") if p not in ("", ".")]
     if not parts:
         return None
     if ".." in parts:
         raise StagingError(f"{url} would be written outside dest_dir ('..' in its key); rename the "
                            "object or stage a prefix below it")
-    name = parts[-1]
-    if name.startswith(MANIFEST_NAME) or (name.startswith(".") and PART_SUFFIX in name):
-        return None
-    return "/".join(parts)
+    return None if parts[-1].startswith(MANIFEST_NAME) else "/".join(parts)
 
 
 # ---------------------------------------------------------------- manifest
@@ -202,7 +198,7 @@ class _Manifest:
 
     def __init__(self, dest: Path):
         self.path = dest / MANIFEST_NAME
-        self.lock = dest / _LOCK_NAME
+        self.lock = dest / (MANIFEST_NAME + ".lock")
         self.entries = self._read()
         self.pending: dict[str, dict] = {}
         self.last_write = time.monotonic()
@@ -332,9 +328,8 @@ def stage(src_url: str, dest_dir: str | os.PathLike, *, index: int = 0, count: i
             then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL.
         concurrency: S3 GETs in flight at once, for small objects and for the parts of big ones
             each; fsspec file copies at once. Default 8. Env: TFNB_STAGE_CONCURRENCY.
-        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size;
-            smaller ones with one GET. Default 8 MiB, at least 1 MiB. Env: TFNB_STAGE_CHUNK_SIZE
-            (bytes).
+        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size,
+            smaller ones with one GET. Default 8 MiB, at least 1 MiB. Env: TFNB_STAGE_CHUNK_SIZE.
         storage_options: ``key``, ``secret``, ``token``, ``region``, ``profile``, ``anon``, ``config``
             (README, "Storage URLs and options"); for fsspec URLs, the filesystem's options. Never logged.
         progress: show a tqdm bar on stderr.
@@ -531,14 +526,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--endpoint-url", default=None)
     p.add_argument("--concurrency", type=int, default=None)
     p.add_argument("--chunk-size", type=int, default=None, help="bytes")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                    help="tqdm bar (default: when stderr is a terminal)")
-    a = p.parse_args(argv)
-    show = sys.stderr.isatty() if a.progress is None else a.progress
     try:
-        result = stage(a.src_url, a.dest_dir, index=a.index, count=a.count,
-                       endpoint_url=a.endpoint_url, concurrency=a.concurrency,
-                       chunk_size=a.chunk_size, progress=show)
+        result = stage(**vars(p.parse_args(argv)))
     except (StagingError, ConfigError, MissingDependencyError) as e:
         print(f"tfnb stage: {e}", file=sys.stderr)
         return 1

@@ -8,10 +8,8 @@ relative to that root (``""`` is the root itself, which may be a single file). B
 * any other scheme through fsspec (``gs://`` with gcsfs, ``memory://``, ...).
 
 Options are one vocabulary for every backend and every public function that takes a URL (see
-:data:`S3_OPTIONS`); for fsspec schemes they go to the filesystem as they are. Every failure is a
-:class:`~tfnb.errors.StorageError` naming the URL, what failed and the fix; a missing file is also a
-``FileNotFoundError``. Writes are atomic: a reader sees the old content or all of the new, never a
-part (local: a hidden temporary name renamed into place; object stores: one PUT).
+:data:`S3_OPTIONS`); for fsspec schemes they go to the filesystem as they are. Writes are atomic
+(local: a hidden temporary name renamed into place; object stores: one PUT).
 """
 from __future__ import annotations
 
@@ -104,7 +102,8 @@ def open_store(url: str | os.PathLike, options: Mapping[str, Any] | None = None,
 class Store:
     """A directory tree (or one file) addressed by relative ``/``-separated paths (``""``: the root).
 
-    Every backend has these operations; each failure is a StorageError (a MissingError when absent):
+    Every backend has these operations; each failure is a StorageError naming the URL, what failed
+    and the fix (a MissingError, also a FileNotFoundError, when absent):
 
     * ``list(rel="", recursive=True) -> {sub: Entry}``: files below ``rel``, relative to it; ``{}``
       when it does not exist; temporary names skipped.

@@ -34,8 +34,7 @@ def s3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int = 10
 
     config = Config(max_pool_connections=pool, retries={"mode": "standard", "max_attempts": 5})
     kwargs: dict[str, Any] = {}
-    profile = None
-    for key, value in dict(options).items():
+    for key, value in options.items():
         name = S3_OPTIONS.get(key, key)
         if name not in S3_OPTIONS.values():
             raise ConfigError(f"storage option {key!r} is not understood for {url}; use key, secret, token, "
@@ -48,13 +47,11 @@ def s3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int = 10
             kwargs.update(value)
         elif name == "config":
             config = config.merge(value if isinstance(value, Config) else Config(**value))
-        elif name == "profile":
-            profile = value
-        elif name == "anon":
-            if value:
-                config = config.merge(Config(signature_version=UNSIGNED))
         else:
             kwargs[name] = value
+    if kwargs.pop("anon", False):
+        config = config.merge(Config(signature_version=UNSIGNED))
+    profile = kwargs.pop("profile", None)
     endpoint = endpoint_url(kwargs.pop("endpoint_url", None))
     try:
         session = boto3.session.Session(botocore_session=_botocore_session(), profile_name=profile)
