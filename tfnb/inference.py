@@ -12,17 +12,10 @@ Per CPU-second (``bench/inference.py``) this matched ``mapInArrow`` on a narrow 
 faster with a 1 KB column carried along and 1.6-2x faster than ``predict_batch_udf`` on a small MLP.
 
 The model is loaded once per Python worker process, which Spark reuses across tasks and ``predict``
-calls: a per-process cache keyed by (model path, version), the version being the file's mtime (or
-the remote files' sizes and ETags) read on the driver. A model at a URL is downloaded once per
-(URL, version) into this user's private cache folder on each executor (``tfnb-model-cache-<uid>``
-under ``TFNB_MODEL_CACHE_DIR`` or the temp folder; 0700 and owned by this user, else a fresh
-private folder is used), with GETs conditional on that version, and used only when its files have
-the sizes and the version the driver listed.
-
-Rows per model call, unless given: the largest that keeps one call's float32 tensors (input, every
-layer's output, prediction; for a SavedModel, input and outputs) under 256 MiB, at most one Arrow
-batch. Fewer, larger calls matter for small models (64-256-256-10 MLP on one core: 2.1 us/row at
-1024 rows per call, 1.3 at 10000); conv nets run at the same speed from ~1024 rows up.
+calls, keyed by (model path, version): the file's mtime, or the remote files' sizes and ETags, read
+on the driver. A model at a URL is downloaded once per (URL, version) into this user's private cache
+folder on each executor (``tfnb-model-cache-<uid>`` under ``TFNB_MODEL_CACHE_DIR`` or the temp
+folder; see :func:`_fetch`). Rows per model call, unless given: see :func:`_batch_size`.
 
 ``TFNB_PREDICT_TRACE_DIR`` (diagnostics only): when set on the driver, each Python worker appends a
 line per model load and per Arrow batch to ``<dir>/<pid>.log``.
@@ -58,7 +51,7 @@ log = logging.getLogger(__name__)
 _NUMERIC = ("byte", "short", "integer", "long", "float", "double")
 _OUTPUT_TYPES = ("float", "array")
 _MODELS_CACHED = 2  # loaded models kept per Python worker; models can be large
-_CALL_BYTES = 256 << 20  # tensors of one model call (an upper bound: every layer output), for the automatic batch size
+_CALL_BYTES = 256 << 20  # tensors of one model call, for the automatic batch size
 _MAX_ROWS = 1 << 16  # rows per call when Spark's Arrow batches are unbounded
 
 
@@ -188,9 +181,12 @@ def _conf_int(spark, key: str, default: int) -> int:
 
 
 def _batch_size(desc: Mapping[str, Any], arrow_rows: int) -> int:
-    """Rows per model call: the largest whose tensors fit in _CALL_BYTES, at most one Arrow batch.
+    """Rows per model call: the largest whose float32 tensors (input, every layer's output, prediction;
+    for a SavedModel, input and outputs) fit in _CALL_BYTES, at most one Arrow batch.
 
-    Below one Arrow batch the size is a power of two, a shape oneDNN kernels handle well.
+    Fewer, larger calls matter for small models (64-256-256-10 MLP on one core: 2.1 us/row at 1024
+    rows per call, 1.3 at 10000); conv nets run at the same speed from ~1024 rows up. Below one
+    Arrow batch the size is a power of two, a shape oneDNN kernels handle well.
     """
     fit = _CALL_BYTES // (4 * max(1, desc["values_per_row"]))
     if fit >= arrow_rows:

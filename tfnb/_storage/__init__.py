@@ -23,7 +23,6 @@ from typing import Any, Iterator, Mapping
 from ..errors import ConfigError, MissingDependencyError, StorageError
 
 PART = ".tfnb-part"          # temporary names carry this; listings skip them
-S3_SCHEMES = ("s3", "s3a", "s3n")
 S3_OPTIONS = {  # the vocabulary -> boto3's name (its own names are accepted too)
     "key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
     "region": "region_name", "endpoint_url": "endpoint_url", "profile": "profile", "anon": "anon",
@@ -65,7 +64,7 @@ def normalize(url: str | os.PathLike) -> str:
     scheme = scheme.lower()
     if scheme == "file":
         return os.path.abspath(os.path.expanduser(rest))
-    if scheme in S3_SCHEMES:
+    if scheme in ("s3", "s3a", "s3n"):
         return "s3://" + rest
     return f"{scheme}://{rest}"
 
@@ -215,11 +214,12 @@ def atomic_write(path: str, data: bytes) -> None:
         f.write(data)
 
 
-def land(url: str, local_path: str, size: int | None, fetch) -> None:
-    """Download with ``fetch(tmp)`` into a hidden name beside ``local_path``, check the size the listing
-    gave, then rename: a half-fetched or changed file never appears under the final name."""
+@contextlib.contextmanager
+def landing(url: str, local_path: str, size: int | None) -> Iterator[str]:
+    """A hidden name beside ``local_path`` to download into; when the block ends, the size the listing
+    gave is checked and the file renamed: a half-fetched or changed file never has the final name."""
     with replacing(local_path, named=True) as tmp:
-        fetch(tmp)
+        yield tmp
         got = os.path.getsize(tmp)
         if size is not None and got != size:
             raise StorageError(f"{url} arrived with {got} bytes but was listed with {size}; it changed, run again")

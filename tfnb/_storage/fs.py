@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from .._deps import require
 from ..errors import ConfigError, MissingDependencyError, StorageError
-from . import Entry, Store, check_cancel, guarded, is_temp, land, os_error, temp_name
+from . import Entry, Store, check_cancel, guarded, is_temp, landing, os_error, temp_name
 
 # object stores: a PUT is atomic already, and a rename would be a second full copy
 _OBJECT_STORES = frozenset({"gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2", "memory"})
@@ -106,12 +106,9 @@ class FsspecStore(Store):
                     self.reported = done
 
         progress = Progress()
-
-        def fetch(tmp: str) -> None:
+        with landing(url, local_path, size) as tmp:
             self.fs.get_file(self._full(rel), tmp, callback=progress)
             progress.report(os.path.getsize(tmp))   # local copies report nothing on the way
-
-        land(url, local_path, size, fetch)
 
     def _replace(self, rel: str, send) -> None:
         path = self._full(rel)

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from .._config import setting
 from .._deps import require
 from ..errors import ConfigError, StorageError
-from . import S3_OPTIONS, Entry, MissingError, Store, check_cancel, guarded, is_temp, land
+from . import S3_OPTIONS, Entry, MissingError, Store, check_cancel, guarded, is_temp, landing
 
 _IO_CHUNK = 1 << 20        # s3transfer's write unit; its 256 KiB default costs more CPU
 _IO_QUEUE = 128            # chunks waiting for the disk: bounds memory to 128 MiB per store
@@ -199,14 +199,11 @@ class S3Store(Store):
     @guarded("downloading")
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
         on_bytes = on_bytes or (lambda n: None)
-
-        def fetch(tmp: str) -> None:
+        with landing(self.url(rel), local_path, size) as tmp:
             if size is not None and size > self.chunk_size:
                 self._get_big(rel, tmp, size, version, on_bytes, cancel)
             else:
                 self._get_small(rel, tmp, version, on_bytes, cancel)
-
-        land(self.url(rel), local_path, size, fetch)
 
     def _get_small(self, rel, tmp, version, on_bytes, cancel) -> None:
         # One GET: s3transfer's per-transfer machinery costs about as much CPU as the request itself.
@@ -219,9 +216,8 @@ class S3Store(Store):
                 resp = self.client.get_object(Bucket=self.bucket, Key=self._key(rel), **extra)
                 if version and resp.get("ETag", "").strip('"') != version:   # servers that ignore If-Match
                     raise StorageError(f"{self.url(rel)} changed since it was listed; run again")
-                body = resp["Body"]
                 with open(tmp, "wb") as fh:
-                    for block in body.iter_chunks(_IO_CHUNK):
+                    for block in resp["Body"].iter_chunks(_IO_CHUNK):
                         check_cancel(cancel, self.url(rel))
                         fh.write(block)
                         written += len(block)
