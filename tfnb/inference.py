@@ -314,16 +314,12 @@ def _verified(dest: str, record: str, want: str, files: tuple) -> bool:
         return False
 
 
-# Reading the model costs ~1 s, plus a TensorFlow import (~4 s) when the driver has not imported it;
-# remember the answer per model version.
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # per model version: reading costs ~1 s, plus ~4 s to import TensorFlow
 def _describe(path: str, version: str) -> dict:
-    """Input shape/dtype and output shapes of the model at the local ``path``, read on the driver.
-
-    In this process when TensorFlow is already imported here (the model is loaded with tf_keras /
-    tf.saved_model and dropped; no environment or thread settings are touched), else in a
-    short-lived subprocess so the notebook does not pay TensorFlow's import and memory.
-    """
+    """Input shape/dtype and output shapes of the model at the local ``path``, read on the driver: in
+    this process when TensorFlow is already imported here (the model is loaded and dropped; no
+    environment or thread settings are touched), else in a short-lived subprocess so the notebook
+    does not pay TensorFlow's import and memory."""
     if "tensorflow" in sys.modules:
         try:
             return _load(path, threads=None).describe()
@@ -538,19 +534,16 @@ def _load(path: str, threads: int | None) -> _Model:
     import tensorflow as tf
 
     if threads:
-        try:
+        with contextlib.suppress(RuntimeError):  # TensorFlow already ran something here: it keeps its pools
             tf.config.threading.set_intra_op_parallelism_threads(threads)
             tf.config.threading.set_inter_op_parallelism_threads(threads)
-        except RuntimeError:
-            pass  # TensorFlow already ran something in this process; it keeps its thread pools
     if os.path.isdir(path):
         return _load_saved_model(tf, path)
     return _load_keras(tf, path)
 
 
 def _load_keras(tf, path: str) -> _Model:
-    keras = _keras_for(path)
-    model = keras.models.load_model(path, compile=False)
+    model = _keras_for(path).models.load_model(path, compile=False)
     if len(model.inputs) != 1:
         raise ConfigError(f"the model at {path!r} has {len(model.inputs)} inputs; tfnb.predict feeds one "
                           "input built from input_cols (wrap the model in one that splits a single input)")
@@ -562,10 +555,8 @@ def _load_keras(tf, path: str) -> _Model:
     out_shapes = [list(o.shape[1:]) for o in tf.nest.flatten(model.outputs)]
     layer_shapes = []
     for layer in model.layers:
-        try:
+        with contextlib.suppress(AttributeError, ValueError):  # a layer called more than once has no single output
             layer_shapes += [list(o.shape[1:]) for o in tf.nest.flatten(layer.output)]
-        except (AttributeError, ValueError):  # a layer called more than once has no single output
-            pass
     return _Model(call=functools.partial(_run, tf, fn, None), input_shape=shape, input_dtype=dtype.name,
                   output_shapes=out_shapes, values_per_row=_values([shape, *layer_shapes, *out_shapes]),
                   keep=model)

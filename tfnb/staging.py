@@ -294,12 +294,11 @@ def _remove_leftovers(locals_: Sequence[Path]) -> None:
                     os.unlink(entry.path)
 
 
-def _check_space(dest: Path, todo: Sequence[RemoteFile], url: str, index: int, count: int) -> None:
-    need = sum(f.size for f in todo)
+def _check_space(dest: Path, need: int, files: int, url: str, index: int, count: int) -> None:
     free = shutil.disk_usage(dest).free
     if need > free:
         raise StagingError(
-            f"shard {index}/{count} of {url} needs {need} bytes ({_human(need)}, {len(todo)} files) "
+            f"shard {index}/{count} of {url} needs {need} bytes ({_human(need)}, {files} files) "
             f"in {dest} but only {free} bytes ({_human(free)}) are free; free space there, pick a "
             "dest_dir on a bigger disk, or spread the data over more workers (count)")
 
@@ -395,18 +394,18 @@ def stage(src_url: str, dest_dir: str | os.PathLike, *, index: int = 0, count: i
             todo.append(f)
     manifest.flush()
     _remove_leftovers([_local(dest, f.rel) for f in todo])
-    _check_space(dest, todo, src_url, index, count)
+    need = sum(f.size for f in todo)
+    _check_space(dest, need, len(todo), src_url, index, count)
     log.info("staging shard %d/%d of %s into %s: %d files, %d to download (%s)", index, count,
-             src_url, dest, len(mine), len(todo), _human(sum(f.size for f in todo)))
+             src_url, dest, len(mine), len(todo), _human(need))
 
     _download(store, todo, dest, manifest, concurrency=concurrency, progress=progress,
               callback=callback, label=f"stage {index}/{count}")
     seconds = max(time.monotonic() - start, 1e-9)
-    got = sum(f.size for f in todo)
     result = StageResult(
         src_url=src_url, dest_dir=str(dest), index=index, count=count, files=len(mine),
-        bytes=sum(f.size for f in mine), downloaded_files=len(todo), downloaded_bytes=got,
-        skipped_files=len(mine) - len(todo), seconds=seconds, mb_per_s=got / seconds / 1e6,
+        bytes=sum(f.size for f in mine), downloaded_files=len(todo), downloaded_bytes=need,
+        skipped_files=len(mine) - len(todo), seconds=seconds, mb_per_s=need / seconds / 1e6,
         paths=tuple(str(_local(dest, f.rel)) for f in mine))
     log.info("%s", result.summary())
     return result

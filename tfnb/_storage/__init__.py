@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import posixpath
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -134,18 +135,14 @@ class Store:
         for dirpath, _, files in os.walk(local_dir):
             for name in files:
                 sub = os.path.relpath(os.path.join(dirpath, name), local_dir).replace(os.sep, "/")
-                self.put(_join(rel, sub), os.path.join(dirpath, name))
+                self.put(posixpath.join(rel, sub), os.path.join(dirpath, name))
                 wanted.add(sub)
         for sub in self.list(rel):
             if sub not in wanted:
-                self.delete(_join(rel, sub))
+                self.delete(posixpath.join(rel, sub))
 
     def close(self) -> None:
         pass
-
-
-def _join(rel: str, sub: str) -> str:
-    return f"{rel.rstrip('/')}/{sub}" if rel and sub else rel or sub
 
 
 def is_temp(name: str) -> bool:

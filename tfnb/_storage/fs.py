@@ -75,9 +75,7 @@ class FsspecStore(Store):
             info = self.fs.info(self._full(rel))
         except FileNotFoundError:
             return None
-        if info.get("type", "file") != "file":
-            return None
-        return _entry(rel, info)
+        return _entry(rel, info) if info.get("type", "file") == "file" else None
 
     @guarded("reading")
     def read(self, rel: str = "", offset: int = 0, length: int | None = None) -> bytes:
