@@ -1,12 +1,7 @@
 """Storage -> this worker's local disk: each worker copies its own byte-balanced shard of the files.
 
 The Databricks pattern: inside ``train_fn`` every worker stages a distinct subset of the training
-files from object storage to its local disk, then ``tf.data`` reads local files::
-
-    result = tfnb.stage("s3://bucket/train/", "/local_disk0/train",
-                        index=ctx.task_index, count=ctx.num_workers)
-    ds = tf.data.TFRecordDataset(list(result.paths))
-
+files from object storage to its local disk, then ``tf.data`` reads local files (see :func:`stage`).
 The source is any URL or path of tfnb's storage layer (``s3://`` through boto3: objects up to
 ``chunk_size`` are one GET each, many in flight, bigger ones parallel ranged GETs; local paths such as
 ``/dbfs/...``; other schemes through fsspec). Sharding: :func:`assign_shard`.

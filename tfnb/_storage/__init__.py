@@ -156,10 +156,10 @@ def guarded(doing: str):
         def inner(self, rel: str = "", *args, **kwargs):
             try:
                 return fn(self, rel, *args, **kwargs)
-            except (StorageError, ConfigError, MissingDependencyError, KeyboardInterrupt, SystemExit):
+            except (StorageError, ConfigError, MissingDependencyError):
                 raise
-            except BaseException as e:  # noqa: BLE001 - classified by the backend
-                raise self.error(e, self.url(rel) if isinstance(rel, str) else self.root, doing) from e
+            except Exception as e:  # noqa: BLE001 - classified by the backend
+                raise self.error(e, self.url(rel), doing) from e
         return inner
     return wrap
 
