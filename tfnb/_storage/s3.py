@@ -209,16 +209,17 @@ class S3Store(Store):
         # One GET: s3transfer's per-transfer machinery costs about as much CPU as the request itself.
         from s3transfer.utils import S3_RETRYABLE_DOWNLOAD_ERRORS
 
+        url = self.url(rel)
         extra = {"IfMatch": f'"{version}"'} if version else {}
         for attempt in range(_GET_ATTEMPTS):
             written = 0
             try:
                 resp = self.client.get_object(Bucket=self.bucket, Key=self._key(rel), **extra)
                 if version and resp.get("ETag", "").strip('"') != version:   # servers that ignore If-Match
-                    raise StorageError(f"{self.url(rel)} changed since it was listed; run again")
+                    raise StorageError(f"{url} changed since it was listed; run again")
                 with open(tmp, "wb") as fh:
                     for block in resp["Body"].iter_chunks(_IO_CHUNK):
-                        check_cancel(cancel, self.url(rel))
+                        check_cancel(cancel, url)
                         fh.write(block)
                         written += len(block)
                         on_bytes(len(block))
