@@ -15,7 +15,8 @@ The model is loaded once per Python worker process, which Spark reuses across ta
 calls, keyed by (model path, version): the file's mtime, or the remote files' sizes and ETags, read
 on the driver. A model at a URL is downloaded once per (URL, version) into this user's private cache
 folder on each executor (``tfnb-model-cache-<uid>`` under ``TFNB_MODEL_CACHE_DIR`` or the temp
-folder; see :func:`_fetch`). Rows per model call, unless given: see :func:`_batch_size`.
+folder, read only when it is 0700 and this user's; see :func:`_fetch`). Rows per model call, unless
+given: see :func:`_batch_size`.
 
 ``TFNB_PREDICT_TRACE_DIR`` (diagnostics only): when set on the driver, each Python worker appends a
 line per model load and per Arrow batch to ``<dir>/<pid>.log``.
