@@ -1,52 +1,35 @@
 """DataFrame -> predictions: run a saved Keras model or TF SavedModel over a Spark DataFrame.
 
-``tfnb.predict(df, model_path, input_cols=[...])`` returns ``df`` with a prediction column added.
-It is lazy (no Spark job runs until the result is used) and uses only the DataFrame API, so it
-works on classic and Spark Connect sessions.
+``tfnb.predict(df, model_path, input_cols=[...])`` returns ``df`` with a prediction column added,
+lazily, through the DataFrame API only, so it works on classic and Spark Connect sessions.
 
-How it runs: the input columns go to Spark's Python workers as Arrow batches through a scalar
-iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``, pyspark >= 4.1; on older pyspark,
-``mapInArrow``, which carries whole rows through Python); each batch becomes one numpy matrix, the
-model runs on ``batch_size`` rows at a time, and the predictions go back as one Arrow array. Only the
-input columns travel to Python and only the prediction comes back; the rest of the row stays in the
-JVM, so row order and identity are Spark's own. ``bench/inference.py`` measures this against
-``mapInArrow`` and ``predict_batch_udf`` with the same worker code: per CPU-second it was on par
-with ``mapInArrow`` for a narrow frame (id + features) and 1.6x faster with a 1 KB column carried
-along (mapInArrow moves every column through Python and back), and 1.6-2x faster than
-``predict_batch_udf`` (pandas conversion) on a small MLP; on a conv net of ~65-90 us/row, where the
-model's own time dominates, all wirings cost the same per row.
+How it runs: the input columns reach Spark's Python workers as Arrow batches through a scalar
+iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``, pyspark >= 4.1; before that ``mapInArrow``,
+which carries whole rows through Python). Each batch becomes one numpy matrix, the model runs on
+``batch_size`` rows at a time, and the predictions go back as one Arrow array. Only the input columns
+travel to Python; the rest of the row stays in the JVM, so row order and identity are Spark's own.
+Per CPU-second (``bench/inference.py``) this matched ``mapInArrow`` on a narrow frame, was 1.6x
+faster with a 1 KB column carried along and 1.6-2x faster than ``predict_batch_udf`` on a small MLP.
 
-The model is loaded once per Python worker process, not per batch or task: a per-process cache
-keyed by (model path, version), where the version is the file's mtime (or the remote object's
-size and ETag) read on the driver when ``predict`` is called. Spark reuses Python workers
-(``spark.python.worker.reuse``, on by default), so later tasks and later ``predict`` calls on the
-same model reuse the loaded model. A model at a URL (``s3://...``, any scheme of tfnb's storage
-layer) is downloaded once per (URL, version) into this user's private cache folder on each executor
-(``tfnb-model-cache-<uid>`` under ``TFNB_MODEL_CACHE_DIR`` or the temp folder: mode 0700, checked to
-be owned by this user) and used only when its files have the sizes and the recorded version the
-driver listed; each GET is conditional on that version. A cache folder that is not private (another
-owner, group/other-writable) is not read: the model goes to a fresh private folder instead.
+The model is loaded once per Python worker process, which Spark reuses across tasks and ``predict``
+calls, keyed by (model path, version): the file's mtime, or the remote files' sizes and ETags, read
+on the driver. A model at a URL is downloaded once per (URL, version) into this user's private cache
+folder on each executor (``tfnb-model-cache-<uid>`` under ``TFNB_MODEL_CACHE_DIR`` or the temp
+folder, read only when it is 0700 and this user's; see :func:`_fetch`). Rows per model call, unless
+given: see :func:`_batch_size`.
 
-Rows per model call: unless given, the largest that keeps one call's tensors (the input, every
-layer's output and the prediction, float32; a SavedModel's layers are not visible, so its input
-and outputs) under 256 MiB, capped at the Arrow batch Spark sends
-(``spark.sql.execution.arrow.maxRecordsPerBatch``, 10000 by default): a whole Arrow batch for an MLP
-on 64 features, 1024 rows for a small conv net on 28x28 images. Fewer, larger calls matter for small
-models (64-256-256-10 MLP on one core: 2.1 us/row at 1024 rows per call, 1.3 at 10000); conv nets
-run at the same speed from ~1024 rows up. The size is read from the model on the driver, logged,
-and reported in the output column's metadata (``df.schema[output_col].metadata["tfnb.batch_size"]``).
-
-Settings (keyword, then environment, then default): ``TFNB_PREDICT_BATCH_SIZE`` (chosen as above),
-``TFNB_MODEL_CACHE_DIR``, and, for diagnostics only, ``TFNB_PREDICT_TRACE_DIR``: when set on the
-driver, each Python worker appends a line per model load and per Arrow batch to ``<dir>/<pid>.log``
-(the tests use it to show the model is loaded once per worker).
+``TFNB_PREDICT_TRACE_DIR`` (diagnostics only): when set on the driver, each Python worker appends a
+line per model load and per Arrow batch to ``<dir>/<pid>.log``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import importlib
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -69,7 +52,7 @@ log = logging.getLogger(__name__)
 _NUMERIC = ("byte", "short", "integer", "long", "float", "double")
 _OUTPUT_TYPES = ("float", "array")
 _MODELS_CACHED = 2  # loaded models kept per Python worker; models can be large
-_CALL_BYTES = 256 << 20  # tensors of one model call (an upper bound: every layer output), for the automatic batch size
+_CALL_BYTES = 256 << 20  # tensors of one model call, for the automatic batch size
 _MAX_ROWS = 1 << 16  # rows per call when Spark's Arrow batches are unbounded
 
 
@@ -114,19 +97,15 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
             model's input shape (e.g. 64 values -> ``(8, 8, 1)``) and dtype. Nulls are an error.
             Models with more than one input are not supported.
         output_col: name of the new column; it must not exist in ``df``.
-        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else chosen from the
-            model: the largest whose input, layer outputs and prediction fit in 256 MiB, at most one
-            Arrow batch; logged and reported in the output column's metadata). Spark hands Python
-            at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (default 10000) at a
-            time; each such batch is cut into ``batch_size`` pieces.
-        output_type: ``"float"`` or ``"array"``. By default it is read from the model: ``float``
-            (Spark FloatType) when the model has one output with one value per row, else ``array``
-            (``array<float>``: all outputs flattened per row and concatenated, in the order
-            ``tf.nest.flatten`` gives — list order, dict outputs by sorted key). Reading it loads
-            the model once on the driver, per model version: in this process if TensorFlow is
-            already imported here, else in a short-lived subprocess (a TensorFlow import, ~4 s).
-            The automatic batch size reads the model the same way. Pass ``output_type`` and
-            ``batch_size`` to skip that, e.g. on a Spark Connect client without TensorFlow.
+        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else the largest
+            whose input, layer outputs and prediction fit in 256 MiB, at most one Arrow batch of
+            ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows; logged and in the column metadata).
+        output_type: ``"float"`` or ``"array"``, read from the model by default: ``float`` (Spark
+            FloatType) when it has one output with one value per row, else ``array`` (``array<float>``:
+            all outputs flattened per row and concatenated in ``tf.nest.flatten`` order: list order,
+            dict outputs by sorted key). Reading it, and the automatic batch size, loads the model once
+            per version on the driver: here if TensorFlow is imported, else in a subprocess (~4 s).
+            Pass both to skip that, e.g. on a Spark Connect client without TensorFlow.
         storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (README,
             "Storage URLs and options"); sent to the executors with the task, never logged.
 
@@ -181,34 +160,34 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
         if output_type is None:
             output_type = "float" if desc["scalar_output"] else "array"
         if size is None:
-            size = _batch_size(desc, _arrow_batch_rows(spark)) if desc else 0
+            rows = _conf_int(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", 10000)
+            size = _batch_size(desc, rows if rows > 0 else _MAX_ROWS) if desc else 0  # <= 0: whole partitions
             if size:
                 log.info("tfnb.predict: %d rows per model call for %s", size, source)
             else:
                 log.info("tfnb.predict: rows per model call for %s chosen on each worker", source)
-    try:
-        threads = int(spark.conf.get("spark.task.cpus", "1") or 1)
-    except Exception:  # noqa: BLE001 - Connect raises its own types for unreadable confs
-        threads = 1
     spec = _Spec(source=source, version=version, remote=bool(files), files=files, input_cols=cols,
-                 scalar_output=output_type == "float", batch_size=size, threads=threads,
+                 scalar_output=output_type == "float", batch_size=size,
+                 threads=_conf_int(spark, "spark.task.cpus", 1),
                  cache_dir=cache_dir, trace_dir=setting("predict_trace_dir", None, "") or None,
                  options=options)
     return _with_predictions(df, spec, output_col)
 
 
-def _arrow_batch_rows(spark) -> int:
+def _conf_int(spark, key: str, default: int) -> int:
     try:
-        rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
+        return int(spark.conf.get(key, str(default)) or default)
     except Exception:  # noqa: BLE001 - Connect raises its own types for unreadable confs
-        rows = 10000
-    return rows if rows > 0 else _MAX_ROWS  # <= 0: Spark sends whole partitions
+        return default
 
 
 def _batch_size(desc: Mapping[str, Any], arrow_rows: int) -> int:
-    """Rows per model call: the largest whose tensors fit in _CALL_BYTES, at most one Arrow batch.
+    """Rows per model call: the largest whose float32 tensors (input, every layer's output, prediction;
+    for a SavedModel, input and outputs) fit in _CALL_BYTES, at most one Arrow batch.
 
-    Below one Arrow batch the size is a power of two, a shape oneDNN kernels handle well.
+    Fewer, larger calls matter for small models (64-256-256-10 MLP on one core: 2.1 us/row at 1024
+    rows per call, 1.3 at 10000); conv nets run at the same speed from ~1024 rows up. Below one
+    Arrow batch the size is a power of two, a shape oneDNN kernels handle well.
     """
     fit = _CALL_BYTES // (4 * max(1, desc["values_per_row"]))
     if fit >= arrow_rows:
@@ -235,8 +214,7 @@ def _check_schema(schema, cols: tuple[str, ...], output_col: str) -> None:
         if name not in fields:
             raise ConfigError(f"input column {name!r} is not in the DataFrame (columns: "
                               f"{sorted(fields)}); fix input_cols")
-        kind = _input_kind(fields[name])
-        if kind is None:
+        if not _is_numeric(fields[name]):
             hint = ("convert it with pyspark.ml.functions.vector_to_array(col)"
                     if fields[name].typeName() == "vector" or "Vector" in type(fields[name]).__name__
                     else f"cast it (F.col({name!r}).cast('float')) or pick other columns")
@@ -247,14 +225,10 @@ def _check_schema(schema, cols: tuple[str, ...], output_col: str) -> None:
                           f"output_col or drop the column first (df.drop({output_col!r}))")
 
 
-def _input_kind(dtype) -> str | None:
-    """'scalar', 'array', or None when the Spark type cannot feed a model."""
+def _is_numeric(dtype) -> bool:
+    """A number or an array of numbers: a Spark type that can feed a model."""
     name = dtype.typeName()
-    if name in _NUMERIC:
-        return "scalar"
-    if name == "array" and dtype.elementType.typeName() in _NUMERIC:
-        return "array"
-    return None
+    return name in _NUMERIC or (name == "array" and dtype.elementType.typeName() in _NUMERIC)
 
 
 def _locate(model_path, options: Mapping[str, Any]) -> tuple[str, str, tuple]:
@@ -283,11 +257,8 @@ def _locate(model_path, options: Mapping[str, Any]) -> tuple[str, str, tuple]:
 
 def _local_version(path: str) -> int:
     """mtime_ns of the model file; for a SavedModel directory, the newest of it and saved_model.pb."""
-    stamps = [os.stat(path).st_mtime_ns]
     pb = os.path.join(path, "saved_model.pb")
-    if os.path.isdir(path) and os.path.exists(pb):
-        stamps.append(os.stat(pb).st_mtime_ns)
-    return max(stamps)
+    return max(os.stat(p).st_mtime_ns for p in (path, pb) if os.path.exists(p))
 
 
 @functools.lru_cache(maxsize=None)
@@ -318,8 +289,7 @@ def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cac
         return dest
     os.makedirs(folder, mode=0o700, exist_ok=True)
     # download beside the destination and rename: other workers on this node may race for the same model
-    tmp = tempfile.mkdtemp(prefix=".part-", dir=folder)
-    try:
+    with tempfile.TemporaryDirectory(prefix=".part-", dir=folder, ignore_cleanup_errors=True) as tmp:
         store = open_store(url, options, purpose="downloading model_path")
         target = os.path.join(tmp, name)
         for rel, size, ver in files:
@@ -332,32 +302,25 @@ def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cac
             if not _verified(dest, record, want, files):   # another worker's copy got there first
                 raise
         atomic_write(record, want.encode())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
 def _verified(dest: str, record: str, want: str, files: tuple) -> bool:
     try:
         with open(record) as f:
-            if f.read() != want:
-                return False
-        return all(os.path.getsize(os.path.join(dest, *rel.split("/")) if rel else dest) == size
-                   for rel, size, _ in files)
+            return f.read() == want and all(
+                os.path.getsize(os.path.join(dest, *rel.split("/")) if rel else dest) == size
+                for rel, size, _ in files)
     except OSError:
         return False
 
 
-# Reading the model costs ~1 s, plus a TensorFlow import (~4 s) when the driver has not imported it;
-# remember the answer per model version.
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # per model version: reading costs ~1 s, plus ~4 s to import TensorFlow
 def _describe(path: str, version: str) -> dict:
-    """Input shape/dtype and output shapes of the model at the local ``path``, read on the driver.
-
-    In this process when TensorFlow is already imported here (the model is loaded with tf_keras /
-    tf.saved_model and dropped; no environment or thread settings are touched), else in a
-    short-lived subprocess so the notebook does not pay TensorFlow's import and memory.
-    """
+    """Input shape/dtype and output shapes of the model at the local ``path``, read on the driver: in
+    this process when TensorFlow is already imported here (the model is loaded and dropped; no
+    environment or thread settings are touched), else in a short-lived subprocess so the notebook
+    does not pay TensorFlow's import and memory."""
     if "tensorflow" in sys.modules:
         try:
             return _load(path, threads=None).describe()
@@ -371,12 +334,10 @@ def _describe(path: str, version: str) -> dict:
 def _describe_in_subprocess(path: str) -> dict:
     import tfnb
 
-    env = dict(os.environ)
-    env["TF_USE_LEGACY_KERAS"] = "1"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, "TF_USE_LEGACY_KERAS": "1"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(tfnb.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    code = "import sys; from tfnb.inference import _describe_main; _describe_main(sys.argv[1])"
+    code = "import json, sys; from tfnb.inference import _load; print(json.dumps(_load(sys.argv[1], None).describe()))"
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True)
     log.debug("reading the model took %.1f s", time.monotonic() - started)
@@ -397,11 +358,6 @@ def _describe_in_subprocess(path: str) -> dict:
 def _unloadable(source: str, why: str) -> ConfigError:
     return ConfigError(f"cannot load the model at {source!r}: {why}; model_path must be a Keras .keras/.h5 "
                        "file or a TF SavedModel directory with a serving signature")
-
-
-def _describe_main(path: str) -> None:
-    """Subprocess entry point of :func:`_describe_in_subprocess`: print one JSON line."""
-    print(json.dumps(_load(path, threads=None).describe()))
 
 
 def _with_predictions(df, spec: _Spec, output_col: str):
@@ -473,8 +429,7 @@ def _predict_batch(model: "_Model", spec: _Spec, arrays: Sequence) -> Any:
             raise ConfigError(f"output_type='float' but the model gives {y.shape[1]} values per row; "
                               "pass output_type='array' (or leave it out)")
         return pa.array(y[:, 0], type=pa.float32())
-    width = y.shape[1]
-    offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32)[: n + 1])
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * y.shape[1])
     return pa.ListArray.from_arrays(offsets, pa.array(y.reshape(-1), type=pa.float32()))
 
 
@@ -518,9 +473,7 @@ def _to_input_shape(x, names, shape: list):
         raise ConfigError(f"the model's input shape {tuple(shape)} has unknown dimensions beyond the "
                           "feature axis; tfnb.predict feeds (rows, features) matrices, save the model with "
                           "a fixed input shape")
-    want = 1
-    for d in shape:
-        want *= d
+    want = math.prod(shape)
     if want != features:
         raise ConfigError(f"the model expects {want} values per row (input shape {tuple(shape)}) but "
                           f"input_cols {list(names)} give {features}; fix input_cols")
@@ -582,23 +535,20 @@ def _load(path: str, threads: int | None) -> _Model:
     import tensorflow as tf
 
     if threads:
-        try:
+        with contextlib.suppress(RuntimeError):  # TensorFlow already ran something here: it keeps its pools
             tf.config.threading.set_intra_op_parallelism_threads(threads)
             tf.config.threading.set_inter_op_parallelism_threads(threads)
-        except RuntimeError:
-            pass  # TensorFlow already ran something in this process; it keeps its thread pools
     if os.path.isdir(path):
         return _load_saved_model(tf, path)
     return _load_keras(tf, path)
 
 
 def _load_keras(tf, path: str) -> _Model:
-    keras = _keras_for(path)
-    model = keras.models.load_model(path, compile=False)
+    model = _keras_for(path).models.load_model(path, compile=False)
     if len(model.inputs) != 1:
         raise ConfigError(f"the model at {path!r} has {len(model.inputs)} inputs; tfnb.predict feeds one "
                           "input built from input_cols (wrap the model in one that splits a single input)")
-    shape = [d for d in model.inputs[0].shape[1:]]
+    shape = list(model.inputs[0].shape[1:])
     dtype = tf.as_dtype(model.inputs[0].dtype)
     # One trace serves every batch size: the batch dimension is left open.
     fn = tf.function(lambda x: model(x, training=False), reduce_retracing=True,
@@ -606,10 +556,8 @@ def _load_keras(tf, path: str) -> _Model:
     out_shapes = [list(o.shape[1:]) for o in tf.nest.flatten(model.outputs)]
     layer_shapes = []
     for layer in model.layers:
-        try:
+        with contextlib.suppress(AttributeError, ValueError):  # a layer called more than once has no single output
             layer_shapes += [list(o.shape[1:]) for o in tf.nest.flatten(layer.output)]
-        except (AttributeError, ValueError):  # a layer called more than once has no single output
-            pass
     return _Model(call=functools.partial(_run, tf, fn, None), input_shape=shape, input_dtype=dtype.name,
                   output_shapes=out_shapes, values_per_row=_values([shape, *layer_shapes, *out_shapes]),
                   keep=model)
@@ -617,30 +565,16 @@ def _load_keras(tf, path: str) -> _Model:
 
 def _values(shapes) -> int:
     """Values per row of tensors with these per-row shapes (an unknown dimension counts as 1)."""
-    total = 0
-    for shape in shapes:
-        n = 1
-        for d in shape:
-            n *= d or 1
-        total += n
-    return total
+    return sum(math.prod(d or 1 for d in shape) for shape in shapes)
 
 
 def _keras_for(path: str):
     """tf-keras, unless the .keras file says Keras 3 saved it (then Keras 3 loads it)."""
+    major = 2
     if zipfile.is_zipfile(path):
-        try:
-            with zipfile.ZipFile(path) as z:
-                meta = json.loads(z.read("metadata.json"))
-            if int(str(meta.get("keras_version", "2")).split(".")[0]) >= 3:
-                import keras
-
-                return keras
-        except (KeyError, ValueError):
-            pass
-    import tf_keras
-
-    return tf_keras
+        with contextlib.suppress(KeyError, ValueError), zipfile.ZipFile(path) as z:
+            major = int(str(json.loads(z.read("metadata.json")).get("keras_version", "2")).split(".")[0])
+    return importlib.import_module("keras" if major >= 3 else "tf_keras")
 
 
 def _load_saved_model(tf, path: str) -> _Model:

@@ -1,19 +1,10 @@
 """Storage -> this worker's local disk: each worker copies its own byte-balanced shard of the files.
 
 The Databricks pattern: inside ``train_fn`` every worker stages a distinct subset of the training
-files from object storage to its local disk, then ``tf.data`` reads local files::
-
-    result = tfnb.stage("s3://bucket/train/", "/local_disk0/train",
-                        index=ctx.task_index, count=ctx.num_workers)
-    ds = tf.data.TFRecordDataset(list(result.paths))
-
+files from object storage to its local disk, then ``tf.data`` reads local files (see :func:`stage`).
 The source is any URL or path of tfnb's storage layer (``s3://`` through boto3: objects up to
 ``chunk_size`` are one GET each, many in flight, bigger ones parallel ranged GETs; local paths such as
-``/dbfs/...``; other schemes through fsspec), with the options of the README's "Storage URLs and options".
-
-Sharding is deterministic given the listing: files sorted by (size desc, relative path) are dealt
-greedily to the lightest shard, so shards differ by at most one file's size, every file is in exactly
-one shard, and ``count=1`` stages everything. Relative paths below the prefix are kept.
+``/dbfs/...``; other schemes through fsspec). Sharding: :func:`assign_shard`.
 
 Staging is idempotent and resumable. A file is downloaded to a hidden temporary name
 (``.NAME.tfnb-part``, which ``*.tfrecord``-style globs do not match) and renamed when whole; the
@@ -21,15 +12,13 @@ manifest ``.tfnb-stage.json`` in ``dest_dir`` records each complete file's sourc
 checksum / mtime for fsspec sources) and local mtime, and is rewritten atomically under a file lock,
 so several workers may share one ``dest_dir``. A rerun downloads only what is missing or changed;
 leftovers of a killed run are removed, and a file it renamed into place before recording it is kept
-when its MD5 equals the object's (single-part) ETag. (The guarantee holds for a killed process, not for a power
-loss: files are not fsynced.)
-
-Nothing here prints, except a tqdm bar when asked for (``progress=True``, or the command line on a
-terminal: ``python -m tfnb.staging SRC DEST``).
+when its MD5 equals the object's (single-part) ETag. (This holds for a killed process, not for a
+power loss: files are not fsynced.) Nothing here prints, except a tqdm bar when asked for.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import heapq
 import threading
 import json
@@ -54,7 +43,6 @@ log = logging.getLogger(__name__)
 
 MANIFEST_NAME = ".tfnb-stage.json"
 PART_SUFFIX = PART
-_LOCK_NAME = MANIFEST_NAME + ".lock"
 _MANIFEST_VERSION = 1
 # GETs in flight per worker, for small objects and for the parts of big ones each. 16 oversubscribed
 # a 2-core worker: 16 x 32 MiB over 2 workers (8 MiB parts, rclone on loopback) ran at 0.64-0.68 x
@@ -187,17 +175,14 @@ def _check_shard_args(index: Any, count: Any) -> None:
 
 
 def _safe_rel(rel: str, url: str) -> str | None:
-    """``rel`` normalised to ``a/b/c``; None for folder markers and our own bookkeeping files."""
+    """``rel`` normalised to ``a/b/c``; None for folder markers and our manifest (listings skip temp names)."""
     parts = [p for p in rel.split("/") if p not in ("", ".")]
     if not parts:
         return None
     if ".." in parts:
         raise StagingError(f"{url} would be written outside dest_dir ('..' in its key); rename the "
                            "object or stage a prefix below it")
-    name = parts[-1]
-    if name.startswith(MANIFEST_NAME) or (name.startswith(".") and PART_SUFFIX in name):
-        return None
-    return "/".join(parts)
+    return None if parts[-1].startswith(MANIFEST_NAME) else "/".join(parts)
 
 
 # ---------------------------------------------------------------- manifest
@@ -208,7 +193,7 @@ class _Manifest:
 
     def __init__(self, dest: Path):
         self.path = dest / MANIFEST_NAME
-        self.lock = dest / _LOCK_NAME
+        self.lock = dest / (MANIFEST_NAME + ".lock")
         self.entries = self._read()
         self.pending: dict[str, dict] = {}
         self.last_write = time.monotonic()
@@ -227,20 +212,19 @@ class _Manifest:
         files = data.get("files")
         return files if isinstance(files, dict) else {}
 
+    @staticmethod
+    def _entry(f: RemoteFile, st: os.stat_result) -> dict:
+        return {"source": f.url, "size": f.size, "version": f.version, "mtime_ns": st.st_mtime_ns}
+
     def is_complete(self, f: RemoteFile, local: Path) -> bool:
-        e = self.entries.get(f.rel)
-        if not isinstance(e, dict) or (e.get("source"), e.get("size"), e.get("version")) != (
-                f.url, f.size, f.version):
-            return False
         try:
             st = local.stat()
         except OSError:
             return False
-        return st.st_size == f.size and st.st_mtime_ns == e.get("mtime_ns")
+        return st.st_size == f.size and self.entries.get(f.rel) == self._entry(f, st)
 
     def record(self, f: RemoteFile, st: os.stat_result) -> None:
-        self.pending[f.rel] = {"source": f.url, "size": f.size, "version": f.version,
-                               "mtime_ns": st.st_mtime_ns}
+        self.pending[f.rel] = self._entry(f, st)
         if time.monotonic() - self.last_write >= _MANIFEST_INTERVAL:
             self.flush()
 
@@ -276,8 +260,6 @@ def _verify(f: RemoteFile, local: Path) -> bool:
 
 
 def _md5(path: Path) -> str:
-    import hashlib
-
     h = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -307,12 +289,11 @@ def _remove_leftovers(locals_: Sequence[Path]) -> None:
                     os.unlink(entry.path)
 
 
-def _check_space(dest: Path, todo: Sequence[RemoteFile], url: str, index: int, count: int) -> None:
-    need = sum(f.size for f in todo)
+def _check_space(dest: Path, need: int, files: int, url: str, index: int, count: int) -> None:
     free = shutil.disk_usage(dest).free
     if need > free:
         raise StagingError(
-            f"shard {index}/{count} of {url} needs {need} bytes ({_human(need)}, {len(todo)} files) "
+            f"shard {index}/{count} of {url} needs {need} bytes ({_human(need)}, {files} files) "
             f"in {dest} but only {free} bytes ({_human(free)}) are free; free space there, pick a "
             "dest_dir on a bigger disk, or spread the data over more workers (count)")
 
@@ -341,9 +322,8 @@ def stage(src_url: str, dest_dir: str | os.PathLike, *, index: int = 0, count: i
             then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL.
         concurrency: S3 GETs in flight at once, for small objects and for the parts of big ones
             each; fsspec file copies at once. Default 8. Env: TFNB_STAGE_CONCURRENCY.
-        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size;
-            smaller ones with one GET. Default 8 MiB, at least 1 MiB. Env: TFNB_STAGE_CHUNK_SIZE
-            (bytes).
+        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size,
+            smaller ones with one GET. Default 8 MiB, at least 1 MiB. Env: TFNB_STAGE_CHUNK_SIZE.
         storage_options: ``key``, ``secret``, ``token``, ``region``, ``profile``, ``anon``, ``config``
             (README, "Storage URLs and options"); for fsspec URLs, the filesystem's options. Never logged.
         progress: show a tqdm bar on stderr.
@@ -409,18 +389,18 @@ def stage(src_url: str, dest_dir: str | os.PathLike, *, index: int = 0, count: i
             todo.append(f)
     manifest.flush()
     _remove_leftovers([_local(dest, f.rel) for f in todo])
-    _check_space(dest, todo, src_url, index, count)
+    need = sum(f.size for f in todo)
+    _check_space(dest, need, len(todo), src_url, index, count)
     log.info("staging shard %d/%d of %s into %s: %d files, %d to download (%s)", index, count,
-             src_url, dest, len(mine), len(todo), _human(sum(f.size for f in todo)))
+             src_url, dest, len(mine), len(todo), _human(need))
 
     _download(store, todo, dest, manifest, concurrency=concurrency, progress=progress,
               callback=callback, label=f"stage {index}/{count}")
     seconds = max(time.monotonic() - start, 1e-9)
-    got = sum(f.size for f in todo)
     result = StageResult(
         src_url=src_url, dest_dir=str(dest), index=index, count=count, files=len(mine),
-        bytes=sum(f.size for f in mine), downloaded_files=len(todo), downloaded_bytes=got,
-        skipped_files=len(mine) - len(todo), seconds=seconds, mb_per_s=got / seconds / 1e6,
+        bytes=sum(f.size for f in mine), downloaded_files=len(todo), downloaded_bytes=need,
+        skipped_files=len(mine) - len(todo), seconds=seconds, mb_per_s=need / seconds / 1e6,
         paths=tuple(str(_local(dest, f.rel)) for f in mine))
     log.info("%s", result.summary())
     return result
@@ -540,14 +520,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--endpoint-url", default=None)
     p.add_argument("--concurrency", type=int, default=None)
     p.add_argument("--chunk-size", type=int, default=None, help="bytes")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                    help="tqdm bar (default: when stderr is a terminal)")
-    a = p.parse_args(argv)
-    show = sys.stderr.isatty() if a.progress is None else a.progress
     try:
-        result = stage(a.src_url, a.dest_dir, index=a.index, count=a.count,
-                       endpoint_url=a.endpoint_url, concurrency=a.concurrency,
-                       chunk_size=a.chunk_size, progress=show)
+        result = stage(**vars(p.parse_args(argv)))
     except (StagingError, ConfigError, MissingDependencyError) as e:
         print(f"tfnb stage: {e}", file=sys.stderr)
         return 1

@@ -8,16 +8,15 @@ relative to that root (``""`` is the root itself, which may be a single file). B
 * any other scheme through fsspec (``gs://`` with gcsfs, ``memory://``, ...).
 
 Options are one vocabulary for every backend and every public function that takes a URL (see
-:data:`S3_OPTIONS`); for fsspec schemes they go to the filesystem as they are. Every failure is a
-:class:`~tfnb.errors.StorageError` naming the URL, what failed and the fix; a missing file is also a
-``FileNotFoundError``. Writes are atomic: a reader sees the old content or all of the new, never a
-part (local: a hidden temporary name renamed into place; object stores: one PUT).
+:data:`S3_OPTIONS`); for fsspec schemes they go to the filesystem as they are. Writes are atomic
+(local: a hidden temporary name renamed into place; object stores: one PUT).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+import posixpath
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -25,7 +24,6 @@ from typing import Any, Iterator, Mapping
 from ..errors import ConfigError, MissingDependencyError, StorageError
 
 PART = ".tfnb-part"          # temporary names carry this; listings skip them
-S3_SCHEMES = ("s3", "s3a", "s3n")
 S3_OPTIONS = {  # the vocabulary -> boto3's name (its own names are accepted too)
     "key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
     "region": "region_name", "endpoint_url": "endpoint_url", "profile": "profile", "anon": "anon",
@@ -67,47 +65,45 @@ def normalize(url: str | os.PathLike) -> str:
     scheme = scheme.lower()
     if scheme == "file":
         return os.path.abspath(os.path.expanduser(rest))
-    if scheme in S3_SCHEMES:
+    if scheme in ("s3", "s3a", "s3n"):
         return "s3://" + rest
     return f"{scheme}://{rest}"
 
 
 def open_store(url: str | os.PathLike, options: Mapping[str, Any] | None = None, *, purpose: str = "",
                concurrency: int = 16, chunk_size: int = 8 << 20) -> "Store":
-    """The store rooted at ``url``.
+    """The store rooted at ``url``, a local path or URL (see the module docstring).
 
     Args:
-        url: local path or URL (see the module docstring).
-        options: storage options (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``,
-            ``profile``, ``anon``, ``config``; for fsspec schemes the filesystem's own). Never logged.
+        options: storage options (:data:`S3_OPTIONS`; for fsspec schemes the filesystem's own). Never logged.
         purpose: what the caller is doing, for messages ("staging", "predict", ...).
-        concurrency: requests in flight at once within one transfer (S3) or copies (fsspec).
+        concurrency: S3 requests in flight at once within one transfer.
         chunk_size: S3 objects larger than this are fetched as parallel ranged GETs of this size.
 
     Raises:
         ConfigError: bad URL or options. MissingDependencyError: the backend is not installed.
     """
     text = normalize(url)
-    options = dict(options or {})
+    options = options or {}
     purpose = purpose or "accessing"
-    scheme = text.split("://", 1)[0] if "://" in text else ""
-    if not scheme:
+    if "://" not in text:
         from .local import LocalStore
 
-        return LocalStore(text, purpose)
-    if scheme == "s3":
+        return LocalStore(text)
+    if text.startswith("s3://"):
         from .s3 import S3Store
 
         return S3Store(text, options, purpose, concurrency, chunk_size)
     from .fs import FsspecStore
 
-    return FsspecStore(text, options, purpose, concurrency)
+    return FsspecStore(text, options, purpose)
 
 
 class Store:
     """A directory tree (or one file) addressed by relative ``/``-separated paths (``""``: the root).
 
-    Every backend has these operations; each failure is a StorageError (a MissingError when absent):
+    Every backend has these operations; each failure is a StorageError naming the URL, what failed
+    and the fix (a MissingError, also a FileNotFoundError, when absent):
 
     * ``list(rel="", recursive=True) -> {sub: Entry}``: files below ``rel``, relative to it; ``{}``
       when it does not exist; temporary names skipped.
@@ -139,18 +135,14 @@ class Store:
         for dirpath, _, files in os.walk(local_dir):
             for name in files:
                 sub = os.path.relpath(os.path.join(dirpath, name), local_dir).replace(os.sep, "/")
-                self.put(_join(rel, sub), os.path.join(dirpath, name))
+                self.put(posixpath.join(rel, sub), os.path.join(dirpath, name))
                 wanted.add(sub)
         for sub in self.list(rel):
             if sub not in wanted:
-                self.delete(_join(rel, sub))
+                self.delete(posixpath.join(rel, sub))
 
     def close(self) -> None:
         pass
-
-
-def _join(rel: str, sub: str) -> str:
-    return f"{rel.rstrip('/')}/{sub}" if rel and sub else rel or sub
 
 
 def is_temp(name: str) -> bool:
@@ -164,12 +156,18 @@ def guarded(doing: str):
         def inner(self, rel: str = "", *args, **kwargs):
             try:
                 return fn(self, rel, *args, **kwargs)
-            except (StorageError, ConfigError, MissingDependencyError, KeyboardInterrupt, SystemExit):
+            except (StorageError, ConfigError, MissingDependencyError):
                 raise
-            except BaseException as e:  # noqa: BLE001 - classified by the backend
-                raise self.error(e, self.url(rel) if isinstance(rel, str) else self.root, doing) from e
+            except Exception as e:  # noqa: BLE001 - classified by the backend
+                raise self.error(e, self.url(rel), doing) from e
         return inner
     return wrap
+
+
+def check_cancel(cancel, url: str) -> None:
+    """Stop a download whose ``cancel`` Event is set."""
+    if cancel is not None and cancel.is_set():
+        raise StorageError(f"downloading {url} was cancelled")
 
 
 def os_error(e: BaseException, url: str, doing: str) -> StorageError:
@@ -192,38 +190,42 @@ def temp_name(path: str, named: bool = False) -> str:
     return os.path.join(head, f".{name if named else ''}{PART}-{uuid.uuid4().hex[:12]}")
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old content or all of the new."""
+@contextlib.contextmanager
+def replacing(path: str, named: bool = False) -> Iterator[str]:
+    """A temporary name (:func:`temp_name`) that replaces ``path`` when the block succeeds and is
+    removed when it fails: readers see the old content or all of the new, never a part."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = temp_name(path)
+    tmp = temp_name(path, named)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        _remove(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
         raise
 
 
-def land(url: str, local_path: str, size: int | None, fetch) -> None:
-    """Download into a hidden name beside ``local_path`` with ``fetch(tmp)``, check the size the listing
-    gave, then rename: a half-fetched or changed file never appears under the final name."""
-    os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-    tmp = temp_name(local_path, named=True)
-    try:
-        fetch(tmp)
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically."""
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def landing(url: str, local_path: str, size: int | None) -> Iterator[str]:
+    """A hidden name beside ``local_path`` to download into; when the block ends, the size the listing
+    gave is checked and the file renamed: a half-fetched or changed file never has the final name."""
+    with replacing(local_path, named=True) as tmp:
+        yield tmp
         got = os.path.getsize(tmp)
         if size is not None and got != size:
             raise StorageError(f"{url} arrived with {got} bytes but was listed with {size}; it changed, run again")
-        os.replace(tmp, local_path)
-    except BaseException:
-        _remove(tmp)
-        raise
 
 
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
-    """An exclusive lock on ``path`` across processes (a no-op where fcntl is missing)."""
+    """An exclusive lock on ``path`` across processes, released when the file closes (a no-op where
+    fcntl is missing)."""
     try:
         import fcntl
     except ImportError:  # Windows: one process per folder is assumed
@@ -231,12 +233,4 @@ def locked(path: str) -> Iterator[None]:
         return
     with open(path, "a+b") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+        yield

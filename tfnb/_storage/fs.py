@@ -4,12 +4,11 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import uuid
 from typing import Any, Mapping
 
 from .._deps import require
 from ..errors import ConfigError, MissingDependencyError, StorageError
-from . import PART, Entry, Store, guarded, is_temp, land, os_error
+from . import Entry, Store, check_cancel, guarded, is_temp, landing, os_error, temp_name
 
 # object stores: a PUT is atomic already, and a rename would be a second full copy
 _OBJECT_STORES = frozenset({"gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2", "memory"})
@@ -17,26 +16,21 @@ _VERSION_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum", "CRC")
 _MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created", "date_time")
 
 
-def _mtime(info: Mapping[str, Any]) -> float:
-    for key in _MTIME_KEYS:
-        value = info.get(key)
+def _entry(rel: str, info: Mapping[str, Any]) -> Entry:
+    """An fsspec info dict as an Entry; without a checksum, the modification time is the version."""
+    stamps = [(key, info[key]) for key in _MTIME_KEYS if info.get(key) is not None]
+    mtime = 0.0
+    for _, value in stamps:
         with contextlib.suppress(TypeError, ValueError):
-            return value.timestamp() if hasattr(value, "timestamp") else float(value)
-    return 0.0
-
-
-def _version(info: Mapping[str, Any]) -> str:
-    for key in _VERSION_KEYS:
-        if info.get(key):
-            return str(info[key]).strip('"')
-    for key in _MTIME_KEYS:
-        if info.get(key) is not None:
-            return f"{key}={info[key]}"
-    return ""
+            mtime = value.timestamp() if hasattr(value, "timestamp") else float(value)
+            break
+    checksum = next((str(info[key]).strip('"') for key in _VERSION_KEYS if info.get(key)), "")
+    version = checksum or next((f"{key}={value}" for key, value in stamps), "")
+    return Entry(rel, int(info.get("size") or 0), mtime, version)
 
 
 class FsspecStore(Store):
-    def __init__(self, url: str, options: Mapping[str, Any], purpose: str, concurrency: int):
+    def __init__(self, url: str, options: Mapping[str, Any], purpose: str):
         fsspec = require("fsspec", f"{purpose} {url}")
         try:
             self.fs, path = fsspec.core.url_to_fs(url, **dict(options))
@@ -58,8 +52,7 @@ class FsspecStore(Store):
     def _full(self, rel: str) -> str:
         return f"{self.path}/{rel}" if rel else self.path
 
-    def error(self, e: BaseException, url: str, doing: str) -> StorageError:
-        return os_error(e, url, doing)
+    error = staticmethod(os_error)
 
     @guarded("listing")
     def list(self, rel: str = "", recursive: bool = True) -> dict[str, Entry]:
@@ -73,7 +66,7 @@ class FsspecStore(Store):
         for name, info in found.items():
             sub = name[len(base):].lstrip("/") if name.startswith(base + "/") else ""
             if sub and info.get("type", "file") == "file" and not is_temp(sub):
-                out[sub] = Entry(sub, int(info.get("size") or 0), _mtime(info), _version(info))
+                out[sub] = _entry(sub, info)
         return out
 
     @guarded("reading")
@@ -82,9 +75,7 @@ class FsspecStore(Store):
             info = self.fs.info(self._full(rel))
         except FileNotFoundError:
             return None
-        if info.get("type", "file") != "file":
-            return None
-        return Entry(rel, int(info.get("size") or 0), _mtime(info), _version(info))
+        return _entry(rel, info) if info.get("type", "file") == "file" else None
 
     @guarded("reading")
     def read(self, rel: str = "", offset: int = 0, length: int | None = None) -> bytes:
@@ -95,39 +86,34 @@ class FsspecStore(Store):
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
         from fsspec.callbacks import Callback
 
+        url = self.url(rel)
         if version is not None and (self.stat(rel) or Entry(rel, -1, 0, "")).version != version:
-            raise StorageError(f"{self.url(rel)} changed since it was listed; run again")
+            raise StorageError(f"{url} changed since it was listed; run again")
+        check_cancel(cancel, url)
 
         class Progress(Callback):
             reported = 0
 
             def call(self, *args, **kwargs):
-                if cancel is not None and cancel.is_set():
-                    raise StorageError(f"downloading {self.url(rel)} was cancelled")
-                if on_bytes and self.value > self.reported:
-                    on_bytes(self.value - self.reported)
-                    self.reported = self.value
+                check_cancel(cancel, url)
+                self.report(self.value)
 
-        if cancel is not None and cancel.is_set():
-            raise StorageError(f"downloading {self.url(rel)} was cancelled")
+            def report(self, done: int) -> None:
+                if on_bytes and done > self.reported:
+                    on_bytes(done - self.reported)
+                    self.reported = done
+
         progress = Progress()
-
-        def fetch(tmp: str) -> None:
+        with landing(url, local_path, size) as tmp:
             self.fs.get_file(self._full(rel), tmp, callback=progress)
-            got = os.path.getsize(tmp)
-            if on_bytes and got > progress.reported:   # local copies report nothing on the way
-                on_bytes(got - progress.reported)
-
-        land(self.url(rel), local_path, size, fetch)
+            progress.report(os.path.getsize(tmp))   # local copies report nothing on the way
 
     def _replace(self, rel: str, send) -> None:
         path = self._full(rel)
         if self._atomic_put:
-            send(path)
-            return
-        parent = posixpath.dirname(path)
-        self.fs.makedirs(parent, exist_ok=True)
-        tmp = f"{parent}/{PART}-{uuid.uuid4().hex[:12]}"
+            return send(path)
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        tmp = temp_name(path)
         send(tmp)
         self.fs.mv(tmp, path)
 

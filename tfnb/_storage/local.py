@@ -1,6 +1,7 @@
 """Local paths, including the ``/dbfs`` and ``/Volumes`` FUSE mounts (which cannot append in place)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -15,7 +16,7 @@ class LocalStore(FsspecStore):
 
     local = True
 
-    def __init__(self, root: str, purpose: str):
+    def __init__(self, root: str):
         from fsspec.implementations.local import LocalFileSystem
 
         self.fs, self.path, self.root = LocalFileSystem(), root, root
@@ -39,10 +40,8 @@ class LocalStore(FsspecStore):
         os.makedirs(os.path.dirname(final), exist_ok=True)
         new = temp_name(final)
         shutil.copytree(local_dir, new)
-        if not os.path.exists(final):
-            os.replace(new, final)
-            return
         old = temp_name(final)
-        os.replace(final, old)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(final, old)
         os.replace(new, final)
         shutil.rmtree(old, ignore_errors=True)

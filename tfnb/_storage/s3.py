@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from .._config import setting
 from .._deps import require
 from ..errors import ConfigError, StorageError
-from . import S3_OPTIONS, Entry, MissingError, Store, guarded, is_temp, land
+from . import S3_OPTIONS, Entry, MissingError, Store, check_cancel, guarded, is_temp, landing
 
 _IO_CHUNK = 1 << 20        # s3transfer's write unit; its 256 KiB default costs more CPU
 _IO_QUEUE = 128            # chunks waiting for the disk: bounds memory to 128 MiB per store
@@ -34,8 +34,7 @@ def s3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int = 10
 
     config = Config(max_pool_connections=pool, retries={"mode": "standard", "max_attempts": 5})
     kwargs: dict[str, Any] = {}
-    profile = None
-    for key, value in dict(options).items():
+    for key, value in options.items():
         name = S3_OPTIONS.get(key, key)
         if name not in S3_OPTIONS.values():
             raise ConfigError(f"storage option {key!r} is not understood for {url}; use key, secret, token, "
@@ -48,13 +47,11 @@ def s3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int = 10
             kwargs.update(value)
         elif name == "config":
             config = config.merge(value if isinstance(value, Config) else Config(**value))
-        elif name == "profile":
-            profile = value
-        elif name == "anon":
-            if value:
-                config = config.merge(Config(signature_version=UNSIGNED))
         else:
             kwargs[name] = value
+    if kwargs.pop("anon", False):
+        config = config.merge(Config(signature_version=UNSIGNED))
+    profile = kwargs.pop("profile", None)
     endpoint = endpoint_url(kwargs.pop("endpoint_url", None))
     try:
         session = boto3.session.Session(botocore_session=_botocore_session(), profile_name=profile)
@@ -202,31 +199,27 @@ class S3Store(Store):
     @guarded("downloading")
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
         on_bytes = on_bytes or (lambda n: None)
-
-        def fetch(tmp: str) -> None:
+        with landing(self.url(rel), local_path, size) as tmp:
             if size is not None and size > self.chunk_size:
                 self._get_big(rel, tmp, size, version, on_bytes, cancel)
             else:
                 self._get_small(rel, tmp, version, on_bytes, cancel)
 
-        land(self.url(rel), local_path, size, fetch)
-
     def _get_small(self, rel, tmp, version, on_bytes, cancel) -> None:
         # One GET: s3transfer's per-transfer machinery costs about as much CPU as the request itself.
         from s3transfer.utils import S3_RETRYABLE_DOWNLOAD_ERRORS
 
+        url = self.url(rel)
         extra = {"IfMatch": f'"{version}"'} if version else {}
         for attempt in range(_GET_ATTEMPTS):
             written = 0
             try:
                 resp = self.client.get_object(Bucket=self.bucket, Key=self._key(rel), **extra)
                 if version and resp.get("ETag", "").strip('"') != version:   # servers that ignore If-Match
-                    raise StorageError(f"{self.url(rel)} changed since it was listed; run again")
-                body = resp["Body"]
+                    raise StorageError(f"{url} changed since it was listed; run again")
                 with open(tmp, "wb") as fh:
-                    for block in body.iter_chunks(_IO_CHUNK):
-                        if cancel is not None and cancel.is_set():
-                            raise StorageError(f"downloading {self.url(rel)} was cancelled")
+                    for block in resp["Body"].iter_chunks(_IO_CHUNK):
+                        check_cancel(cancel, url)
                         fh.write(block)
                         written += len(block)
                         on_bytes(len(block))
