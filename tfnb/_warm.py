@@ -17,6 +17,7 @@ worker that made it would make it vanish before most reruns; the daemon lives as
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -48,11 +49,10 @@ def _sockets() -> list[str]:
     return sorted(glob.glob(os.path.join(folder, "*.sock"))) + sorted(glob.glob(os.path.join(folder, "*.sock.part")))
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def _unlink(*paths: str) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _connect(path: str) -> socket.socket | None:
@@ -74,14 +74,12 @@ def claim(want: str) -> socket.socket | None:
     """Connect to an idle standby with key ``want``; tell standbys with other keys to exit."""
     found = None
     for path in _sockets():
-        name = os.path.basename(path)
-        if name.startswith(want + "-") and found is None:
-            found = _connect(path)  # a standby serves one connection: a refused one was taken already
-        elif not name.startswith(want + "-"):
-            other = _connect(path)
-            if other is not None:
-                other.sendall(b'{"exit": true}\n')
-                other.close()
+        if os.path.basename(path).startswith(want + "-"):
+            # a standby serves one connection: a refused one was taken already, try the next
+            found = found or _connect(path)
+        elif other := _connect(path):
+            other.sendall(b'{"exit": true}\n')
+            other.close()
     return found
 
 
@@ -135,20 +133,14 @@ class Claimed:
     def _reap(self) -> None:
         # The process is not our child: wait until its pid is gone so "ended" means ended.
         for _ in range(100):
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
+            if not _alive(self.pid):
                 return
             time.sleep(0.02)
 
     def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return self.wait()
-        return None
+        if self.returncode is None and not _alive(self.pid):
+            self.wait()
+        return self.returncode
 
 
 # ---------------------------------------------------------------- the standby's side
@@ -188,8 +180,7 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
     inner_end.close()
 
     def leave(*_):
-        _unlink(path)
-        _unlink(path + ".part")
+        _unlink(path, path + ".part")
         inner.kill()
         os._exit(0)
 
@@ -211,8 +202,7 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
             conn, _ = listener.accept()
             break
     listener.close()
-    _unlink(path)
-    _unlink(path + ".part")
+    _unlink(path, path + ".part")
     try:
         msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
         if json.loads(msg.split(b"\n", 1)[0] or b"{}").get("exit") or len(fds) != 4:
@@ -230,22 +220,15 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
 
     def relay():
         # "go" and the parent-death watch: the supervisor's end of the connection closing ends the process
-        try:
-            while True:
-                chunk = conn.recv(1024)
-                if not chunk:
-                    break
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(1024):
                 outer.sendall(chunk)
-        except OSError:
-            pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=relay, daemon=True).start()
     code = inner.wait()
-    try:
+    with contextlib.suppress(OSError):
         conn.sendall(f"{code}\n".encode())
-    except OSError:
-        pass
     os._exit(0)
 
 

@@ -15,12 +15,21 @@ from .errors import ConfigError
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
+    """A number, numpy scalar or scalar tensor as float; None for anything else (bools included)."""
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        if hasattr(value, "numpy"):
+            value = value.numpy()
+        if getattr(value, "size", 1) != 1:
+            return None
+        if hasattr(value, "item"):
+            value = value.item()
+        return None if isinstance(value, bool) else float(value)
+    except Exception:  # noqa: BLE001 - a symbolic or odd value is simply not reported
         return None
+
+
+def _emit(**data: Any) -> None:
+    events.emit(events.PROGRESS, **{k: v for k, v in data.items() if v is not None})
 
 
 def _replica_divisor(model: Any) -> int:
@@ -44,10 +53,7 @@ def _replica_divisor(model: Any) -> int:
     in_multi_worker = getattr(strategy.extended, "_in_multi_worker_mode", None)  # tf-keras asks the same
     if in_multi_worker is not None and not in_multi_worker():
         return 1
-    try:
-        return max(int(strategy.num_replicas_in_sync), 1)
-    except (AttributeError, TypeError, ValueError):
-        return 1
+    return max(int(strategy.num_replicas_in_sync), 1)
 
 
 def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: float = 0.5,
@@ -115,19 +121,17 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             for key, value in (logs or {}).items():
                 if key in ("batch", "size") or key in data:
                     continue
-                num = _tensor_number(value)
+                num = _number(value)
                 if num is not None:
                     data[key] = num / divisor
-            events.emit(events.PROGRESS, **{k: v for k, v in data.items() if v is not None})
+            _emit(**data)
 
         def on_train_begin(self, logs=None):
             params = self.params or {}
             self.epochs = params.get("epochs")
             self.steps = params.get("steps")
             self._divisor = _replica_divisor(self.model)
-            events.emit(events.PROGRESS, **{k: v for k, v in
-                                            {"epochs": self.epochs, "steps": self.steps,
-                                             "batch_size": batch_size}.items() if v is not None})
+            _emit(epochs=self.epochs, steps=self.steps, batch_size=batch_size)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
@@ -169,17 +173,3 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
                 tracer.finish(self._done)
 
     return TfnbProgress()
-
-
-def _tensor_number(value: Any) -> float | None:
-    """A scalar tensor / numpy value / number as float; None for anything else."""
-    try:
-        if hasattr(value, "numpy"):
-            value = value.numpy()
-        if getattr(value, "size", 1) != 1:
-            return None
-        if hasattr(value, "item"):
-            value = value.item()
-    except Exception:  # noqa: BLE001 - a symbolic or odd value is simply not reported
-        return None
-    return _number(value)
