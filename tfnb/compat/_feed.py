@@ -19,10 +19,12 @@ back into the input's partitions.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import ConfigError
@@ -59,18 +61,6 @@ def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
             buf = []
     if buf:
         yield index, seq, len(buf), pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _count_rows(index: int, chunks: Iterator[tuple]) -> list:
-    return [(index, sum(c[2] for c in chunks))]
-
-
-def _rank_partition(rank: int) -> int:
-    return rank
-
-
-def _to_row(item: tuple) -> tuple:
-    return item[1]
 
 
 def ranges(total: int, ranks: Sequence[int], mode: str) -> tuple[tuple[int, int, int], ...]:
@@ -125,18 +115,15 @@ class Prepared:
     feeder: "RddFeeder"
     part_rows: tuple[int, ...]      # rows in each input partition
     bounds: tuple[tuple[int, int, int], ...]
-    cached: Any = None
+    cached: Any
 
     @property
     def total(self) -> int:
         return sum(self.part_rows)
 
     def release(self) -> None:
-        if self.cached is not None:
-            try:
-                self.cached.unpersist()
-            except Exception as e:  # noqa: BLE001 - the session may be gone; nothing left to free
-                log.debug("unpersist failed: %s", e)
+        with contextlib.suppress(Exception):  # the session may be gone; nothing left to free
+            self.cached.unpersist()
 
 
 def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Prepared:
@@ -170,8 +157,7 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
             "the DataFrame with tfnb.run(train_fn, data=df)")
     chunks = rdd.mapPartitionsWithIndex(_chunk_partition).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        counts = dict(chunks.mapPartitionsWithIndex(_count_rows).collect())
-        part_rows = tuple(counts.get(i, 0) for i in range(rdd.getNumPartitions()))
+        part_rows = tuple(chunks.mapPartitions(lambda part: [sum(c[2] for c in part)]).collect())
         total = sum(part_rows)
         if mode == TRAIN and total < len(feed_ranks):
             raise ConfigError(
@@ -183,12 +169,9 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
         if used < total:
             log.info("feeding %d rows to each of %d nodes; %d rows left over are not fed",
                      (used // len(feed_ranks)), len(feed_ranks), total - used)
-        starts, acc = [], 0
-        for n in part_rows:
-            starts.append(acc)
-            acc += n
-        placed = (chunks.mapPartitionsWithIndex(_assigner(tuple(starts), bounds))
-                  .partitionBy(num_tasks, _rank_partition).map(_to_row))
+        starts = tuple(accumulate(part_rows, initial=0))
+        placed = (chunks.mapPartitionsWithIndex(_assigner(starts, bounds))
+                  .partitionBy(num_tasks, lambda rank: rank).values())
         df = spark.createDataFrame(placed, SCHEMA, verifySchema=False)
     except BaseException:
         chunks.unpersist()
@@ -211,28 +194,15 @@ def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
         flat.extend(per_rank[rank] or ())
     if len(flat) != prepared.total:
         raise RuntimeError(f"inference gathered {len(flat)} results for {prepared.total} rows")
-    per_part, at = [], 0
-    for n in prepared.part_rows:
-        per_part.append(flat[at:at + n])
-        at += n
+    starts = tuple(accumulate(prepared.part_rows, initial=0))
+    per_part = [flat[lo:hi] for lo, hi in zip(starts, starts[1:])]
     if not per_part:
         return sc.emptyRDD()
     # One element per slice, so slice i is exactly input partition i's results.
-    return sc.parallelize(per_part, len(per_part)).flatMap(_identity)
-
-
-def _identity(x):
-    return x
+    return sc.parallelize(per_part, len(per_part)).flatMap(lambda results: results)
 
 
 # ---------------------------------------------------------------- barrier task
-
-
-@dataclass(frozen=True)
-class Spilled:
-    path: str
-    rows: int
-    chunks: int
 
 
 @dataclass(frozen=True)
@@ -243,7 +213,6 @@ class FeedFile:
     rows: int
     mode: str
     epochs: int
-    rows_per_task: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -253,7 +222,7 @@ class RddFeeder:
     mode: str
     epochs: int
 
-    def spill(self, batches: Iterable, workdir: str) -> Spilled:
+    def spill(self, batches: Iterable, workdir: str) -> FeedFile:
         """Write the partition's Arrow batches (part, seq, rows, data) to a local Arrow file."""
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -271,11 +240,10 @@ class RddFeeder:
                     rows += int(pc.sum(batch.column("rows")).as_py() or 0)
         finally:
             spill.close()
-        return Spilled(path=spill.path, rows=rows, chunks=spill.rows)
+        return FeedFile(path=spill.path, rows=rows, mode=self.mode, epochs=self.epochs)
 
-    def finish(self, spilled: Spilled, rows_per_task: Sequence[int]) -> FeedFile:
-        return FeedFile(path=spilled.path, rows=spilled.rows, mode=self.mode, epochs=self.epochs,
-                        rows_per_task=tuple(int(r) for r in rows_per_task))
+    def finish(self, spilled: FeedFile, rows_per_task: Sequence[int]) -> FeedFile:
+        return spilled  # the driver fixed every node's rows; the other nodes' counts change nothing
 
 
 # ---------------------------------------------------------------- map_fun process
@@ -288,56 +256,33 @@ class FeedCursor:
         import numpy as np
         import pyarrow as pa
 
-        self.feed = feed
         self.total = feed.rows * feed.epochs
         self.handed = 0
         self.terminated = False
-        self._source = pa.memory_map(feed.path, "r")
-        table = pa.ipc.open_file(self._source).read_all()
+        table = pa.ipc.open_file(pa.memory_map(feed.path, "r")).read_all()
         part = table.column("part").to_numpy()
-        seq = table.column("seq").to_numpy()
-        self._order = np.lexsort((seq, part)).tolist()
-        self._part = part.tolist()
-        self._data = table.column("data")
-        self._pos = 0            # next chunk in _order
-        self._epoch = 0
+        order = np.lexsort((table.column("seq").to_numpy(), part)).tolist()
+        self._chunks = _read_chunks(table.column("data"), order, part.tolist(), feed.epochs)
         self._rows: list = []    # the current chunk's rows
         self._at = 0             # next row in _rows
-        self._cur_part: int | None = None
+        self._part_ends = True   # the current chunk is the last of its input partition (or of the epoch)
 
     @property
     def exhausted(self) -> bool:
         return self.terminated or self.handed >= self.total
-
-    def _next_chunk(self) -> bool:
-        """Load the next chunk (next epoch at the end); False when none is left."""
-        if self._pos >= len(self._order):
-            self._epoch += 1
-            if self._epoch >= self.feed.epochs or not self._order:
-                return False
-            self._pos = 0
-        i = self._order[self._pos]
-        self._pos += 1
-        self._rows = pickle.loads(self._data[i].as_py())
-        self._at = 0
-        self._cur_part = self._part[i]
-        return True
-
-    def _boundary_ahead(self) -> bool:
-        """True when the next row starts another input partition (or another epoch)."""
-        if self._pos >= len(self._order):
-            return True
-        return self._part[self._order[self._pos]] != self._cur_part
 
     def take(self, n: int, *, stop_at_partition: bool) -> list:
         """Up to ``n`` rows; fewer at the end, or at an input partition's end when ``stop_at_partition``."""
         out: list = []
         while len(out) < n and not self.exhausted:
             if self._at >= len(self._rows):
-                if out and stop_at_partition and self._boundary_ahead():
+                if out and stop_at_partition and self._part_ends:
                     break
-                if not self._next_chunk():
+                chunk = next(self._chunks, None)
+                if chunk is None:
                     break
+                self._rows, self._part_ends = chunk
+                self._at = 0
                 continue
             k = min(n - len(out), len(self._rows) - self._at)
             out.extend(self._rows[self._at:self._at + k])
@@ -348,3 +293,11 @@ class FeedCursor:
     def terminate(self) -> None:
         self.terminated = True
         self._rows, self._at = [], 0
+
+
+def _read_chunks(data, order: list, part: list, epochs: int) -> Iterator[tuple[list, bool]]:
+    """(rows, whether it is its input partition's last chunk) for each chunk in ``order``, ``epochs`` times."""
+    for _ in range(epochs):
+        for pos, i in enumerate(order):
+            last = pos + 1 == len(order) or part[order[pos + 1]] != part[i]
+            yield pickle.loads(data[i].as_py()), last

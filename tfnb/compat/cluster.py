@@ -105,27 +105,23 @@ def _int(name: str, value, low: int) -> int:
 
 
 class _StartWatch:
-    """Display sink that also notices when every node has started map_fun."""
+    """Display sink that also sets ``started`` once every node runs map_fun."""
 
-    def __init__(self, inner: Callable[[RunEvent], None], num_tasks: int, on_all_running: Callable[[], None]):
+    def __init__(self, inner: Callable[[RunEvent], None], num_tasks: int, started: threading.Event):
         self.inner = inner
         self.num_tasks = num_tasks
-        self.on_all_running = on_all_running
+        self.started = started
         self.running: set = set()
-        self.all_running = False
 
     def __call__(self, event: RunEvent) -> None:
         if event.kind == STATE and event.job_name != "driver" and event.data.get("state") in ("training", "serving"):
             self.running.add((event.job_name, event.task_index))
-            if len(self.running) >= self.num_tasks and not self.all_running:
-                self.all_running = True
-                self.on_all_running()
+            if len(self.running) >= self.num_tasks:
+                self.started.set()
         self.inner(event)
 
     def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if close:
-            close()
+        getattr(self.inner, "close", lambda: None)()
 
 
 class TFCluster:
@@ -187,8 +183,7 @@ class TFCluster:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
         from ..progress import make_display
 
-        inner = make_display(self._display, self.num_executors)
-        sink = _StartWatch(inner, self.num_executors, self._started.set)
+        sink = _StartWatch(make_display(self._display, self.num_executors), self.num_executors, self._started)
 
         def body():
             try:
@@ -206,7 +201,7 @@ class TFCluster:
             interrupted="TFCluster.run was interrupted; the cluster was stopped",
             timed_out=f"the TensorFlow nodes did not all start within reservation_timeout={reservation_timeout} s; "
                       "the job was cancelled. Check the executors' logs, or raise reservation_timeout")
-        if not sink.all_running and self._error is not None:
+        if len(sink.running) < self.num_executors and self._error is not None:
             # The run ended before every node reached map_fun: that is a failure to start the cluster.
             self._shut_down = True
             raise self._error
@@ -248,11 +243,13 @@ class TFCluster:
         finally:
             prepared.release()
 
-    def _require_spark_mode(self, what: str) -> None:
+    def _check_feed(self, what: str, qname: str) -> None:
         if self.input_mode != InputMode.SPARK:
             raise ConfigError(
                 f"TFCluster.{what}() feeds an RDD, which needs InputMode.SPARK, but this cluster runs "
                 "InputMode.TENSORFLOW; start it with TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK)")
+        if qname != "input":
+            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
 
     # ------------------------------------------------------------ TensorFlowOnSpark's API
 
@@ -284,12 +281,10 @@ class TFCluster:
 
         from ._feed import TRAIN
 
-        self._require_spark_mode("train")
+        self._check_feed("train", qname)
         if isinstance(dataRDD, DStream):
             raise ConfigError("Spark Streaming (DStream) feeding is not supported by tfnb.compat; "
                               "collect each batch into an RDD and call cluster.train(rdd)")
-        if qname != "input":
-            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
         num_epochs = _int("num_epochs", num_epochs, 0) or 10
         self._feed(dataRDD, TRAIN, num_epochs)
 
@@ -312,9 +307,7 @@ class TFCluster:
         """
         from ._feed import INFERENCE
 
-        self._require_spark_mode("inference")
-        if qname != "input":
-            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
+        self._check_feed("inference", qname)
         return self._feed(dataRDD, INFERENCE, 1)
 
     def shutdown(self, ssc=None, grace_secs: float = 0, timeout: float = 259200) -> None:
@@ -343,21 +336,17 @@ class TFCluster:
             return
         try:
             if self._thread is not None:
-                self._wait_background(timeout)
+                self._wait_or_stop(
+                    self._finished, None if timeout is None or timeout <= 0 else float(timeout),
+                    interrupted="TFCluster.shutdown was interrupted; every node process was stopped",
+                    timed_out=f"map_fun did not finish on every node within shutdown(timeout={timeout}); every "
+                              "node process was stopped. Raise timeout (or -1 to wait forever)")
+                self._thread.join()
+                if self._error is not None:
+                    raise self._error
         finally:
             self._shut_down = True
             self._stop_tensorboard()
-
-    def _wait_background(self, timeout) -> None:
-        limit = None if timeout is None or timeout <= 0 else float(timeout)
-        self._wait_or_stop(
-            self._finished, limit,
-            interrupted="TFCluster.shutdown was interrupted; every node process was stopped",
-            timed_out=f"map_fun did not finish on every node within shutdown(timeout={timeout}); every node "
-                      "process was stopped. Raise timeout (or -1 to wait forever)")
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
     def tensorboard_url(self) -> str | None:
         """URL of the TensorBoard started with ``tensorboard=True`` (on the driver), else None.
@@ -371,13 +360,6 @@ class TFCluster:
         if tb is None:
             return None
         return getattr(getattr(tb, "outcome", tb), "url", None)
-
-    def _start_tensorboard(self, logdir: str) -> None:
-        from ..tensorboard import tensorboard
-
-        if "://" not in logdir:
-            os.makedirs(logdir, exist_ok=True)
-        self._tensorboard = tensorboard(logdir)
 
     def _stop_tensorboard(self) -> None:
         if self._tensorboard is None:
@@ -477,9 +459,14 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
                         input_mode=input_mode, log_dir=log_dir, display=display, queues=queues)
     log.info("cluster_template: %s", template)
     if tensorboard:
+        from ..tensorboard import tensorboard as start_tensorboard
+
         jobs = sorted(j for j in template if j in _FEEDING_JOBS)
         tb_node = template["worker" if "worker" in jobs else jobs[0]][0]
-        cluster._start_tensorboard(log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}"))
+        logdir = log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}")
+        if "://" not in logdir:
+            os.makedirs(logdir, exist_ok=True)
+        cluster._tensorboard = start_tensorboard(logdir)
     if input_mode == InputMode.TENSORFLOW:
         try:
             cluster._start_background(reservation_timeout)

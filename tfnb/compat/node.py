@@ -309,27 +309,6 @@ class NodeMeta:
     release_port: bool
 
 
-def role_of(executor_id: int, template) -> tuple[str, int]:
-    """(job_name, task_index) of ``executor_id`` in the cluster template."""
-    for job, executors in template:
-        if executor_id in executors:
-            return job, list(executors).index(executor_id)
-    return "default", -1
-
-
-def node_cluster_spec(addresses, template) -> dict:
-    """TensorFlowOnSpark's cluster_spec: node addresses (in executor order) grouped by job."""
-    return {job: [addresses[e] for e in executors] for job, executors in template}
-
-
-def tf_config_for(cluster_spec: dict, job_name: str, task_index: int) -> str | None:
-    """TF_CONFIG as TensorFlowOnSpark sets it: only for clusters with a chief/master node."""
-    if "chief" not in cluster_spec and "master" not in cluster_spec:
-        return None
-    return json.dumps({"cluster": cluster_spec, "task": {"type": job_name, "index": task_index},
-                       "environment": "cloud"})
-
-
 def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
     """tfnb train_fn running one TensorFlowOnSpark node: build its ctx, then ``map_fun(tf_args, ctx)``.
 
@@ -338,13 +317,14 @@ def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
     from ._feed import INFERENCE
 
     executor_id = wctx.task_index  # tfnb runs every node as a worker, so its index is the node's rank
-    job_name, task_index = role_of(executor_id, meta.template)
-    cluster_spec = node_cluster_spec(list(wctx.cluster_spec["worker"]), meta.template)
-    tf_config = tf_config_for(cluster_spec, job_name, task_index)
-    if tf_config is None:
-        os.environ.pop("TF_CONFIG", None)
-    else:
-        os.environ["TF_CONFIG"] = tf_config
+    job_name, task_index = next((job, ids.index(executor_id)) for job, ids in meta.template if executor_id in ids)
+    addresses = wctx.cluster_spec["worker"]
+    cluster_spec = {job: [addresses[e] for e in ids] for job, ids in meta.template}
+    # TF_CONFIG as TensorFlowOnSpark sets it: only for clusters with a chief/master node
+    os.environ.pop("TF_CONFIG", None)
+    if "chief" in cluster_spec or "master" in cluster_spec:
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster_spec, "task": {"type": job_name, "index": task_index},
+                                              "environment": "cloud"})
     mgr = FeedManager(wctx.feed)
     ctx = NodeContext(executor_id, job_name, task_index, cluster_spec, meta.default_fs, meta.working_dir,
                       mgr, None if meta.release_port else wctx.reserved_port(), wctx)
