@@ -72,10 +72,8 @@ class LiveChart:
             self.metric_ax.set_title(metric or "", fontsize=9)
             for ax in (self.loss_ax, self.metric_ax):
                 ax.set_xlabel(unit, fontsize=8)
-            for (i, _label), line in list(self._lines.items()):
-                if i == 1:  # another metric: its lines start over
-                    line.remove()
-                    del self._lines[(i, _label)]
+            for key in [k for k in self._lines if k[0] == 1]:  # another metric: its lines start over
+                self._lines.pop(key).remove()
         self.metric_ax.set_visible(metric is not None)
         new = False
         for i, (ax, name) in enumerate(((self.loss_ax, "loss"), (self.metric_ax, metric))):

@@ -8,6 +8,7 @@ progress widget, CLI line). Outside a tfnb task, ``emit`` does nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -68,8 +69,5 @@ def emit(kind: str, **data: Any) -> None:
     if out is None:
         return
     line = json.dumps({"kind": kind, "time": time.time(), **data}, default=str)
-    with _lock:
-        try:
-            out.write(line + "\n")
-        except (OSError, ValueError):
-            pass
+    with _lock, contextlib.suppress(OSError, ValueError):  # the supervisor is gone: nobody to tell
+        out.write(line + "\n")

@@ -129,25 +129,8 @@ class Prepared:
 def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Prepared:
     """Chunk ``rdd``, count its rows and lay them out as one DataFrame partition per barrier task.
 
-    Args:
-        spark: the classic SparkSession of ``rdd``'s SparkContext.
-        rdd: the RDD given to ``cluster.train()`` / ``cluster.inference()``.
-        num_tasks: barrier tasks (TensorFlowOnSpark's num_executors).
-        feed_ranks: tasks that read data (chief/master/worker nodes; not ps or evaluator).
-        mode: ``"train"`` (equal rows per node, repeated ``epochs`` times) or ``"inference"``.
-        epochs: passes over the rows (1 for inference).
-
-    Returns:
-        Prepared: the DataFrame, its feeder, and the input's rows per partition.
-
-    Raises:
-        ConfigError: ``rdd`` is not an RDD, or ``train()`` got fewer rows than there are nodes.
-
-    Example:
-        >>> prep = prepare(spark, sc.parallelize(range(100), 4), num_tasks=2, feed_ranks=[0, 1],
-        ...                mode="train", epochs=1)
-        >>> prep.bounds
-        ((0, 0, 50), (1, 50, 100))
+    ``feed_ranks`` are the tasks that read data (chief/master/worker nodes, not ps or evaluator).
+    Raises ConfigError when ``rdd`` is not an RDD, or ``train()`` got fewer rows than there are nodes.
     """
     from pyspark import RDD, StorageLevel
 
@@ -182,13 +165,7 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
 
 def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
     """The nodes' inference results as an RDD partitioned like the input: partition i holds the
-    results for input partition i, in row order.
-
-    Example:
-        >>> out = results_rdd(sc, prepared, run_values)
-        >>> out.glom().collect()
-        [[0, 1, 4], [9, 16]]
-    """
+    results for input partition i, in row order."""
     flat: list = []
     for rank, _, _ in prepared.bounds:
         flat.extend(per_rank[rank] or ())

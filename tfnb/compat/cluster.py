@@ -1,14 +1,5 @@
 """TensorFlowOnSpark's ``TFCluster`` API (``run``, ``train``, ``inference``, ``shutdown``) on tfnb's launcher.
 
-Import it as TensorFlowOnSpark programs do, with only the package name changed::
-
-    from tfnb.compat import TFCluster
-
-    cluster = TFCluster.run(sc, map_fun, args, num_executors=2, num_ps=0,
-                            input_mode=TFCluster.InputMode.SPARK, master_node="chief")
-    cluster.train(rdd, num_epochs=3)
-    cluster.shutdown()
-
 Each node is a task of one barrier-mode Spark stage (:func:`tfnb.run`): there is no reservation
 server, nothing polls, and a cluster Spark cannot schedule is refused at ``run()`` instead of
 waiting for reservations that never come. How the two input modes map onto it:

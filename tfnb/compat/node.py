@@ -1,15 +1,5 @@
 """TensorFlowOnSpark's ``TFNode`` API inside ``map_fun``: the node context, ``DataFeed`` and ``hdfs_path``.
 
-Import it as TensorFlowOnSpark programs do, with only the package name changed::
-
-    from tfnb.compat import TFNode
-
-    def map_fun(args, ctx):
-        feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
-        while not feed.should_stop():
-            batch = feed.next_batch(64)
-            ...
-
 Differences from TensorFlowOnSpark 2.2.5, all on the side of failing instead of hanging:
 ``DataFeed`` in an ``InputMode.TENSORFLOW`` cluster raises (TensorFlowOnSpark blocks forever);
 ``should_stop()`` is True as soon as the last row has been handed out (TensorFlowOnSpark answers
@@ -41,14 +31,7 @@ def hdfs_path(ctx, path: str) -> str:
 
     A path with a Hadoop scheme is returned as it is; an absolute path gets ``ctx.defaultFS`` in
     front; a relative path is placed under ``/user/<user>/`` on HDFS (``hdfs://``, ``viewfs://``) or
-    under ``ctx.working_dir`` on ``file://``.
-
-    Args:
-        ctx: the node context (anything with ``defaultFS`` and ``working_dir``).
-        path: the path to convert.
-
-    Returns:
-        The absolute path with a scheme.
+    under ``ctx.working_dir`` on ``file://``. ``ctx`` is anything with ``defaultFS`` and ``working_dir``.
 
     Example:
         >>> ctx = type("Ctx", (), {"defaultFS": "file://", "working_dir": "/home/me"})
