@@ -10,7 +10,7 @@ pickled chunks and are on the node's disk before ``map_fun`` starts:
    ``rows % nodes`` rows left over are not fed), for ``inference()`` all rows. Chunks that straddle
    two ranges are split, and one shuffle moves each range to the partition of its node's barrier task.
 2. barrier task (:meth:`RddFeeder.spill`): the partition's Arrow batches go to a local Arrow file.
-3. map_fun process (:class:`FeedCursor`): ``DataFeed.next_batch`` reads that file memory-mapped,
+3. map_fun process (:class:`FeedManager`): ``DataFeed.next_batch`` reads that file memory-mapped,
    chunk by chunk, ``epochs`` times over.
 
 Because every node's range is contiguous and ranges follow node order, concatenating the nodes'
@@ -184,7 +184,7 @@ def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
 
 @dataclass(frozen=True)
 class FeedFile:
-    """This node's rows (ctx.feed of the tfnb run), read by :class:`FeedCursor`."""
+    """This node's rows (ctx.feed of the tfnb run), read by :class:`FeedManager`."""
 
     path: str
     rows: int
@@ -226,27 +226,40 @@ class RddFeeder:
 # ---------------------------------------------------------------- map_fun process
 
 
-class FeedCursor:
-    """Hands out this node's rows in order, ``epochs`` times; shared by every DataFeed of the process."""
+class FeedManager:
+    """What ``ctx.mgr`` is: this node's rows, handed out in order ``epochs`` times to every DataFeed of
+    the map_fun process, and the inference results ``DataFeed.batch_results`` collects."""
 
-    def __init__(self, feed: FeedFile):
-        import numpy as np
-        import pyarrow as pa
-
-        self.total = feed.rows * feed.epochs
+    def __init__(self, feed: FeedFile | None = None):
+        self.feed = feed         # None in InputMode.TENSORFLOW
+        self.results: list = []
         self.handed = 0
         self.terminated = False
-        table = pa.ipc.open_file(pa.memory_map(feed.path, "r")).read_all()
-        part = table.column("part").to_numpy()
-        order = np.lexsort((table.column("seq").to_numpy(), part)).tolist()
-        self._chunks = _read_chunks(table.column("data"), order, part.tolist(), feed.epochs)
+        self._chunks: Iterator | None = None  # opened by the first DataFeed
         self._rows: list = []    # the current chunk's rows
         self._at = 0             # next row in _rows
         self._part_ends = True   # the current chunk is the last of its input partition (or of the epoch)
 
+    def open(self) -> None:
+        """Start reading the rows (once per process); ConfigError in an InputMode.TENSORFLOW cluster."""
+        if self.feed is None:
+            raise ConfigError(
+                "TFNode.DataFeed reads the RDD given to cluster.train() or cluster.inference(), but this "
+                "cluster runs InputMode.TENSORFLOW, where map_fun reads its own data; start it with "
+                "TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK) and feed it with "
+                "cluster.train(rdd), or read the data in map_fun (tf.data)")
+        if self._chunks is None:
+            import numpy as np
+            import pyarrow as pa
+
+            table = pa.ipc.open_file(pa.memory_map(self.feed.path, "r")).read_all()
+            part = table.column("part").to_numpy()
+            order = np.lexsort((table.column("seq").to_numpy(), part)).tolist()
+            self._chunks = _read_chunks(table.column("data"), order, part.tolist(), self.feed.epochs)
+
     @property
     def exhausted(self) -> bool:
-        return self.terminated or self.handed >= self.total
+        return self.terminated or self.handed >= self.feed.rows * self.feed.epochs
 
     def take(self, n: int, *, stop_at_partition: bool) -> list:
         """Up to ``n`` rows; fewer at the end, or at an input partition's end when ``stop_at_partition``."""
@@ -270,6 +283,11 @@ class FeedCursor:
     def terminate(self) -> None:
         self.terminated = True
         self._rows, self._at = [], 0
+
+    def __repr__(self) -> str:
+        if self.feed is None:
+            return "FeedManager(no feed: InputMode.TENSORFLOW)"
+        return f"FeedManager({self.feed.mode}, rows={self.feed.rows}, epochs={self.feed.epochs})"
 
 
 def _read_chunks(data, order: list, part: list, epochs: int) -> Iterator[tuple[list, bool]]:

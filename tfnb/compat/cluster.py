@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from ..errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError
 from ..events import STATE, RunEvent
+from ._feed import INFERENCE, TRAIN, prepare, results_rdd
 from .node import NodeMeta, run_node
 
 log = logging.getLogger(__name__)
@@ -217,19 +218,17 @@ class TFCluster:
                 continue  # a second stop press must not leave the nodes running
 
     def _feed(self, rdd, mode: str, epochs: int):
-        from . import _feed
-
         if self._shut_down:
             raise ConfigError("this cluster was shut down; start a new one with TFCluster.run(...)")
-        prepared = _feed.prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks,
+        prepared = prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks,
                                  mode=mode, epochs=epochs)
         try:
-            if mode == _feed.INFERENCE and prepared.total == 0:
-                return _feed.results_rdd(self.sc, prepared, [None] * self.num_executors)
+            if mode == INFERENCE and prepared.total == 0:
+                return results_rdd(self.sc, prepared, [None] * self.num_executors)
             values = self._run_nodes(self._display, data=prepared.df, feeder=prepared.feeder,
-                                     all_results=mode == _feed.INFERENCE)
-            if mode == _feed.INFERENCE:
-                return _feed.results_rdd(self.sc, prepared, values)
+                                     all_results=mode == INFERENCE)
+            if mode == INFERENCE:
+                return results_rdd(self.sc, prepared, values)
             return None
         finally:
             prepared.release()
@@ -270,8 +269,6 @@ class TFCluster:
         """
         from pyspark.streaming import DStream
 
-        from ._feed import TRAIN
-
         self._check_feed("train", qname)
         if isinstance(dataRDD, DStream):
             raise ConfigError("Spark Streaming (DStream) feeding is not supported by tfnb.compat; "
@@ -296,8 +293,6 @@ class TFCluster:
             >>> predictions = cluster.inference(images).collect()
             >>> cluster.shutdown()
         """
-        from ._feed import INFERENCE
-
         self._check_feed("inference", qname)
         return self._feed(dataRDD, INFERENCE, 1)
 

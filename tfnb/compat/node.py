@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ._feed import INFERENCE, FeedManager
 
 log = logging.getLogger(__name__)
 
@@ -51,35 +52,6 @@ def hdfs_path(ctx, path: str) -> str:
         return f"{fs}/{ctx.working_dir[1:]}/{path}"
     log.warning("unknown file system scheme %s with relative path %s", fs, path)
     return f"{fs}/{path}"
-
-
-class FeedManager:
-    """What ``ctx.mgr`` is: this node's share of the RDD given to ``train()``/``inference()``, and
-    the inference results ``DataFeed.batch_results`` collects. One per map_fun process."""
-
-    def __init__(self, feed=None):
-        self.feed = feed          # _feed.FeedFile, or None in InputMode.TENSORFLOW
-        self.results: list = []
-        self._cursor = None
-
-    @property
-    def cursor(self):
-        if self._cursor is None:
-            if self.feed is None:
-                raise ConfigError(
-                    "TFNode.DataFeed reads the RDD given to cluster.train() or cluster.inference(), but this "
-                    "cluster runs InputMode.TENSORFLOW, where map_fun reads its own data; start it with "
-                    "TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK) and feed it with "
-                    "cluster.train(rdd), or read the data in map_fun (tf.data)")
-            from ._feed import FeedCursor
-
-            self._cursor = FeedCursor(self.feed)
-        return self._cursor
-
-    def __repr__(self) -> str:
-        if self.feed is None:
-            return "FeedManager(no feed: InputMode.TENSORFLOW)"
-        return f"FeedManager({self.feed.mode}, rows={self.feed.rows}, epochs={self.feed.epochs})"
 
 
 class NodeContext:
@@ -246,11 +218,11 @@ class DataFeed:
         self.qname_in = qname_in
         self.qname_out = qname_out
         self.input_tensors = [t for _, t in sorted(input_mapping.items())] if input_mapping is not None else None
-        self._cursor = mgr.cursor  # fails here, at construction, in an InputMode.TENSORFLOW cluster
+        mgr.open()  # fails here, at construction, in an InputMode.TENSORFLOW cluster
 
     @property
     def done_feeding(self) -> bool:
-        return self._cursor.exhausted
+        return self.mgr.exhausted
 
     def next_batch(self, batch_size: int):
         """Up to ``batch_size`` rows (a list), or with ``input_mapping`` a dict of value lists.
@@ -260,14 +232,14 @@ class DataFeed:
         """
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r} but it must be an int >= 1")
-        rows = self._cursor.take(batch_size, stop_at_partition=not self.train_mode)
+        rows = self.mgr.take(batch_size, stop_at_partition=not self.train_mode)
         if self.input_tensors is None:
             return rows
         return {t: [row[i] for row in rows] for i, t in enumerate(self.input_tensors)}
 
     def should_stop(self) -> bool:
         """True once every row has been handed out (all epochs), or after ``terminate()``."""
-        return self._cursor.exhausted
+        return self.mgr.exhausted
 
     def batch_results(self, results) -> None:
         """Return one result per row of the last batch; ``cluster.inference()`` yields them in input order."""
@@ -275,8 +247,8 @@ class DataFeed:
 
     def terminate(self) -> None:
         """Stop feeding early: ``next_batch`` returns ``[]`` and ``should_stop()`` is True from now on."""
-        log.info("terminate() called after %d rows", self._cursor.handed)
-        self._cursor.terminate()
+        log.info("terminate() called after %d rows", self.mgr.handed)
+        self.mgr.terminate()
 
 
 # ---------------------------------------------------------------- running map_fun (tfnb train_fn)
@@ -297,8 +269,6 @@ def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
 
     Returns the node's inference results (``cluster.inference()``), else None.
     """
-    from ._feed import INFERENCE
-
     executor_id = wctx.task_index  # tfnb runs every node as a worker, so its index is the node's rank
     job_name, task_index = next((job, ids.index(executor_id)) for job, ids in meta.template if executor_id in ids)
     addresses = wctx.cluster_spec["worker"]
