@@ -118,7 +118,6 @@ class Claimed:
         self.stderr = os.fdopen(err_r, "rb")
         self.events = ev_r
         self.returncode: int | None = None
-        self._rest = b""
 
     def wait(self) -> int:
         """The exit code the process sent before exiting, or UNKNOWN_EXIT when it died without one."""
@@ -250,10 +249,9 @@ def serve(fd: int, preimport) -> tuple[socket.socket, str]:
     out_w, err_w, ev_w, held = fds
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    os.close(out_w)
-    os.close(err_w)
+    for fd, std in ((out_w, 1), (err_w, 2)):
+        os.dup2(fd, std)
+        os.close(fd)
     os.environ.clear()
     os.environ.update(info["env"], TFNB_EVENT_FD=str(ev_w), TFNB_HELD_PORT_FD=str(held))
     os.chdir(info["cwd"])

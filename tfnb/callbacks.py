@@ -112,8 +112,8 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             self._divisor = 1        # per-batch logs are sums over this many replicas
 
         def _send(self, logs, divisor=1, **fields):
-            data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps}
-            data.update(fields)
+            data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps,
+                    **fields}
             if batch_size is not None:
                 data["batch_size"] = batch_size
                 if data.get("steps_per_sec") is not None:
@@ -136,8 +136,7 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
             self._batches = 0
-            now = time.monotonic()
-            self._mark = self._epoch_start = (now, self._done)
+            self._mark = self._epoch_start = (time.monotonic(), self._done)
 
         def on_train_batch_begin(self, batch, logs=None):
             if tracer is not None:

@@ -156,7 +156,7 @@ class TFCluster:
         self._started = threading.Event()
         self._finished = threading.Event()
         self._error: BaseException | None = None
-        self._tensorboard = None
+        self._tensorboard = None  # the outcome of tfnb.tensorboard()
         self._shut_down = False
 
     # ------------------------------------------------------------ running the nodes
@@ -252,7 +252,7 @@ class TFCluster:
 
         Args:
             dataRDD: the rows, e.g. ``(features, label)`` tuples.
-            num_epochs: passes over the data; 0 = 10.
+            num_epochs: passes over the data.
             feed_timeout: accepted for compatibility; nothing waits on a queue here.
             qname: must be ``"input"``.
 
@@ -262,10 +262,7 @@ class TFCluster:
             WorkerError: ``map_fun`` failed on a node (with its traceback).
 
         Example:
-            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, input_mode=TFCluster.InputMode.SPARK,
-            ...                         master_node="chief")
             >>> cluster.train(images_labels, args.epochs)
-            >>> cluster.shutdown()
         """
         from pyspark.streaming import DStream
 
@@ -289,9 +286,7 @@ class TFCluster:
             WorkerError: ``map_fun`` failed on a node.
 
         Example:
-            >>> cluster = TFCluster.run(sc, infer_fun, args, 2, 0, input_mode=TFCluster.InputMode.SPARK)
             >>> predictions = cluster.inference(images).collect()
-            >>> cluster.shutdown()
         """
         self._check_feed("inference", qname)
         return self._feed(dataRDD, INFERENCE, 1)
@@ -311,7 +306,6 @@ class TFCluster:
             RunCancelledError: interrupted; every node process was stopped.
 
         Example:
-            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, master_node="chief")
             >>> cluster.shutdown()
         """
         if ssc is not None:
@@ -338,24 +332,18 @@ class TFCluster:
         """URL of the TensorBoard started with ``tensorboard=True`` (on the driver), else None.
 
         Example:
-            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, tensorboard=True, log_dir="/tmp/logs")
             >>> cluster.tensorboard_url()
             'http://127.0.0.1:40123/'
         """
-        tb = self._tensorboard
-        if tb is None:
-            return None
-        return getattr(getattr(tb, "outcome", tb), "url", None)
+        return getattr(self._tensorboard, "url", None)
 
     def _stop_tensorboard(self) -> None:
-        if self._tensorboard is None:
-            return
-        from ..tensorboard import Launched, stop
+        outcome, self._tensorboard = self._tensorboard, None
+        if outcome is not None:
+            from ..tensorboard import Launched, stop
 
-        outcome = getattr(self._tensorboard, "outcome", self._tensorboard)
-        self._tensorboard = None
-        if isinstance(outcome, Launched):  # one it found already running is left alone
-            stop(outcome)
+            if isinstance(outcome, Launched):  # one it found already running is left alone
+                stop(outcome)
 
     def __repr__(self) -> str:
         mode = "SPARK" if self.input_mode == InputMode.SPARK else "TENSORFLOW"
@@ -452,7 +440,8 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
         logdir = log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}")
         if "://" not in logdir:
             os.makedirs(logdir, exist_ok=True)
-        cluster._tensorboard = start_tensorboard(logdir)
+        shown = start_tensorboard(logdir)  # in a notebook, the panel showing the outcome
+        cluster._tensorboard = getattr(shown, "outcome", shown)
     if input_mode == InputMode.TENSORFLOW:
         try:
             cluster._start_background(reservation_timeout)

@@ -1,7 +1,4 @@
-"""spark-tensorflow-distributor's ``MirroredStrategyRunner`` on tfnb: change one import.
-
-    from spark_tensorflow_distributor import MirroredStrategyRunner   # before
-    from tfnb.compat import MirroredStrategyRunner                   # after
+"""spark-tensorflow-distributor's ``MirroredStrategyRunner`` on tfnb: change one import (see :mod:`tfnb.compat`).
 
 The constructor and ``run`` keep their meaning. Underneath, :func:`tfnb.run` launches the tasks, so
 each run's ``train`` executes in a fresh process (reruns in one session work without resetting
@@ -172,7 +169,7 @@ class MirroredStrategyRunner:
         from ..cluster import run
 
         return run(_task_main, num_workers=self._num_tasks, spark=self._spark,
-                   use_gpu=True if self._use_gpu else False,
+                   use_gpu=bool(self._use_gpu),
                    args=(train_fn, kwargs, self._use_custom_strategy, self._num_slots, self._use_gpu))
 
     def _run_local(self, train_fn: Callable, kwargs: dict) -> Any:
