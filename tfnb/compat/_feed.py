@@ -207,16 +207,13 @@ class RddFeeder:
         from ..feeding import ArrowSpill
 
         schema = pa.schema([("part", pa.int32()), ("seq", pa.int32()), ("rows", pa.int32()), ("data", pa.binary())])
-        spill = ArrowSpill(os.path.join(workdir, SPILL_FILE), schema)
         rows = 0
-        try:
+        with contextlib.closing(ArrowSpill(os.path.join(workdir, SPILL_FILE), schema)) as spill:
             for batch in batches:
                 if batch.num_rows:
                     spill.write(pa.RecordBatch.from_arrays(
                         [batch.column(n).cast(schema.field(n).type) for n in schema.names], schema=schema))
                     rows += int(pc.sum(batch.column("rows")).as_py() or 0)
-        finally:
-            spill.close()
         return FeedFile(path=spill.path, rows=rows, mode=self.mode, epochs=self.epochs)
 
     def finish(self, spilled: FeedFile, rows_per_task: Sequence[int]) -> FeedFile:
