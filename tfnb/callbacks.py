@@ -151,10 +151,8 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
                 tracer.after_step(self._done)
             now = self._last_batch_time = time.monotonic()
             t0, n0 = self._mark
-            if every_n_steps is not None:
-                if self._done - n0 < every_n_steps:
-                    return
-            elif now - t0 < interval:
+            due = self._done - n0 >= every_n_steps if every_n_steps is not None else now - t0 >= interval
+            if not due:
                 return
             self._mark = (now, self._done)
             rate = (self._done - n0) / (now - t0) if now > t0 else None

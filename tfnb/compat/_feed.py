@@ -66,14 +66,8 @@ def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
 def ranges(total: int, ranks: Sequence[int], mode: str) -> tuple[tuple[int, int, int], ...]:
     """(rank, first row, end row) per feeding node: contiguous, in node order.
 
-    ``train``: the same number of rows per node, the remainder left out; ``inference``: every row,
-    the nodes' shares differing by at most one.
-
-    Example:
-        >>> ranges(10, [0, 1, 2], "train")
-        ((0, 0, 3), (1, 3, 6), (2, 6, 9))
-        >>> ranges(10, [0, 1, 2], "inference")
-        ((0, 0, 3), (1, 3, 6), (2, 6, 10))
+    ``train``: the same number of rows per node, the remainder left out (10 rows on 3 nodes: 0-3,
+    3-6, 6-9); ``inference``: every row, the nodes' shares differing by at most one (0-3, 3-6, 6-10).
     """
     n = len(ranks)
     if mode == TRAIN:
