@@ -1,8 +1,8 @@
 """The process that runs ``train_fn``: one fresh Python per task and attempt.
 
-A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark
-session (TensorFlow configures collective ops once per process) and lets the
-supervising task capture its output and kill it as a group.
+A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark session (TensorFlow
+configures collective ops once per process) and lets the supervising task capture its output and
+kill it as a group.
 
 Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``, or ``--standby FD`` for a warm
 standby that a later task claims through its nanny (see tfnb._warm). The supervisor starts this
@@ -11,8 +11,8 @@ address exchange. WORKDIR holds ``payload.pkl`` (train_fn, args, mode) from the 
 cluster is known the supervisor writes ``ctx.pkl`` and sends ``go`` on stdin. This process then
 sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or ``error.json``; with ``linger`` in the
 payload it then sends a ``finished`` event and stays up (its TensorFlow server with it) until the
-supervisor sends ``end``, once every task's train_fn has returned. End-of-file on stdin
-means the supervisor died, and this process group exits.
+supervisor sends ``end``, once every task's train_fn has returned. End-of-file on stdin means the
+supervisor died, and this process group exits.
 """
 from __future__ import annotations
 
