@@ -242,7 +242,9 @@ def serve(fd: int, preimport) -> tuple[socket.socket, str]:
         sock.sendall(b"ready\n")
         msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 4)
     except OSError:
-        os._exit(0)  # the nanny is gone
+        os._exit(0)
+    if len(fds) != 4:
+        os._exit(0)  # the nanny went away first
     info = json.loads(msg.split(b"\n", 1)[0])
     out_w, err_w, ev_w, held = fds
     sys.stdout.flush()
