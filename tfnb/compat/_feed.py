@@ -103,28 +103,22 @@ def _assigner(part_start: Sequence[int], bounds: Sequence[tuple[int, int, int]])
 
 @dataclass(frozen=True)
 class Prepared:
-    """A fed RDD, ready for ``tfnb.cluster.run_with_hooks(fn, LaunchHooks(feeder=feeder), data=df, ...)``; call ``release()`` afterwards."""
+    """A fed RDD, ready for ``tfnb.cluster.run_with_hooks(fn, LaunchHooks(feeder=feeder), data=df, ...)``."""
 
     df: Any                         # one partition per barrier task
     feeder: "RddFeeder"
     part_rows: tuple[int, ...]      # rows in each input partition
+    total: int
     bounds: tuple[tuple[int, int, int], ...]
-    cached: Any
-
-    @property
-    def total(self) -> int:
-        return sum(self.part_rows)
-
-    def release(self) -> None:
-        with contextlib.suppress(Exception):  # the session may be gone; nothing left to free
-            self.cached.unpersist()
 
 
-def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Prepared:
+@contextlib.contextmanager
+def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Iterator[Prepared]:
     """Chunk ``rdd``, count its rows and lay them out as one DataFrame partition per barrier task.
 
-    ``feed_ranks`` are the tasks that read data (chief/master/worker nodes, not ps or evaluator).
-    Raises ConfigError when ``rdd`` is not an RDD, or ``train()`` got fewer rows than there are nodes.
+    ``feed_ranks`` are the tasks that read data (chief/master/worker nodes, not ps or evaluator). The
+    chunks stay cached until the block ends. Raises ConfigError when ``rdd`` is not an RDD, or
+    ``train()`` got fewer rows than there are nodes.
     """
     from pyspark import RDD, StorageLevel
 
@@ -150,11 +144,11 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
         placed = (chunks.mapPartitionsWithIndex(_assigner(starts, bounds))
                   .partitionBy(num_tasks, lambda rank: rank).values())
         df = spark.createDataFrame(placed, SCHEMA, verifySchema=False)
-    except BaseException:
-        chunks.unpersist()
-        raise
-    return Prepared(df=df, feeder=RddFeeder(mode=mode, epochs=epochs), part_rows=part_rows,
-                    bounds=bounds, cached=chunks)
+        yield Prepared(df=df, feeder=RddFeeder(mode=mode, epochs=epochs), part_rows=part_rows, total=total,
+                       bounds=bounds)
+    finally:
+        with contextlib.suppress(Exception):  # the session may be gone; nothing left to free
+            chunks.unpersist()
 
 
 def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):

@@ -220,18 +220,13 @@ class TFCluster:
     def _feed(self, rdd, mode: str, epochs: int):
         if self._shut_down:
             raise ConfigError("this cluster was shut down; start a new one with TFCluster.run(...)")
-        prepared = prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks,
-                                 mode=mode, epochs=epochs)
-        try:
+        with prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks, mode=mode,
+                     epochs=epochs) as prepared:
             if mode == INFERENCE and prepared.total == 0:
                 return results_rdd(self.sc, prepared, [None] * self.num_executors)
             values = self._run_nodes(self._display, data=prepared.df, feeder=prepared.feeder,
                                      all_results=mode == INFERENCE)
-            if mode == INFERENCE:
-                return results_rdd(self.sc, prepared, values)
-            return None
-        finally:
-            prepared.release()
+            return results_rdd(self.sc, prepared, values) if mode == INFERENCE else None
 
     def _check_feed(self, what: str, qname: str) -> None:
         if self.input_mode != InputMode.SPARK:
