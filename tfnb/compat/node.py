@@ -54,67 +54,6 @@ def hdfs_path(ctx, path: str) -> str:
     return f"{fs}/{path}"
 
 
-class NodeContext:
-    """The ``ctx`` a TensorFlowOnSpark ``map_fun(args, ctx)`` receives.
-
-    A plain mutable object rather than tfnb's frozen WorkerContext, because TensorFlowOnSpark
-    programs rely on ``ctx.release_port()`` clearing ``ctx.tmp_socket``.
-
-    Attributes:
-        executor_id: this node's index in 0..num_executors-1 (``worker_num`` is the same).
-        job_name: ``"ps"``, ``"chief"``/``"master"`` (the ``master_node`` name), ``"evaluator"`` or ``"worker"``.
-        task_index: the node's index within its job.
-        cluster_spec: ``{job_name: ["host:port", ...]}`` for every node, in TensorFlowOnSpark's layout.
-        num_workers: chief/master + worker nodes.
-        defaultFS: Hadoop's ``fs.defaultFS`` on the driver, e.g. ``"file://"`` or ``"hdfs://nn:8020"``.
-        working_dir: the driver's working directory when ``TFCluster.run`` was called.
-        mgr: the data feed handle for ``TFNode.DataFeed(ctx.mgr, ...)``.
-        tmp_socket: the socket keeping this node's port reserved when ``release_port=False``; None
-            once released (and always None with the default ``release_port=True``).
-        tfnb: the underlying :class:`tfnb.WorkerContext` (model_dir, log_dir, ``report()``, ...).
-    """
-
-    def __init__(self, executor_id: int, job_name: str, task_index: int, cluster_spec: dict,
-                 defaultFS: str = "file://", working_dir: str = ".", mgr: FeedManager | None = None,
-                 tmp_socket: socket.socket | None = None, tfnb=None):
-        self.worker_num = executor_id
-        self.executor_id = executor_id
-        self.job_name = job_name
-        self.task_index = task_index
-        self.cluster_spec = cluster_spec
-        self.num_workers = sum(len(v) for k, v in cluster_spec.items() if k in ("master", "chief", "worker"))
-        self.defaultFS = defaultFS
-        self.working_dir = working_dir
-        self.mgr = mgr
-        self.tmp_socket = tmp_socket
-        self.tfnb = tfnb
-
-    def absolute_path(self, path: str) -> str:
-        """``hdfs_path(self, path)``."""
-        return hdfs_path(self, path)
-
-    def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False):
-        """``start_cluster_server(self, num_gpus, rdma)``."""
-        return start_cluster_server(self, num_gpus, rdma)
-
-    def export_saved_model(self, sess, export_dir, tag_set, signatures):
-        """``export_saved_model(...)``: TensorFlow 1 only (raises)."""
-        export_saved_model(sess, export_dir, tag_set, signatures)
-
-    def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
-                      input_mapping: dict | None = None) -> "DataFeed":
-        """``DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)``."""
-        return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
-
-    def release_port(self) -> None:
-        """``release_port(self)``: free the reserved port before starting a TensorFlow server on it."""
-        release_port(self)
-
-    def __repr__(self) -> str:
-        return (f"NodeContext(executor_id={self.executor_id}, job_name={self.job_name!r}, "
-                f"task_index={self.task_index}, cluster_spec={self.cluster_spec})")
-
-
 def release_port(ctx) -> None:
     """Close the socket that kept ``ctx``'s TensorFlow port reserved (``release_port=False`` clusters).
 
@@ -162,6 +101,57 @@ def export_saved_model(sess, export_dir, tag_set, signatures):
     """TensorFlow 1 session export; not available (TensorFlowOnSpark 2.2.5 refuses it on TensorFlow 2 too)."""
     raise ConfigError("TFNode.export_saved_model exports a TensorFlow 1 session; with TensorFlow 2 save the "
                       "model with model.save(export_dir) or tf.saved_model.save(model, export_dir)")
+
+
+class NodeContext:
+    """The ``ctx`` a TensorFlowOnSpark ``map_fun(args, ctx)`` receives.
+
+    A plain mutable object rather than tfnb's frozen WorkerContext, because TensorFlowOnSpark
+    programs rely on ``ctx.release_port()`` clearing ``ctx.tmp_socket``.
+
+    Attributes:
+        executor_id: this node's index in 0..num_executors-1 (``worker_num`` is the same).
+        job_name: ``"ps"``, ``"chief"``/``"master"`` (the ``master_node`` name), ``"evaluator"`` or ``"worker"``.
+        task_index: the node's index within its job.
+        cluster_spec: ``{job_name: ["host:port", ...]}`` for every node, in TensorFlowOnSpark's layout.
+        num_workers: chief/master + worker nodes.
+        defaultFS: Hadoop's ``fs.defaultFS`` on the driver, e.g. ``"file://"`` or ``"hdfs://nn:8020"``.
+        working_dir: the driver's working directory when ``TFCluster.run`` was called.
+        mgr: the data feed handle for ``TFNode.DataFeed(ctx.mgr, ...)``.
+        tmp_socket: the socket keeping this node's port reserved when ``release_port=False``; None
+            once released (and always None with the default ``release_port=True``).
+        tfnb: the underlying :class:`tfnb.WorkerContext` (model_dir, log_dir, ``report()``, ...).
+    """
+
+    # as in TensorFlowOnSpark, the TFNode functions are methods of ctx too
+    absolute_path = hdfs_path
+    start_cluster_server = start_cluster_server
+    release_port = release_port
+    export_saved_model = staticmethod(export_saved_model)
+
+    def __init__(self, executor_id: int, job_name: str, task_index: int, cluster_spec: dict,
+                 defaultFS: str = "file://", working_dir: str = ".", mgr: FeedManager | None = None,
+                 tmp_socket: socket.socket | None = None, tfnb=None):
+        self.worker_num = executor_id
+        self.executor_id = executor_id
+        self.job_name = job_name
+        self.task_index = task_index
+        self.cluster_spec = cluster_spec
+        self.num_workers = sum(len(v) for k, v in cluster_spec.items() if k in ("master", "chief", "worker"))
+        self.defaultFS = defaultFS
+        self.working_dir = working_dir
+        self.mgr = mgr
+        self.tmp_socket = tmp_socket
+        self.tfnb = tfnb
+
+    def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
+                      input_mapping: dict | None = None) -> "DataFeed":
+        """``DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)``."""
+        return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
+
+    def __repr__(self) -> str:
+        return (f"NodeContext(executor_id={self.executor_id}, job_name={self.job_name!r}, "
+                f"task_index={self.task_index}, cluster_spec={self.cluster_spec})")
 
 
 def _deprecated(name: str):
