@@ -38,13 +38,11 @@ def run_log_path(run_id: str, model_dir: str | None) -> str:
 
 def _prune(base: str, current: str, keep: int = _KEEP_RUNS) -> None:
     """Remove the oldest run folders in the private folder ``base`` beyond the newest ``keep``."""
-    try:
+    with contextlib.suppress(OSError):
         runs = [e for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name != current]
         runs.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime)
         for e in runs[:max(0, len(runs) - keep + 1)]:
             shutil.rmtree(e.path, ignore_errors=True)
-    except OSError:
-        pass
 
 
 class RunLog:

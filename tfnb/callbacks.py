@@ -36,11 +36,10 @@ def _replica_divisor(model: Any) -> int:
     """How many replicas' values tf-keras summed into each per-batch log value.
 
     tf-keras reduces a train step's outputs with ``distribute_reduction_method``, whose "auto" means
-    "sum" outside TPUs; under MultiWorkerMirroredStrategy in multi-worker mode that sum is a
-    cross-worker all-reduce of each replica's own running mean, so a per-batch accuracy of 1.6 shows
-    with 2 workers (a single-worker MirroredStrategy returns the mean itself). At epoch end Keras
-    reads the metrics, which are true means. Dividing by the replica count gives those means (exact
-    when replicas see equal batches, as tfnb feeds them). Keras 3 has no such attribute and averages.
+    "sum" outside TPUs: under MultiWorkerMirroredStrategy in multi-worker mode, an all-reduce of each
+    replica's running mean, so a per-batch accuracy of 1.6 shows with 2 workers. Dividing by the replica
+    count gives the means Keras reports at epoch end (exact when replicas see equal batches, as tfnb
+    feeds them). Keras 3 has no such attribute and averages.
     """
     method = getattr(model, "distribute_reduction_method", None)
     strategy = getattr(model, "distribute_strategy", None)
