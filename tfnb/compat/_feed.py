@@ -24,7 +24,7 @@ import logging
 import os
 import pickle
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, count, islice
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import ConfigError
@@ -47,20 +47,15 @@ _FIRST_CHUNK_ROWS = 16
 
 def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
     """(part, seq, rows, pickled list of rows) for one RDD partition, in row order."""
-    per_chunk = _FIRST_CHUNK_ROWS
-    seq = 0
-    buf: list = []
-    for row in rows:
-        buf.append(row)
-        if len(buf) >= per_chunk:
-            blob = pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
-            yield index, seq, len(buf), blob
-            seq += 1
-            per_row = max(1, len(blob) // len(buf))
-            per_chunk = max(1, min(_CHUNK_ROWS, _CHUNK_BYTES // per_row))
-            buf = []
-    if buf:
-        yield index, seq, len(buf), pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    rows, per_chunk = iter(rows), _FIRST_CHUNK_ROWS
+    for seq in count():
+        buf = list(islice(rows, per_chunk))
+        if not buf:
+            return
+        blob = pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        yield index, seq, len(buf), blob
+        per_row = max(1, len(blob) // len(buf))
+        per_chunk = max(1, min(_CHUNK_ROWS, _CHUNK_BYTES // per_row))
 
 
 def ranges(total: int, ranks: Sequence[int], mode: str) -> tuple[tuple[int, int, int], ...]:
@@ -87,16 +82,13 @@ def _assigner(part_start: Sequence[int], bounds: Sequence[tuple[int, int, int]])
             loaded = None
             for rank, b_lo, b_hi in bounds:
                 s, e = max(lo, b_lo), min(hi, b_hi)
-                if s >= e:
-                    continue
                 if s == lo and e == hi:
                     yield rank, (part, seq, rows, blob)
-                    continue
-                # Only chunks straddling two nodes' ranges are unpickled and cut.
-                if loaded is None:
-                    loaded = pickle.loads(blob)
-                piece = pickle.dumps(loaded[s - lo:e - lo], protocol=pickle.HIGHEST_PROTOCOL)
-                yield rank, (part, seq, e - s, piece)
+                elif s < e:  # only chunks straddling two nodes' ranges are unpickled and cut
+                    if loaded is None:
+                        loaded = pickle.loads(blob)
+                    piece = pickle.dumps(loaded[s - lo:e - lo], protocol=pickle.HIGHEST_PROTOCOL)
+                    yield rank, (part, seq, e - s, piece)
 
     return assign
 
