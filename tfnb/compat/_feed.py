@@ -47,7 +47,8 @@ _FIRST_CHUNK_ROWS = 16
 
 def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
     """(part, seq, rows, pickled list of rows) for one RDD partition, in row order."""
-    rows, per_chunk = iter(rows), _FIRST_CHUNK_ROWS
+    rows = iter(rows)  # islice must consume it, not restart
+    per_chunk = _FIRST_CHUNK_ROWS
     for seq in count():
         buf = list(islice(rows, per_chunk))
         if not buf:
