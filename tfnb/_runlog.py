@@ -83,28 +83,24 @@ class RunLog:
         """Record one channel message (or batch) from the task ``peer``."""
         if self._file is None:
             return
-        who = f"{peer.get('job_name', '?')} {peer.get('task_index', '?')}"
         items = msg.get("items") if msg.get("kind") == "batch" else (msg,)
-        stamp = _stamp()
         out = []
         for m in items if isinstance(items, (list, tuple)) else ():
             kind = m.get("kind") if isinstance(m, dict) else None
             if kind == "log" and not m.get("partial"):
-                out.append(f"{stamp} {who} {m.get('stream', '')}: {m.get('line', '')}\n")
+                out.append(f"{m.get('stream', '')}: {m.get('line', '')}")
             elif kind == "state":
-                out.append(f"{stamp} {who} state: {m.get('state', '')}\n")
+                out.append(f"state: {m.get('state', '')}")
             elif kind == "failed":
                 f = m.get("failure") or {}
-                out.append(f"{stamp} {who} FAILED {f.get('exc_type', 'Error')}: {f.get('message', '')}\n")
-                if f.get("traceback"):
-                    out.append("".join(f"{stamp} {who} traceback: {t}\n"
-                                       for t in str(f["traceback"]).rstrip("\n").splitlines()))
+                out.append(f"FAILED {f.get('exc_type', 'Error')}: {f.get('message', '')}")
+                out.extend(f"traceback: {t}" for t in str(f.get("traceback") or "").rstrip("\n").splitlines())
             elif kind == "event" and (m.get("data") or {}).get("epoch_end"):
-                data = m["data"]
-                fields = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("epoch_end", "time"))
-                out.append(f"{stamp} {who} epoch end: {fields}\n")
+                fields = " ".join(f"{k}={v}" for k, v in m["data"].items() if k not in ("epoch_end", "time"))
+                out.append(f"epoch end: {fields}")
         if out:
-            self._write("".join(out))
+            prefix = f"{_stamp()} {peer.get('job_name', '?')} {peer.get('task_index', '?')}"
+            self._write("".join(f"{prefix} {line}\n" for line in out))
 
     def _write(self, text: str) -> None:
         with self._lock:
