@@ -90,11 +90,10 @@ def count(want: str) -> int:
 def spawn(want: str, env: dict, idle: float) -> None:
     """Start a standby with key ``want`` in the background (it lives in its own session)."""
     path = os.path.join(private_dir(_FOLDER), f"{want}-{os.getpid()}-{time.monotonic_ns()}.sock")
-    env = dict(env, PYTHONUNBUFFERED="1")
     subprocess.Popen(
         [sys.executable, "-m", "tfnb._warm", path, str(idle), str(os.getppid())],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env=env, start_new_session=True, cwd=private_dir(_FOLDER))
+        env=dict(env, PYTHONUNBUFFERED="1"), start_new_session=True, cwd=private_dir(_FOLDER))
 
 
 class Claimed:
@@ -104,10 +103,9 @@ class Claimed:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ev_r, ev_w = os.pipe()
-        fds = [out_w, err_w, ev_w, held_fd]
         body = json.dumps({"workdir": workdir, "cwd": cwd, "env": env}).encode() + b"\n"
         try:
-            socket.send_fds(conn, [body], fds)
+            socket.send_fds(conn, [body], [out_w, err_w, ev_w, held_fd])
             self.pid = int(_readline(conn))
         finally:
             for fd in (out_w, err_w, ev_w):
