@@ -37,9 +37,10 @@ _MAX_MSG = 1 << 20
 
 
 def key(preimport: tuple, legacy_keras: bool, env: tuple, gpus: tuple) -> str:
-    """What a standby must share with a run to serve it (all of it fixed before TensorFlow is imported)."""
+    """What a standby must share with a run to serve it (all of it fixed before TensorFlow is imported;
+    PYTHONPATH too, since the standby's sys.path was built from it)."""
     fixed = [sys.executable, list(preimport), legacy_keras, [list(kv) for kv in env], list(gpus),
-             os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")]
+             os.environ.get("TF_CPP_MIN_LOG_LEVEL", ""), os.environ.get("PYTHONPATH", "")]
     return hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:20]
 
 
