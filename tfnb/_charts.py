@@ -15,10 +15,8 @@ INSTALL_HINT = "pip install matplotlib"
 
 
 def matplotlib_missing() -> str | None:
-    """None when matplotlib is installed, else the line a display shows instead of a chart.
-
-    Looks the package up without importing it: the import (~0.5 s) waits for the first frame.
-    """
+    """None when matplotlib is installed, else the line a display shows instead of a chart. Looks the
+    package up without importing it: the import (~0.5 s) waits for the first frame."""
     try:
         found = importlib.util.find_spec("matplotlib") is not None
     except (ImportError, ValueError):

@@ -79,10 +79,8 @@ def _serve_forever(ctx) -> None:
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(
-        resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
-        protocol=resolver.rpc_layer or "grpc", start=True,
-    )
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+                                  protocol=resolver.rpc_layer or "grpc", start=True)
     print(f"tfnb: {ctx.job_name} {ctx.task_index} serving at {server.target}", flush=True)
     server.join()
 

@@ -97,6 +97,26 @@ def spawn(want: str, env: dict, idle: float) -> None:
         env=dict(env, PYTHONUNBUFFERED="1"), start_new_session=True, cwd=private_dir(_FOLDER))
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _readline(sock: socket.socket) -> bytes:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
 class Claimed:
     """A claimed standby seen through the small part of ``subprocess.Popen`` the supervisor uses."""
 
@@ -142,26 +162,6 @@ class Claimed:
 
 
 # ---------------------------------------------------------------- the standby's side
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _readline(sock: socket.socket) -> bytes:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(1)
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return buf
 
 
 def nanny(path: str, idle: float, watch_pid: int) -> None:
@@ -231,10 +231,8 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
 
 
 def serve(fd: int, preimport) -> tuple[socket.socket, str]:
-    """The standby itself (in tfnb._child): import, then take over the run's fds and environment.
-
-    Returns (connection to the nanny, workdir); exits when the nanny goes away first.
-    """
+    """The standby itself (in tfnb._child): import, then take over the run's fds and environment;
+    returns (connection to the nanny, workdir), or exits when the nanny goes away first."""
     sock = socket.socket(fileno=fd)
     preimport()
     try:

@@ -53,11 +53,9 @@ class _NotInSparkTask:
 
 
 def _hide_task_context() -> None:
-    try:
-        import pyspark
-        import pyspark.taskcontext as taskcontext
-    except ImportError:
-        return
+    import pyspark  # the task process runs with its Spark worker's environment
+    import pyspark.taskcontext as taskcontext
+
     pyspark.BarrierTaskContext = taskcontext.BarrierTaskContext = _NotInSparkTask  # type: ignore[misc]
 
 

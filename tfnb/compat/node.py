@@ -175,8 +175,7 @@ class DataFeed:
         mgr: ``ctx.mgr``.
         train_mode: False makes ``next_batch`` stop at the end of each input partition (as
             TensorFlowOnSpark's inference feeding does); True lets batches run across partitions.
-        qname_in: must be ``"input"`` (TensorFlowOnSpark internal).
-        qname_out: must be ``"output"`` (TensorFlowOnSpark internal).
+        qname_in, qname_out: must be ``"input"`` and ``"output"`` (TensorFlowOnSpark internals).
         input_mapping: ``{column: tensor name}``; with it ``next_batch`` returns
             ``{tensor name: [values]}``, tensors ordered by column name, values taken by position
             from each row.
