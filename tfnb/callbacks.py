@@ -83,8 +83,7 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
         ...     ...
         ...     model.fit(ds, epochs=3, callbacks=[ctx.progress_callback(batch_size=64)])
     """
-    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                                   or batch_size < 1):
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ConfigError(f"batch_size={batch_size!r} must be an int >= 1 (examples per step on this worker)")
     if _number(interval) is None or interval < 0:
         raise ConfigError(f"interval={interval!r} must be a number of seconds >= 0")

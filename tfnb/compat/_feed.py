@@ -147,9 +147,7 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
 def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
     """The nodes' inference results as an RDD partitioned like the input: partition i holds the
     results for input partition i, in row order."""
-    flat: list = []
-    for rank, _, _ in prepared.bounds:
-        flat.extend(per_rank[rank] or ())
+    flat = [result for rank, _, _ in prepared.bounds for result in per_rank[rank] or ()]
     starts = tuple(accumulate(prepared.part_rows, initial=0))
     per_part = [flat[lo:hi] for lo, hi in zip(starts, starts[1:])]
     if not per_part:

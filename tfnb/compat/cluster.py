@@ -43,12 +43,8 @@ _FEEDING_JOBS = ("chief", "master", "worker")
 
 
 def cluster_template(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool) -> dict:
-    """Executor ids per job, in TensorFlowOnSpark's order: ps, master/chief, evaluator, workers.
-
-    Example:
-        >>> cluster_template(4, 1, "chief", False)
-        {'ps': [0], 'chief': [1], 'worker': [2, 3]}
-    """
+    """Executor ids per job, in TensorFlowOnSpark's order: ps, master/chief, evaluator, workers
+    (``cluster_template(4, 1, "chief", False)`` is ``{'ps': [0], 'chief': [1], 'worker': [2, 3]}``)."""
     executors = list(range(num_executors))
     template: dict = {}
     if num_ps > 0:
@@ -159,8 +155,6 @@ class TFCluster:
         self._tensorboard = None  # the outcome of tfnb.tensorboard()
         self._shut_down = False
 
-    # ------------------------------------------------------------ running the nodes
-
     def _run_nodes(self, display, *, data=None, feeder=None, all_results=False, cancel=None):
         from .. import cluster as launcher
 
@@ -235,8 +229,6 @@ class TFCluster:
                 "InputMode.TENSORFLOW; start it with TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK)")
         if qname != "input":
             raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
-
-    # ------------------------------------------------------------ TensorFlowOnSpark's API
 
     def train(self, dataRDD, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input") -> None:
         """Run ``map_fun`` on every node with ``dataRDD``'s rows fed to ``TFNode.DataFeed`` (InputMode.SPARK).

@@ -64,8 +64,7 @@ def _run_program(train_fn: Callable, kwargs: dict, use_custom_strategy: bool, st
         return train_fn(**kwargs)
     import tensorflow as tf
 
-    strategy = getattr(tf.distribute, strategy_cls)()
-    with strategy.scope():
+    with getattr(tf.distribute, strategy_cls)().scope():
         return train_fn(**kwargs)
 
 
@@ -122,12 +121,10 @@ class MirroredStrategyRunner:
         self._gpu_resource_name = gpu_resource_name
         self._use_custom_strategy = use_custom_strategy
         self._spark = get_spark(spark, 1 if local_mode else num_slots)
+        self._num_tasks = None if local_mode else self.get_num_tasks()
         if local_mode:
             log.warning("MirroredStrategyRunner runs train on the driver (local_mode=True); other work on the "
                         "driver competes with it for resources")
-            self._num_tasks = None
-        else:
-            self._num_tasks = self.get_num_tasks()
 
     def get_num_tasks(self) -> int:
         """The number of Spark tasks a distributed run uses.
