@@ -15,10 +15,8 @@ INSTALL_HINT = "pip install matplotlib"
 
 
 def matplotlib_missing() -> str | None:
-    """None when matplotlib is installed, else the line a display shows instead of a chart.
-
-    Looks the package up without importing it: the import (~0.5 s) waits for the first frame.
-    """
+    """None when matplotlib is installed, else the line a display shows instead of a chart. Looks the
+    package up without importing it: the import (~0.5 s) waits for the first frame."""
     try:
         found = importlib.util.find_spec("matplotlib") is not None
     except (ImportError, ValueError):
@@ -72,10 +70,8 @@ class LiveChart:
             self.metric_ax.set_title(metric or "", fontsize=9)
             for ax in (self.loss_ax, self.metric_ax):
                 ax.set_xlabel(unit, fontsize=8)
-            for (i, _label), line in list(self._lines.items()):
-                if i == 1:  # another metric: its lines start over
-                    line.remove()
-                    del self._lines[(i, _label)]
+            for key in [k for k in self._lines if k[0] == 1]:  # another metric: its lines start over
+                self._lines.pop(key).remove()
         self.metric_ax.set_visible(metric is not None)
         new = False
         for i, (ax, name) in enumerate(((self.loss_ax, "loss"), (self.metric_ax, metric))):
@@ -104,25 +100,18 @@ def metrics_figure(evaluated: Mapping[str, Sequence[tuple[float, float]]],
                    title: str | None = None) -> Any:
     """One panel per metric: the evaluation points against the training curve of the same name.
 
-    Args:
-        evaluated: metric -> ``(x, value)`` points of the evaluated checkpoints.
-        trained: metric -> ``(x, value)`` points of training (may lack some metrics, or be empty).
-        unit: what x counts, for the axis label.
-        title: the figure's title.
-
-    Returns:
-        A ``matplotlib.figure.Figure`` (shown as a PNG when it is a cell's value).
+    ``evaluated`` and ``trained`` map a metric to its ``(x, value)`` points (``trained`` may lack some
+    metrics, or be empty); ``unit`` is what x counts. Returns a matplotlib Figure, shown as a PNG when
+    it is a cell's value.
     """
     names = list(evaluated) or list(trained)
     fig = _figure(min(4.2 * max(len(names), 1), 12.6), 3.0)
     axes = fig.subplots(1, max(len(names), 1), squeeze=False)[0]
     for ax, name in zip(axes, names):
-        if trained.get(name):
-            xs, ys = zip(*trained[name])
-            ax.plot(xs, ys, linewidth=1.4, color="#1f6feb", label="training")
-        if evaluated.get(name):
-            xs, ys = zip(*evaluated[name])
-            ax.plot(xs, ys, marker="o", linewidth=1.4, color="#cf222e", label="evaluation")
+        for points, style in ((trained.get(name), {"color": "#1f6feb", "label": "training"}),
+                              (evaluated.get(name), {"color": "#cf222e", "label": "evaluation", "marker": "o"})):
+            if points:
+                ax.plot(*zip(*points), linewidth=1.4, **style)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(unit, fontsize=9)
         ax.tick_params(labelsize=8)

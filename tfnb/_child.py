@@ -1,8 +1,8 @@
 """The process that runs ``train_fn``: one fresh Python per task and attempt.
 
-A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark
-session (TensorFlow configures collective ops once per process) and lets the
-supervising task capture its output and kill it as a group.
+A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark session (TensorFlow
+configures collective ops once per process) and lets the supervising task capture its output and
+kill it as a group.
 
 Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``, or ``--standby FD`` for a warm
 standby that a later task claims through its nanny (see tfnb._warm). The supervisor starts this
@@ -11,17 +11,20 @@ address exchange. WORKDIR holds ``payload.pkl`` (train_fn, args, mode) from the 
 cluster is known the supervisor writes ``ctx.pkl`` and sends ``go`` on stdin. This process then
 sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or ``error.json``; with ``linger`` in the
 payload it then sends a ``finished`` event and stays up (its TensorFlow server with it) until the
-supervisor sends ``end``, once every task's train_fn has returned. End-of-file on stdin
-means the supervisor died, and this process group exits.
+supervisor sends ``end``, once every task's train_fn has returned. End-of-file on stdin means the
+supervisor died, and this process group exits.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
 import traceback
+
+from ._storage import atomic_write
 
 PAYLOAD, CONTEXT, RESULT, ERROR = "payload.pkl", "ctx.pkl", "result.pkl", "error.json"
 STACKS = "stacks.txt"  # the Python stack of every thread, appended on each DUMP_SIGNAL
@@ -39,18 +42,13 @@ def _watch_parent(fd: int = 0) -> tuple[threading.Event, threading.Event]:
 
     def watch():
         buf = b""
-        try:
-            while True:
-                chunk = os.read(fd, 1024)
-                if not chunk:
-                    break
+        with contextlib.suppress(OSError):
+            while chunk := os.read(fd, 1024):
                 buf += chunk
                 if GO in buf:
                     go.set()
                 if END in buf:
                     end.set()
-        except OSError:
-            pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="tfnb-parent-watch", daemon=True).start()
@@ -59,27 +57,16 @@ def _watch_parent(fd: int = 0) -> tuple[threading.Event, threading.Event]:
 
 def _preimport() -> None:
     for name in filter(None, os.environ.get(ENV_PREIMPORT, "").split(",")):
-        try:
+        with contextlib.suppress(Exception):  # train_fn will hit (and report) the same error itself
             __import__(name)
-        except Exception:  # noqa: BLE001 - train_fn will hit (and report) the same error itself
-            pass
 
 
 def _release_port() -> None:
     """Close the socket that kept this task's TensorFlow port reserved, right before TF binds it."""
     fd = os.environ.pop(ENV_HELD_PORT_FD, None)
     if fd:
-        try:
+        with contextlib.suppress(OSError):
             os.close(int(fd))
-        except OSError:
-            pass
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = path + ".part"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _type_name(exc: BaseException) -> str:
@@ -92,10 +79,8 @@ def _serve_forever(ctx) -> None:
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(
-        resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
-        protocol=resolver.rpc_layer or "grpc", start=True,
-    )
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+                                  protocol=resolver.rpc_layer or "grpc", start=True)
     print(f"tfnb: {ctx.job_name} {ctx.task_index} serving at {server.target}", flush=True)
     server.join()
 
@@ -149,7 +134,7 @@ def main(argv: list[str]) -> int:
                 f"train_fn returned a {type(result).__name__} that cannot be pickled ({e}); return plain "
                 "values (numbers, dicts, lists, numpy arrays) and save models to model_dir instead"
             ) from e
-        _write_atomic(os.path.join(workdir, RESULT), data)
+        atomic_write(os.path.join(workdir, RESULT), data)
         if payload.get("linger"):
             # A peer may still be in its last collective with this process' TensorFlow server:
             # exiting now would abort it ("Socket closed"). Wait until every train_fn has returned.
@@ -160,10 +145,8 @@ def main(argv: list[str]) -> int:
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
         info = {"exc_type": _type_name(e), "message": str(e), "traceback": traceback.format_exc()}
-        try:
-            _write_atomic(os.path.join(workdir, ERROR), json.dumps(info).encode())
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            atomic_write(os.path.join(workdir, ERROR), json.dumps(info).encode())
         traceback.print_exc()
         code = 1
     sys.stdout.flush()

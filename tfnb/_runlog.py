@@ -4,17 +4,18 @@ The display folds progress bars and cuts long lines so a large run stays readabl
 the whole stream (every finished line, uncut up to the tasks' own bound) for reading afterwards. It
 lives in ``<model_dir>/tfnb-logs/run-<run_id>.log`` when model_dir is a local path, else in the
 user's private run folder (``<tmp>/tfnb-runs-<uid>/<run_id>/run.log``, the newest 100 runs kept): never
-written to a remote URL.
-Every attempt of a run appends to the same file.
+written to a remote URL. Every attempt of a run appends to the same file.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import threading
 import time
+from datetime import datetime
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,7 @@ _FLUSH_EVERY = 1.0  # seconds: someone may be reading the file while the run goe
 
 def run_log_path(run_id: str, model_dir: str | None) -> str:
     """Where the run's log file goes (see the module docstring)."""
-    if model_dir and model_dir.startswith("file://"):
-        model_dir = model_dir[len("file://"):]
+    model_dir = (model_dir or "").removeprefix("file://")
     if model_dir and not _URL.match(model_dir):
         return os.path.join(model_dir, "tfnb-logs", f"run-{run_id}.log")
     from ._private import private_dir
@@ -38,13 +38,11 @@ def run_log_path(run_id: str, model_dir: str | None) -> str:
 
 def _prune(base: str, current: str, keep: int = _KEEP_RUNS) -> None:
     """Remove the oldest run folders in the private folder ``base`` beyond the newest ``keep``."""
-    try:
+    with contextlib.suppress(OSError):
         runs = [e for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name != current]
         runs.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime)
         for e in runs[:max(0, len(runs) - keep + 1)]:
             shutil.rmtree(e.path, ignore_errors=True)
-    except OSError:
-        pass
 
 
 class RunLog:
@@ -52,7 +50,7 @@ class RunLog:
 
     def __init__(self, path: str | None):
         self.path = path
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a failed write closes the file while holding it
         self._flushed = time.monotonic()
         self._file = None
         if path is None:
@@ -85,28 +83,24 @@ class RunLog:
         """Record one channel message (or batch) from the task ``peer``."""
         if self._file is None:
             return
-        who = f"{peer.get('job_name', '?')} {peer.get('task_index', '?')}"
         items = msg.get("items") if msg.get("kind") == "batch" else (msg,)
-        stamp = _stamp()
         out = []
         for m in items if isinstance(items, (list, tuple)) else ():
             kind = m.get("kind") if isinstance(m, dict) else None
             if kind == "log" and not m.get("partial"):
-                out.append(f"{stamp} {who} {m.get('stream', '')}: {m.get('line', '')}\n")
+                out.append(f"{m.get('stream', '')}: {m.get('line', '')}")
             elif kind == "state":
-                out.append(f"{stamp} {who} state: {m.get('state', '')}\n")
+                out.append(f"state: {m.get('state', '')}")
             elif kind == "failed":
                 f = m.get("failure") or {}
-                out.append(f"{stamp} {who} FAILED {f.get('exc_type', 'Error')}: {f.get('message', '')}\n")
-                if f.get("traceback"):
-                    out.append("".join(f"{stamp} {who} traceback: {t}\n"
-                                       for t in str(f["traceback"]).rstrip("\n").splitlines()))
+                out.append(f"FAILED {f.get('exc_type', 'Error')}: {f.get('message', '')}")
+                out.extend(f"traceback: {t}" for t in str(f.get("traceback") or "").rstrip("\n").splitlines())
             elif kind == "event" and (m.get("data") or {}).get("epoch_end"):
-                data = m["data"]
-                fields = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("epoch_end", "time"))
-                out.append(f"{stamp} {who} epoch end: {fields}\n")
+                fields = " ".join(f"{k}={v}" for k, v in m["data"].items() if k not in ("epoch_end", "time"))
+                out.append(f"epoch end: {fields}")
         if out:
-            self._write("".join(out))
+            prefix = f"{_stamp()} {peer.get('job_name', '?')} {peer.get('task_index', '?')}"
+            self._write("".join(f"{prefix} {line}\n" for line in out))
 
     def _write(self, text: str) -> None:
         with self._lock:
@@ -120,27 +114,15 @@ class RunLog:
                     self._flushed = now
             except (OSError, ValueError) as e:
                 log.warning("tfnb: stopped writing the run's log file %s: %s", self.path, e)
-                self._close()
+                self.close()
 
     def close(self) -> None:
         with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
-
-
-_last_stamp = [0, ""]
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
 
 
 def _stamp() -> str:
-    now = time.time()
-    sec = int(now)
-    if _last_stamp[0] != sec:
-        _last_stamp[:] = [sec, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sec))]
-    return f"{_last_stamp[1]}.{int((now - sec) * 1000):03d}"
+    return datetime.now().isoformat(" ", "milliseconds")  # 2026-11-23 16:22:24.123, local time

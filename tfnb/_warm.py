@@ -17,6 +17,7 @@ worker that made it would make it vanish before most reruns; the daemon lives as
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -36,9 +37,10 @@ _MAX_MSG = 1 << 20
 
 
 def key(preimport: tuple, legacy_keras: bool, env: tuple, gpus: tuple) -> str:
-    """What a standby must share with a run to serve it (all of it fixed before TensorFlow is imported)."""
+    """What a standby must share with a run to serve it (all of it fixed before TensorFlow is imported;
+    PYTHONPATH too, since the standby's sys.path was built from it)."""
     fixed = [sys.executable, list(preimport), legacy_keras, [list(kv) for kv in env], list(gpus),
-             os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")]
+             os.environ.get("TF_CPP_MIN_LOG_LEVEL", ""), os.environ.get("PYTHONPATH", "")]
     return hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:20]
 
 
@@ -48,11 +50,10 @@ def _sockets() -> list[str]:
     return sorted(glob.glob(os.path.join(folder, "*.sock"))) + sorted(glob.glob(os.path.join(folder, "*.sock.part")))
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def _unlink(*paths: str) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _connect(path: str) -> socket.socket | None:
@@ -74,14 +75,12 @@ def claim(want: str) -> socket.socket | None:
     """Connect to an idle standby with key ``want``; tell standbys with other keys to exit."""
     found = None
     for path in _sockets():
-        name = os.path.basename(path)
-        if name.startswith(want + "-") and found is None:
-            found = _connect(path)  # a standby serves one connection: a refused one was taken already
-        elif not name.startswith(want + "-"):
-            other = _connect(path)
-            if other is not None:
-                other.sendall(b'{"exit": true}\n')
-                other.close()
+        if os.path.basename(path).startswith(want + "-"):
+            # a standby serves one connection: a refused one was taken already, try the next
+            found = found or _connect(path)
+        elif other := _connect(path):
+            other.sendall(b'{"exit": true}\n')
+            other.close()
     return found
 
 
@@ -92,66 +91,10 @@ def count(want: str) -> int:
 def spawn(want: str, env: dict, idle: float) -> None:
     """Start a standby with key ``want`` in the background (it lives in its own session)."""
     path = os.path.join(private_dir(_FOLDER), f"{want}-{os.getpid()}-{time.monotonic_ns()}.sock")
-    env = dict(env, PYTHONUNBUFFERED="1")
     subprocess.Popen(
         [sys.executable, "-m", "tfnb._warm", path, str(idle), str(os.getppid())],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env=env, start_new_session=True, cwd=private_dir(_FOLDER))
-
-
-class Claimed:
-    """A claimed standby seen through the small part of ``subprocess.Popen`` the supervisor uses."""
-
-    def __init__(self, conn: socket.socket, workdir: str, cwd: str, env: dict, held_fd: int):
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        ev_r, ev_w = os.pipe()
-        fds = [out_w, err_w, ev_w, held_fd]
-        body = json.dumps({"workdir": workdir, "cwd": cwd, "env": env}).encode() + b"\n"
-        try:
-            socket.send_fds(conn, [body], fds)
-            self.pid = int(_readline(conn))
-        finally:
-            for fd in (out_w, err_w, ev_w):
-                os.close(fd)
-        self.conn = conn
-        self.stdin = conn.makefile("wb")
-        self.stdout = os.fdopen(out_r, "rb")
-        self.stderr = os.fdopen(err_r, "rb")
-        self.events = ev_r
-        self.returncode: int | None = None
-        self._rest = b""
-
-    def wait(self) -> int:
-        """The exit code the process sent before exiting, or UNKNOWN_EXIT when it died without one."""
-        if self.returncode is None:
-            try:
-                self.returncode = int(_readline(self.conn))
-            except (ConnectionError, OSError, ValueError):
-                self.returncode = UNKNOWN_EXIT
-            self._reap()
-        return self.returncode
-
-    def _reap(self) -> None:
-        # The process is not our child: wait until its pid is gone so "ended" means ended.
-        for _ in range(100):
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.02)
-
-    def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return self.wait()
-        return None
-
-
-# ---------------------------------------------------------------- the standby's side
+        env=dict(env, PYTHONUNBUFFERED="1"), start_new_session=True, cwd=private_dir(_FOLDER))
 
 
 def _alive(pid: int) -> bool:
@@ -174,6 +117,53 @@ def _readline(sock: socket.socket) -> bytes:
     return buf
 
 
+class Claimed:
+    """A claimed standby seen through the small part of ``subprocess.Popen`` the supervisor uses."""
+
+    def __init__(self, conn: socket.socket, workdir: str, cwd: str, env: dict, held_fd: int):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        body = json.dumps({"workdir": workdir, "cwd": cwd, "env": env}).encode() + b"\n"
+        try:
+            socket.send_fds(conn, [body], [out_w, err_w, ev_w, held_fd])
+            self.pid = int(_readline(conn))
+        finally:
+            for fd in (out_w, err_w, ev_w):
+                os.close(fd)
+        self.conn = conn
+        self.stdin = conn.makefile("wb")
+        self.stdout = os.fdopen(out_r, "rb")
+        self.stderr = os.fdopen(err_r, "rb")
+        self.events = ev_r
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        """The exit code the process sent before exiting, or UNKNOWN_EXIT when it died without one."""
+        if self.returncode is None:
+            try:
+                self.returncode = int(_readline(self.conn))
+            except (ConnectionError, OSError, ValueError):
+                self.returncode = UNKNOWN_EXIT
+            self._reap()
+        return self.returncode
+
+    def _reap(self) -> None:
+        # The process is not our child: wait until its pid is gone so "ended" means ended.
+        for _ in range(100):
+            if not _alive(self.pid):
+                return
+            time.sleep(0.02)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _alive(self.pid):
+            self.wait()
+        return self.returncode
+
+
+# ---------------------------------------------------------------- the standby's side
+
+
 def nanny(path: str, idle: float, watch_pid: int) -> None:
     """The standby's parent: a small process that holds the socket, and once a task claims the standby,
     relays ``go``, forwards the stack-dump signals and reports how the process exited, as a parent can."""
@@ -188,8 +178,7 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
     inner_end.close()
 
     def leave(*_):
-        _unlink(path)
-        _unlink(path + ".part")
+        _unlink(path, path + ".part")
         inner.kill()
         os._exit(0)
 
@@ -211,8 +200,7 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
             conn, _ = listener.accept()
             break
     listener.close()
-    _unlink(path)
-    _unlink(path + ".part")
+    _unlink(path, path + ".part")
     try:
         msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
         if json.loads(msg.split(b"\n", 1)[0] or b"{}").get("exit") or len(fds) != 4:
@@ -230,30 +218,21 @@ def nanny(path: str, idle: float, watch_pid: int) -> None:
 
     def relay():
         # "go" and the parent-death watch: the supervisor's end of the connection closing ends the process
-        try:
-            while True:
-                chunk = conn.recv(1024)
-                if not chunk:
-                    break
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(1024):
                 outer.sendall(chunk)
-        except OSError:
-            pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=relay, daemon=True).start()
     code = inner.wait()
-    try:
+    with contextlib.suppress(OSError):
         conn.sendall(f"{code}\n".encode())
-    except OSError:
-        pass
     os._exit(0)
 
 
 def serve(fd: int, preimport) -> tuple[socket.socket, str]:
-    """The standby itself (in tfnb._child): import, then take over the run's fds and environment.
-
-    Returns (connection to the nanny, workdir); exits when the nanny goes away first.
-    """
+    """The standby itself (in tfnb._child): import, then take over the run's fds and environment;
+    returns (connection to the nanny, workdir), or exits when the nanny goes away first."""
     sock = socket.socket(fileno=fd)
     preimport()
     try:
@@ -262,15 +241,14 @@ def serve(fd: int, preimport) -> tuple[socket.socket, str]:
     except OSError:
         os._exit(0)
     if len(fds) != 4:
-        os._exit(0)
+        os._exit(0)  # the nanny went away first
     info = json.loads(msg.split(b"\n", 1)[0])
     out_w, err_w, ev_w, held = fds
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    os.close(out_w)
-    os.close(err_w)
+    for fd, std in ((out_w, 1), (err_w, 2)):
+        os.dup2(fd, std)
+        os.close(fd)
     os.environ.clear()
     os.environ.update(info["env"], TFNB_EVENT_FD=str(ev_w), TFNB_HELD_PORT_FD=str(held))
     os.chdir(info["cwd"])

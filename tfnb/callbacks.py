@@ -15,23 +15,31 @@ from .errors import ConfigError
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
+    """A number, numpy scalar or scalar tensor as float; None for anything else (bools included)."""
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        if hasattr(value, "numpy"):
+            value = value.numpy()
+        if getattr(value, "size", 1) != 1:
+            return None
+        if hasattr(value, "item"):
+            value = value.item()
+        return None if isinstance(value, bool) else float(value)
+    except Exception:  # noqa: BLE001 - a symbolic or odd value is simply not reported
         return None
+
+
+def _emit(**data: Any) -> None:
+    events.emit(events.PROGRESS, **{k: v for k, v in data.items() if v is not None})
 
 
 def _replica_divisor(model: Any) -> int:
     """How many replicas' values tf-keras summed into each per-batch log value.
 
     tf-keras reduces a train step's outputs with ``distribute_reduction_method``, whose "auto" means
-    "sum" outside TPUs; under MultiWorkerMirroredStrategy in multi-worker mode that sum is a
-    cross-worker all-reduce of each replica's own running mean, so a per-batch accuracy of 1.6 shows
-    with 2 workers (a single-worker MirroredStrategy returns the mean itself). At epoch end Keras
-    reads the metrics, which are true means. Dividing by the replica count gives those means (exact
-    when replicas see equal batches, as tfnb feeds them). Keras 3 has no such attribute and averages.
+    "sum" outside TPUs: under MultiWorkerMirroredStrategy in multi-worker mode, an all-reduce of each
+    replica's running mean, so a per-batch accuracy of 1.6 shows with 2 workers. Dividing by the replica
+    count gives the means Keras reports at epoch end (exact when replicas see equal batches, as tfnb
+    feeds them). Keras 3 has no such attribute and averages.
     """
     method = getattr(model, "distribute_reduction_method", None)
     strategy = getattr(model, "distribute_strategy", None)
@@ -44,10 +52,7 @@ def _replica_divisor(model: Any) -> int:
     in_multi_worker = getattr(strategy.extended, "_in_multi_worker_mode", None)  # tf-keras asks the same
     if in_multi_worker is not None and not in_multi_worker():
         return 1
-    try:
-        return max(int(strategy.num_replicas_in_sync), 1)
-    except (AttributeError, TypeError, ValueError):
-        return 1
+    return max(int(strategy.num_replicas_in_sync), 1)
 
 
 def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: float = 0.5,
@@ -78,8 +83,7 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
         ...     ...
         ...     model.fit(ds, epochs=3, callbacks=[ctx.progress_callback(batch_size=64)])
     """
-    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                                   or batch_size < 1):
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ConfigError(f"batch_size={batch_size!r} must be an int >= 1 (examples per step on this worker)")
     if _number(interval) is None or interval < 0:
         raise ConfigError(f"interval={interval!r} must be a number of seconds >= 0")
@@ -106,8 +110,8 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             self._divisor = 1        # per-batch logs are sums over this many replicas
 
         def _send(self, logs, divisor=1, **fields):
-            data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps}
-            data.update(fields)
+            data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps,
+                    **fields}
             if batch_size is not None:
                 data["batch_size"] = batch_size
                 if data.get("steps_per_sec") is not None:
@@ -115,25 +119,22 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             for key, value in (logs or {}).items():
                 if key in ("batch", "size") or key in data:
                     continue
-                num = _tensor_number(value)
+                num = _number(value)
                 if num is not None:
                     data[key] = num / divisor
-            events.emit(events.PROGRESS, **{k: v for k, v in data.items() if v is not None})
+            _emit(**data)
 
         def on_train_begin(self, logs=None):
             params = self.params or {}
             self.epochs = params.get("epochs")
             self.steps = params.get("steps")
             self._divisor = _replica_divisor(self.model)
-            events.emit(events.PROGRESS, **{k: v for k, v in
-                                            {"epochs": self.epochs, "steps": self.steps,
-                                             "batch_size": batch_size}.items() if v is not None})
+            _emit(epochs=self.epochs, steps=self.steps, batch_size=batch_size)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
             self._batches = 0
-            now = time.monotonic()
-            self._mark = self._epoch_start = (now, self._done)
+            self._mark = self._epoch_start = (time.monotonic(), self._done)
 
         def on_train_batch_begin(self, batch, logs=None):
             if tracer is not None:
@@ -148,10 +149,8 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
                 tracer.after_step(self._done)
             now = self._last_batch_time = time.monotonic()
             t0, n0 = self._mark
-            if every_n_steps is not None:
-                if self._done - n0 < every_n_steps:
-                    return
-            elif now - t0 < interval:
+            due = self._done - n0 >= every_n_steps if every_n_steps is not None else now - t0 >= interval
+            if not due:
                 return
             self._mark = (now, self._done)
             rate = (self._done - n0) / (now - t0) if now > t0 else None
@@ -169,17 +168,3 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
                 tracer.finish(self._done)
 
     return TfnbProgress()
-
-
-def _tensor_number(value: Any) -> float | None:
-    """A scalar tensor / numpy value / number as float; None for anything else."""
-    try:
-        if hasattr(value, "numpy"):
-            value = value.numpy()
-        if getattr(value, "size", 1) != 1:
-            return None
-        if hasattr(value, "item"):
-            value = value.item()
-    except Exception:  # noqa: BLE001 - a symbolic or odd value is simply not reported
-        return None
-    return _number(value)

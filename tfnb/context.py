@@ -1,6 +1,8 @@
 """WorkerContext: what ``train_fn`` receives in each task of a tfnb run."""
 from __future__ import annotations
 
+import os
+import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -142,9 +144,6 @@ class WorkerContext:
         the port in ``cluster_spec`` stays bound while train_fn runs, so no other process takes it before
         the add-on's own server does. The first call hands the socket over (close it to free the port).
         """
-        import os
-        import socket
-
         from ._worker import ENV_KEPT_PORT_FD
 
         fd = os.environ.pop(ENV_KEPT_PORT_FD, None)

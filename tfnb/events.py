@@ -8,6 +8,7 @@ progress widget, CLI line). Outside a tfnb task, ``emit`` does nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -41,20 +42,7 @@ class RunEvent:
 
 
 _lock = threading.Lock()
-_stream = None
-
-
-def _out():
-    global _stream
-    if _stream is None:
-        fd = os.environ.get(ENV_FD)
-        if not fd:
-            return None
-        try:
-            _stream = os.fdopen(int(fd), "w", buffering=1, closefd=False)
-        except OSError:
-            return None
-    return _stream
+_stream = None  # opened at the first emit, not at import: a warm standby gets ENV_FD once claimed
 
 
 def emit(kind: str, **data: Any) -> None:
@@ -64,12 +52,15 @@ def emit(kind: str, **data: Any) -> None:
         >>> from tfnb.events import emit
         >>> emit("progress", epoch=1, step=100, loss=0.25)
     """
-    out = _out()
-    if out is None:
-        return
-    line = json.dumps({"kind": kind, "time": time.time(), **data}, default=str)
-    with _lock:
+    global _stream
+    if _stream is None:
+        fd = os.environ.get(ENV_FD)
+        if not fd:
+            return
         try:
-            out.write(line + "\n")
-        except (OSError, ValueError):
-            pass
+            _stream = os.fdopen(int(fd), "w", buffering=1, closefd=False)
+        except OSError:
+            return
+    line = json.dumps({"kind": kind, "time": time.time(), **data}, default=str)
+    with _lock, contextlib.suppress(OSError, ValueError):  # the supervisor is gone: nobody to tell
+        _stream.write(line + "\n")

@@ -10,17 +10,6 @@
 ``inference`` and ``shutdown``; ``TFNode`` (:mod:`tfnb.compat.node`) has ``DataFeed``, ``hdfs_path``
 and ``release_port``. The helpers of ``tensorflowonspark.compat`` (``export_saved_model``,
 ``disable_auto_shard``, ``is_gpu_available``) are here too, for ``from tfnb import compat``.
-
-Nodes run on tfnb's barrier-mode launcher (:func:`tfnb.run`), which refuses clusters Spark cannot
-schedule instead of waiting for them, and reports a node's exception on the driver as
-:class:`tfnb.WorkerError`.
-
-Example:
-    >>> from tfnb.compat import TFCluster
-    >>> cluster = TFCluster.run(sc, main_fun, args, num_executors=2, num_ps=0,
-    ...                         input_mode=TFCluster.InputMode.SPARK, master_node="chief")
-    >>> cluster.train(rdd, num_epochs=2)
-    >>> cluster.shutdown()
 """
 from __future__ import annotations
 

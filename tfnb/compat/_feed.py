@@ -10,7 +10,7 @@ pickled chunks and are on the node's disk before ``map_fun`` starts:
    ``rows % nodes`` rows left over are not fed), for ``inference()`` all rows. Chunks that straddle
    two ranges are split, and one shuffle moves each range to the partition of its node's barrier task.
 2. barrier task (:meth:`RddFeeder.spill`): the partition's Arrow batches go to a local Arrow file.
-3. map_fun process (:class:`FeedCursor`): ``DataFeed.next_batch`` reads that file memory-mapped,
+3. map_fun process (:class:`FeedManager`): ``DataFeed.next_batch`` reads that file memory-mapped,
    chunk by chunk, ``epochs`` times over.
 
 Because every node's range is contiguous and ranges follow node order, concatenating the nodes'
@@ -19,10 +19,12 @@ back into the input's partitions.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 from dataclasses import dataclass
+from itertools import accumulate, count, islice
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import ConfigError
@@ -45,45 +47,23 @@ _FIRST_CHUNK_ROWS = 16
 
 def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
     """(part, seq, rows, pickled list of rows) for one RDD partition, in row order."""
+    rows = iter(rows)  # islice must consume it, not restart
     per_chunk = _FIRST_CHUNK_ROWS
-    seq = 0
-    buf: list = []
-    for row in rows:
-        buf.append(row)
-        if len(buf) >= per_chunk:
-            blob = pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
-            yield index, seq, len(buf), blob
-            seq += 1
-            per_row = max(1, len(blob) // len(buf))
-            per_chunk = max(1, min(_CHUNK_ROWS, _CHUNK_BYTES // per_row))
-            buf = []
-    if buf:
-        yield index, seq, len(buf), pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _count_rows(index: int, chunks: Iterator[tuple]) -> list:
-    return [(index, sum(c[2] for c in chunks))]
-
-
-def _rank_partition(rank: int) -> int:
-    return rank
-
-
-def _to_row(item: tuple) -> tuple:
-    return item[1]
+    for seq in count():
+        buf = list(islice(rows, per_chunk))
+        if not buf:
+            return
+        blob = pickle.dumps(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        yield index, seq, len(buf), blob
+        per_row = max(1, len(blob) // len(buf))
+        per_chunk = max(1, min(_CHUNK_ROWS, _CHUNK_BYTES // per_row))
 
 
 def ranges(total: int, ranks: Sequence[int], mode: str) -> tuple[tuple[int, int, int], ...]:
     """(rank, first row, end row) per feeding node: contiguous, in node order.
 
-    ``train``: the same number of rows per node, the remainder left out; ``inference``: every row,
-    the nodes' shares differing by at most one.
-
-    Example:
-        >>> ranges(10, [0, 1, 2], "train")
-        ((0, 0, 3), (1, 3, 6), (2, 6, 9))
-        >>> ranges(10, [0, 1, 2], "inference")
-        ((0, 0, 3), (1, 3, 6), (2, 6, 10))
+    ``train``: the same number of rows per node, the remainder left out (10 rows on 3 nodes: 0-3,
+    3-6, 6-9); ``inference``: every row, the nodes' shares differing by at most one (0-3, 3-6, 6-10).
     """
     n = len(ranks)
     if mode == TRAIN:
@@ -103,64 +83,35 @@ def _assigner(part_start: Sequence[int], bounds: Sequence[tuple[int, int, int]])
             loaded = None
             for rank, b_lo, b_hi in bounds:
                 s, e = max(lo, b_lo), min(hi, b_hi)
-                if s >= e:
-                    continue
                 if s == lo and e == hi:
                     yield rank, (part, seq, rows, blob)
-                    continue
-                # Only chunks straddling two nodes' ranges are unpickled and cut.
-                if loaded is None:
-                    loaded = pickle.loads(blob)
-                piece = pickle.dumps(loaded[s - lo:e - lo], protocol=pickle.HIGHEST_PROTOCOL)
-                yield rank, (part, seq, e - s, piece)
+                elif s < e:  # only chunks straddling two nodes' ranges are unpickled and cut
+                    if loaded is None:
+                        loaded = pickle.loads(blob)
+                    piece = pickle.dumps(loaded[s - lo:e - lo], protocol=pickle.HIGHEST_PROTOCOL)
+                    yield rank, (part, seq, e - s, piece)
 
     return assign
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A fed RDD, ready for ``tfnb.cluster.run_with_hooks(fn, LaunchHooks(feeder=feeder), data=df, ...)``; call ``release()`` afterwards."""
+    """A fed RDD, ready for ``tfnb.cluster.run_with_hooks(fn, LaunchHooks(feeder=feeder), data=df, ...)``."""
 
     df: Any                         # one partition per barrier task
     feeder: "RddFeeder"
     part_rows: tuple[int, ...]      # rows in each input partition
+    total: int
     bounds: tuple[tuple[int, int, int], ...]
-    cached: Any = None
-
-    @property
-    def total(self) -> int:
-        return sum(self.part_rows)
-
-    def release(self) -> None:
-        if self.cached is not None:
-            try:
-                self.cached.unpersist()
-            except Exception as e:  # noqa: BLE001 - the session may be gone; nothing left to free
-                log.debug("unpersist failed: %s", e)
 
 
-def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Prepared:
+@contextlib.contextmanager
+def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Iterator[Prepared]:
     """Chunk ``rdd``, count its rows and lay them out as one DataFrame partition per barrier task.
 
-    Args:
-        spark: the classic SparkSession of ``rdd``'s SparkContext.
-        rdd: the RDD given to ``cluster.train()`` / ``cluster.inference()``.
-        num_tasks: barrier tasks (TensorFlowOnSpark's num_executors).
-        feed_ranks: tasks that read data (chief/master/worker nodes; not ps or evaluator).
-        mode: ``"train"`` (equal rows per node, repeated ``epochs`` times) or ``"inference"``.
-        epochs: passes over the rows (1 for inference).
-
-    Returns:
-        Prepared: the DataFrame, its feeder, and the input's rows per partition.
-
-    Raises:
-        ConfigError: ``rdd`` is not an RDD, or ``train()`` got fewer rows than there are nodes.
-
-    Example:
-        >>> prep = prepare(spark, sc.parallelize(range(100), 4), num_tasks=2, feed_ranks=[0, 1],
-        ...                mode="train", epochs=1)
-        >>> prep.bounds
-        ((0, 0, 50), (1, 50, 100))
+    ``feed_ranks`` are the tasks that read data (chief/master/worker nodes, not ps or evaluator). The
+    chunks stay cached until the block ends. Raises ConfigError when ``rdd`` is not an RDD, or
+    ``train()`` got fewer rows than there are nodes.
     """
     from pyspark import RDD, StorageLevel
 
@@ -170,8 +121,7 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
             "the DataFrame with tfnb.run(train_fn, data=df)")
     chunks = rdd.mapPartitionsWithIndex(_chunk_partition).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        counts = dict(chunks.mapPartitionsWithIndex(_count_rows).collect())
-        part_rows = tuple(counts.get(i, 0) for i in range(rdd.getNumPartitions()))
+        part_rows = tuple(chunks.mapPartitions(lambda part: [sum(c[2] for c in part)]).collect())
         total = sum(part_rows)
         if mode == TRAIN and total < len(feed_ranks):
             raise ConfigError(
@@ -183,67 +133,40 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
         if used < total:
             log.info("feeding %d rows to each of %d nodes; %d rows left over are not fed",
                      (used // len(feed_ranks)), len(feed_ranks), total - used)
-        starts, acc = [], 0
-        for n in part_rows:
-            starts.append(acc)
-            acc += n
-        placed = (chunks.mapPartitionsWithIndex(_assigner(tuple(starts), bounds))
-                  .partitionBy(num_tasks, _rank_partition).map(_to_row))
+        starts = tuple(accumulate(part_rows, initial=0))
+        placed = (chunks.mapPartitionsWithIndex(_assigner(starts, bounds))
+                  .partitionBy(num_tasks, lambda rank: rank).values())
         df = spark.createDataFrame(placed, SCHEMA, verifySchema=False)
-    except BaseException:
-        chunks.unpersist()
-        raise
-    return Prepared(df=df, feeder=RddFeeder(mode=mode, epochs=epochs), part_rows=part_rows,
-                    bounds=bounds, cached=chunks)
+        yield Prepared(df=df, feeder=RddFeeder(mode=mode, epochs=epochs), part_rows=part_rows, total=total,
+                       bounds=bounds)
+    finally:
+        with contextlib.suppress(Exception):  # the session may be gone; nothing left to free
+            chunks.unpersist()
 
 
 def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
     """The nodes' inference results as an RDD partitioned like the input: partition i holds the
-    results for input partition i, in row order.
-
-    Example:
-        >>> out = results_rdd(sc, prepared, run_values)
-        >>> out.glom().collect()
-        [[0, 1, 4], [9, 16]]
-    """
-    flat: list = []
-    for rank, _, _ in prepared.bounds:
-        flat.extend(per_rank[rank] or ())
-    if len(flat) != prepared.total:
-        raise RuntimeError(f"inference gathered {len(flat)} results for {prepared.total} rows")
-    per_part, at = [], 0
-    for n in prepared.part_rows:
-        per_part.append(flat[at:at + n])
-        at += n
+    results for input partition i, in row order."""
+    flat = [result for rank, _, _ in prepared.bounds for result in per_rank[rank] or ()]
+    starts = tuple(accumulate(prepared.part_rows, initial=0))
+    per_part = [flat[lo:hi] for lo, hi in zip(starts, starts[1:])]
     if not per_part:
         return sc.emptyRDD()
     # One element per slice, so slice i is exactly input partition i's results.
-    return sc.parallelize(per_part, len(per_part)).flatMap(_identity)
-
-
-def _identity(x):
-    return x
+    return sc.parallelize(per_part, len(per_part)).flatMap(lambda results: results)
 
 
 # ---------------------------------------------------------------- barrier task
 
 
 @dataclass(frozen=True)
-class Spilled:
-    path: str
-    rows: int
-    chunks: int
-
-
-@dataclass(frozen=True)
 class FeedFile:
-    """This node's rows (ctx.feed of the tfnb run), read by :class:`FeedCursor`."""
+    """This node's rows (ctx.feed of the tfnb run), read by :class:`FeedManager`."""
 
     path: str
     rows: int
     mode: str
     epochs: int
-    rows_per_task: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -253,7 +176,7 @@ class RddFeeder:
     mode: str
     epochs: int
 
-    def spill(self, batches: Iterable, workdir: str) -> Spilled:
+    def spill(self, batches: Iterable, workdir: str) -> FeedFile:
         """Write the partition's Arrow batches (part, seq, rows, data) to a local Arrow file."""
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -261,83 +184,69 @@ class RddFeeder:
         from ..feeding import ArrowSpill
 
         schema = pa.schema([("part", pa.int32()), ("seq", pa.int32()), ("rows", pa.int32()), ("data", pa.binary())])
-        spill = ArrowSpill(os.path.join(workdir, SPILL_FILE), schema)
         rows = 0
-        try:
+        with contextlib.closing(ArrowSpill(os.path.join(workdir, SPILL_FILE), schema)) as spill:
             for batch in batches:
                 if batch.num_rows:
                     spill.write(pa.RecordBatch.from_arrays(
                         [batch.column(n).cast(schema.field(n).type) for n in schema.names], schema=schema))
                     rows += int(pc.sum(batch.column("rows")).as_py() or 0)
-        finally:
-            spill.close()
-        return Spilled(path=spill.path, rows=rows, chunks=spill.rows)
+        return FeedFile(path=spill.path, rows=rows, mode=self.mode, epochs=self.epochs)
 
-    def finish(self, spilled: Spilled, rows_per_task: Sequence[int]) -> FeedFile:
-        return FeedFile(path=spilled.path, rows=spilled.rows, mode=self.mode, epochs=self.epochs,
-                        rows_per_task=tuple(int(r) for r in rows_per_task))
+    def finish(self, spilled: FeedFile, rows_per_task: Sequence[int]) -> FeedFile:
+        return spilled  # the driver fixed every node's rows; the other nodes' counts change nothing
 
 
 # ---------------------------------------------------------------- map_fun process
 
 
-class FeedCursor:
-    """Hands out this node's rows in order, ``epochs`` times; shared by every DataFeed of the process."""
+class FeedManager:
+    """What ``ctx.mgr`` is: this node's rows, handed out in order ``epochs`` times to every DataFeed of
+    the map_fun process, and the inference results ``DataFeed.batch_results`` collects."""
 
-    def __init__(self, feed: FeedFile):
-        import numpy as np
-        import pyarrow as pa
-
-        self.feed = feed
-        self.total = feed.rows * feed.epochs
+    def __init__(self, feed: FeedFile | None = None):
+        self.feed = feed         # None in InputMode.TENSORFLOW
+        self.results: list = []
         self.handed = 0
         self.terminated = False
-        self._source = pa.memory_map(feed.path, "r")
-        table = pa.ipc.open_file(self._source).read_all()
-        part = table.column("part").to_numpy()
-        seq = table.column("seq").to_numpy()
-        self._order = np.lexsort((seq, part)).tolist()
-        self._part = part.tolist()
-        self._data = table.column("data")
-        self._pos = 0            # next chunk in _order
-        self._epoch = 0
+        self._chunks: Iterator | None = None  # opened by the first DataFeed
         self._rows: list = []    # the current chunk's rows
         self._at = 0             # next row in _rows
-        self._cur_part: int | None = None
+        self._part_ends = True   # the current chunk is the last of its input partition (or of the epoch)
+
+    def open(self) -> None:
+        """Start reading the rows (once per process); ConfigError in an InputMode.TENSORFLOW cluster."""
+        if self.feed is None:
+            raise ConfigError(
+                "TFNode.DataFeed reads the RDD given to cluster.train() or cluster.inference(), but this "
+                "cluster runs InputMode.TENSORFLOW, where map_fun reads its own data; start it with "
+                "TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK) and feed it with "
+                "cluster.train(rdd), or read the data in map_fun (tf.data)")
+        if self._chunks is None:
+            import numpy as np
+            import pyarrow as pa
+
+            table = pa.ipc.open_file(pa.memory_map(self.feed.path, "r")).read_all()
+            part = table.column("part").to_numpy()
+            order = np.lexsort((table.column("seq").to_numpy(), part)).tolist()
+            self._chunks = _read_chunks(table.column("data"), order, part.tolist(), self.feed.epochs)
 
     @property
     def exhausted(self) -> bool:
-        return self.terminated or self.handed >= self.total
-
-    def _next_chunk(self) -> bool:
-        """Load the next chunk (next epoch at the end); False when none is left."""
-        if self._pos >= len(self._order):
-            self._epoch += 1
-            if self._epoch >= self.feed.epochs or not self._order:
-                return False
-            self._pos = 0
-        i = self._order[self._pos]
-        self._pos += 1
-        self._rows = pickle.loads(self._data[i].as_py())
-        self._at = 0
-        self._cur_part = self._part[i]
-        return True
-
-    def _boundary_ahead(self) -> bool:
-        """True when the next row starts another input partition (or another epoch)."""
-        if self._pos >= len(self._order):
-            return True
-        return self._part[self._order[self._pos]] != self._cur_part
+        return self.terminated or self.handed >= self.feed.rows * self.feed.epochs
 
     def take(self, n: int, *, stop_at_partition: bool) -> list:
         """Up to ``n`` rows; fewer at the end, or at an input partition's end when ``stop_at_partition``."""
         out: list = []
         while len(out) < n and not self.exhausted:
             if self._at >= len(self._rows):
-                if out and stop_at_partition and self._boundary_ahead():
+                if out and stop_at_partition and self._part_ends:
                     break
-                if not self._next_chunk():
+                chunk = next(self._chunks, None)
+                if chunk is None:
                     break
+                self._rows, self._part_ends = chunk
+                self._at = 0
                 continue
             k = min(n - len(out), len(self._rows) - self._at)
             out.extend(self._rows[self._at:self._at + k])
@@ -348,3 +257,16 @@ class FeedCursor:
     def terminate(self) -> None:
         self.terminated = True
         self._rows, self._at = [], 0
+
+    def __repr__(self) -> str:
+        if self.feed is None:
+            return "FeedManager(no feed: InputMode.TENSORFLOW)"
+        return f"FeedManager({self.feed.mode}, rows={self.feed.rows}, epochs={self.feed.epochs})"
+
+
+def _read_chunks(data, order: list, part: list, epochs: int) -> Iterator[tuple[list, bool]]:
+    """(rows, whether it is its input partition's last chunk) for each chunk in ``order``, ``epochs`` times."""
+    for _ in range(epochs):
+        for pos, i in enumerate(order):
+            last = pos + 1 == len(order) or part[order[pos + 1]] != part[i]
+            yield pickle.loads(data[i].as_py()), last

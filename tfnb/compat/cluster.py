@@ -1,14 +1,5 @@
 """TensorFlowOnSpark's ``TFCluster`` API (``run``, ``train``, ``inference``, ``shutdown``) on tfnb's launcher.
 
-Import it as TensorFlowOnSpark programs do, with only the package name changed::
-
-    from tfnb.compat import TFCluster
-
-    cluster = TFCluster.run(sc, map_fun, args, num_executors=2, num_ps=0,
-                            input_mode=TFCluster.InputMode.SPARK, master_node="chief")
-    cluster.train(rdd, num_epochs=3)
-    cluster.shutdown()
-
 Each node is a task of one barrier-mode Spark stage (:func:`tfnb.run`): there is no reservation
 server, nothing polls, and a cluster Spark cannot schedule is refused at ``run()`` instead of
 waiting for reservations that never come. How the two input modes map onto it:
@@ -33,6 +24,7 @@ from typing import Any, Callable
 
 from ..errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError
 from ..events import STATE, RunEvent
+from ._feed import INFERENCE, TRAIN, prepare, results_rdd
 from .node import NodeMeta, run_node
 
 log = logging.getLogger(__name__)
@@ -51,12 +43,8 @@ _FEEDING_JOBS = ("chief", "master", "worker")
 
 
 def cluster_template(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool) -> dict:
-    """Executor ids per job, in TensorFlowOnSpark's order: ps, master/chief, evaluator, workers.
-
-    Example:
-        >>> cluster_template(4, 1, "chief", False)
-        {'ps': [0], 'chief': [1], 'worker': [2, 3]}
-    """
+    """Executor ids per job, in TensorFlowOnSpark's order: ps, master/chief, evaluator, workers
+    (``cluster_template(4, 1, "chief", False)`` is ``{'ps': [0], 'chief': [1], 'worker': [2, 3]}``)."""
     executors = list(range(num_executors))
     template: dict = {}
     if num_ps > 0:
@@ -105,27 +93,23 @@ def _int(name: str, value, low: int) -> int:
 
 
 class _StartWatch:
-    """Display sink that also notices when every node has started map_fun."""
+    """Display sink that also sets ``started`` once every node runs map_fun."""
 
-    def __init__(self, inner: Callable[[RunEvent], None], num_tasks: int, on_all_running: Callable[[], None]):
+    def __init__(self, inner: Callable[[RunEvent], None], num_tasks: int, started: threading.Event):
         self.inner = inner
         self.num_tasks = num_tasks
-        self.on_all_running = on_all_running
+        self.started = started
         self.running: set = set()
-        self.all_running = False
 
     def __call__(self, event: RunEvent) -> None:
         if event.kind == STATE and event.job_name != "driver" and event.data.get("state") in ("training", "serving"):
             self.running.add((event.job_name, event.task_index))
-            if len(self.running) >= self.num_tasks and not self.all_running:
-                self.all_running = True
-                self.on_all_running()
+            if len(self.running) >= self.num_tasks:
+                self.started.set()
         self.inner(event)
 
     def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if close:
-            close()
+        getattr(self.inner, "close", lambda: None)()
 
 
 class TFCluster:
@@ -168,10 +152,8 @@ class TFCluster:
         self._started = threading.Event()
         self._finished = threading.Event()
         self._error: BaseException | None = None
-        self._tensorboard = None
+        self._tensorboard = None  # the outcome of tfnb.tensorboard()
         self._shut_down = False
-
-    # ------------------------------------------------------------ running the nodes
 
     def _run_nodes(self, display, *, data=None, feeder=None, all_results=False, cancel=None):
         from .. import cluster as launcher
@@ -187,8 +169,7 @@ class TFCluster:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
         from ..progress import make_display
 
-        inner = make_display(self._display, self.num_executors)
-        sink = _StartWatch(inner, self.num_executors, self._started.set)
+        sink = _StartWatch(make_display(self._display, self.num_executors), self.num_executors, self._started)
 
         def body():
             try:
@@ -206,7 +187,7 @@ class TFCluster:
             interrupted="TFCluster.run was interrupted; the cluster was stopped",
             timed_out=f"the TensorFlow nodes did not all start within reservation_timeout={reservation_timeout} s; "
                       "the job was cancelled. Check the executors' logs, or raise reservation_timeout")
-        if not sink.all_running and self._error is not None:
+        if len(sink.running) < self.num_executors and self._error is not None:
             # The run ended before every node reached map_fun: that is a failure to start the cluster.
             self._shut_down = True
             raise self._error
@@ -231,30 +212,23 @@ class TFCluster:
                 continue  # a second stop press must not leave the nodes running
 
     def _feed(self, rdd, mode: str, epochs: int):
-        from . import _feed
-
         if self._shut_down:
             raise ConfigError("this cluster was shut down; start a new one with TFCluster.run(...)")
-        prepared = _feed.prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks,
-                                 mode=mode, epochs=epochs)
-        try:
-            if mode == _feed.INFERENCE and prepared.total == 0:
-                return _feed.results_rdd(self.sc, prepared, [None] * self.num_executors)
+        with prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks, mode=mode,
+                     epochs=epochs) as prepared:
+            if mode == INFERENCE and prepared.total == 0:
+                return results_rdd(self.sc, prepared, [None] * self.num_executors)
             values = self._run_nodes(self._display, data=prepared.df, feeder=prepared.feeder,
-                                     all_results=mode == _feed.INFERENCE)
-            if mode == _feed.INFERENCE:
-                return _feed.results_rdd(self.sc, prepared, values)
-            return None
-        finally:
-            prepared.release()
+                                     all_results=mode == INFERENCE)
+            return results_rdd(self.sc, prepared, values) if mode == INFERENCE else None
 
-    def _require_spark_mode(self, what: str) -> None:
+    def _check_feed(self, what: str, qname: str) -> None:
         if self.input_mode != InputMode.SPARK:
             raise ConfigError(
                 f"TFCluster.{what}() feeds an RDD, which needs InputMode.SPARK, but this cluster runs "
                 "InputMode.TENSORFLOW; start it with TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK)")
-
-    # ------------------------------------------------------------ TensorFlowOnSpark's API
+        if qname != "input":
+            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
 
     def train(self, dataRDD, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input") -> None:
         """Run ``map_fun`` on every node with ``dataRDD``'s rows fed to ``TFNode.DataFeed`` (InputMode.SPARK).
@@ -265,7 +239,7 @@ class TFCluster:
 
         Args:
             dataRDD: the rows, e.g. ``(features, label)`` tuples.
-            num_epochs: passes over the data; 0 = 10.
+            num_epochs: passes over the data.
             feed_timeout: accepted for compatibility; nothing waits on a queue here.
             qname: must be ``"input"``.
 
@@ -275,21 +249,14 @@ class TFCluster:
             WorkerError: ``map_fun`` failed on a node (with its traceback).
 
         Example:
-            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, input_mode=TFCluster.InputMode.SPARK,
-            ...                         master_node="chief")
             >>> cluster.train(images_labels, args.epochs)
-            >>> cluster.shutdown()
         """
         from pyspark.streaming import DStream
 
-        from ._feed import TRAIN
-
-        self._require_spark_mode("train")
+        self._check_feed("train", qname)
         if isinstance(dataRDD, DStream):
             raise ConfigError("Spark Streaming (DStream) feeding is not supported by tfnb.compat; "
                               "collect each batch into an RDD and call cluster.train(rdd)")
-        if qname != "input":
-            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
         num_epochs = _int("num_epochs", num_epochs, 0) or 10
         self._feed(dataRDD, TRAIN, num_epochs)
 
@@ -306,15 +273,9 @@ class TFCluster:
             WorkerError: ``map_fun`` failed on a node.
 
         Example:
-            >>> cluster = TFCluster.run(sc, infer_fun, args, 2, 0, input_mode=TFCluster.InputMode.SPARK)
             >>> predictions = cluster.inference(images).collect()
-            >>> cluster.shutdown()
         """
-        from ._feed import INFERENCE
-
-        self._require_spark_mode("inference")
-        if qname != "input":
-            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
+        self._check_feed("inference", qname)
         return self._feed(dataRDD, INFERENCE, 1)
 
     def shutdown(self, ssc=None, grace_secs: float = 0, timeout: float = 259200) -> None:
@@ -332,7 +293,6 @@ class TFCluster:
             RunCancelledError: interrupted; every node process was stopped.
 
         Example:
-            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, master_node="chief")
             >>> cluster.shutdown()
         """
         if ssc is not None:
@@ -343,51 +303,34 @@ class TFCluster:
             return
         try:
             if self._thread is not None:
-                self._wait_background(timeout)
+                self._wait_or_stop(
+                    self._finished, None if timeout is None or timeout <= 0 else float(timeout),
+                    interrupted="TFCluster.shutdown was interrupted; every node process was stopped",
+                    timed_out=f"map_fun did not finish on every node within shutdown(timeout={timeout}); every "
+                              "node process was stopped. Raise timeout (or -1 to wait forever)")
+                self._thread.join()
+                if self._error is not None:
+                    raise self._error
         finally:
             self._shut_down = True
             self._stop_tensorboard()
-
-    def _wait_background(self, timeout) -> None:
-        limit = None if timeout is None or timeout <= 0 else float(timeout)
-        self._wait_or_stop(
-            self._finished, limit,
-            interrupted="TFCluster.shutdown was interrupted; every node process was stopped",
-            timed_out=f"map_fun did not finish on every node within shutdown(timeout={timeout}); every node "
-                      "process was stopped. Raise timeout (or -1 to wait forever)")
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
     def tensorboard_url(self) -> str | None:
         """URL of the TensorBoard started with ``tensorboard=True`` (on the driver), else None.
 
         Example:
-            >>> cluster = TFCluster.run(sc, main_fun, args, 2, 0, tensorboard=True, log_dir="/tmp/logs")
             >>> cluster.tensorboard_url()
             'http://127.0.0.1:40123/'
         """
-        tb = self._tensorboard
-        if tb is None:
-            return None
-        return getattr(getattr(tb, "outcome", tb), "url", None)
-
-    def _start_tensorboard(self, logdir: str) -> None:
-        from ..tensorboard import tensorboard
-
-        if "://" not in logdir:
-            os.makedirs(logdir, exist_ok=True)
-        self._tensorboard = tensorboard(logdir)
+        return getattr(self._tensorboard, "url", None)
 
     def _stop_tensorboard(self) -> None:
-        if self._tensorboard is None:
-            return
-        from ..tensorboard import Launched, stop
+        outcome, self._tensorboard = self._tensorboard, None
+        if outcome is not None:
+            from ..tensorboard import Launched, stop
 
-        outcome = getattr(self._tensorboard, "outcome", self._tensorboard)
-        self._tensorboard = None
-        if isinstance(outcome, Launched):  # one it found already running is left alone
-            stop(outcome)
+            if isinstance(outcome, Launched):  # one it found already running is left alone
+                stop(outcome)
 
     def __repr__(self) -> str:
         mode = "SPARK" if self.input_mode == InputMode.SPARK else "TENSORFLOW"
@@ -477,9 +420,15 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
                         input_mode=input_mode, log_dir=log_dir, display=display, queues=queues)
     log.info("cluster_template: %s", template)
     if tensorboard:
+        from ..tensorboard import tensorboard as start_tensorboard
+
         jobs = sorted(j for j in template if j in _FEEDING_JOBS)
         tb_node = template["worker" if "worker" in jobs else jobs[0]][0]
-        cluster._start_tensorboard(log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}"))
+        logdir = log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}")
+        if "://" not in logdir:
+            os.makedirs(logdir, exist_ok=True)
+        shown = start_tensorboard(logdir)  # in a notebook, the panel showing the outcome
+        cluster._tensorboard = getattr(shown, "outcome", shown)
     if input_mode == InputMode.TENSORFLOW:
         try:
             cluster._start_background(reservation_timeout)

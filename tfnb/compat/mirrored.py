@@ -1,7 +1,4 @@
-"""spark-tensorflow-distributor's ``MirroredStrategyRunner`` on tfnb: change one import.
-
-    from spark_tensorflow_distributor import MirroredStrategyRunner   # before
-    from tfnb.compat import MirroredStrategyRunner                   # after
+"""spark-tensorflow-distributor's ``MirroredStrategyRunner`` on tfnb: change one import (see :mod:`tfnb.compat`).
 
 The constructor and ``run`` keep their meaning. Underneath, :func:`tfnb.run` launches the tasks, so
 each run's ``train`` executes in a fresh process (reruns in one session work without resetting
@@ -56,11 +53,9 @@ class _NotInSparkTask:
 
 
 def _hide_task_context() -> None:
-    try:
-        import pyspark
-        import pyspark.taskcontext as taskcontext
-    except ImportError:
-        return
+    import pyspark  # the task process runs with its Spark worker's environment
+    import pyspark.taskcontext as taskcontext
+
     pyspark.BarrierTaskContext = taskcontext.BarrierTaskContext = _NotInSparkTask  # type: ignore[misc]
 
 
@@ -69,8 +64,7 @@ def _run_program(train_fn: Callable, kwargs: dict, use_custom_strategy: bool, st
         return train_fn(**kwargs)
     import tensorflow as tf
 
-    strategy = getattr(tf.distribute, strategy_cls)()
-    with strategy.scope():
+    with getattr(tf.distribute, strategy_cls)().scope():
         return train_fn(**kwargs)
 
 
@@ -127,12 +121,10 @@ class MirroredStrategyRunner:
         self._gpu_resource_name = gpu_resource_name
         self._use_custom_strategy = use_custom_strategy
         self._spark = get_spark(spark, 1 if local_mode else num_slots)
+        self._num_tasks = None if local_mode else self.get_num_tasks()
         if local_mode:
             log.warning("MirroredStrategyRunner runs train on the driver (local_mode=True); other work on the "
                         "driver competes with it for resources")
-            self._num_tasks = None
-        else:
-            self._num_tasks = self.get_num_tasks()
 
     def get_num_tasks(self) -> int:
         """The number of Spark tasks a distributed run uses.
@@ -172,7 +164,7 @@ class MirroredStrategyRunner:
         from ..cluster import run
 
         return run(_task_main, num_workers=self._num_tasks, spark=self._spark,
-                   use_gpu=True if self._use_gpu else False,
+                   use_gpu=bool(self._use_gpu),
                    args=(train_fn, kwargs, self._use_custom_strategy, self._num_slots, self._use_gpu))
 
     def _run_local(self, train_fn: Callable, kwargs: dict) -> Any:

@@ -1,15 +1,5 @@
 """TensorFlowOnSpark's ``TFNode`` API inside ``map_fun``: the node context, ``DataFeed`` and ``hdfs_path``.
 
-Import it as TensorFlowOnSpark programs do, with only the package name changed::
-
-    from tfnb.compat import TFNode
-
-    def map_fun(args, ctx):
-        feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
-        while not feed.should_stop():
-            batch = feed.next_batch(64)
-            ...
-
 Differences from TensorFlowOnSpark 2.2.5, all on the side of failing instead of hanging:
 ``DataFeed`` in an ``InputMode.TENSORFLOW`` cluster raises (TensorFlowOnSpark blocks forever);
 ``should_stop()`` is True as soon as the last row has been handed out (TensorFlowOnSpark answers
@@ -28,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ._feed import INFERENCE, FeedManager
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +32,7 @@ def hdfs_path(ctx, path: str) -> str:
 
     A path with a Hadoop scheme is returned as it is; an absolute path gets ``ctx.defaultFS`` in
     front; a relative path is placed under ``/user/<user>/`` on HDFS (``hdfs://``, ``viewfs://``) or
-    under ``ctx.working_dir`` on ``file://``.
-
-    Args:
-        ctx: the node context (anything with ``defaultFS`` and ``working_dir``).
-        path: the path to convert.
-
-    Returns:
-        The absolute path with a scheme.
+    under ``ctx.working_dir`` on ``file://``. ``ctx`` is anything with ``defaultFS`` and ``working_dir``.
 
     Example:
         >>> ctx = type("Ctx", (), {"defaultFS": "file://", "working_dir": "/home/me"})
@@ -68,96 +52,6 @@ def hdfs_path(ctx, path: str) -> str:
         return f"{fs}/{ctx.working_dir[1:]}/{path}"
     log.warning("unknown file system scheme %s with relative path %s", fs, path)
     return f"{fs}/{path}"
-
-
-class FeedManager:
-    """What ``ctx.mgr`` is: this node's share of the RDD given to ``train()``/``inference()``, and
-    the inference results ``DataFeed.batch_results`` collects. One per map_fun process."""
-
-    def __init__(self, feed=None):
-        self.feed = feed          # _feed.FeedFile, or None in InputMode.TENSORFLOW
-        self.results: list = []
-        self._cursor = None
-
-    @property
-    def cursor(self):
-        if self._cursor is None:
-            if self.feed is None:
-                raise ConfigError(
-                    "TFNode.DataFeed reads the RDD given to cluster.train() or cluster.inference(), but this "
-                    "cluster runs InputMode.TENSORFLOW, where map_fun reads its own data; start it with "
-                    "TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK) and feed it with "
-                    "cluster.train(rdd), or read the data in map_fun (tf.data)")
-            from ._feed import FeedCursor
-
-            self._cursor = FeedCursor(self.feed)
-        return self._cursor
-
-    def __repr__(self) -> str:
-        if self.feed is None:
-            return "FeedManager(no feed: InputMode.TENSORFLOW)"
-        return f"FeedManager({self.feed.mode}, rows={self.feed.rows}, epochs={self.feed.epochs})"
-
-
-class NodeContext:
-    """The ``ctx`` a TensorFlowOnSpark ``map_fun(args, ctx)`` receives.
-
-    A plain mutable object rather than tfnb's frozen WorkerContext, because TensorFlowOnSpark
-    programs rely on ``ctx.release_port()`` clearing ``ctx.tmp_socket``.
-
-    Attributes:
-        executor_id: this node's index in 0..num_executors-1 (``worker_num`` is the same).
-        job_name: ``"ps"``, ``"chief"``/``"master"`` (the ``master_node`` name), ``"evaluator"`` or ``"worker"``.
-        task_index: the node's index within its job.
-        cluster_spec: ``{job_name: ["host:port", ...]}`` for every node, in TensorFlowOnSpark's layout.
-        num_workers: chief/master + worker nodes.
-        defaultFS: Hadoop's ``fs.defaultFS`` on the driver, e.g. ``"file://"`` or ``"hdfs://nn:8020"``.
-        working_dir: the driver's working directory when ``TFCluster.run`` was called.
-        mgr: the data feed handle for ``TFNode.DataFeed(ctx.mgr, ...)``.
-        tmp_socket: the socket keeping this node's port reserved when ``release_port=False``; None
-            once released (and always None with the default ``release_port=True``).
-        tfnb: the underlying :class:`tfnb.WorkerContext` (model_dir, log_dir, ``report()``, ...).
-    """
-
-    def __init__(self, executor_id: int, job_name: str, task_index: int, cluster_spec: dict,
-                 defaultFS: str = "file://", working_dir: str = ".", mgr: FeedManager | None = None,
-                 tmp_socket: socket.socket | None = None, tfnb=None):
-        self.worker_num = executor_id
-        self.executor_id = executor_id
-        self.job_name = job_name
-        self.task_index = task_index
-        self.cluster_spec = cluster_spec
-        self.num_workers = sum(len(v) for k, v in cluster_spec.items() if k in ("master", "chief", "worker"))
-        self.defaultFS = defaultFS
-        self.working_dir = working_dir
-        self.mgr = mgr
-        self.tmp_socket = tmp_socket
-        self.tfnb = tfnb
-
-    def absolute_path(self, path: str) -> str:
-        """``hdfs_path(self, path)``."""
-        return hdfs_path(self, path)
-
-    def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False):
-        """``start_cluster_server(self, num_gpus, rdma)``."""
-        return start_cluster_server(self, num_gpus, rdma)
-
-    def export_saved_model(self, sess, export_dir, tag_set, signatures):
-        """``export_saved_model(...)``: TensorFlow 1 only (raises)."""
-        export_saved_model(sess, export_dir, tag_set, signatures)
-
-    def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
-                      input_mapping: dict | None = None) -> "DataFeed":
-        """``DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)``."""
-        return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
-
-    def release_port(self) -> None:
-        """``release_port(self)``: free the reserved port before starting a TensorFlow server on it."""
-        release_port(self)
-
-    def __repr__(self) -> str:
-        return (f"NodeContext(executor_id={self.executor_id}, job_name={self.job_name!r}, "
-                f"task_index={self.task_index}, cluster_spec={self.cluster_spec})")
 
 
 def release_port(ctx) -> None:
@@ -209,6 +103,57 @@ def export_saved_model(sess, export_dir, tag_set, signatures):
                       "model with model.save(export_dir) or tf.saved_model.save(model, export_dir)")
 
 
+class NodeContext:
+    """The ``ctx`` a TensorFlowOnSpark ``map_fun(args, ctx)`` receives.
+
+    A plain mutable object rather than tfnb's frozen WorkerContext, because TensorFlowOnSpark
+    programs rely on ``ctx.release_port()`` clearing ``ctx.tmp_socket``.
+
+    Attributes:
+        executor_id: this node's index in 0..num_executors-1 (``worker_num`` is the same).
+        job_name: ``"ps"``, ``"chief"``/``"master"`` (the ``master_node`` name), ``"evaluator"`` or ``"worker"``.
+        task_index: the node's index within its job.
+        cluster_spec: ``{job_name: ["host:port", ...]}`` for every node, in TensorFlowOnSpark's layout.
+        num_workers: chief/master + worker nodes.
+        defaultFS: Hadoop's ``fs.defaultFS`` on the driver, e.g. ``"file://"`` or ``"hdfs://nn:8020"``.
+        working_dir: the driver's working directory when ``TFCluster.run`` was called.
+        mgr: the data feed handle for ``TFNode.DataFeed(ctx.mgr, ...)``.
+        tmp_socket: the socket keeping this node's port reserved when ``release_port=False``; None
+            once released (and always None with the default ``release_port=True``).
+        tfnb: the underlying :class:`tfnb.WorkerContext` (model_dir, log_dir, ``report()``, ...).
+    """
+
+    # as in TensorFlowOnSpark, the TFNode functions are methods of ctx too
+    absolute_path = hdfs_path
+    start_cluster_server = start_cluster_server
+    release_port = release_port
+    export_saved_model = staticmethod(export_saved_model)
+
+    def __init__(self, executor_id: int, job_name: str, task_index: int, cluster_spec: dict,
+                 defaultFS: str = "file://", working_dir: str = ".", mgr: FeedManager | None = None,
+                 tmp_socket: socket.socket | None = None, tfnb=None):
+        self.worker_num = executor_id
+        self.executor_id = executor_id
+        self.job_name = job_name
+        self.task_index = task_index
+        self.cluster_spec = cluster_spec
+        self.num_workers = sum(len(v) for k, v in cluster_spec.items() if k in ("master", "chief", "worker"))
+        self.defaultFS = defaultFS
+        self.working_dir = working_dir
+        self.mgr = mgr
+        self.tmp_socket = tmp_socket
+        self.tfnb = tfnb
+
+    def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
+                      input_mapping: dict | None = None) -> "DataFeed":
+        """``DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)``."""
+        return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
+
+    def __repr__(self) -> str:
+        return (f"NodeContext(executor_id={self.executor_id}, job_name={self.job_name!r}, "
+                f"task_index={self.task_index}, cluster_spec={self.cluster_spec})")
+
+
 def _deprecated(name: str):
     def fn(*args, **kwargs):
         raise ConfigError(f"TFNode.{name}() was removed in TensorFlowOnSpark 2; use "
@@ -230,8 +175,7 @@ class DataFeed:
         mgr: ``ctx.mgr``.
         train_mode: False makes ``next_batch`` stop at the end of each input partition (as
             TensorFlowOnSpark's inference feeding does); True lets batches run across partitions.
-        qname_in: must be ``"input"`` (TensorFlowOnSpark internal).
-        qname_out: must be ``"output"`` (TensorFlowOnSpark internal).
+        qname_in, qname_out: must be ``"input"`` and ``"output"`` (TensorFlowOnSpark internals).
         input_mapping: ``{column: tensor name}``; with it ``next_batch`` returns
             ``{tensor name: [values]}``, tensors ordered by column name, values taken by position
             from each row.
@@ -263,11 +207,11 @@ class DataFeed:
         self.qname_in = qname_in
         self.qname_out = qname_out
         self.input_tensors = [t for _, t in sorted(input_mapping.items())] if input_mapping is not None else None
-        self._cursor = mgr.cursor  # fails here, at construction, in an InputMode.TENSORFLOW cluster
+        mgr.open()  # fails here, at construction, in an InputMode.TENSORFLOW cluster
 
     @property
     def done_feeding(self) -> bool:
-        return self._cursor.exhausted
+        return self.mgr.exhausted
 
     def next_batch(self, batch_size: int):
         """Up to ``batch_size`` rows (a list), or with ``input_mapping`` a dict of value lists.
@@ -277,14 +221,14 @@ class DataFeed:
         """
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r} but it must be an int >= 1")
-        rows = self._cursor.take(batch_size, stop_at_partition=not self.train_mode)
+        rows = self.mgr.take(batch_size, stop_at_partition=not self.train_mode)
         if self.input_tensors is None:
             return rows
         return {t: [row[i] for row in rows] for i, t in enumerate(self.input_tensors)}
 
     def should_stop(self) -> bool:
         """True once every row has been handed out (all epochs), or after ``terminate()``."""
-        return self._cursor.exhausted
+        return self.mgr.exhausted
 
     def batch_results(self, results) -> None:
         """Return one result per row of the last batch; ``cluster.inference()`` yields them in input order."""
@@ -292,8 +236,8 @@ class DataFeed:
 
     def terminate(self) -> None:
         """Stop feeding early: ``next_batch`` returns ``[]`` and ``should_stop()`` is True from now on."""
-        log.info("terminate() called after %d rows", self._cursor.handed)
-        self._cursor.terminate()
+        log.info("terminate() called after %d rows", self.mgr.handed)
+        self.mgr.terminate()
 
 
 # ---------------------------------------------------------------- running map_fun (tfnb train_fn)
@@ -309,42 +253,20 @@ class NodeMeta:
     release_port: bool
 
 
-def role_of(executor_id: int, template) -> tuple[str, int]:
-    """(job_name, task_index) of ``executor_id`` in the cluster template."""
-    for job, executors in template:
-        if executor_id in executors:
-            return job, list(executors).index(executor_id)
-    return "default", -1
-
-
-def node_cluster_spec(addresses, template) -> dict:
-    """TensorFlowOnSpark's cluster_spec: node addresses (in executor order) grouped by job."""
-    return {job: [addresses[e] for e in executors] for job, executors in template}
-
-
-def tf_config_for(cluster_spec: dict, job_name: str, task_index: int) -> str | None:
-    """TF_CONFIG as TensorFlowOnSpark sets it: only for clusters with a chief/master node."""
-    if "chief" not in cluster_spec and "master" not in cluster_spec:
-        return None
-    return json.dumps({"cluster": cluster_spec, "task": {"type": job_name, "index": task_index},
-                       "environment": "cloud"})
-
-
 def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
     """tfnb train_fn running one TensorFlowOnSpark node: build its ctx, then ``map_fun(tf_args, ctx)``.
 
     Returns the node's inference results (``cluster.inference()``), else None.
     """
-    from ._feed import INFERENCE
-
     executor_id = wctx.task_index  # tfnb runs every node as a worker, so its index is the node's rank
-    job_name, task_index = role_of(executor_id, meta.template)
-    cluster_spec = node_cluster_spec(list(wctx.cluster_spec["worker"]), meta.template)
-    tf_config = tf_config_for(cluster_spec, job_name, task_index)
-    if tf_config is None:
-        os.environ.pop("TF_CONFIG", None)
-    else:
-        os.environ["TF_CONFIG"] = tf_config
+    job_name, task_index = next((job, ids.index(executor_id)) for job, ids in meta.template if executor_id in ids)
+    addresses = wctx.cluster_spec["worker"]
+    cluster_spec = {job: [addresses[e] for e in ids] for job, ids in meta.template}
+    # TF_CONFIG as TensorFlowOnSpark sets it: only for clusters with a chief/master node
+    os.environ.pop("TF_CONFIG", None)
+    if "chief" in cluster_spec or "master" in cluster_spec:
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster_spec, "task": {"type": job_name, "index": task_index},
+                                              "environment": "cloud"})
     mgr = FeedManager(wctx.feed)
     ctx = NodeContext(executor_id, job_name, task_index, cluster_spec, meta.default_fs, meta.working_dir,
                       mgr, None if meta.release_port else wctx.reserved_port(), wctx)
