@@ -111,6 +111,10 @@ def test_split_feeds_a_cached_balanced_dataframe_as_it_is(spark):
         assert sc.statusTracker().getJobIdsForGroup("tfnb-split-test") == []  # no job: the plan says it
         assert feeding.split_for_workers(even, 2) is even
         assert len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test")) == 1  # one counting job
+        one = split.coalesce(1).cache()
+        assert feeding.split_for_workers(one, 1) is one  # one worker: one partition needs no count either
+        assert len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test")) == 1
+        one.unpersist()
         # the same DataFrame for 3 workers must still be split into 3
         assert _partition_sizes(feeding.split_for_workers(split, 3)) == [333, 333, 334]
     finally:

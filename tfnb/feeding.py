@@ -172,8 +172,9 @@ def _cached_partition_rows(df) -> list[int]:
     return [int(r["rows"]) for r in df.select(F.lit(0).alias("_")).mapInArrow(_count_rows, "rows long").collect()]
 
 
-def _split_round_robin(df, n: int) -> bool:
-    """True when ``df`` is a cached ``repartition(n)``: balanced by construction, nothing to count.
+def _split_evenly(df, n: int) -> bool:
+    """True when ``df`` is a cached ``repartition(n)`` (or a single partition for one worker):
+    balanced by construction, nothing to count.
 
     Reads the cached plan (classic sessions only): its last step must be Spark's round-robin exchange
     into ``n`` partitions, with no filter or projection after the cache.
@@ -186,8 +187,11 @@ def _split_round_robin(df, n: int) -> bool:
         if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
             plan = plan.inputPlan()
         part = plan.outputPartitioning()
+        kind = part.getClass().getSimpleName()
+        if n == 1:
+            return kind.startswith("SinglePartition")
         return (plan.getClass().getSimpleName() == "ShuffleExchangeExec"
-                and part.getClass().getSimpleName() == "RoundRobinPartitioning" and part.numPartitions() == n)
+                and kind == "RoundRobinPartitioning" and part.numPartitions() == n)
     except Exception as e:  # noqa: BLE001 - Spark Connect, or a plan this Spark shapes differently: count
         log.debug("cached plan not readable: %s", e)
         return False
@@ -217,8 +221,8 @@ def split_for_workers(df, num_workers: int, num_ps: int = 0):
         >>> part.mapInArrow(run_task, schema, barrier=True)
     """
     n = num_workers + num_ps
-    if _is_cached(df) and _split_round_robin(df, n):
-        log.debug("feeding the cached round-robin split into %d partitions as it is", n)
+    if _is_cached(df) and _split_evenly(df, n):
+        log.debug("feeding the cached even split into %d partitions as it is", n)
         return df
     if _is_cached(df):
         # Counting an uncached DataFrame would compute it twice; a cached one is cheap to count.
