@@ -503,10 +503,21 @@ class ConsoleDisplay:
 
     def batch(self, events_: list) -> None:
         """Show a batch of events with one write: at scale a flush per line costs more than the line."""
-        self._held = []
+        self._held = held = []
+        run, log_kind = self.run, events.LOG
         try:
             for event in events_:
-                self(event)
+                data = event.data
+                line = data.get("line") if event.kind == log_kind else None
+                if type(line) is str and "\r" not in line and not data.get("partial") and event.job_name != "driver":
+                    # a plain line, most of what a large run sends: what __call__ does, without the detours
+                    run.apply(event)
+                    label = f"{event.job_name} {event.task_index}"
+                    if self._live_pending:
+                        self._live_pending.pop(label, None)
+                    held.append(f"[{label}] {line}")
+                else:
+                    self(event)
         finally:
             held, self._held = self._held, None
             if held:
