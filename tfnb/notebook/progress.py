@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 
-from .. import events
 from ..errors import ConfigError
 from ..events import RunEvent
 from .._charts import LiveChart, matplotlib_missing
@@ -240,22 +239,13 @@ class ProgressWidget:
                 self._rows.clear()
                 self._drawn, self._chart = (0, float("-inf")), None
                 self._logs_dirty = True
-            # the hot loop of a large run (thousands of events a second): locals, one pass
-            apply, rows, log_kind = self.run.apply, self._rows, events.LOG
-            changed = lines = False
-            for event in batch:
-                if not apply(event):
-                    continue
-                changed = True
-                if event.kind == log_kind:
-                    lines = True
-                elif event.job_name == "driver":
-                    if event.kind == events.ATTEMPT:
-                        rows.clear()
-                else:
-                    rows.pop((event.job_name, event.task_index), None)
+            changed, lines, tasks = self.run.apply_batch(batch)  # only the rows that changed are redrawn
             if not changed:
                 return
+            if tasks is None:
+                self._rows.clear()
+            for key in tasks or ():
+                self._rows.pop(key, None)
             self._logs_dirty = self._logs_dirty or lines
             self._dirty = True
             interval = max(self.refresh_interval, _LARGE_REFRESH) if self.run.large() else self.refresh_interval
