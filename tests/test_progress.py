@@ -347,6 +347,29 @@ def test_widget_handles_a_batch_as_one_render_and_keeps_few_curves():
     assert "50/100" in small.table.value
 
 
+def test_a_batch_folds_as_its_events_one_by_one():
+    from tfnb.progress import RunProgress
+
+    events = [_ev("log", "worker", 1, stream="stdout", line="a"),
+              _ev("log", "worker", 1, stream="stdout", line="bar 1/3", partial=True),
+              _ev("progress", "worker", 1, epoch=1, step=3, steps=10, loss=0.5),
+              _ev("log", "worker", 1, stream="stdout", line="b"),       # ends worker 1's bar
+              _ev("log", "worker", 7, stream="stdout", line="new task"),  # a task not in the run's shape
+              _ev("log", "chief", 0, stream="stdout", line="x\ry"),
+              _ev("state", "worker", 1, state="done")]
+    for cut in range(len(events) + 1):
+        one, batched = RunProgress.for_run(2, log_lines=3), RunProgress.for_run(2, log_lines=3)
+        for event in events:
+            one.apply(event)
+        batched.apply_batch(events[:cut])
+        changed, lines, tasks = batched.apply_batch(events[cut:])
+        assert list(batched.logs) == list(one.logs) and batched.workers == one.workers, cut
+        assert changed == bool(events[cut:]) and lines == any(e.kind == "log" for e in events[cut:])
+    assert list(one.logs) == ["[worker 1] b", "[worker 7] new task", "[chief 0] y"]
+    assert one.workers[("worker", 1)].live is None
+    assert RunProgress.for_run(2).apply_batch(events)[2] == {("worker", 1)}  # the rows to redraw
+
+
 def test_console_writes_a_batch_of_lines_at_once():
     class Writes(io.StringIO):
         calls = 0

@@ -64,27 +64,40 @@ def _key(token: str, direction: str, server_nonce: str, task_nonce: str) -> byte
 
 
 class _Sealer:
-    """MACs outgoing or checks incoming frame bodies of one direction, counting the sequence."""
+    """MACs outgoing or checks incoming frame bodies of one direction, counting the sequence.
 
-    __slots__ = ("key", "seq")
+    HMAC-SHA256 as RFC 2104 defines it (the same bytes as ``hmac.digest``), with the key's inner and
+    outer pads hashed once: per frame that saves two SHA-256 blocks and the key set-up (about a
+    third of the MAC's cost for a 1 KB frame) and reads the frame in place, without copies.
+    """
+
+    __slots__ = ("inner", "outer", "seq")
 
     def __init__(self, key: bytes):
-        self.key = key
+        key = key.ljust(64, b"\0")  # derived keys are 32 bytes: shorter than SHA-256's block
+        self.inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self.outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
         self.seq = 0
+
+    def mac(self, payload) -> bytes:
+        h = self.inner.copy()
+        h.update(self.seq.to_bytes(8, "big"))
+        h.update(payload)
+        o = self.outer.copy()
+        o.update(h.digest())
+        return o.digest()
 
     def seal(self, msg) -> bytes:
         payload = json.dumps(msg, default=str, separators=(",", ":")).encode()
-        mac = hmac.digest(self.key, self.seq.to_bytes(8, "big") + payload, "sha256")
+        mac = self.mac(payload)
         self.seq += 1
         return _HEAD.pack(_MAC + len(payload)) + mac + payload
 
     def open(self, body: memoryview) -> object:
-        payload = bytes(body[_MAC:])
-        expected = hmac.digest(self.key, self.seq.to_bytes(8, "big") + payload, "sha256")
-        if len(body) < _MAC or not hmac.compare_digest(expected, body[:_MAC]):
+        if len(body) < _MAC or not hmac.compare_digest(self.mac(body[_MAC:]), body[:_MAC]):
             raise ConnectionError("a frame failed its authentication check")
         self.seq += 1
-        return json.loads(payload)
+        return json.loads(bytes(body[_MAC:]))
 
 
 def _plain(msg: dict) -> bytes:
@@ -353,11 +366,18 @@ class Inbox:
     what the tasks still have to send is then finite and the channel thread must not wait on a
     queue nobody drains any more.
 
+    A waiting :meth:`get` returns once the first message has waited ``gather`` seconds or ``bound``/10
+    are waiting (at once for an item of :meth:`put`): at thousands of frames a second, waking the
+    main thread for each one meant ~1,000 passes a second of a few messages each, and five times
+    the context switches.
+
     Items come out as ``("msg", peer, message)`` or as put.
     """
 
-    def __init__(self, bound: int = 10_000):
+    def __init__(self, bound: int = 10_000, gather: float = 0.02):
         self.bound = bound
+        self.gather = gather
+        self._since = 0.0  # when the oldest waiting item came
         self.dropped = 0
         self.peak = 0    # most messages waiting at once
         self._cv = threading.Condition()
@@ -370,39 +390,56 @@ class Inbox:
             if item[0] in _ENDS:
                 self.bound = float("inf")
             self._items.append(item)
+            self._since = -1.0  # the driver's own news: no gathering
             self._cv.notify_all()
 
     def put_message(self, peer: dict, msg: dict) -> None:
         items = msg.get("items") if msg.get("kind") == "batch" else [msg]
-        keep = []
+        keep, progress = [], []
+        for m in items if isinstance(items, list) else ():
+            if isinstance(m, dict):
+                (progress if _merges(m) else keep).append(m)
+        n = len(keep)
+        if n and n == len(items):
+            keep = msg  # as it came (most batches: lines only, or one message)
+        elif n:
+            keep = keep[0] if n == 1 else {"kind": "batch", "items": keep}
         with self._cv:
-            for m in items if isinstance(items, list) else ():
-                if not isinstance(m, dict):
+            was_empty = not self._items
+            if was_empty:
+                self._since = time.monotonic()
+            for m in progress:
+                task = (peer.get("job_name"), peer.get("task_index"))
+                waiting = self._latest.get(task)
+                if waiting is not None:
+                    waiting["data"] = {**(waiting.get("data") or {}), **(m.get("data") or {})}
+                    self.dropped += 1
                     continue
-                if _merges(m):
-                    task = (peer.get("job_name"), peer.get("task_index"))
-                    waiting = self._latest.get(task)
-                    if waiting is not None:
-                        waiting["data"] = {**(waiting.get("data") or {}), **(m.get("data") or {})}
-                        self.dropped += 1
-                        continue
-                    self._latest[task] = m
-                    self._items.append(("progress", peer, task))
-                    self._size += 1
-                else:
-                    keep.append(m)
-            if keep:
+                self._latest[task] = m
+                self._items.append(("progress", peer, task))
+                self._size += 1
+            if n:
                 while self._size >= self.bound:
                     self._cv.wait()
-                self._items.append(("msg", peer, keep[0] if len(keep) == 1 else {"kind": "batch", "items": keep}))
-                self._size += len(keep)
+                self._items.append(("msg", peer, keep))
+                self._size += n
             self.peak = max(self.peak, self._size)
-            self._cv.notify_all()
+            if (was_empty and self._items) or self._size * 10 >= self.bound:
+                self._cv.notify_all()
 
     def get(self, timeout: float | None = None):
         with self._cv:
-            if not self._cv.wait_for(lambda: self._items, timeout=timeout):
-                raise queue.Empty
+            if not self._items:
+                if timeout is not None and timeout <= 0:
+                    raise queue.Empty
+                end = None if timeout is None else time.monotonic() + timeout
+                if not self._cv.wait_for(lambda: self._items, timeout=timeout):
+                    raise queue.Empty
+                wait = self._since + self.gather - time.monotonic()
+                if end is not None:
+                    wait = min(wait, end - time.monotonic())
+                if wait > 0 and self._size * 10 < self.bound:
+                    self._cv.wait(wait)  # woken early by put() or by bound/10 messages
             item = self._items.popleft()
             if item[0] == "progress":
                 item = ("msg", item[1], self._latest.pop(item[2]))

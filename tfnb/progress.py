@@ -170,6 +170,7 @@ class RunProgress:
     curves: dict = field(default_factory=dict, repr=False)
     chart_unit: str = "epoch"
     chart_version: int = 0
+    _live: set = field(default_factory=set, repr=False)  # keys of the tasks showing a carriage-return line
 
     @classmethod
     def for_run(cls, num_workers: int | None = None, num_ps: int = 0, *, max_attempts: int | None = None,
@@ -259,6 +260,60 @@ class RunProgress:
                  if w.state == "training" and w.examples_per_sec is not None]
         return sum(rates) if rates else None
 
+    def apply_batch(self, batch) -> tuple[bool, bool, set | None]:
+        """Fold events in order, as :meth:`apply` does each, for a display that redraws per batch.
+
+        A plain log line (no carriage return) of a known task changes only :attr:`logs` and, when
+        its task shows a carriage-return line, ends that line: at scale such lines are nearly all of
+        a batch, so they are gathered and only the newest that :attr:`logs` keeps are formatted.
+
+        Returns:
+            ``(changed, lines, tasks)``: whether anything visible changed, whether log lines
+            arrived, and the keys of the tasks whose row changed (None: every row, after a relaunch).
+        """
+        changed = lines = False
+        tasks: set | None = set()
+        plain: list = []
+        workers, log_kind = self.workers, events.LOG
+        for event in batch:
+            if event.kind == log_kind:
+                data = event.data
+                line = data.get("line")
+                if type(line) is str and "\r" not in line and not data.get("partial") and \
+                        (event.job_name, event.task_index) in workers:
+                    if not plain and self.started is None:
+                        self.started = event.time
+                    plain.append(event)
+                    continue
+                if plain:  # lines keep their order in the log
+                    self._add_lines(plain)
+                    plain = []
+            if not self.apply(event):
+                continue
+            changed = True
+            if event.kind == log_kind:
+                lines = True
+            elif event.job_name == "driver":
+                if event.kind == events.ATTEMPT:
+                    tasks = None
+            elif tasks is not None:
+                tasks.add((event.job_name, event.task_index))
+        if plain:
+            self._add_lines(plain)
+            changed = lines = True
+        return changed, lines, tasks
+
+    def _add_lines(self, plain: list) -> None:
+        if self._live:
+            for e in plain:
+                key = (e.job_name, e.task_index)
+                if key in self._live:
+                    self._live.discard(key)
+                    self.workers[key].live = None  # the bar's line ended
+        keep = self.logs.maxlen
+        self.logs.extend(f"[{e.job_name} {e.task_index}] {e.data['line'][:_MAX_LINE]}"
+                         for e in (plain if keep is None else plain[-keep:]))
+
     def apply(self, event: RunEvent) -> bool:
         """Fold one event into the state; True when something visible changed."""
         data = event.data or {}
@@ -274,9 +329,11 @@ class RunProgress:
                 shown = _last_segment(line)[:_MAX_LINE]
                 if data.get("partial"):
                     w.live = shown
+                    self._live.add((event.job_name, event.task_index))
                     return True
                 line = shown
             w.live = None  # the bar's line ended (tasks send its final state as the line): keep it in the log
+            self._live.discard((event.job_name, event.task_index))
             self.logs.append(f"[{event.job_name} {event.task_index}] {line[:_MAX_LINE]}")
             return True
         w = self.worker(event.job_name, event.task_index)
@@ -326,6 +383,7 @@ class RunProgress:
             self.attempt = _int(data.get("attempt")) or self.attempt + 1
             self.relaunch_reason = str(data.get("reason", "")) or None
             self.workers.clear()
+            self._live.clear()
             self._prefill(*self.shape)
             return True
         if kind == events.STATE and data.get("log_file"):
@@ -503,10 +561,21 @@ class ConsoleDisplay:
 
     def batch(self, events_: list) -> None:
         """Show a batch of events with one write: at scale a flush per line costs more than the line."""
-        self._held = []
+        self._held = held = []
+        run, log_kind = self.run, events.LOG
         try:
             for event in events_:
-                self(event)
+                data = event.data
+                line = data.get("line") if event.kind == log_kind else None
+                if type(line) is str and "\r" not in line and not data.get("partial") and event.job_name != "driver":
+                    # a plain line, most of what a large run sends: what __call__ does, without the detours
+                    run.apply(event)
+                    label = f"{event.job_name} {event.task_index}"
+                    if self._live_pending:
+                        self._live_pending.pop(label, None)
+                    held.append(f"[{label}] {line}")
+                else:
+                    self(event)
         finally:
             held, self._held = self._held, None
             if held:

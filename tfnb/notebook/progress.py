@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 
-from .. import events
 from ..errors import ConfigError
 from ..events import RunEvent
 from .._charts import LiveChart, matplotlib_missing
@@ -20,6 +19,7 @@ log = logging.getLogger(__name__)
 
 PAGE_ROWS = SUMMARY_ABOVE  # rows of the table a large run shows at once
 _LARGE_REFRESH = 1.0       # seconds between re-renders of a large run: its summary is O(tasks)
+_LARGE_CHART = 5.0         # seconds between chart frames of a large run: a frame costs tens of ms of CPU
 
 _STATE_COLOURS = {"pending": "#888", "starting": "#888", "training": "#1f6feb", "serving": "#1f6feb",
                   "stalled": "#8250df", "done": "#1a7f37", "stopped": "#bf8700", "failed": "#cf222e"}
@@ -98,11 +98,12 @@ class ProgressWidget:
     the log area when lines arrived, so a chatty TensorFlow does not flood the front end; once
     more when the run ends. The chart (loss and one metric by epoch, a line per task for the first
     :data:`tfnb.progress.CHART_TASKS` tasks) is drawn with matplotlib to a PNG at most every
-    ``chart_interval`` seconds, and only when a task reported; without matplotlib the panel says
-    how to get it and works on. Carriage-return output (a Keras ``verbose=1`` bar) shows as one
-    updating line per task under the table. Above :data:`tfnb.progress.SUMMARY_ABOVE` tasks the
-    panel shows a summary (counts by state, slowest/fastest task, stragglers, total examples/s) and
-    the table a page of :data:`PAGE_ROWS` tasks, those of note first, with buttons to page.
+    ``chart_interval`` seconds (5 s for a large run), and only when a task reported; without
+    matplotlib the panel says how to get it and works on. Carriage-return output (a Keras
+    ``verbose=1`` bar) shows as one updating line per task under the table. Above
+    :data:`tfnb.progress.SUMMARY_ABOVE` tasks the panel shows a summary (counts by state,
+    slowest/fastest task, stragglers, total examples/s) and the table a page of :data:`PAGE_ROWS`
+    tasks, those of note first, with buttons to page.
 
     Args:
         num_workers: chief + worker tasks, to show their rows before they report (optional).
@@ -238,20 +239,14 @@ class ProgressWidget:
                 self._rows.clear()
                 self._drawn, self._chart = (0, float("-inf")), None
                 self._logs_dirty = True
-            changed = False
-            for event in batch:
-                if not self.run.apply(event):
-                    continue
-                changed = True
-                if event.kind == events.LOG:
-                    self._logs_dirty = True
-                elif event.job_name == "driver":
-                    if event.kind == events.ATTEMPT:
-                        self._rows.clear()
-                else:
-                    self._rows.pop((event.job_name, event.task_index), None)
+            changed, lines, tasks = self.run.apply_batch(batch)  # only the rows that changed are redrawn
             if not changed:
                 return
+            if tasks is None:
+                self._rows.clear()
+            for key in tasks or ():
+                self._rows.pop(key, None)
+            self._logs_dirty = self._logs_dirty or lines
             self._dirty = True
             interval = max(self.refresh_interval, _LARGE_REFRESH) if self.run.large() else self.refresh_interval
             wait = self._last_render + interval - time.monotonic()
@@ -317,8 +312,9 @@ class ProgressWidget:
         if (self.chart is None or self._frame is not None or self._closed or self.run.chart_version == version
                 or not self.run.curves):
             return
-        # a large run's frames are spaced twice as far: the table's summary already costs O(tasks)
-        interval = max(self.chart_interval, 2 * _LARGE_REFRESH) if self.run.large() else self.chart_interval
+        # a large run's frames are spaced further: its curves are a few of hundreds of tasks, and the
+        # driver's main thread shares the interpreter with the channel thread reading those tasks
+        interval = max(self.chart_interval, _LARGE_CHART) if self.run.large() else self.chart_interval
         self._frame = threading.Timer(max(drawn_at + interval - time.monotonic(), 0.0), self._draw_frame)
         self._frame.daemon = True
         self._frame.start()
