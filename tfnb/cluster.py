@@ -536,8 +536,10 @@ class _Attempt:
             return
         life.seen = time.monotonic()
         if kind == "batch":  # its other items come back through _handle, its log lines do not
-            lines = [m.get("line", "") for m in msg.get("items") or () if isinstance(m, dict) and m.get("kind") == "log"]
-            life.line = str(lines[-1]) if lines else life.line
+            for m in reversed(msg.get("items") or ()):
+                if isinstance(m, dict) and m.get("kind") == "log":
+                    life.line = str(m.get("line", ""))
+                    break
         elif kind == "log":
             life.line = str(msg.get("line", ""))
         elif kind == "event" and msg.get("event", events.PROGRESS) == events.PROGRESS:
