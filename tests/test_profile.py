@@ -84,24 +84,30 @@ def test_tensorboard_shows_one_host_per_worker(spark, tmp_path, rclone_s3, no_or
     rclone_s3.client().create_bucket(Bucket="profiled")
     log_dir, tb_dir = "s3://profiled/run1/logs", tmp_path / "tb"
     # the workers reach S3 with the endpoint and credentials in env=, as a user passes them
+    seen = []
     assert tfnb.run(keras_fit, num_workers=2, spark=spark, log_dir=log_dir, profile_steps=(3, 6),
-                    env=rclone_s3.env(), display=False, timeout=600) == "trained"
+                    env=rclone_s3.env(), display=seen.append, timeout=600) == "trained"
 
     # the driver side of the notebook: storage -> the folder TensorBoard reads
     tfnb.EventSync(log_dir, str(tb_dir), storage_options={
         "endpoint_url": rclone_s3.endpoint_url, "key": rclone_s3.access_key, "secret": rclone_s3.secret_key,
         "region": "us-east-1"}).stop()
     traces = sorted(p.relative_to(tb_dir).as_posix() for p in tb_dir.rglob("*.xplane.pb"))
-    assert len(traces) == 2 and {t.rsplit("/", 1)[1] for t in traces} == {"chief-0.xplane.pb",
-                                                                          "worker-1.xplane.pb"}, traces
-    run = traces[0].split("/")[2]
+    # one profile run per attempt: TensorFlow's profiler itself now and then kills a train_fn process
+    # (SIGSEGV in profiler_v2.stop, seen on a loaded machine), and the relaunch profiles again
+    attempts = 1 + sum(e.kind == "attempt" for e in seen)
+    runs = sorted({t.split("/")[2] for t in traces})
+    assert (len(runs) == 1) if attempts == 1 else (len(runs) <= attempts), (traces, attempts)
+    run = runs[-1]
+    assert sorted(t.rsplit("/", 1)[1] for t in traces if t.split("/")[2] == run) == [
+        "chief-0.xplane.pb", "worker-1.xplane.pb"], traces
 
     monkeypatch.setenv("TFNB_TENSORBOARD_DIR", str(tmp_path / "tb-info"))
     board = ensure_tensorboard(str(tb_dir), reload_interval=1)
     try:
         assert isinstance(board, (Launched, Reused)), board
         base = f"http://127.0.0.1:{board.port}/data/plugin/profile/"
-        assert get_json(base + "runs") == [run]
+        assert sorted(get_json(base + "runs")) == runs
         query = urllib.parse.urlencode({"run": run, "tag": "trace_viewer"})
         assert sorted(h["hostname"] for h in get_json(base + "hosts?" + query)) == ["chief-0", "worker-1"]
         assert "trace_viewer@" in get_json(base + "run_tools?" + urllib.parse.urlencode({"run": run}))
@@ -126,11 +132,13 @@ def test_a_trace_that_cannot_be_written_is_reported_once_and_training_goes_on(sp
                     profile_steps=(3, 5), env=rclone_s3.env(), display=seen.append, timeout=600) == "trained"
 
     reports = [(e.label, e.data["line"]) for e in seen if e.kind == "log" and "profiler trace" in e.data["line"]]
-    assert len(reports) == 1, reports
-    label, line = reports[0]
+    attempts = 1 + sum(e.kind == "attempt" for e in seen)  # a relaunch (see above) reports again
+    assert 1 <= len(reports) <= attempts, reports
+    label, line = reports[-1]
     assert label == "worker 1" and "was not written" in line and "not-a-folder" in line, reports
     # the chief, whose log_dir works, wrote its trace in the custom loop
-    assert [p.name for p in log_dir.rglob("*.xplane.pb")] == ["chief-0.xplane.pb"]
+    chief = [p.name for p in log_dir.rglob("*.xplane.pb")]
+    assert set(chief) == {"chief-0.xplane.pb"} and len(chief) <= attempts, chief
 
 
 def test_a_trace_that_cannot_start_is_reported_once_not_per_step(caplog):
