@@ -52,8 +52,9 @@ def test_frozen_worker_is_relaunched_and_the_run_resumes(spark, tmp_path, no_orp
     result = tfnb.run(lockstep_fit, num_workers=2, args=(4, 1), spark=spark, model_dir=str(tmp_path),
                       stall_timeout=3, max_attempts=2, display=seen.append, timeout=300)
     # Resumed where the frozen worker stopped, not from the start. (Dumping its stack continues the stopped
-    # process, which may finish its epoch before the cancel lands: either epoch is a correct resume.)
-    assert result["attempt"] == 2 and result["ran"][0] in (1, 2) and result["ran"][-1] == 3
+    # process, which may finish an epoch or two, 0.1 s each, before the cancel lands: any of them is a
+    # correct resume.)
+    assert result["attempt"] == 2 and result["ran"][0] in (1, 2, 3) and result["ran"][-1] == 3
     stalled = [e for e in seen if e.kind == "state" and e.data.get("state") == "stalled"]
     assert ("worker", 1) in {(e.job_name, e.task_index) for e in stalled}
     relaunch = next(e for e in seen if e.kind == "attempt")
