@@ -415,12 +415,12 @@ class FeedStream:
         with open(path + ".part", "w") as f:
             json.dump(self._state, f)
         os.replace(path + ".part", path)
+        if self._wake is None:
+            return  # pump() has ended: nobody waits for a wake-up any more
         try:
             os.write(self._wake, b"\0")
         except BlockingIOError:
             pass  # the pipe is full of wake-ups the reader has not taken yet: it will look anyway
-        except (OSError, TypeError):
-            pass  # pump() has ended: nobody reads any more
 
     def heard(self, msg: dict) -> None:
         """The driver's answer (channel reader thread): ``safe`` rows every worker has, or the final ``counts``."""
@@ -430,7 +430,7 @@ class FeedStream:
             if isinstance(msg.get("counts"), list):
                 self._counts = [int(r) for r in msg["counts"]][: self.num_workers]
                 self._final.set()
-            elif int(msg.get("safe", 0)) > self._state["safe"] and self._state["final"] is None:
+            elif int(msg.get("safe", 0)) > self._state["safe"]:
                 self._state["safe"] = int(msg["safe"])
                 self._publish()
 
