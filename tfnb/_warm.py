@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Iterator
 
 from ._private import private_dir
 
@@ -71,17 +72,21 @@ def _connect(path: str) -> socket.socket | None:
     return None
 
 
-def claim(want: str) -> socket.socket | None:
-    """Connect to an idle standby with key ``want``; tell standbys with other keys to exit."""
-    found = None
+def claim(want: str) -> Iterator[socket.socket]:
+    """Connections to the idle standbys with key ``want``, warm ones first; standbys with other keys
+    are told to exit. A standby serves one connection, and two tasks of a host may reach the same one
+    at once (the second waits in its listen queue until the first is taken): when handing the run over
+    fails, the caller tries the next."""
+    mine = []
     for path in _sockets():
         if os.path.basename(path).startswith(want + "-"):
-            # a standby serves one connection: a refused one was taken already, try the next
-            found = found or _connect(path)
+            mine.append(path)
         elif other := _connect(path):
             other.sendall(b'{"exit": true}\n')
             other.close()
-    return found
+    for path in mine:
+        if conn := _connect(path):  # a refused one was taken already
+            yield conn
 
 
 def count(want: str) -> int:
@@ -128,6 +133,10 @@ class Claimed:
         try:
             socket.send_fds(conn, [body], [out_w, err_w, ev_w, held_fd])
             self.pid = int(_readline(conn))
+        except BaseException:
+            for fd in (out_r, err_r, ev_r):
+                os.close(fd)
+            raise
         finally:
             for fd in (out_w, err_w, ev_w):
                 os.close(fd)

@@ -322,14 +322,16 @@ class _Supervisor:
             return None
         from . import _warm
 
+        cwd = os.getcwd() if self.spec.task_cwd else self.workdir
         try:
-            conn = _warm.claim(_warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus))
-            if conn is None:
-                return None
-            cwd = os.getcwd() if self.spec.task_cwd else self.workdir
-            return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno())
+            for conn in _warm.claim(_warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus)):
+                try:
+                    return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno())
+                except OSError:
+                    conn.close()  # another task of this host took that standby first
         except OSError:
-            return None  # whatever went wrong, a fresh process does the same job
+            pass
+        return None  # none to take, or whatever went wrong: a fresh process does the same job
 
     def start(self, mode: str, gpus: tuple, held: socket.socket) -> None:
         """Start the child now; it imports TensorFlow while the barrier exchanges addresses."""
