@@ -73,8 +73,8 @@ def sender(address: str, token: str, first: int, count: int, lines_per_s: float,
             due[j] += lines_per_s * TICK
             while due[j] >= 1.0:
                 due[j] -= 1.0
-                chan.post("log", stream="stdout", line=f"{now:.6f} 1875/1875 [==============================] "
-                                                        f"- 12s 6ms/step - loss: 0.2931 - accuracy: 0.9153")
+                chan.post_line("stdout", f"{now:.6f} 1875/1875 [==============================] "
+                                         f"- 12s 6ms/step - loss: 0.2931 - accuracy: 0.9153")
             if (tick + j) % 10 == 0:  # 2 Hz, tasks out of phase
                 chan.post("event", merge="progress", event="progress",
                           data={"t": now, "epoch": 1, "epochs": 10, "step": tick, "steps": 100000,
@@ -93,7 +93,7 @@ def sender(address: str, token: str, first: int, count: int, lines_per_s: float,
 
 
 class Lag:
-    """The display under test, wrapped: records made -> displayed lag of every line and report."""
+    """The display under test, wrapped: counts what it got, records made -> displayed lag of a sample."""
 
     def __init__(self, display):
         self.display = display
@@ -110,10 +110,11 @@ class Lag:
         if not self.measuring:
             return
         now = time.time()
-        # every line and report, in two comprehensions: the measuring runs in the measured process
-        lags = [now - float(e.data["line"][:17]) for e in batch if e.kind == "log"]
-        lags += [now - e.data["t"] for e in batch if e.kind == "progress" and "t" in e.data]
-        self.count += len(lags)
+        # the lag of every 4th line and report: the measuring runs in the measured process
+        sample = batch[::4]
+        lags = [now - float(e.data["line"][:17]) for e in sample if e.kind == "log"]
+        lags += [now - e.data["t"] for e in sample if e.kind == "progress" and "t" in e.data]
+        self.count += len(batch)
         self.lags += lags
 
 

@@ -95,6 +95,26 @@ def test_messages_flow_both_ways_in_batches(driver):
         task.close()
 
 
+def test_a_run_of_lines_travels_as_one_item_in_order_with_the_rest(driver):
+    task = _task(driver, window=None)
+    try:
+        task.post_line("stdout", "a")
+        task.post_line("stdout", "b")
+        task.post_line("stderr", "c")
+        task.post("log", merge="stdout", stream="stdout", line="bar 1", partial=True)
+        task.post("log", merge="stdout", stream="stdout", line="bar 2", partial=True)
+        task.post_line("stdout", "d")
+        task.send("state", state="done")
+        got = [driver.got.next()[1] for _ in range(5)]
+        assert got == [{"kind": "log", "stream": "stdout", "lines": ["a", "b"]},
+                       {"kind": "log", "stream": "stderr", "lines": ["c"]},
+                       {"kind": "log", "stream": "stdout", "line": "bar 2", "partial": True},
+                       {"kind": "log", "stream": "stdout", "lines": ["d"]},
+                       {"kind": "state", "state": "done"}]
+    finally:
+        task.close()
+
+
 def test_wrong_token_is_refused(driver):
     with pytest.raises(ConnectionError, match="refused"):
         TaskChannel(driver.address, "not-the-secret", PEER)

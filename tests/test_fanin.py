@@ -13,6 +13,7 @@ import re
 import threading
 from collections import defaultdict
 
+import pytest
 
 from tfnb._channel import DriverChannel, TaskChannel
 from tfnb._worker import _MAX_LINE, _Lines
@@ -31,7 +32,7 @@ def _burst_task(address, token, index, start):
     chan.send("state", state="training")
     for i in range(max(LINES, REPORTS)):
         if i < LINES:
-            chan.post("log", stream="stdout", line=f"task {index} line {i}")
+            chan.post_line("stdout", f"task {index} line {i}")
         if i < REPORTS:
             end = (i + 1) % 100 == 0
             chan.post("event", merge=None if end else "progress", event="progress",
@@ -94,6 +95,32 @@ def test_a_burst_far_above_the_drivers_rate_loses_no_line_state_or_failure(tmp_p
         assert reports[-1]["step"] == REPORTS and len(reports) <= REPORTS
     assert sum(len(seen[("progress", i)]) for i in range(TASKS)) + att.q.dropped <= TASKS * REPORTS
     assert any("FAILED ValueError: task 0 gave up" in x for x in file_lines)
+
+
+def test_ctrl_c_during_a_pass_leaves_what_it_did_not_handle_for_the_next(tmp_path):
+    shown = []
+    att = _Attempt(None, dict(run_id="ctrl-c", attempt=1, max_attempts=1, model_dir=str(tmp_path)), None,
+                   shown.append, None, 1, 0)
+    peer = {"job_name": "chief", "task_index": 0, "rank": 0}
+    for i in range(10):
+        att.q.put_message(peer, {"kind": "log", "stream": "stdout", "lines": [f"line {i}", f"more {i}"]})
+    handle, calls = att._handle, []
+
+    def interrupted(peer, msg):
+        calls.append(msg)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # pressed while the fourth message was being handled
+        handle(peer, msg)
+
+    att._handle = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        att._drain(1.0)
+    att._handle = handle
+    att._drain(1.0)
+    att.runlog.close()
+    lines = [e.data["line"] for e in shown if e.kind == "log"]
+    assert lines == [x for i in range(10) if i != 3 for x in (f"line {i}", f"more {i}")]
+    assert att.q.qsize() == 0
 
 
 # ---------------------------------------------------------------- carriage returns and long lines

@@ -15,7 +15,6 @@ import re
 import shutil
 import threading
 import time
-from datetime import datetime
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,10 @@ class RunLog:
         out = []
         for m in items if isinstance(items, (list, tuple)) else ():
             kind = m.get("kind") if isinstance(m, dict) else None
-            if kind == "log" and not m.get("partial"):
+            if kind == "log" and "lines" in m:
+                stream = m.get("stream", "")
+                out.extend(f"{stream}: {line}" for line in m["lines"] or ())
+            elif kind == "log" and not m.get("partial"):
                 out.append(f"{m.get('stream', '')}: {m.get('line', '')}")
             elif kind == "state":
                 out.append(f"state: {m.get('state', '')}")
@@ -124,5 +126,14 @@ class RunLog:
                 self._file = None
 
 
+_second = (0, "")  # the last second stamped and its text: a large run stamps thousands of batches a second
+
+
 def _stamp() -> str:
-    return datetime.now().isoformat(" ", "milliseconds")  # 2026-11-23 16:22:24.123, local time
+    """2026-11-23 16:22:24.123, local time."""
+    global _second
+    now = time.time()
+    second = int(now)
+    if second != _second[0]:
+        _second = (second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second)))
+    return f"{_second[1]}.{int((now - second) * 1000):03d}"

@@ -378,7 +378,7 @@ class _Supervisor:
                 if partial:  # a progress bar's latest state: replaces the one still waiting to be sent
                     self.chan.post("log", merge=stream, stream=stream, line=line, partial=True)
                 elif not is_startup_noise(line, level):
-                    self.chan.post("log", stream=stream, line=line)
+                    self.chan.post_line(stream, line)
             return send
 
         self._pump(self.proc.stdout, forward("stdout"))

@@ -16,6 +16,8 @@ from .errors import ConfigError
 
 def _number(value: Any) -> float | None:
     """A number, numpy scalar or scalar tensor as float; None for anything else (bools included)."""
+    if type(value) is float or type(value) is int:  # what JSON gives the driver, many times a second
+        return float(value)
     try:
         if hasattr(value, "numpy"):
             value = value.numpy()

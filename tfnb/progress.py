@@ -273,46 +273,49 @@ class RunProgress:
         """
         changed = lines = False
         tasks: set | None = set()
-        plain: list = []
-        workers, log_kind = self.workers, events.LOG
-        for event in batch:
-            if event.kind == log_kind:
-                data = event.data
-                line = data.get("line")
-                if type(line) is str and "\r" not in line and not data.get("partial") and \
-                        (event.job_name, event.task_index) in workers:
-                    if not plain and self.started is None:
-                        self.started = event.time
-                    plain.append(event)
-                    continue
-                if plain:  # lines keep their order in the log
-                    self._add_lines(plain)
-                    plain = []
+        shown: list = []  # the runs of lines, added to logs when a line comes another way, or at the end
+        for plain, event in _runs(batch, self.workers):
+            if plain is not None:
+                self.add_lines(plain, shown)
+                changed = lines = True
+                continue
+            if shown and event.kind == events.LOG:
+                self._keep(shown)
             if not self.apply(event):
                 continue
             changed = True
-            if event.kind == log_kind:
+            if event.kind == events.LOG:
                 lines = True
             elif event.job_name == "driver":
                 if event.kind == events.ATTEMPT:
                     tasks = None
             elif tasks is not None:
                 tasks.add((event.job_name, event.task_index))
-        if plain:
-            self._add_lines(plain)
-            changed = lines = True
+        self._keep(shown)
         return changed, lines, tasks
 
-    def _add_lines(self, plain: list) -> None:
+    def add_lines(self, plain: list, shown: list | None = None) -> None:
+        """Fold plain log lines of known tasks (see :func:`_runs`) as :meth:`apply` does each; with
+        ``shown``, their events go there for :meth:`_keep` to add to :attr:`logs` later, in order."""
+        if self.started is None:
+            self.started = plain[0].time
         if self._live:
             for e in plain:
                 key = (e.job_name, e.task_index)
                 if key in self._live:
                     self._live.discard(key)
                     self.workers[key].live = None  # the bar's line ended
+        if shown is None:
+            self._keep(plain)
+        else:
+            shown += plain
+
+    def _keep(self, plain: list) -> None:
+        # only the newest lines logs holds are formatted: at scale most scroll out at once
         keep = self.logs.maxlen
         self.logs.extend(f"[{e.job_name} {e.task_index}] {e.data['line'][:_MAX_LINE]}"
                          for e in (plain if keep is None else plain[-keep:]))
+        plain.clear()
 
     def apply(self, event: RunEvent) -> bool:
         """Fold one event into the state; True when something visible changed."""
@@ -454,6 +457,27 @@ class RunProgress:
         return " · ".join(parts)
 
 
+def _runs(batch, workers: dict):
+    """Split ``batch`` in order into runs of plain log lines (no carriage return, of a task in
+    ``workers``), nearly all of a large run's events, and the other events one by one: yields
+    ``(lines, None)`` or ``(None, event)``."""
+    plain, log_kind = [], events.LOG
+    for event in batch:
+        if event.kind == log_kind:
+            data = event.data
+            line = data.get("line")
+            if type(line) is str and "\r" not in line and not data.get("partial") and \
+                    (event.job_name, event.task_index) in workers:
+                plain.append(event)
+                continue
+        if plain:
+            yield plain, None
+            plain = []
+        yield None, event
+    if plain:
+        yield plain, None
+
+
 def _last_segment(line: str) -> str:
     """What a terminal shows for a line with carriage returns: the text after the last one."""
     parts = [p for p in line.split("\r") if p.strip()]
@@ -562,21 +586,22 @@ class ConsoleDisplay:
     def batch(self, events_: list) -> None:
         """Show a batch of events with one write: at scale a flush per line costs more than the line."""
         self._held = held = []
-        run, log_kind = self.run, events.LOG
+        shown: list = []  # as in RunProgress.apply_batch
         try:
-            for event in events_:
-                data = event.data
-                line = data.get("line") if event.kind == log_kind else None
-                if type(line) is str and "\r" not in line and not data.get("partial") and event.job_name != "driver":
-                    # a plain line, most of what a large run sends: what __call__ does, without the detours
-                    run.apply(event)
-                    label = f"{event.job_name} {event.task_index}"
-                    if self._live_pending:
-                        self._live_pending.pop(label, None)
-                    held.append(f"[{label}] {line}")
-                else:
+            for plain, event in _runs(events_, self.run.workers):
+                if plain is None:
+                    if shown and event.kind == events.LOG:
+                        self.run._keep(shown)
                     self(event)
+                    continue
+                # plain lines, most of what a large run sends: what __call__ does, without the detours
+                self.run.add_lines(plain, shown)
+                if self._live_pending:
+                    for e in plain:
+                        self._live_pending.pop(e.label, None)
+                held.extend(f"[{e.job_name} {e.task_index}] {e.data['line']}" for e in plain)
         finally:
+            self.run._keep(shown)
             held, self._held = self._held, None
             if held:
                 self._print("\n".join(held))
