@@ -17,8 +17,9 @@ Frames are authenticated, not encrypted (logs and tracebacks are readable on the
 
 The driver serves every connection from one thread (``selectors``), so connections that have not
 authenticated cost no thread; at most ``max_pending`` of them are served at once, the rest wait in the
-listen backlog. Tasks batch what they send (:meth:`TaskChannel.post`): log lines for ``window``
-seconds go out as one frame, and progress reports are merged to the latest per window.
+listen backlog. Tasks batch what they send (:meth:`TaskChannel.post`, :meth:`TaskChannel.post_line`):
+what comes within ``window`` seconds goes out as one frame, a run of lines of one stream as one item,
+and progress reports are merged to the latest per window.
 """
 from __future__ import annotations
 
