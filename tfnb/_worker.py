@@ -237,6 +237,8 @@ class _Supervisor:
         self._settled = threading.Event()  # the child exited, or train_fn returned and it lingers
         self.released = threading.Event()  # the driver's "end" (every train_fn returned) or a stop
         self.feed = None  # the FeedStream that hears the driver's row counts (tfnb.run(data=df))
+        self.tasks: list | None = None  # every task's address and rows, from the driver
+        self.gathered = threading.Event()  # set with tasks, or by a stop
         self._code: int | None = None
         self._waiter: threading.Thread | None = None
 
@@ -246,6 +248,9 @@ class _Supervisor:
             self.stop()
         elif msg.get("kind") == "end":
             self.released.set()
+        elif msg.get("kind") == "cluster":
+            self.tasks = msg.get("tasks")
+            self.gathered.set()
         elif msg.get("kind") == "feed" and self.feed is not None:
             self.feed.heard(msg)
         elif msg.get("kind") == "dump":
@@ -285,6 +290,7 @@ class _Supervisor:
     def stop(self) -> None:
         self.stop_requested.set()
         self.released.set()
+        self.gathered.set()
         if self.feed is not None:
             self.feed.abort()
         self._signal(signal.SIGTERM)
@@ -524,8 +530,14 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         elif spec.feed is None:
             for _ in batches:
                 pass
-        gathered = [json.loads(x) for x in bctx.allGather(json.dumps(
-            {"addr": f"{host}:{port}", "rows": fed.rows if fed is not None else 0}))]
+        # Every task's address through the driver, which answers once all of them reported: Spark's
+        # allGather answers at its next one-second poll, a second of every launch and rerun.
+        chan.send("addr", addr=f"{host}:{port}", rows=fed.rows if fed is not None else 0)
+        sup.gathered.wait()
+        if sup.tasks is None:  # stopped first
+            chan.send("state", state="stopped")
+            return
+        gathered = sup.tasks
         cluster = build_cluster([g["addr"] for g in gathered], spec.num_workers, spec.num_ps)
         if spec.feeder is not None:
             feed_info = spec.feeder.finish(fed, [g["rows"] for g in gathered])

@@ -313,6 +313,7 @@ class _Attempt:
         self.decided = False  # past this point, disconnects are tfnb's own stopping of the tasks
         self._batch: list | None = None  # events of the current _drain pass, for the display
         self._feed: dict[int, tuple[int, bool]] = {}  # rank -> (rows so far, whole) while data= streams
+        self._addrs: dict[int, dict] = {}  # rank -> its TensorFlow server's address and rows, as tasks report
         self._feed_told = 0.0
 
     def _show(self, event: RunEvent) -> None:
@@ -323,8 +324,14 @@ class _Attempt:
             self.display(event)
 
     def _on_message(self, peer: dict, msg: dict) -> None:
-        if msg.get("kind") == "feed":  # answered here, in milliseconds: train_fn waits for these rows
+        kind = msg.get("kind")
+        if kind == "feed":  # answered here, in milliseconds: train_fn waits for these rows
             self._on_feed(peer, msg)
+            return
+        if kind == "addr":  # likewise: every task waits for the others' addresses to start train_fn
+            self._addrs[int(peer.get("rank", -1))] = {"addr": msg.get("addr"), "rows": msg.get("rows", 0)}
+            if len(self._addrs) == self.num_tasks and all(r in self._addrs for r in range(self.num_tasks)):
+                self.channel.broadcast({"kind": "cluster", "tasks": [self._addrs[r] for r in range(self.num_tasks)]})
             return
         # the channel thread: the file gets every line even while the display is behind
         self.runlog.message(peer, msg)
