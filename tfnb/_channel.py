@@ -98,7 +98,7 @@ class _Sealer:
         if len(body) < _MAC or not hmac.compare_digest(self.mac(body[_MAC:]), body[:_MAC]):
             raise ConnectionError("a frame failed its authentication check")
         self.seq += 1
-        return json.loads(bytes(body[_MAC:]))
+        return json.loads(str(body[_MAC:], "utf-8"))  # from str: json.loads(bytes) guesses the encoding first
 
 
 def _plain(msg: dict) -> bytes:
