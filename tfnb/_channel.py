@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import queue
 import secrets
 import selectors
@@ -235,7 +236,9 @@ class DriverChannel:
 
     def _read(self, c: _Conn) -> None:
         try:
-            n = c.sock.recv_into(self._rx)
+            # readv, not recv_into: a socket with a timeout polls before every recv, a second system
+            # call per frame when the selector has just said there is data (its fd is non-blocking)
+            n = os.readv(c.sock.fileno(), (self._rx,))
         except (BlockingIOError, InterruptedError, socket.timeout):
             return
         except OSError:
