@@ -276,7 +276,7 @@ class RunProgress:
         shown: list = []  # the runs of lines, added to logs when a line comes another way, or at the end
         for plain, event in _runs(batch, self.workers):
             if plain is not None:
-                self.add_lines(plain, shown)
+                self._add_lines(plain, shown)
                 changed = lines = True
                 continue
             if shown and event.kind == events.LOG:
@@ -294,9 +294,9 @@ class RunProgress:
         self._keep(shown)
         return changed, lines, tasks
 
-    def add_lines(self, plain: list, shown: list | None = None) -> None:
-        """Fold plain log lines of known tasks (see :func:`_runs`) as :meth:`apply` does each; with
-        ``shown``, their events go there for :meth:`_keep` to add to :attr:`logs` later, in order."""
+    def _add_lines(self, plain: list, shown: list) -> None:
+        """Fold plain log lines of known tasks (see :func:`_runs`) as :meth:`apply` does each; their
+        events go to ``shown``, which :meth:`_keep` adds to :attr:`logs` before any other line."""
         if self.started is None:
             self.started = plain[0].time
         if self._live:
@@ -305,17 +305,14 @@ class RunProgress:
                 if key in self._live:
                     self._live.discard(key)
                     self.workers[key].live = None  # the bar's line ended
-        if shown is None:
-            self._keep(plain)
-        else:
-            shown += plain
+        shown += plain
 
-    def _keep(self, plain: list) -> None:
+    def _keep(self, shown: list) -> None:
         # only the newest lines logs holds are formatted: at scale most scroll out at once
         keep = self.logs.maxlen
         self.logs.extend(f"[{e.job_name} {e.task_index}] {e.data['line'][:_MAX_LINE]}"
-                         for e in (plain if keep is None else plain[-keep:]))
-        plain.clear()
+                         for e in (shown if keep is None else shown[-keep:]))
+        shown.clear()
 
     def apply(self, event: RunEvent) -> bool:
         """Fold one event into the state; True when something visible changed."""
@@ -595,7 +592,7 @@ class ConsoleDisplay:
                     self(event)
                     continue
                 # plain lines, most of what a large run sends: what __call__ does, without the detours
-                self.run.add_lines(plain, shown)
+                self.run._add_lines(plain, shown)
                 if self._live_pending:
                     for e in plain:
                         self._live_pending.pop(e.label, None)
