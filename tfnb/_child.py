@@ -6,7 +6,7 @@ kill it as a group.
 
 Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``, or ``--standby FD`` for a warm
 standby that a later task claims through its nanny (see tfnb._warm). The supervisor starts this
-process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the barrier's
+process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the tasks'
 address exchange. WORKDIR holds ``payload.pkl`` (train_fn, args, mode) from the start; once the
 cluster is known the supervisor writes ``ctx.pkl`` and sends ``go`` on stdin. This process then
 sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or ``error.json``; with ``linger`` in the

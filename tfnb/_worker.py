@@ -49,7 +49,7 @@ class TaskSpec:
     use_gpu: bool | None = None
     env: tuple = field(default=(), repr=False)  # ((name, value), ...) for the train_fn process; often credentials
     legacy_keras: bool = True
-    preimport: tuple = ("tensorflow",)  # imported by the child while the barrier exchanges addresses
+    preimport: tuple = ("tensorflow",)  # imported by the child while the tasks exchange addresses
     feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
     profile_steps: tuple | None = None  # (first, last) steps each worker traces (tfnb.profiling)
     profile_run: str = ""  # the profile plugin's run folder for this attempt
@@ -340,7 +340,7 @@ class _Supervisor:
         return None  # none to take, or whatever went wrong: a fresh process does the same job
 
     def start(self, mode: str, gpus: tuple, held: socket.socket) -> None:
-        """Start the child now; it imports TensorFlow while the barrier exchanges addresses."""
+        """Start the child now; it imports TensorFlow while the tasks exchange addresses."""
         import cloudpickle
 
         fn, args = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, ())

@@ -798,7 +798,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         env: extra environment variables for the train_fn processes.
         legacy_keras: set TF_USE_LEGACY_KERAS=1 so ``tf.keras`` is tf-keras (default True), the Keras
             that trains under MultiWorkerMirroredStrategy.
-        preimport: modules each train_fn process imports while the barrier exchanges addresses,
+        preimport: modules each train_fn process imports while the tasks exchange addresses,
             hiding their import time (default ``("tensorflow",)``; ``()`` for train_fns without
             TensorFlow). Env: TFNB_PREIMPORT (comma-separated).
         warm: after a successful run, leave per task a standby process with ``preimport`` already
