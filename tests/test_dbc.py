@@ -436,11 +436,85 @@ def test_python_dash_m_entry_point(src, tmp_path):
     assert "not a zip" in bad.stderr
 
 
-def test_committed_dbc_is_fresh(tmp_path):
-    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    if not notebooks:
-        pytest.skip("notebooks/ has no .ipynb yet; once notebooks are added, commit dbc/tfnb.dbc built from them")
+def _built_wheel():
+    from tools.wheel import build_wheel
+
+    return build_wheel(ROOT)
+
+
+def test_committed_dbc_is_fresh_and_carries_the_wheel_of_this_tree():
     committed = ROOT / "dbc" / "tfnb.dbc"
-    assert committed.is_file(), "dbc/tfnb.dbc is missing: run `python -m tfnb.dbc build notebooks/ -o dbc/tfnb.dbc`"
-    assert dbc.is_fresh(ROOT / "notebooks", committed, folder="tfnb"), (
-        "dbc/tfnb.dbc is stale: run `python -m tfnb.dbc build notebooks/ -o dbc/tfnb.dbc` and commit it")
+    assert committed.is_file(), "dbc/tfnb.dbc is missing: run `./dev dbc`"
+    assert dbc.is_fresh(ROOT / "notebooks", committed, folder="tfnb", wheel=_built_wheel()), (
+        "dbc/tfnb.dbc is stale (the notebooks or tfnb/ changed since it was built): run `./dev dbc` and commit it")
+
+
+def _carried(archive) -> tuple[str, bytes]:
+    import base64
+    import re
+
+    (cell,) = [c for nb in dbc.read(archive) for c in nb.cells if c.source.startswith("TFNB_WHEEL = (")]
+    name, b64 = re.match(r'TFNB_WHEEL = \("([^"]+)", "([^"]+)"\)', cell.source).groups()
+    assert cell.hide_code  # 300 KB of base64 is nothing to read: the command's code is hidden
+    return name, base64.b64decode(b64)
+
+
+def test_the_archive_carries_a_reproducible_wheel_that_installs(tmp_path):
+    name, wheel = _built_wheel()
+    assert _built_wheel() == (name, wheel)  # byte for byte the same from the same tree
+    first = dbc.build(ROOT / "notebooks", tmp_path / "a" / "tfnb.dbc", wheel=(name, wheel))
+    second = dbc.build(ROOT / "notebooks", tmp_path / "b" / "tfnb.dbc", wheel=(name, wheel))
+    assert first.sha256 == second.sha256
+    assert _carried(first.path) == (name, wheel)
+    # what pip makes of it: tfnb itself, its extras as setup.cfg declares them
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+                    "--target", str(target), str(_write(tmp_path / name, wheel))], check=True, timeout=300)
+    installed = (target / "tfnb" / "__init__.py").read_text()
+    assert installed == (ROOT / "tfnb" / "__init__.py").read_text()
+    (meta,) = target.glob("tfnb-*.dist-info")
+    text = (meta / "METADATA").read_text()
+    assert 'Requires-Dist: tf-keras>=2.16; extra == "tf"' in text and "Requires-Dist: pyspark" not in text.split(
+        "Provides-Extra")[0], "pyspark and TensorFlow are extras, never forced on a host"
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_a_changed_package_makes_the_archive_stale(tmp_path):
+    import shutil
+
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "tfnb", tree / "tfnb", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "setup.cfg", tree / "setup.cfg")
+    from tools.wheel import build_wheel
+
+    archive = dbc.build(ROOT / "notebooks", tmp_path / "tfnb.dbc", wheel=build_wheel(tree)).path
+    assert dbc.is_fresh(ROOT / "notebooks", archive, wheel=build_wheel(tree))
+    (tree / "tfnb" / "errors.py").write_text((tree / "tfnb" / "errors.py").read_text() + "\n# changed\n")
+    assert not dbc.is_fresh(ROOT / "notebooks", archive, wheel=build_wheel(tree))
+    assert not dbc.is_fresh(ROOT / "notebooks", archive)  # no wheel given: not the archive's notebooks either
+
+
+def test_a_wheel_needs_exactly_one_place_to_go(src, tmp_path):
+    with pytest.raises(ConfigError, match="have 0 lines `TFNB_WHEEL = None`"):
+        dbc.build(src, tmp_path / "x.dbc", wheel=("tfnb-0.1.0-py3-none-any.whl", b"PK"))
+    with pytest.raises(ConfigError, match="is not a wheel file name"):
+        dbc.build(src, tmp_path / "x.dbc", wheel=("../evil.zip", b"PK"))
+
+
+def test_the_install_notebook_adds_what_setup_cfg_declares():
+    import configparser
+
+    import nbformat
+
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ROOT / "setup.cfg")
+    source = "\n".join(c.source for c in nbformat.read(ROOT / "notebooks" / "tfnb_install.ipynb", as_version=4).cells)
+    namespace: dict = {}
+    exec(source.split("TFNB_EXTRAS = ", 1)[1].split("\n}\n", 1)[0].join(["TFNB_EXTRAS = ", "\n}\n"]), namespace)
+    for extra, requirements in namespace["TFNB_EXTRAS"].items():
+        declared = [ln.strip() for ln in cfg["options.extras_require"][extra].splitlines() if ln.strip()]
+        assert requirements == declared, f"the install notebook's {extra!r} differs from setup.cfg's"

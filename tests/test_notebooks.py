@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["00_constants", "01_data_ingest", "02_model", "03_train", "04_evaluate", "05_tensorboard"]
+ORDER = ["00_constants", "01_data_ingest", "02_model", "03_train", "04_evaluate", "05_tensorboard", "tfnb_install"]
 
 
 def _inject_parameters(path: Path, params: dict) -> None:
@@ -135,7 +135,7 @@ def test_source_is_written_once_and_fresh_run_spares_a_watched_run(tmp_path):
     (source / "meta.json").write_text('{"train_rows": 1}')  # data already there: 01 must leave it alone
     model.mkdir()
     (model / "ckpt-1.index").write_text("checkpoint")
-    ingest = next(s for s in _cells("01_data_ingest") if "ensure_digits_source(SOURCE_URL)" in s)
+    ingest = next(s for s in _cells("01_data_ingest") if "write_digits_source(SOURCE_URL)" in s)
     guard = next(s for s in _cells("03_train") if "if FRESH_RUN:" in s)
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in [

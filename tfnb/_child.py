@@ -4,19 +4,20 @@ A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark sessi
 configures collective ops once per process) and lets the supervising task capture its output and
 kill it as a group.
 
-Usage (by tfnb._worker only): ``python -m tfnb._child WORKDIR``, or ``--standby FD`` for a warm
-standby that a later task claims through its nanny (see tfnb._warm). The supervisor starts this
-process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the tasks'
-address exchange. WORKDIR holds ``payload.pkl`` (train_fn, args, mode) from the start; once the
-cluster is known the supervisor writes ``ctx.pkl`` and sends ``go`` on stdin. This process then
-sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or ``error.json``; with ``linger`` in the
-payload it then sends a ``finished`` event and stays up (its TensorFlow server with it) until the
-supervisor sends ``end``, once every task's train_fn has returned. End-of-file on stdin means the
-supervisor died, and this process group exits.
+Started by tfnb._worker only: ``python -c <_CHILD_MAIN> WORKDIR``, which calls :func:`main`, or
+``python -m tfnb._child --standby FD`` for a warm standby that a later task claims through its nanny
+(see tfnb._warm). The supervisor starts this process as soon as its task starts, so that importing
+TensorFlow (seconds) overlaps the tasks' address exchange. WORKDIR holds ``payload.pkl`` (train_fn,
+args, mode) from the start; once the cluster is known the supervisor writes ``ctx.pkl`` and sends
+``go`` on stdin. This process then sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or
+``error.json``; with ``linger`` in the payload it then sends a ``finished`` event and stays up (its
+TensorFlow server with it) until the supervisor sends ``end``, once every task's train_fn has
+returned. End-of-file on stdin means the supervisor died, and this process group exits.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -61,6 +62,47 @@ def _preimport() -> None:
             __import__(name)
 
 
+class _KerasWatch:
+    """Import hook: when train_fn imports Keras 3 (``import keras``), its ``Model.fit`` refuses to start
+    under MultiWorkerMirroredStrategy, where it would fail deep inside the first step (KERAS3_MWMS).
+    Keras itself is imported only if train_fn does (it costs seconds)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        exec_module = getattr(spec and spec.loader, "exec_module", None)
+        if exec_module is not None:
+            def run_then_guard(module):
+                exec_module(module)
+                _guard_keras3(module)
+            spec.loader.exec_module = run_then_guard
+        return spec
+
+
+def _guard_keras3(keras) -> None:
+    """Wrap Keras 3's ``Model.fit`` (which every Sequential and functional model inherits)."""
+    model = getattr(keras, "Model", None)
+    if not str(getattr(keras, "__version__", "")).startswith("3.") or model is None:
+        return
+    fit = model.fit
+
+    @functools.wraps(fit)
+    def guarded_fit(self, *args, **kwargs):
+        tf = sys.modules.get("tensorflow")  # Keras 3 on the TensorFlow backend has imported it
+        if tf is not None and any(isinstance(s, tf.distribute.MultiWorkerMirroredStrategy) for s in
+                                  (tf.distribute.get_strategy(), getattr(self, "distribute_strategy", None))):
+            from .errors import KERAS3_MWMS, ConfigError
+
+            raise ConfigError(KERAS3_MWMS)
+        return fit(self, *args, **kwargs)
+
+    model.fit = guarded_fit
+
+
 def _release_port() -> None:
     """Close the socket that kept this task's TensorFlow port reserved, right before TF binds it."""
     fd = os.environ.pop(ENV_HELD_PORT_FD, None)
@@ -101,6 +143,10 @@ def _dump_stacks_on_signal(workdir: str):
 
 def main(argv: list[str]) -> int:
     conn = None
+    if "keras" in sys.modules:
+        _guard_keras3(sys.modules["keras"])
+    else:
+        sys.meta_path.insert(0, _KerasWatch())
     if argv[0] == "--standby":
         from ._warm import serve
 

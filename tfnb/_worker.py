@@ -205,6 +205,22 @@ def child_env(base: dict, spec: TaskSpec, gpus: tuple) -> dict:
     return env
 
 
+# How the train_fn process starts: the standard library alone until tfnb._child is imported, so that a
+# failing import reaches the driver from error.json like any other error (with -m it was an exit code 1).
+_CHILD_MAIN = f"""import sys
+try:
+    import tfnb._child as child
+except BaseException as e:
+    import json, traceback
+    with open(sys.argv[1] + "/{ERROR}", "w") as f:
+        json.dump({{"exc_type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc(),
+                   "module": getattr(e, "name", None), "python": sys.executable,
+                   "python_version": sys.version.split()[0], "boot": True}}, f)
+    raise
+child.main(sys.argv[1:])
+"""
+
+
 def reserve_port() -> socket.socket:
     """A socket bound to a free port on all interfaces, held until the child is about to start TF."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -364,7 +380,7 @@ class _Supervisor:
             pass_fds += (kept,)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tfnb._child", self.workdir],
+                [sys.executable, "-c", _CHILD_MAIN, self.workdir],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=env, pass_fds=pass_fds, start_new_session=True,
                 cwd=os.getcwd() if self.spec.task_cwd else self.workdir,
@@ -489,6 +505,53 @@ def _failure_from_child(workdir: str, code: int | None) -> dict:
     return {"exc_type": "ProcessDied", "message": f"the train_fn process exited with code {code} "
             "without raising an exception (os._exit, a crash in native code, or out of memory)",
             "traceback": "", "exit_code": code}
+
+
+BOOT_MARK = "tfnb-boot"  # <tfnb-boot>{json}</tfnb-boot>: why a task could not start, in Spark's job error
+
+
+def task_entry(spec_blob: bytes, version: str):
+    """The run's ``mapInArrow`` function: ``run_task`` behind a bootstrap that Spark can always unpickle.
+
+    The closure holds plain values and imports what it needs itself, so cloudpickle ships it by value:
+    an executor whose Python lacks tfnb (or has another version) still runs it, and it fails with one
+    line the driver finds in the job's error (tfnb.cluster reads it) instead of a ModuleNotFoundError
+    inside Spark's unpickling. ``spec_blob`` is the pickled TaskSpec; ``version`` the driver's tfnb version.
+    """
+    def tfnb_task(batches):
+        info = None
+        try:
+            import tfnb
+
+            if tfnb.__version__ != version:
+                info = {"version": tfnb.__version__}
+            else:
+                import pickle
+
+                from tfnb._worker import run_task
+                spec = pickle.loads(spec_blob)
+        except BaseException as e:  # noqa: BLE001 - whatever stops tfnb loading goes to the driver
+            import traceback
+
+            info = {"exc_type": type(e).__name__, "message": str(e)[:1000], "module": getattr(e, "name", None),
+                    "traceback": "".join(traceback.format_exc().splitlines(True)[-12:])}
+        if info is not None:
+            import json
+            import socket
+            import sys
+
+            try:
+                from pyspark import BarrierTaskContext
+
+                bctx = BarrierTaskContext.get()
+                host = bctx.getTaskInfos()[bctx.partitionId()].address.rsplit(":", 1)[0]
+            except Exception:  # noqa: BLE001 - the hostname says as much
+                host = socket.gethostname()
+            info.update(host=host, python=sys.executable, python_version=sys.version.split()[0])
+            raise RuntimeError(f"<{BOOT_MARK}>{json.dumps(info)}</{BOOT_MARK}>")  # a str: pickled by value
+        yield from run_task(spec, batches)
+
+    return tfnb_task
 
 
 def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:

@@ -22,8 +22,8 @@ from typing import Any, Callable, Sequence
 
 from . import events
 from ._config import setting
-from .errors import (STALLED, ClusterError, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure,
-                     WorkerError, WorkerStalledError)
+from .errors import (KERAS3_MWMS, STALLED, ClusterError, ConfigError, RunCancelledError, RunTimeoutError,
+                     TaskFailure, WorkerError, WorkerStalledError)
 from .events import RunEvent
 from .progress import make_display, show
 
@@ -36,6 +36,7 @@ _STALL_DEFAULT = 1800.0
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (was )?lost|Executor heartbeat timed out|"
                             r"Remote RPC client disassociated|Python worker exited unexpectedly|worker lost",
                             re.IGNORECASE)
+_PER_REPLICA = re.compile(r"Attempt to convert a value \(PerReplica")  # Keras 3 under tf.distribute
 _DRAIN_SLICE = 0.05     # seconds of task messages handled before the watch loop looks at its clock again
 # events handed to the display at once: enough to fold them in one call, few enough that they die
 # young (thousands held for a whole pass outlive the garbage collector's young generation, and each
@@ -52,6 +53,28 @@ def _is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+def _refuse_in_task(verb: str) -> None:
+    """Stop a driver verb at once inside train_fn or any Spark task, where it would start a second Spark.
+
+    Raises:
+        ConfigError: this process is a train_fn process (TFNB_RUN_ID, which tfnb sets in each) or runs
+            a Spark task (pyspark's TaskContext).
+    """
+    run_id = os.environ.get("TFNB_RUN_ID")
+    pyspark = sys.modules.get("pyspark")  # a Spark task has imported it; the check imports nothing
+    task = getattr(pyspark, "TaskContext", None)
+    task = task.get() if task is not None else None
+    if run_id is None and task is None:
+        return
+    if run_id is not None:
+        where, fix = (f"inside train_fn (a train_fn process of run {run_id})",
+                      "train_fn already runs on every worker: train there, and call tfnb.run once from the notebook")
+    else:
+        where, fix = (f"inside a Spark task (stage {task.stageId()}, partition {task.partitionId()}) on an executor",
+                      "call it from the notebook, not from a UDF or a mapInArrow/mapPartitions/foreach function")
+    raise ConfigError(f"{verb} was called {where}, but it runs on the Spark driver only; {fix}")
+
+
 def get_spark(spark=None, num_slots: int = 2):
     """The session to run on: ``spark``, else the active one, else a new embedded ``local[N]`` session.
 
@@ -59,6 +82,8 @@ def get_spark(spark=None, num_slots: int = 2):
     import the same packages as the notebook.
     """
     from ._deps import require_spark
+
+    _refuse_in_task("tfnb's launcher")
 
     require_spark(spark)  # Spark >= 3.5, or one error naming the floor and the fix
     if spark is not None:
@@ -183,6 +208,83 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
         )
 
 
+_SHARED_ROOTS = ("/dbfs", "/Volumes", "/Workspace")  # Databricks: FUSE views of shared storage on every node
+_SHARED_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+                        "9p", "virtiofs", "fuse"})  # and every fuse.* (sshfs, s3fs, gcsfuse...)
+
+
+def _under(path: str, prefix: str) -> bool:
+    prefix = prefix.rstrip("/")
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def _mount_type(path: str, table: str = "/proc/mounts") -> str:
+    """The filesystem type of the mount holding ``path`` (the longest mount point in ``table``), "" unknown."""
+    best, kind = "", ""
+    try:
+        with open(table) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
+                if _under(path, point) and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def is_shared_path(path, shared_prefixes: Sequence[str] = ()) -> bool:
+    """Whether every host of a cluster sees ``path`` as the driver does.
+
+    Shared: URLs (``s3://``, ``gs://``, ``dbfs:/``...), ``/dbfs``, ``/Volumes``, ``/Workspace``, paths on a
+    network or FUSE mount (per the driver's /proc/mounts), and paths under ``shared_prefixes``.
+    """
+    from ._storage import normalize
+
+    text = normalize(path)
+    if "://" in text:
+        return True
+    real = os.path.realpath(text)
+    if any(_under(p, root) for p in (text, real) for root in (*_SHARED_ROOTS, *shared_prefixes)):
+        return True
+    kind = _mount_type(real)
+    return kind in _SHARED_FS or kind.startswith("fuse.")
+
+
+def check_dirs_shared(spark, **dirs) -> None:
+    """Refuse directories (``model_dir=...``) on the driver's own disk when executors run on other hosts.
+
+    Local masters pass (``local[N]``: the executor is the driver; ``local-cluster``: executors on its
+    machine), and so does a cluster whose executors all run on the driver's host. Spark Connect sessions
+    pass unchecked: a Connect client cannot ask where the executors run short of running a job.
+    TFNB_SHARED_PATHS (comma-separated prefixes) declares shared disks tfnb cannot detect.
+
+    Raises:
+        ConfigError: names the directories, the executor hosts and the fix.
+    """
+    dirs = {k: v for k, v in dirs.items() if v}
+    master = _conf(spark, "spark.master", "") or ""
+    if not dirs or _is_connect(spark) or master.startswith("local"):
+        return
+    prefixes = [p.strip() for p in setting("shared_paths", None, "", str).split(",") if p.strip()]
+    local = {k: v for k, v in dirs.items() if not is_shared_path(v, prefixes)}
+    if not local:
+        return
+    executors = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()  # the driver's own included
+    hosts = sorted({e.host() for e in executors} - {_conf(spark, "spark.driver.host"), socket.gethostname()})
+    if not hosts:
+        return
+    named = " and ".join(f"{k}={os.fspath(v)!r}" for k, v in local.items())
+    raise ConfigError(
+        f"{named} {'is' if len(local) == 1 else 'are'} on the driver's own disk, but executors run on other hosts "
+        f"({', '.join(hosts[:5])}{', ...' if len(hosts) > 5 else ''}), where train_fn would write to folders the "
+        "driver never sees; use storage every host sees: a Unity Catalog Volume "
+        "('/Volumes/<catalog>/<schema>/<volume>/...'), a dbfs:/-backed '/dbfs/...' path or an 's3://bucket/prefix' "
+        "URL (for a disk every host mounts at the same path, list its prefix in TFNB_SHARED_PATHS)")
+
+
 def _last_line(msg: dict) -> str:
     """The last line a log message carries (one line, or a run of ``lines``)."""
     lines = msg.get("lines")
@@ -213,6 +315,7 @@ class _Outcome:
     epoch: int | None = None  # the epoch the run had reached when it failed
     resumed_epoch: int | None = None  # the first epoch this attempt trained
     stall: dict | None = None  # WorkerStalledError's fields when a task stalled
+    error: Exception | None = None  # raised as it is (tfnb could not start on an executor)
 
 
 @dataclass
@@ -309,6 +412,7 @@ class _Attempt:
         self.lives: dict[int, _Life] = {}
         self.lost: list[TaskFailure] = []  # tasks whose executor or Python worker vanished
         self.job_error: BaseException | None = None
+        self.boot: dict | None = None  # why tfnb could not start in a task or its train_fn process
         self.first_bad: float | None = None  # when the first sign of failure arrived
         self.decided = False  # past this point, disconnects are tfnb's own stopping of the tasks
         self._batch: list | None = None  # events of the current _drain pass, for the display
@@ -362,10 +466,11 @@ class _Attempt:
             self._show(RunEvent(events.LOG, job, idx, data, now))
 
     def _job(self, spec) -> None:
-        import functools
+        import cloudpickle
 
+        from . import __version__
         from ._deps import job_tag
-        from ._worker import RESULT_SCHEMA, run_task
+        from ._worker import RESULT_SCHEMA, task_entry
 
         try:
             if self.data is not None and self.spec_kwargs.get("feeder") is not None:
@@ -377,7 +482,8 @@ class _Attempt:
             else:
                 source = self.spark.range(0, self.num_tasks, 1, self.num_tasks)
             with job_tag(self.spark, self.tag):  # Spark 3.5 classic sessions have no tags: a job group then
-                rows = source.mapInArrow(functools.partial(run_task, spec), RESULT_SCHEMA, barrier=True).collect()
+                task = task_entry(cloudpickle.dumps(spec), __version__)
+                rows = source.mapInArrow(task, RESULT_SCHEMA, barrier=True).collect()
             self.q.put(("done", rows))
         except BaseException as e:  # noqa: BLE001 - reported to the main thread
             self.q.put(("error", e))
@@ -425,6 +531,8 @@ class _Attempt:
                                   message=f.get("message", ""), traceback=f.get("traceback", ""),
                                   exit_code=f.get("exit_code"), attempt=self.attempt, host=peer.get("host", ""))
             self.failures.append(failure)
+            if f.get("boot"):  # the train_fn process could not import tfnb
+                self.boot = self.boot or {**f, "host": failure.host, "child": True}
             self._show(RunEvent(events.FAILED, job, idx, {"exc_type": failure.exc_type, "message": failure.message}))
             self._trouble()  # the others keep running until _settled(): their reports decide the retry
 
@@ -534,6 +642,7 @@ class _Attempt:
                 # The job failed. Spark's verdict says whether an executor was lost; what the tasks
                 # themselves report (collected until _settled) says more than Spark's wrapper text.
                 self.job_error = item[1]
+                self.boot = self.boot or _boot_report(str(item[1]))
                 first = next((l for l in str(item[1]).splitlines() if l.strip()), type(item[1]).__name__)
                 if _EXECUTOR_LOST.search(str(item[1])):
                     self.lost.append(self._lost_in_spark(str(item[1]), first))
@@ -603,8 +712,8 @@ class _Attempt:
 
     def _settled(self) -> bool:
         """Enough is known to decide the attempt's outcome (or the failure grace is over)."""
-        if any(f.died for f in self.failures):
-            return True  # a dead process makes the attempt bad luck, whatever else arrives
+        if self.boot or any(f.died for f in self.failures):
+            return True  # tfnb cannot start somewhere, or a process died: whatever else arrives changes nothing
         if self.lost:
             # Let Spark declare the executor lost (the job fails) before cancelling, or the relaunch
             # may be scheduled on the executor that is gone.
@@ -650,6 +759,13 @@ class _Attempt:
             self._stop_everything(job)
         self._drain_rest()
         others = tuple(f for f in self.failures if f is not failure)
+        if self.boot:
+            error = _boot_error(self.boot, self.spec_kwargs["max_attempts"])
+            return _Outcome(failure=failure, others=others, error=error, cause=str(error).split(";")[0])
+        if _PER_REPLICA.search(failure.message) and KERAS3_MWMS not in failure.message:
+            # Keras 3 under MultiWorkerMirroredStrategy past tfnb._child's guard of fit (evaluate, predict...)
+            said = re.sub(r"\(PerReplica:\{.*?\}\)", "(PerReplica:{...})", " ".join(failure.message.split()))[:200]
+            failure = dataclasses.replace(failure, message=f"{KERAS3_MWMS} (TensorFlow said: {said})")
         epoch = self._epoch_of(failure)
         return _Outcome(failure=failure, others=others, retryable=retryable,
                         cause=_cause(failure, retryable, epoch), epoch=epoch,
@@ -712,6 +828,26 @@ _TASK_OWN = ("TFNB_RUN_ID", "TFNB_ATTEMPT", "TFNB_EVENT_FD", "TFNB_HELD_PORT_FD"
              "TFNB_PREIMPORT")
 
 
+# env= keys tfnb itself sets in every train_fn process, and what to do instead
+_OWN_ENV = {**dict.fromkeys(_TASK_OWN, "it is tfnb's own plumbing; leave it out"),
+            "TFNB_RUN_ID": "read ctx.run_id instead", "TFNB_ATTEMPT": "read ctx.attempt instead",
+            "TFNB_PREIMPORT": "pass preimport= instead",
+            "TF_CONFIG": "tfnb writes it per task for the cluster it launched; read ctx.tf_config instead",
+            "CUDA_VISIBLE_DEVICES": "pass use_gpu= instead (None: the GPUs Spark assigned, False: none)",
+            "PYTHONUNBUFFERED": "tfnb needs it to stream train_fn's output as it is printed; leave it out"}
+
+
+def _check_env(env: dict, legacy_keras: bool) -> None:
+    """env= may not set what tfnb sets itself: the ConfigError names the key and the knob to use."""
+    own = dict(_OWN_ENV)
+    if legacy_keras:
+        own["TF_USE_LEGACY_KERAS"] = "pass legacy_keras=False instead (True, the default, sets it to 1)"
+    taken = [k for k in env if k in own]
+    if taken:  # keys only: env values are often credentials
+        raise ConfigError("; ".join(f"env= sets {k}, which tfnb sets in every train_fn process: {own[k]}"
+                                    for k in taken))
+
+
 def _driver_settings() -> dict:
     """The driver's TFNB_* settings, so tfnb calls inside train_fn (stage, EventSync) resolve them alike."""
     return {k: v for k, v in os.environ.items() if k.startswith("TFNB_") and k not in _TASK_OWN}
@@ -737,6 +873,43 @@ def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
     return TaskFailure(job_name="spark", task_index=-1, exc_type="TaskLost",
                        message=first[:500], traceback="", attempt=attempt)
+
+
+_INSTALL_FIX = ("on Databricks %pip install it in the notebook (as the tfnb notebooks' tfnb_install() does) or add "
+                "it as a cluster library; elsewhere install it into the Python the executors run (PYSPARK_PYTHON)")
+
+
+def _boot_report(text: str) -> dict | None:
+    """What tfnb._worker.task_entry reported from a task that could not start tfnb, found in Spark's error."""
+    import json
+
+    from ._worker import BOOT_MARK
+
+    m = re.search(f"<{BOOT_MARK}>(.*?)</{BOOT_MARK}>", text)
+    try:
+        return json.loads(m.group(1)) if m else None
+    except ValueError:
+        return None
+
+
+def _boot_error(info: dict, max_attempts: int) -> ClusterError:
+    """One error for an executor where tfnb cannot start: where, what, that it was not relaunched, the fix."""
+    from . import __version__
+
+    where = (f"executor {info.get('host') or '?'} (Python {info.get('python_version', '?')} at "
+             f"{info.get('python', '?')})")
+    again = f"it would fail alike on every launch, so tfnb did not relaunch it (max_attempts={max_attempts})"
+    if info.get("exc_type"):
+        module = info.get("module") or "tfnb"
+        who = "the train_fn process" if info.get("child") else "the Spark task"
+        text = (f"{who} on {where} cannot import {module}: {info['exc_type']}: {info.get('message', '')}; "
+                f"{again}. Install {module} where that Python finds it: {_INSTALL_FIX}")
+    else:
+        text = (f"tfnb {info.get('version')} on {where} but tfnb {__version__} on this driver: the run was refused "
+                f"before any train_fn started; {again}. Install tfnb {__version__} on the executors too: "
+                f"{_INSTALL_FIX}")
+    tail = "".join(str(info.get("traceback") or "").splitlines(True)[-12:]).rstrip()
+    return ClusterError(text + (f"\n\nLast lines of the executor's traceback:\n{tail}" if tail else ""))
 
 
 def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
@@ -784,7 +957,10 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         timeout: seconds before the run is cancelled (RunTimeoutError). Env: TFNB_TIMEOUT.
         model_dir: checkpoint directory passed to ``ctx.model_dir``; tfnb also writes the run's status
             there (``tfnb_status.json``) so an Evaluator knows when training ended.
-        log_dir: TensorBoard directory passed to ``ctx.log_dir``.
+        log_dir: TensorBoard directory passed to ``ctx.log_dir``. When executors run on other hosts than
+            the driver, ``model_dir`` and ``log_dir`` must be storage every host sees (a URL, ``/Volumes``,
+            ``/dbfs``, ``/Workspace``, a network or FUSE mount, or a prefix in TFNB_SHARED_PATHS); a
+            driver-local path is refused before launch (not checked on Spark Connect).
         data: a Spark DataFrame split evenly across the workers; read it with ``ctx.dataset(...)``.
         max_attempts: launches at most. tfnb relaunches when a task's process or executor died, when
             train_fn failed because a peer vanished (TensorFlow's UnavailableError and kin from collective
@@ -795,7 +971,10 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             output line before tfnb dumps every worker's Python stack, cancels the job and relaunches
             it (WorkerStalledError on the last attempt). Default "auto": TFNB_STALL_TIMEOUT, else 30
             minutes; None or 0 turns the watchdog off.
-        env: extra environment variables for the train_fn processes.
+        env: extra environment variables for the train_fn processes. It may not set what tfnb sets
+            itself (TF_CONFIG, CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED, TFNB_RUN_ID and tfnb's other
+            TFNB_* plumbing, and TF_USE_LEGACY_KERAS unless ``legacy_keras=False``): ConfigError names the
+            knob to use instead (``use_gpu=``, ``legacy_keras=``...).
         legacy_keras: set TF_USE_LEGACY_KERAS=1 so ``tf.keras`` is tf-keras (default True), the Keras
             that trains under MultiWorkerMirroredStrategy.
         preimport: modules each train_fn process imports while the tasks exchange addresses,
@@ -819,8 +998,10 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         What ``train_fn`` returned on the chief.
 
     Raises:
-        ConfigError: bad arguments (message names the fix).
-        ClusterError: the cluster cannot host the run (slots, dynamic allocation).
+        ConfigError: bad arguments (message names the fix), also a driver-local ``model_dir``/``log_dir``
+            on a multi-host cluster, or a call from inside train_fn or a Spark task.
+        ClusterError: the cluster cannot host the run (slots, dynamic allocation), or tfnb cannot start
+            on an executor (not installed, or another version than the driver's); never relaunched.
         WorkerError: train_fn failed on a worker; carries task index, exception type, worker traceback
             and the history of attempts (``.attempts``).
         WorkerStalledError: a worker stalled on the last attempt; carries its stack and last step.
@@ -837,6 +1018,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
         ...     return model.evaluate(val_ds, return_dict=True)
         >>> metrics = tfnb.run(train_fn, num_workers=2, args=(3,))
     """
+    _refuse_in_task("tfnb.run")
     if not callable(train_fn):
         raise ConfigError(f"train_fn must be a function taking (ctx, *args), got {type(train_fn).__name__}")
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
@@ -873,6 +1055,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
             what = ({k: type(v).__name__ for k, v in bad.items()} if isinstance(bad, dict)
                     else type(bad).__name__)
             raise ConfigError(f"env must be a dict of str to str, not {what}; convert values with str()")
+        _check_env(env, legacy_keras)
     if data is not None and num_ps > 0:
         raise ConfigError(
             f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
@@ -889,6 +1072,7 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
     num_tasks = num_workers + num_ps
     spark = get_spark(spark, num_tasks)
     check_cluster(spark, num_tasks, use_gpu=use_gpu)
+    check_dirs_shared(spark, model_dir=model_dir, log_dir=log_dir)
     feed = None
     hooks = _hooks or LaunchHooks()
     if data is not None and hooks.feeder is None:
@@ -950,6 +1134,8 @@ def run(train_fn: Callable, *, num_workers: int, args: Sequence = (), num_ps: in
                 _wait_for_slots(spark, num_tasks)
                 continue
             sink(RunEvent(events.STATE, "driver", 0, {"state": "failed", "attempt": attempt, "max_attempts": max_attempts}))
+            if outcome.error is not None:
+                raise outcome.error
             if outcome.stall:
                 raise WorkerStalledError(outcome.failure, outcome.others, tuple(history), **outcome.stall)
             raise WorkerError(outcome.failure, outcome.others, tuple(history))

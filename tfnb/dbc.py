@@ -44,6 +44,8 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -159,7 +161,7 @@ class BuildResult:
 
 
 def build(src_dir: str | os.PathLike, out_path: str | os.PathLike, *,
-          folder: str | None = None) -> BuildResult:
+          folder: str | None = None, wheel: tuple[str, bytes] | None = None) -> BuildResult:
     """Write a DBC archive of every ``*.ipynb`` in ``src_dir``, in file-name order.
 
     Args:
@@ -167,27 +169,32 @@ def build(src_dir: str | os.PathLike, out_path: str | os.PathLike, *,
         out_path: archive to write (parent folders are created; written atomically).
         folder: the workspace folder the notebooks land in on import; defaults to the
             archive's file name without suffix (``dbc/tfnb.dbc`` -> ``tfnb``).
+        wheel: ``(file name, bytes)`` of a wheel to carry: it replaces the line ``TFNB_WHEEL = None``
+            of the notebook that has it (``tfnb_install``) with the name and the bytes in base64, so
+            that importing the archive is all a workspace needs to install it.
 
     Returns:
         A :class:`BuildResult` with the archive path, its notebooks and sha256.
 
     Raises:
         ConfigError: no notebooks, a bad ``folder``, or a notebook that is not nbformat 4 or not Python,
-            has outputs, a raw cell, a credential, or a ``%run`` not alone or naming no notebook of the archive.
+            has outputs, a raw cell, a credential, or a ``%run`` not alone or naming no notebook of the archive;
+            a ``wheel`` but no ``TFNB_WHEEL = None`` line to carry it.
 
     Example:
         >>> build("notebooks", "dbc/tfnb.dbc").notebooks[0]       # doctest: +SKIP
         'tfnb/00_constants'
     """
     out = Path(out_path)
-    data, entries = build_bytes(src_dir, folder=out.stem if folder is None else folder)
+    data, entries = build_bytes(src_dir, folder=out.stem if folder is None else folder, wheel=wheel)
     atomic_write(str(out), data)
     digest = hashlib.sha256(data).hexdigest()
     log.info("wrote %s: %d notebooks, sha256 %s", out, len(entries), digest)
     return BuildResult(path=out, notebooks=tuple(entries), sha256=digest)
 
 
-def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb") -> tuple[bytes, list[str]]:
+def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb",
+                wheel: tuple[str, bytes] | None = None) -> tuple[bytes, list[str]]:
     """The archive :func:`build` would write, as bytes, and its notebook entries in run order.
 
     Example:
@@ -205,6 +212,8 @@ def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb") -> tuple[by
     names = {nb.name for nb in notebooks}
     for path, nb in zip(files, notebooks, strict=True):
         _check_runs(path, nb, names)
+    if wheel is not None:
+        notebooks = _carry_wheel(notebooks, *wheel)
 
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:  # each entry says how it is compressed: see _zip_write
@@ -217,12 +226,48 @@ def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb") -> tuple[by
     return buf.getvalue(), [nb.path for nb in notebooks]
 
 
-def _contents(data: bytes) -> list[tuple]:
+_WHEEL_SLOT = re.compile(r"^TFNB_WHEEL = None\b.*$", re.MULTILINE)
+_WHEEL_CARRIED = re.compile(r'TFNB_WHEEL = \(\\"([^"\\]+)\\", \\"([A-Za-z0-9+/=]*)\\"\)')  # as it reads in the JSON
+
+
+def _carry_wheel(notebooks: list[Notebook], name: str, data: bytes) -> list[Notebook]:
+    """The notebooks with the wheel in the one ``TFNB_WHEEL = None`` line they have."""
+    if not re.fullmatch(r"[\w.+-]+\.whl", name):
+        raise ConfigError(f"wheel name {name!r} is not a wheel file name (NAME-VERSION-TAGS.whl)")
+    line = f'TFNB_WHEEL = ("{name}", "{base64.b64encode(data).decode()}")  # put here by the DBC build'
+    out, slots = [], 0
+    for nb in notebooks:
+        cells = []
+        for cell in nb.cells:
+            if cell.cell_type == "code" and _WHEEL_SLOT.search(cell.source):
+                slots += 1
+                cell = dataclasses.replace(cell, source=_WHEEL_SLOT.sub(lambda _: line, cell.source, count=1))
+            cells.append(cell)
+        out.append(dataclasses.replace(nb, cells=tuple(cells)))
+    if slots != 1:
+        raise ConfigError(f"the notebooks have {slots} lines `TFNB_WHEEL = None` to carry the wheel in; exactly one "
+                          "must have it (the tfnb_install notebook's)")
+    return out
+
+
+def _wheel_entries(data: bytes) -> list[tuple[str, bytes]]:
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        return [(i.filename, i.date_time, i.external_attr, i.compress_type, zf.read(i)) for i in zf.infolist()]
+        return [(i.filename, zf.read(i)) for i in zf.infolist()]
 
 
-def is_fresh(src_dir: str | os.PathLike, archive: str | os.PathLike, *, folder: str | None = None) -> bool:
+def _contents(data: bytes) -> list[tuple]:
+    def same_wheel(m: re.Match) -> str:
+        # a carried wheel counts by what it holds: another zlib compresses the same files to other bytes
+        held = hashlib.sha256(repr(_wheel_entries(base64.b64decode(m.group(2)))).encode()).hexdigest()
+        return f"TFNB_WHEEL = {m.group(1)} holding {held}"
+
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return [(i.filename, i.date_time, i.external_attr, i.compress_type,
+                 _WHEEL_CARRIED.sub(same_wheel, zf.read(i).decode("utf-8", "replace"))) for i in zf.infolist()]
+
+
+def is_fresh(src_dir: str | os.PathLike, archive: str | os.PathLike, *, folder: str | None = None,
+             wheel: tuple[str, bytes] | None = None) -> bool:
     """Whether ``archive`` holds what a build of ``src_dir`` gives now.
 
     Example:
@@ -230,7 +275,7 @@ def is_fresh(src_dir: str | os.PathLike, archive: str | os.PathLike, *, folder: 
         True
     """
     arc = Path(archive)
-    data, _ = build_bytes(src_dir, folder=arc.stem if folder is None else folder)
+    data, _ = build_bytes(src_dir, folder=arc.stem if folder is None else folder, wheel=wheel)
     try:
         old = arc.read_bytes()
         return old == data or _contents(old) == _contents(data)
@@ -581,6 +626,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("src", help="folder of .ipynb notebooks (stored without outputs)")
     p.add_argument("-o", "--output", required=True, help="archive to write, e.g. dbc/tfnb.dbc")
     p.add_argument("--folder", help="workspace folder name in the archive (default: output file stem)")
+    p.add_argument("--wheel", help="a wheel for the notebook with the line TFNB_WHEEL = None to carry")
     p = sub.add_parser("extract", help="write the notebooks of a DBC archive as .ipynb and source .py")
     p.add_argument("archive")
     p.add_argument("-o", "--output", required=True, help="folder to write into")
@@ -590,16 +636,18 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("src")
     p.add_argument("archive")
     p.add_argument("--folder")
+    p.add_argument("--wheel")
     args = parser.parse_args(list(argv) if argv is not None else None)
     try:
+        wheel = (Path(args.wheel).name, Path(args.wheel).read_bytes()) if getattr(args, "wheel", None) else None
         if args.cmd == "build":
-            res = build(args.src, args.output, folder=args.folder)
+            res = build(args.src, args.output, folder=args.folder, wheel=wheel)
             print(f"wrote {res.path}: {len(res.notebooks)} notebooks, sha256 {res.sha256}")
         elif args.cmd == "extract":
             for path in extract(args.archive, args.output, formats=tuple(args.formats or _FORMATS)):
                 print(path)
         else:
-            if not is_fresh(args.src, args.archive, folder=args.folder):
+            if not is_fresh(args.src, args.archive, folder=args.folder, wheel=wheel):
                 print(f"{args.archive} is stale: rebuild with "
                       f"`python -m tfnb.dbc build {args.src} -o {args.archive}`", file=sys.stderr)
                 return 1

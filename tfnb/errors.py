@@ -23,7 +23,8 @@ class MissingDependencyError(TfnbError, ImportError):
 
 
 class ClusterError(TfnbError):
-    """The Spark cluster cannot host the requested TensorFlow cluster (slots, dynamic allocation)."""
+    """The Spark cluster cannot host the requested TensorFlow cluster: too few slots, dynamic allocation,
+    GPUs it cannot give, or executors where tfnb cannot start (not installed, another version)."""
 
 
 class RunTimeoutError(TfnbError, TimeoutError):
@@ -81,6 +82,27 @@ _PEER_MESSAGES = re.compile(
     r"Collective ops is aborted|failed to connect to all addresses|Socket closed|Connection reset", re.IGNORECASE)
 
 
+# Raised in train_fn by Keras 3 fit under MultiWorkerMirroredStrategy (tfnb._child) and put in place of
+# that failure's own message on the driver (tfnb.cluster).
+KERAS3_MWMS = ("Keras 3 (`import keras`) does not train under MultiWorkerMirroredStrategy (keras-team/keras#20585: "
+               "'Attempt to convert a value (PerReplica...) to a Tensor'); build the model with tf.keras, which "
+               "tfnb.run makes tf-keras (legacy_keras=True, the default), or `import tf_keras as keras`")
+
+
+def summary(e: BaseException, limit: int = 240) -> str:
+    """``e`` in one short line for the message of an error that wraps it (``raise ... from e`` keeps it whole).
+
+    A tfnb error: its first line, which ends with its fix, with long asides such as
+    ``(SignatureDoesNotMatch: <the server's sentence>)`` cut to their head. Any other exception:
+    ``Type: first line``, at most ``limit`` characters.
+    """
+    text = (str(e).strip().splitlines() or [""])[0]
+    if isinstance(e, TfnbError):
+        return re.sub(r"\(([^():]{1,60}): [^()]{30,}\)", r"(\1)", text)
+    text = f"{type(e).__name__}: {text}"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 class WorkerError(TfnbError):
     """``train_fn`` (or the task running it) failed on a worker.
 
@@ -100,9 +122,9 @@ class WorkerError(TfnbError):
 
     def _text(self) -> str:
         failure = self.failure
-        head = f"{failure.label} failed (attempt {failure.attempt}): {failure.exc_type}: {failure.message}"
-        if failure.host:
-            head += f" [on {failure.host}]"
+        # the worker's message last: a tfnb error's message ends with its fix
+        where = f" on {failure.host}" if failure.host else ""
+        head = f"{failure.label} failed{where} (attempt {failure.attempt}): {failure.exc_type}: {failure.message}"
         earlier = [a for a in self.attempts[:-1] if a.get("cause")]
         if earlier:
             head += "\nEarlier attempts: " + "; ".join(f"{a['attempt']}: {a['cause']}" for a in earlier)
@@ -150,13 +172,12 @@ class WorkerStalledError(WorkerError):
     def _text(self) -> str:
         f = self.failure
         step = ", ".join(f"{k} {v}" for k, v in self.last_step.items()) or "none reported"
-        text = (f"{f.label} stalled (attempt {f.attempt}): its train_fn process was alive but sent no progress "
-                f"event and no output line for {self.seconds:.0f} s; last step: {step}; last line: "
+        where = f" on {f.host}" if f.host else ""
+        text = (f"{f.label} stalled{where} (attempt {f.attempt}): its train_fn process was alive but sent no "
+                f"progress event and no output line for {self.seconds:.0f} s; last step: {step}; last line: "
                 f"{self.last_line!r}. The run was cancelled. Raise stall_timeout= (or TFNB_STALL_TIMEOUT) if "
                 "train_fn legitimately works that long in silence, or pass stall_timeout=None to turn the "
                 "watchdog off")
-        if f.host:
-            text += f" [on {f.host}]"
         own = self.stacks.get(f.label)
         if own:
             text += f"\n\nStack of {f.label} (all threads):\n{own.rstrip()}"

@@ -48,7 +48,7 @@ from typing import Any, Mapping
 
 from ._config import setting
 from ._storage import PART, Entry, Store, open_store
-from .errors import ConfigError, SyncError
+from .errors import ConfigError, SyncError, TfnbError, summary
 
 log = logging.getLogger(__name__)
 
@@ -318,11 +318,12 @@ class EventSync:
                 self._stats = dataclasses.replace(self._stats, errors=self._stats.errors + 1,
                                                   last_error=f"{type(e).__name__}: {e}")
                 if raise_errors:
-                    raise SyncError(f"event sync {self.src_url} -> {self.dst_url} failed: "
-                                    f"{type(e).__name__}: {e}; check both locations, and for a remote "
-                                    "store its storage_options (endpoint_url, credentials)") from e
-                log.warning("event sync %s -> %s failed (retrying in %.0f s): %s: %s",
-                            self.src_url, self.dst_url, self.interval, type(e).__name__, e)
+                    # a tfnb error (StorageError...) ends with its own fix: its first line once, not repeated
+                    fix = "" if isinstance(e, TfnbError) else ("; check both locations, and for a remote store its "
+                                                               "storage_options (endpoint_url, credentials)")
+                    raise SyncError(f"event sync {self.src_url} -> {self.dst_url} failed: {summary(e)}{fix}") from e
+                log.warning("event sync %s -> %s failed (retrying in %.0f s): %s",
+                            self.src_url, self.dst_url, self.interval, summary(e))
 
     def _sync_once(self, final: bool) -> None:
         if not self._resumed:
