@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow  # noqa: F401 - a notebook has it imported already; imports are not what is measured
 
     from tfnb._status import write_status
-    from tfnb.evaluator import Evaluator
+    from tfnb.monitor.evaluator import Evaluator
 
     work = Path(tempfile.mkdtemp(prefix="tfnb-bench-eval-"))
     try:

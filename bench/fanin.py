@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from tfnb.progress import show  # noqa: E402  (after the path is set)
+from tfnb.monitor.progress import show
 
 SENDERS = 8
 WARMUP = 3.0
@@ -48,7 +48,8 @@ TICK = 0.05
 
 
 def sender(address: str, token: str, first: int, count: int, lines_per_s: float, seconds: float) -> None:
-    from tfnb._channel import TaskChannel, batch_window
+    from tfnb._task.channel import TaskChannel
+    from tfnb._protocol import batch_window
 
     # the tasks of a real run are on other machines: give the driver the first claim on these cores
     os.nice(10)
@@ -124,7 +125,7 @@ def _display(kind: str, tasks: int):
 
         return ProgressWidget(num_workers=tasks)  # the ipywidgets model, rendered, with no browser
     if kind == "console":
-        from tfnb.progress import ConsoleDisplay
+        from tfnb.notebook.console import ConsoleDisplay
 
         return ConsoleDisplay(open(os.devnull, "w"), num_workers=tasks, tty=False)
     return lambda event: None
@@ -134,7 +135,7 @@ def replay(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict
     """The display alone: the events of ``seconds`` of the load, handed over in real time as
     ``tfnb.run`` does (one batch per 50 ms drain pass), no channel. CPU of all threads (renders
     happen on a timer thread too), so a loaded machine changes it little."""
-    from tfnb.events import RunEvent
+    from tfnb._protocol import RunEvent
 
     shown = _display(display, tasks)
     made = time.time()
@@ -169,8 +170,8 @@ def replay(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict
 
 
 def driver(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict:
-    from tfnb._channel import DriverChannel
-    from tfnb.cluster import _Attempt
+    from tfnb.launcher.channel import DriverChannel
+    from tfnb.launcher.attempt import _Attempt
 
     shown = Lag(_display(display, tasks))
     with tempfile.TemporaryDirectory() as model_dir:

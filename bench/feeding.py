@@ -142,7 +142,7 @@ def run_ceiling(df) -> tuple[float, float]:
 def run_tfnb(spark, df, rows: int, workers: int = 2) -> tuple[float, float, dict]:
     """(stream seconds, wall seconds, details) of feeding ``df`` to ``workers`` train_fn processes."""
     import tfnb
-    from tfnb.feeding import split_for_workers
+    from tfnb.data.feeding import split_for_workers
 
     # The same check tfnb.run makes before its job, timed on its own.
     start = time.perf_counter()
@@ -274,7 +274,7 @@ def main() -> None:
             result["goals"]["feeding vs TFoS"] = 30
         print(f"tfnb / ceiling:           {ceiling_ratio:6.2f} x   (goal >= 0.8)")
         print(f"tfnb receive / ceiling:   {best_ceiling[0] / d['receive']:6.2f} x   (the Spark side alone)")
-        from tfnb.feeding import split_for_workers
+        from tfnb.data.feeding import split_for_workers
 
         counted = make_df(spark, a.rows, split=False)
         start = time.perf_counter()

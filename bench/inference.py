@@ -125,7 +125,7 @@ def run_anchor(model_path: str, rows: int, features: int, batch_size: int, repea
 
 
 def via_tfnb(df, model_path, batch_size, features):
-    import tfnb.inference as inference
+    import tfnb.data.inference as inference
 
     return inference.predict(df, model_path, input_cols=["features"], batch_size=batch_size,
                              output_type="array")
@@ -133,7 +133,7 @@ def via_tfnb(df, model_path, batch_size, features):
 
 def _spec(df, model_path, batch_size):
     """The same worker spec tfnb.predict builds, for the alternative wirings."""
-    import tfnb.inference as inference
+    import tfnb.data.inference as inference
 
     source, version, files = inference._locate(model_path, {})
     return inference._Spec(source=source, version=version, remote=bool(files), files=files, input_cols=("features",),
@@ -145,14 +145,14 @@ def via_map_in_arrow(df, model_path, batch_size, features):
     """tfnb's fallback for pyspark < 4.1: whole rows through mapInArrow."""
     from pyspark.sql.types import ArrayType, FloatType
 
-    import tfnb.inference as inference
+    import tfnb.data.inference as inference
 
     return inference._with_predictions_by_map(df, _spec(df, model_path, batch_size), "prediction",
                                               ArrayType(FloatType(), False))
 
 
 def _make_predict_fn(spec):
-    import tfnb.inference as inference
+    import tfnb.data.inference as inference
 
     model = inference._model_for(spec)
     return lambda x: model.call(x.reshape((len(x), *model.input_shape)))  # (rows, 784) -> (rows, 28, 28, 1)

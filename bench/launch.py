@@ -47,7 +47,7 @@ def first_step(ctx):
     """MWMS init + one training step; reports a timestamp after each phase."""
     import time as _t
 
-    from tfnb.events import emit
+    from tfnb._task.events import emit
 
     emit("phase", name="train_fn entered", t=_t.time())
     import tensorflow as tf

@@ -59,7 +59,7 @@ def _worker(argv: list[str]) -> None:
     from botocore.config import Config  # noqa: F401
 
     if a.method == "tfnb":
-        from tfnb.staging import stage
+        from tfnb.data.staging import stage
 
         start = time.time()
         r = stage(f"s3://{BUCKET}/{a.prefix}", a.dest, index=a.index, count=a.count,
@@ -99,7 +99,7 @@ def _make_data(folder: Path, prefix: str, files: int, size: int) -> list[tuple[s
 
 
 def _shards(keys: list[tuple[str, int]], workers: int) -> list[list[str]]:
-    from tfnb.staging import RemoteFile, assign_shard
+    from tfnb.data.staging import RemoteFile, assign_shard
 
     files = [RemoteFile(f"s3://{BUCKET}/{k}", k.split("/", 1)[1], size, "", k) for k, size in keys]
     return [[f.key for f in assign_shard(files, i, workers)] for i in range(workers)]

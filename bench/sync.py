@@ -133,7 +133,7 @@ def _local_sizes(root: Path) -> dict[str, int]:
 
 def _s3_sizes(client, prefix: str) -> dict[str, int]:
     """Bytes per logical file under ``prefix``: whole objects, or the sum of a file's parts."""
-    from tfnb.sync import _PART_RE
+    from tfnb.monitor.sync import _PART_RE
 
     out: dict[str, int] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/"):
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from s3server import start_rclone
 
-    from tfnb.sync import EventSync
+    from tfnb.monitor.sync import EventSync
 
     work = Path(tempfile.mkdtemp(prefix="tfnb-bench-sync-"))
     server = start_rclone(work / "s3")

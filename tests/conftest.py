@@ -77,9 +77,9 @@ def _idle_standby(proc: Path, cmd: str) -> bool:
         nanny = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
     except (OSError, IndexError):
         return False
-    if b"tfnb._warm" not in nanny:
+    if b"tfnb._task.warm" not in nanny:
         return False
-    path = nanny[nanny.index(b"tfnb._warm") + 1].decode()
+    path = nanny[nanny.index(b"tfnb._task.warm") + 1].decode()
     return os.path.exists(path) or os.path.exists(path + ".part")
 
 
@@ -93,7 +93,7 @@ def child_processes() -> list[str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "tfnb._child" in cmd and not _idle_standby(d, cmd):
+        if "tfnb._task.child" in cmd and not _idle_standby(d, cmd):
             out.append(f"{d.name}: {cmd}")
     return out
 

@@ -1,8 +1,8 @@
 """The TensorBoard panel rendered by the real JupyterLab front end in Debian chromium.
 
-A notebook calling ``tensorboard(logdir)``, then ``%tfnb_tensorboard`` for the same logdir, is run
+A notebook calling ``tensorboard(log_dir)``, then ``%tfnb_tensorboard`` for the same log_dir, is run
 through the JupyterLab UI (Run > Run All Cells); the test waits for the panel's iframe and reads
-TensorBoard's own page inside it: the run and tag names of the tf.summary scalars in ``logdir``.
+TensorBoard's own page inside it: the run and tag names of the tf.summary scalars in ``log_dir``.
 The screenshot is saved to ``test-artifacts/tensorboard_widget.png``. Then the panel's Stop and
 Reload buttons are clicked.
 JupyterLab, its kernel, the TensorBoard the kernel started and chromium must all be gone
@@ -58,7 +58,7 @@ def test_panel_shows_tensorboard_in_jupyterlab(lab, chromium_page, artifacts):
         src = iframe.get_attribute("src")
         assert src.startswith("http://127.0.0.1:") and src.endswith("/")
         assert panel.get_by_role("link", name=src).is_visible()
-        # The kernel-side TensorBoard really serves the logdir (not just some page at that URL).
+        # The kernel-side TensorBoard really serves the log_dir (not just some page at that URL).
         assert get_json(src + "data/environment")["data_location"] == str(lab.root / "logs")
         # The magic's panel (next cell) reuses that TensorBoard.
         magic_panel = cells.nth(2).locator(".tfnb-tensorboard")

@@ -15,7 +15,8 @@ import threading
 
 import pytest
 
-from tfnb._channel import DriverChannel, TaskChannel
+from tfnb.launcher.channel import DriverChannel
+from tfnb._task.channel import TaskChannel
 
 PEER = {"job_name": "worker", "task_index": 1, "rank": 1, "host": "127.0.0.1"}
 

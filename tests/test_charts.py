@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from tfnb.errors import ConfigError
-from tfnb.evaluator import EvalResult, Evaluator
+from tfnb.monitor.evaluator import EvalResult, Evaluator
 
 
 def _evaluated(log_dir, epochs=4) -> Evaluator:

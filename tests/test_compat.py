@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from tfnb.compat import TFCluster, TFNode
-from tfnb.progress import ConsoleDisplay
+from tfnb.notebook.console import ConsoleDisplay
 from tfnb.errors import ClusterError, ConfigError, RunTimeoutError, WorkerError
 
 

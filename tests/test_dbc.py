@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tfnb import dbc
+from tools import dbc
 from tfnb.errors import ConfigError, DbcFormatError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -419,20 +419,20 @@ def test_cli_build_extract_check_and_errors(src, tmp_path, capsys):
     bogus.write_bytes(b"PK\x05\x06 definitely not a zip")
     assert dbc.main(["extract", str(bogus), "-o", str(tmp_path / "y")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("tfnb.dbc: error: ") and "not a zip" in err and err.count("\n") == 1
+    assert err.startswith("tools.dbc: error: ") and "not a zip" in err and err.count("\n") == 1
 
 
 def test_python_dash_m_entry_point(src, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "tfnb.dbc"
-    ok = subprocess.run([sys.executable, "-m", "tfnb.dbc", "build", str(src), "-o", str(out)],
+    ok = subprocess.run([sys.executable, "-m", "tools.dbc", "build", str(src), "-o", str(out)],
                         capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert out.is_file() and "2 notebooks" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "tfnb.dbc", "extract", str(src / "00_constants.ipynb"),
+    bad = subprocess.run([sys.executable, "-m", "tools.dbc", "extract", str(src / "00_constants.ipynb"),
                           "-o", str(tmp_path / "x")], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.startswith("tfnb.dbc: error: ") and bad.stderr.count("\n") == 1
+    assert bad.stderr.startswith("tools.dbc: error: ") and bad.stderr.count("\n") == 1
     assert "not a zip" in bad.stderr
 
 

@@ -16,8 +16,8 @@ from s3server import rclone_s3  # noqa: F401
 
 from tfnb._status import write_status
 from tfnb.errors import ConfigError, EvaluatorError
-from tfnb.evaluator import Evaluator
-from tfnb.sync import EventSync
+from tfnb.monitor.evaluator import Evaluator
+from tfnb.monitor.sync import EventSync
 
 import tensorflow as tf  # hard dependencies: a broken install fails here, it does not skip
 # tf_keras by name (what tfnb's workers train with): tf.keras is Keras 3 unless TF_USE_LEGACY_KERAS=1

@@ -15,9 +15,10 @@ from collections import defaultdict
 
 import pytest
 
-from tfnb._channel import DriverChannel, TaskChannel
-from tfnb._worker import _MAX_LINE, _Lines
-from tfnb.cluster import _Attempt
+from tfnb.launcher.channel import DriverChannel
+from tfnb._task.channel import TaskChannel
+from tfnb._task.supervisor import _MAX_LINE, _Lines
+from tfnb.launcher.attempt import _Attempt
 
 TASKS = 32
 LINES = 1500       # per task
@@ -199,7 +200,7 @@ def keras_progbar_fn(ctx):
 
 def test_keras_bar_through_tfnb_run_is_one_line_per_worker_and_the_log_file_has_everything(spark, tmp_path):
     import tfnb
-    from tfnb.progress import ConsoleDisplay
+    from tfnb.notebook.console import ConsoleDisplay
 
     out = io.StringIO()
     console = ConsoleDisplay(out, num_workers=2, tty=False)
@@ -234,7 +235,7 @@ def test_keras_bar_through_tfnb_run_is_one_line_per_worker_and_the_log_file_has_
 
 
 def test_the_run_log_is_local_never_at_a_remote_url(tmp_path, monkeypatch):
-    from tfnb._runlog import RunLog, run_log_path
+    from tfnb.launcher.runlog import RunLog, run_log_path
 
     monkeypatch.setenv("TFNB_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "state").mkdir()

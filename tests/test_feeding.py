@@ -14,8 +14,9 @@ import pyarrow as pa
 import pytest
 
 import tfnb
-from tfnb import feeding
-from tfnb.context import WorkerContext
+from tfnb._task import feed as feeding
+from tfnb.data import feeding as driver_feed
+from tfnb._task.context import WorkerContext
 from tfnb.errors import ConfigError, WorkerError
 
 
@@ -54,7 +55,7 @@ def test_feed_spec_infers_numeric_and_array_columns(spark):
         [(1, 2, 3, 4, 1.0, 2.0, True, [1.0, 2.0], [1, 2])],
         "b tinyint, s smallint, i int, l bigint, f float, d double, t boolean, "
         "af array<float>, al array<bigint>")
-    spec = feeding.feed_spec(df)
+    spec = driver_feed.feed_spec(df)
     assert spec.names == ("b", "s", "i", "l", "f", "d", "t", "af", "al")
     assert [(c.dtype, c.is_array) for c in spec.columns] == [
         ("int8", False), ("int16", False), ("int32", False), ("int64", False), ("float32", False),
@@ -91,11 +92,11 @@ def test_data_must_be_a_spark_dataframe(spark):
 
 def test_split_balances_a_skewed_dataframe(spark):
     one_partition = spark.range(0, 1001, 1, 1)
-    assert _partition_sizes(feeding.split_for_workers(one_partition, 2)) == [500, 501]
+    assert _partition_sizes(driver_feed.split_for_workers(one_partition, 2)) == [500, 501]
     skewed = _skewed(spark).cache()
     try:
         assert _partition_sizes(skewed) == [100, 900]
-        assert _partition_sizes(feeding.split_for_workers(skewed, 2)) == [500, 500]
+        assert _partition_sizes(driver_feed.split_for_workers(skewed, 2)) == [500, 500]
     finally:
         skewed.unpersist()
 
@@ -107,16 +108,16 @@ def test_split_feeds_a_cached_balanced_dataframe_as_it_is(spark):
     try:
         split.count(), even.count()
         sc.setJobGroup("tfnb-split-test", "split_for_workers")
-        assert feeding.split_for_workers(split, 2) is split
+        assert driver_feed.split_for_workers(split, 2) is split
         assert sc.statusTracker().getJobIdsForGroup("tfnb-split-test") == []  # no job: the plan says it
-        assert feeding.split_for_workers(even, 2) is even
+        assert driver_feed.split_for_workers(even, 2) is even
         assert len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test")) == 1  # one counting job
         one = split.coalesce(1).cache()
-        assert feeding.split_for_workers(one, 1) is one  # one worker: one partition needs no count either
+        assert driver_feed.split_for_workers(one, 1) is one  # one worker: one partition needs no count either
         assert len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test")) == 1
         one.unpersist()
         # the same DataFrame for 3 workers must still be split into 3
-        assert _partition_sizes(feeding.split_for_workers(split, 3)) == [333, 333, 334]
+        assert _partition_sizes(driver_feed.split_for_workers(split, 3)) == [333, 333, 334]
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         split.unpersist()
@@ -192,7 +193,7 @@ class _Driver:
         def tell(rows: int, done: bool) -> None:
             with self._lock:
                 self._reports[rank] = (rows, done)
-                answer = feeding.agree_counts(self._reports, self.num_workers)
+                answer = driver_feed.agree_counts(self._reports, self.num_workers)
                 for s in self.streams.values() if answer else ():
                     s.heard(answer)
         return tell

@@ -19,8 +19,8 @@ import pytest
 import tfnb
 from conftest import spark_session
 from s3server import rclone_s3  # noqa: F401
-from tfnb import events
-from tfnb.errors import KERAS3_MWMS, ClusterError, ConfigError, StorageError, SyncError, WorkerError, summary
+from tfnb import _protocol as events
+from tfnb.errors import KERAS3_MWMS, ClusterError, ConfigError, StorageError, WorkerError, summary
 
 
 @pytest.fixture(autouse=True)
@@ -136,7 +136,7 @@ def test_a_train_fn_process_that_cannot_import_tfnb_keeps_its_cause(hooked, no_o
 
 
 def test_which_paths_every_host_sees(tmp_path):
-    from tfnb.cluster import _mount_type, is_shared_path
+    from tfnb.launcher.spark import _mount_type, is_shared_path
 
     for shared in ("s3://bucket/run", "gs://b/x", "dbfs:/runs/1", "/dbfs/runs/1", "/Volumes/main/default/v/run",
                    "/Workspace/Users/me/run", "/dbfs"):
@@ -254,7 +254,7 @@ def test_env_that_sets_what_tfnb_sets_is_refused(key, knob):
 
 
 def test_tf_use_legacy_keras_is_the_users_with_legacy_keras_off():
-    from tfnb.cluster import _check_env
+    from tfnb.launcher.options import _check_env
 
     _check_env({"TF_USE_LEGACY_KERAS": "0"}, legacy_keras=False)
 
@@ -292,7 +292,7 @@ def test_a_wrapped_storage_error_says_its_cause_once_and_ends_with_the_fix(rclon
     sync = tfnb.EventSync(str(tmp_path / "tb"), "s3://frontdoor/logs", interval=3600, storage_options={
         "key": rclone_s3.access_key, "secret": "wrong" * 8, "endpoint_url": rclone_s3.endpoint_url,
         "region": "us-east-1"})
-    with pytest.raises(SyncError) as info:
+    with pytest.raises(StorageError) as info:
         sync.flush()
     text = str(info.value)
     print(text)

@@ -18,7 +18,7 @@ import pytest
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before tensorflow is imported anywhere in this process
 
-from tfnb import inference  # noqa: E402
+from tfnb.data import inference
 from tfnb.errors import ConfigError, MissingDependencyError  # noqa: E402
 
 ATOL = 1e-5

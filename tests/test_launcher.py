@@ -101,7 +101,7 @@ def print_then_wait(ctx, flag_dir):
 
 
 def test_logs_stream_live_with_role_prefix(spark, tmp_path, capsys):
-    from tfnb.progress import ConsoleDisplay
+    from tfnb.notebook.console import ConsoleDisplay
 
     console = ConsoleDisplay()
     seen = []
@@ -197,7 +197,7 @@ def _port_closed(host, port) -> bool:
 
 def test_timeout_cancels_and_cleans_up(spark, no_orphans):
     ports = []
-    import tfnb._channel as channel
+    import tfnb.launcher.channel as channel
 
     original = channel.DriverChannel.__init__
 

@@ -1,7 +1,10 @@
-"""The layers a newcomer can see: the core never imports the notebook layer; compat uses public names only.
+"""The house a newcomer can see, enforced: layers that import only downward, no import circle, a core that
+never imports the display layer, a task side that never imports the driver side, compat on public names.
 
-Every import statement of every tfnb module is read with ``ast`` (function-local ones included), so
-a lazy ``import ipywidgets`` inside a core function fails here just like a top-level one.
+Every import statement of every tfnb module is read with ``ast`` (function-local ones included), so a
+lazy ``import ipywidgets`` inside a core function fails here just like a top-level one. There is no
+list of exceptions: the public front (``tfnb/__init__.py``, ``python -m tfnb``) is not a layer of the
+house but its door.
 """
 from __future__ import annotations
 
@@ -13,11 +16,26 @@ import sys
 import tfnb
 
 PACKAGE = pathlib.Path(tfnb.__file__).parent
-NOTEBOOK_LIBS = ("IPython", "ipywidgets", "ipykernel", "tfnb.notebook")
-# The only modules outside tfnb/notebook/ that may reach the notebook layer: the package facade (it
-# loads the layer when IPython is loaded, and its lazy ProgressWidget export) and tfnb.tensorboard (the
-# public TensorBoard call, whose notebook form is the panel).
-FRONT = {"tfnb", "tfnb.tensorboard"}
+DISPLAY_LIBS = ("IPython", "ipywidgets", "ipykernel", "tfnb.notebook")
+FRONT = {"tfnb", "tfnb.__main__"}
+# floor of each part, ground first: a module imports only from its own part or a lower floor
+FLOORS = [
+    ("tfnb.errors", "tfnb._config", "tfnb._deps", "tfnb._private", "tfnb._protocol"),
+    ("tfnb.storage", "tfnb._status"),
+    ("tfnb._task",),                    # what runs inside a barrier task
+    ("tfnb.data", "tfnb.monitor"),      # driver side: data in and out, monitoring and the run model
+    ("tfnb.launcher",),                 # driver side of a run
+    ("tfnb.notebook",),                 # the display layer
+    ("tfnb.compat",),                   # the peers' APIs, on the public surface only
+]
+
+
+def _part(module: str) -> tuple[int, str] | None:
+    for floor, parts in enumerate(FLOORS):
+        for part in parts:
+            if module == part or module.startswith(part + "."):
+                return floor, part
+    return None
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -46,64 +64,83 @@ def _imports(module: str, path: pathlib.Path):
                 anchor = anchor[:len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
-                # "from . import notebook" imports a module; "from .x import name" a name of module x
                 yield base, alias.name, node.lineno
 
 
-def _is_notebook(target: str, name: str | None) -> bool:
-    full = f"{target}.{name}" if name else target
-    return any(t == lib or t.startswith(lib + ".") for t in (target, full) for lib in NOTEBOOK_LIBS) or (
-        full in ("tfnb.tensorboard", "tfnb.ProgressWidget"))
+def _target(modules: dict, base: str, name: str | None) -> str:
+    """The tfnb module an import reaches: ``from . import x`` reaches module x, ``from .x import y`` module x."""
+    return f"{base}.{name}" if name and f"{base}.{name}" in modules else base
 
 
-def _core(module: str) -> bool:
-    return not (module in FRONT or module.startswith("tfnb.notebook"))
-
-
-def test_the_walk_sees_every_layer_and_nested_imports():
+def _edges():
     modules = _modules()
-    assert {"tfnb.cluster", "tfnb.context", "tfnb.progress", "tfnb.callbacks", "tfnb._worker",
-            "tfnb.notebook", "tfnb.notebook.progress", "tfnb.compat.cluster"} <= set(modules)
-    # a function-local import counts: tfnb.tensorboard imports the panel only inside tensorboard()
-    found = {(t, n) for t, n, _ in _imports("tfnb.tensorboard", modules["tfnb.tensorboard"])}
-    assert ("tfnb.notebook.tensorboard", "show_panel") in found
+    for module, path in modules.items():
+        for base, name, line in _imports(module, path):
+            yield module, _target(modules, base, name), name, line
 
 
-def test_the_core_never_imports_the_notebook_layer():
-    offending = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}{'.' + name if name else ''}"
-                 for module, path in _modules().items() if _core(module)
-                 for target, name, line in _imports(module, path) if _is_notebook(target, name)]
-    assert not offending, "core modules must not import the notebook layer:\n" + "\n".join(offending)
+def test_every_module_has_a_floor():
+    assert [m for m in _modules() if m not in FRONT and _part(m) is None] == []
 
 
-def test_compat_imports_no_private_name_of_the_core():
+def test_imports_run_downward_only():
     offending = []
-    for module, path in _modules().items():
-        if not module.startswith("tfnb.compat"):
+    for module, target, _, line in _edges():
+        if module in FRONT or not target.startswith("tfnb") or target in FRONT:
             continue
-        core_aliases = set()
-        for target, name, line in _imports(module, path):
-            if not target.startswith("tfnb") or target.startswith("tfnb.compat"):
-                continue
-            private = [p for p in target.split(".")[1:] if p.startswith("_")]
-            if private or (name and name.startswith("_") and name != "__version__"):
-                offending.append(f"{module}:{line} imports {target}{'.' + name if name else ''}")
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):  # `from .. import cluster as launcher` then `launcher._private`
-            if isinstance(node, ast.ImportFrom) and node.level == 2 and not node.module:
-                core_aliases |= {a.asname or a.name for a in node.names}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in core_aliases and node.attr.startswith("_")):
-                offending.append(f"{module}:{node.lineno} uses {node.value.id}.{node.attr}")
-            if isinstance(node, ast.Call):  # a private keyword such as run(..., _hooks=...) is private too
-                offending += [f"{module}:{node.lineno} passes {k.arg}=" for k in node.keywords
-                              if k.arg and k.arg.startswith("_")]
-    assert not offending, "tfnb.compat must use the launcher's public surface:\n" + "\n".join(offending)
+        mine, theirs = _part(module), _part(target)
+        if theirs is None:
+            offending.append(f"{module}:{line} imports {target}, which has no floor")
+        elif theirs[0] > mine[0] or (theirs[0] == mine[0] and theirs[1] != mine[1] and mine[0] > 1):
+            offending.append(f"{module}:{line} imports {target} ({theirs[1]}, floor {theirs[0] + 1}) from floor "
+                             f"{mine[0] + 1}")
+    assert not offending, "imports must run down the house:\n" + "\n".join(offending)
 
 
-def test_importing_the_core_loads_no_notebook_module():
-    core = [m for m in _modules() if _core(m) and not m.startswith("tfnb.compat") and m not in ("tfnb.__main__",)]
+def test_no_import_circle():
+    graph: dict[str, set[str]] = {}
+    for module, target, _, _ in _edges():
+        if target.startswith("tfnb") and target != module:
+            graph.setdefault(module, set()).add(target)
+    seen, stack, circles = set(), [], []
+
+    def visit(node):
+        if node in stack:
+            circles.append(stack[stack.index(node):] + [node])
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        stack.pop()
+
+    for node in sorted(graph):
+        visit(node)
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_core_never_imports_the_display_layer():
+    offending = [f"{module}:{line} imports {target}" for module, target, _, line in _edges()
+                 if module not in FRONT and not module.startswith(("tfnb.notebook", "tfnb.compat"))
+                 and any(target == lib or target.startswith(lib + ".") for lib in DISPLAY_LIBS)]
+    assert not offending, "core modules must not import the display layer:\n" + "\n".join(offending)
+
+
+def test_compat_uses_the_public_surface_only():
+    import tfnb.launcher
+
+    public = {"tfnb": set(tfnb.__all__) | {"__version__"}, "tfnb.launcher": set(tfnb.launcher.__all__),
+              "tfnb.errors": {n for n in vars(tfnb.errors) if not n.startswith("_")}}
+    offending = [f"{module}:{line} imports {target}.{name}" for module, target, name, line in _edges()
+                 if module.startswith("tfnb.compat") and target.startswith("tfnb") and not target.startswith("tfnb.compat")
+                 and name not in public.get(target, ())]
+    assert not offending, "tfnb.compat must use public names and the documented launch hooks:\n" + "\n".join(offending)
+
+
+def test_importing_the_core_loads_no_display_module():
+    core = [m for m in _modules() if m not in FRONT and not m.startswith(("tfnb.notebook", "tfnb.compat"))]
     code = ("import importlib, sys\n"
             f"for m in {core!r}: importlib.import_module(m)\n"
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel') "
@@ -113,15 +150,21 @@ def test_importing_the_core_loads_no_notebook_module():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_public_surface_exports_what_the_api_returns_and_keeps_dev_errors_out():
+def test_public_surface_exports_what_the_api_returns_and_keeps_dev_tools_out():
     for name in ("SyncStats", "StageProgress", "StageResult", "EvalResult", "Launched", "Reused", "Failed",
-                 "TimedOut", "ConsoleDisplay", "ProgressWidget", "RunEvent"):
+                 "TimedOut", "ConsoleDisplay", "ProgressWidget", "RunEvent", "RunOptions"):
         assert name in tfnb.__all__ and getattr(tfnb, name).__name__ == name
     assert callable(tfnb.tensorboard) and callable(tfnb.tensorboard.stop) and callable(tfnb.tensorboard.instances)
     assert "DbcFormatError" not in tfnb.__all__
-    from tfnb.errors import DbcFormatError  # still where dev tools look for it
+    assert not (PACKAGE / "dbc.py").exists() and not (PACKAGE / "demo.py").exists()  # tools/, not the wheel
+    from tools.wheel import build_wheel
 
-    assert issubclass(DbcFormatError, tfnb.TfnbError)
+    name, data = build_wheel()
+    import io
+    import zipfile
+
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert "tfnb/launcher/__init__.py" in names and not [n for n in names if n.startswith("tools/")]
     # the TYPE_CHECKING block names every lazy export, so type checkers see what users get
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
     checked = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.If)

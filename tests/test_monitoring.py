@@ -77,7 +77,7 @@ def _scalar_tags(port):
 @pytest.mark.browser
 def test_eval_and_training_summaries_in_one_tensorboard_while_training(spark, tmp_path, artifacts, no_orphans):
     from tfnb._status import read_status
-    from tfnb._tb_process import Launched, Reused, ensure_tensorboard, stop
+    from tfnb.monitor.tensorboard import Launched, Reused, ensure_tensorboard, stop
 
     model_dir, log_url, tb_dir = tmp_path / "model", tmp_path / "persistent-logs", tmp_path / "tb"
     flag = tmp_path / "seen"

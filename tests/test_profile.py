@@ -79,7 +79,7 @@ def test_bad_profile_steps_fail_before_launch(steps, log_dir, says):
 def test_tensorboard_shows_one_host_per_worker(spark, tmp_path, rclone_s3, no_orphans, monkeypatch):  # noqa: F811
     need("tensorboard-plugin-profile", importlib.util.find_spec("xprof") is not None,
          "pip install tensorboard-plugin-profile (the tfnb[monitoring] extra)")
-    from tfnb._tb_process import Launched, Reused, ensure_tensorboard, stop
+    from tfnb.monitor.tensorboard import Launched, Reused, ensure_tensorboard, stop
 
     rclone_s3.client().create_bucket(Bucket="profiled")
     log_dir, tb_dir = "s3://profiled/run1/logs", tmp_path / "tb"
@@ -142,7 +142,7 @@ def test_a_trace_that_cannot_be_written_is_reported_once_and_training_goes_on(sp
 
 
 def test_a_trace_that_cannot_start_is_reported_once_not_per_step(caplog):
-    from tfnb.context import WorkerContext
+    from tfnb._task.context import WorkerContext
 
     # no log_dir to write to (tfnb.run refuses that; a train_fn can still replace its context)
     ctx = WorkerContext(task_index=1, num_workers=2, job_name="worker", cluster_spec={}, tf_config={},

@@ -12,10 +12,11 @@ import browser
 from browser import chromium_page, jupyter_lab  # noqa: F401  (fixtures)
 
 from tfnb.errors import ConfigError, WorkerError
-from tfnb.events import RunEvent
-from tfnb.callbacks import keras_callback
+from tfnb._protocol import RunEvent
+from tfnb._task.callbacks import keras_callback
 from tfnb.notebook import ProgressWidget
-from tfnb.progress import CHART_TASKS, SUMMARY_ABOVE, ConsoleDisplay, auto_display
+from tfnb.monitor.progress import CHART_TASKS, SUMMARY_ABOVE, auto_display
+from tfnb.notebook.console import ConsoleDisplay
 
 EPOCHS, STEPS, BATCH = 2, 4, 16
 
@@ -348,7 +349,7 @@ def test_widget_handles_a_batch_as_one_render_and_keeps_few_curves():
 
 
 def test_a_batch_folds_as_its_events_one_by_one():
-    from tfnb.progress import RunProgress
+    from tfnb.monitor.progress import RunProgress
 
     events = [_ev("log", "worker", 1, stream="stdout", line="a"),
               _ev("log", "worker", 1, stream="stdout", line="bar 1/3", partial=True),
@@ -567,7 +568,7 @@ print("RESULT", result)
 
 LARGE_RUN = '''
 import tfnb
-from tfnb.events import RunEvent
+from tfnb import RunEvent
 
 w = tfnb.ProgressWidget(num_workers=200, refresh_interval=0)
 for r in range(200):

@@ -38,7 +38,7 @@ def chaos_fit(ctx, epochs, steps, kills, step_time=0.15):
     instruction), or between writing and publishing its checkpoint (``"ckpt"``). Returns the epoch this
     attempt resumed at and its attempt number; ``model_dir/epochs.jsonl`` lists every epoch each attempt began.
     """
-    from tfnb.events import emit
+    from tfnb._task.events import emit
 
     model_dir = Path(ctx.model_dir)
     ckpts = [model_dir / f"ckpt-{i}.json" for i in range(ctx.num_workers)]

@@ -24,9 +24,9 @@ import pytest
 if __name__ == "__main__":  # run as a script: find tfnb in this checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tfnb  # noqa: E402
-from tfnb import ClusterError, ConfigError, StagingError, SyncError, WorkerError  # noqa: E402
+from tfnb import ClusterError, ConfigError, StorageError, WorkerError  # noqa: E402
 from tfnb.errors import DbcFormatError  # noqa: E402
-from tfnb._tb_process import Failed  # noqa: E402
+from tfnb.monitor.tensorboard import Failed
 
 
 @dataclass
@@ -212,8 +212,8 @@ def _fed_ctx(env, rows: int = 10, width: int = 4, null: bool = False, ragged: bo
     """A train_fn's context for a run fed rows of (x: array<float>[width], y: double), as the task builds it."""
     import pyarrow as pa
 
-    from tfnb.context import WorkerContext
-    from tfnb.feeding import FeedColumn, FeedSpec, finish_feed, spill_partition
+    from tfnb._task.context import WorkerContext
+    from tfnb._task.feed import FeedColumn, FeedSpec, finish_feed, spill_partition
 
     xs = [[float(i)] * (width + (i % 2 if ragged else 0)) for i in range(rows)]
     ys = [None if null and i == 3 else float(i % 2) for i in range(rows)]
@@ -228,7 +228,7 @@ def _fed_ctx(env, rows: int = 10, width: int = 4, null: bool = False, ragged: bo
 @case("data", "`ctx.dataset(...)` in a run without `data=`", ConfigError, "this run has no data=",
       "pass data=df to tfnb.run", says="pass data=df, or build the tf.data pipeline yourself")
 def dataset_without_data(env):
-    from tfnb.context import WorkerContext
+    from tfnb._task.context import WorkerContext
 
     WorkerContext(task_index=0, num_workers=2, job_name="chief", cluster_spec={}, tf_config={}).dataset(32)
 
@@ -314,13 +314,13 @@ def stage_index_out_of_range(env):
     tfnb.stage(str(env.tmp), str(env.tmp / "out"), index=2, count=2)
 
 
-@case("staging", "`src_url=''`", ConfigError, "src_url=''", "'s3://bucket/prefix'",
+@case("staging", "`src=''`", ConfigError, "src=''", "'s3://bucket/prefix'",
       says="a URL or path, e.g. 's3://bucket/prefix'")
 def stage_empty_url(env):
     tfnb.stage("", str(env.tmp / "out"), index=0, count=1)
 
 
-@case("staging", "`dest_dir=None`", ConfigError, "dest_dir=None", "'/local_disk0/train'",
+@case("staging", "`dest=None`", ConfigError, "dest=None", "'/local_disk0/train'",
       says="a local folder path")
 def stage_dest_none(env):
     tfnb.stage(str(env.tmp), None, index=0, count=1)
@@ -349,20 +349,20 @@ def stage_unknown_scheme(env):
     tfnb.stage("nosuch://bucket/x", str(env.tmp / "out"), index=0, count=1)
 
 
-@case("staging", "a source folder with no files", StagingError, "empty-src", "check the URL or path",
+@case("staging", "a source folder with no files", StorageError, "empty-src", "check the URL or path",
       says="check the path or URL (the message names it)")
 def stage_empty_source(env):
     (env.tmp / "empty-src").mkdir()
     tfnb.stage(str(env.tmp / "empty-src"), str(env.tmp / "out"), index=0, count=1)
 
 
-@case("staging", "a source folder that does not exist", StagingError, "no-such-src", "check the URL or path",
+@case("staging", "a source folder that does not exist", StorageError, "no-such-src", "check the URL or path",
       says="check the path or URL (the message names it)")
 def stage_missing_source(env):
     tfnb.stage(str(env.tmp / "no-such-src"), str(env.tmp / "out"), index=0, count=1)
 
 
-@case("staging", "`dest_dir` that is a file", StagingError, "not-a-dir", "pick a writable local folder",
+@case("staging", "`dest` that is a file", StorageError, "not-a-dir", "pick a writable local folder",
       says="pick a writable local folder")
 def stage_dest_is_file(env):
     (env.tmp / "src").mkdir()
@@ -371,7 +371,7 @@ def stage_dest_is_file(env):
     tfnb.stage(str(env.tmp / "src"), str(env.tmp / "not-a-dir" / "sub"), index=0, count=1)
 
 
-@case("staging", "an S3 endpoint that refuses connections", StagingError, "http://127.0.0.1:9",
+@case("staging", "an S3 endpoint that refuses connections", StorageError, "http://127.0.0.1:9",
       "check endpoint_url", says="check endpoint_url and that the server is reachable")
 def stage_endpoint_unreachable(env):
     env.setenv("AWS_ACCESS_KEY_ID", "k")  # credentials are there; the server is not
@@ -388,12 +388,12 @@ def sync_interval_zero(env):
     tfnb.EventSync(str(env.tmp / "a"), str(env.tmp / "b"), interval=0)
 
 
-@case("sync", "`EventSync(None, ...)`", ConfigError, "src_dir=None", "'/tmp/tb/run1'", says="a directory path or URL")
+@case("sync", "`EventSync(None, ...)`", ConfigError, "src=None", "'/tmp/tb/run1'", says="a directory path or URL")
 def sync_src_none(env):
     tfnb.EventSync(None, str(env.tmp / "b"))
 
 
-@case("sync", "`dst_url='nosuch://b/x'` (unknown scheme)", ConfigError, "'nosuch://b/x'", "install the fsspec backend",
+@case("sync", "`dest='nosuch://b/x'` (unknown scheme)", ConfigError, "'nosuch://b/x'", "install the fsspec backend",
       says="install the fsspec backend, or use a local path / s3://")
 def sync_unknown_scheme(env):
     tfnb.EventSync(str(env.tmp / "a"), "nosuch://b/x")
@@ -411,7 +411,7 @@ def sync_bad_mode(env):
     tfnb.EventSync(str(env.tmp / "a"), str(env.tmp / "b"), mode="rsync")
 
 
-@case("sync", "`dst_url` inside `src_dir`", ConfigError, "overlap", "outside the source",
+@case("sync", "`dest` inside `src`", ConfigError, "overlap", "outside the source",
       says="sync into a directory outside the source")
 def sync_overlap(env):
     tfnb.EventSync(str(env.tmp / "logs"), str(env.tmp / "logs" / "copy"))
@@ -431,7 +431,7 @@ def sync_s3_unknown_option(env):
     tfnb.EventSync(str(env.tmp / "logs"), "s3://bucket/logs", storage_options={"endpoint": "http://127.0.0.1:9"})
 
 
-@case("sync", "`flush()` to an S3 endpoint that refuses connections", SyncError, "s3://bucket/logs",
+@case("sync", "`flush()` to an S3 endpoint that refuses connections", StorageError, "s3://bucket/logs",
       "endpoint_url", says="check both locations and the store's storage_options")
 def sync_endpoint_unreachable(env):
     (env.tmp / "logs").mkdir()
@@ -527,26 +527,26 @@ def evaluator_timeout(env):
 # ---------------------------------------------------------------- TensorBoard (no process is started)
 
 
-@case("tensorboard", "`tfnb.tensorboard(logdir=<missing dir>)`", Failed, "does not exist", "os.makedirs",
+@case("tensorboard", "`tfnb.tensorboard(log_dir=<missing dir>)`", Failed, "does not exist", "os.makedirs",
       says="returns Failed: check the path, or create the directory first")
 def tensorboard_missing_logdir(env):
     return tfnb.tensorboard(str(env.tmp / "nope"), display=False)
 
 
-@case("tensorboard", "`logdir` that is a file", Failed, "is a file", "pass the directory",
+@case("tensorboard", "`log_dir` that is a file", Failed, "is a file", "pass the directory",
       says="returns Failed: pass the directory holding the event files")
 def tensorboard_logdir_is_file(env):
     (env.tmp / "events").write_text("")
     return tfnb.tensorboard(str(env.tmp / "events"), display=False)
 
 
-@case("tensorboard", "`logdir=''`", ConfigError, "logdir is empty", "tfnb.tensorboard('/tmp/run1/logs')",
+@case("tensorboard", "`log_dir=''`", ConfigError, "log_dir is empty", "tfnb.tensorboard('/tmp/run1/logs')",
       says="pass the event-file directory")
 def tensorboard_empty_logdir(env):
     tfnb.tensorboard("", display=False)
 
 
-@case("tensorboard", "`logdir=42`", ConfigError, "logdir=42", "tfnb.tensorboard('/tmp/run1/logs')",
+@case("tensorboard", "`log_dir=42`", ConfigError, "log_dir=42", "tfnb.tensorboard('/tmp/run1/logs')",
       says="pass the event-file directory")
 def tensorboard_logdir_not_path(env):
     tfnb.tensorboard(42, display=False)
@@ -602,7 +602,7 @@ def _code(source: str, outputs: list | None = None) -> dict:
 @case("dbc", "`dbc.build(<missing folder>, ...)`", ConfigError, "does not exist", "pass the folder",
       says="pass the folder holding the .ipynb files")
 def dbc_missing_folder(env):
-    from tfnb import dbc
+    from tools import dbc
 
     dbc.build(env.tmp / "nope", env.tmp / "out.dbc")
 
@@ -610,7 +610,7 @@ def dbc_missing_folder(env):
 @case("dbc", "a folder without notebooks", ConfigError, "no .ipynb notebooks", "pass the folder holding",
       says="pass the folder holding the .ipynb files")
 def dbc_empty_folder(env):
-    from tfnb import dbc
+    from tools import dbc
 
     dbc.build(env.tmp, env.tmp / "out.dbc")
 
@@ -618,7 +618,7 @@ def dbc_empty_folder(env):
 @case("dbc", "a notebook saved with outputs", ConfigError, "has outputs", "jupyter nbconvert --clear-output",
       says="clear outputs (jupyter nbconvert --clear-output)")
 def dbc_outputs(env):
-    from tfnb import dbc
+    from tools import dbc
 
     _notebook(env.tmp / "a.ipynb", [_code("print(1)", [{"output_type": "stream", "name": "stdout", "text": "1"}])])
     dbc.build(env.tmp, env.tmp / "out.dbc")
@@ -627,7 +627,7 @@ def dbc_outputs(env):
 @case("dbc", "a notebook holding an AWS key", ConfigError, "looks like", "secret scope",
       says="read credentials from the environment or a secret scope")
 def dbc_credential(env):
-    from tfnb import dbc
+    from tools import dbc
 
     _notebook(env.tmp / "a.ipynb", [_code('KEY = "AKIA' + "ABCDEFGHIJKLMNOP" + '"')])
     dbc.build(env.tmp, env.tmp / "out.dbc")
@@ -636,7 +636,7 @@ def dbc_credential(env):
 @case("dbc", "`%run ./missing`", ConfigError, "'./missing'", "fix the %run line or add the notebook",
       says="fix the %run line or add the notebook")
 def dbc_run_missing(env):
-    from tfnb import dbc
+    from tools import dbc
 
     _notebook(env.tmp / "a.ipynb", [_code("%run ./missing")])
     dbc.build(env.tmp, env.tmp / "out.dbc")
@@ -644,7 +644,7 @@ def dbc_run_missing(env):
 
 @case("dbc", "`folder='a/b'`", ConfigError, "folder='a/b'", "'tfnb'", says="a plain name such as 'tfnb'")
 def dbc_bad_folder(env):
-    from tfnb import dbc
+    from tools import dbc
 
     _notebook(env.tmp / "a.ipynb", [_code("x = 1")])
     dbc.build(env.tmp, env.tmp / "out.dbc", folder="a/b")
@@ -653,7 +653,7 @@ def dbc_bad_folder(env):
 @case("dbc", "an `.ipynb` that is not JSON", ConfigError, "a.ipynb is not valid .ipynb JSON", "re-save it in Jupyter",
       says="open and re-save it in Jupyter")
 def dbc_not_json(env):
-    from tfnb import dbc
+    from tools import dbc
 
     (env.tmp / "a.ipynb").write_text("{")
     dbc.build(env.tmp, env.tmp / "out.dbc")
@@ -662,7 +662,7 @@ def dbc_not_json(env):
 @case("dbc", "`dbc.read(<missing archive>)`", ConfigError, "does not exist", "python -m tfnb.dbc build",
       says="build it (python -m tfnb.dbc build)")
 def dbc_read_missing(env):
-    from tfnb import dbc
+    from tools import dbc
 
     dbc.read(env.tmp / "nope.dbc")
 
@@ -670,7 +670,7 @@ def dbc_read_missing(env):
 @case("dbc", "a `.dbc` that is not a zip", DbcFormatError, "not a zip file", "export it again",
       says="export it again, or rebuild it with tfnb.dbc build")
 def dbc_not_zip(env):
-    from tfnb import dbc
+    from tools import dbc
 
     (env.tmp / "x.dbc").write_text("hello")
     dbc.read(env.tmp / "x.dbc")
@@ -679,7 +679,7 @@ def dbc_not_zip(env):
 @case("dbc", "`dbc.extract(..., formats=('pdf',))`", ConfigError, "formats=('pdf',)", "ipynb",
       says="formats from ('ipynb', 'py')")
 def dbc_extract_format(env):
-    from tfnb import dbc
+    from tools import dbc
 
     dbc.extract(env.tmp / "x.dbc", env.tmp / "out", formats=("pdf",))
 
@@ -771,7 +771,7 @@ def predict_pandas(env):
 @case("progress", "`ctx.progress_callback(batch_size=0)`", ConfigError, "batch_size=0", "examples per step",
       says="an int >= 1 (examples per step)")
 def progress_callback_batch(env):
-    from tfnb.context import WorkerContext
+    from tfnb._task.context import WorkerContext
 
     WorkerContext(task_index=0, num_workers=2, job_name="chief", cluster_spec={}, tf_config={}).progress_callback(
         batch_size=0)

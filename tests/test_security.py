@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from components import need
-from tfnb import _tb_process as tbp
-from tfnb import dbc
+from tfnb.monitor import tensorboard as tbp
+from tools import dbc
 from tfnb.errors import ConfigError, UnsafePathError
 
 NOBODY = 65534
@@ -30,10 +30,10 @@ def need_root() -> None:
     need("root (to create files and processes of another uid)", os.getuid() == 0, "run the tests as root, as CI does")
 
 
-def entry(folder: Path, proc: int, logdir, *, port: int = 1, host: str = "127.0.0.1", url: str | None = None,
+def entry(folder: Path, proc: int, log_dir, *, port: int = 1, host: str = "127.0.0.1", url: str | None = None,
           proc_start: int = 0, log_path: str = "") -> Path:
     """A bookkeeping entry as tfnb writes it (``<pid>.json``), with the given fields."""
-    inst = tbp.TensorBoardInstance(pid=proc, port=port, host=host, logdir=str(logdir),
+    inst = tbp.TensorBoardInstance(pid=proc, port=port, host=host, log_dir=str(log_dir),
                                    url=url or f"http://{host}:{port}/", reload_interval=5.0, start_time=1.0,
                                    launched_by=proc, log_path=log_path, proc_start=proc_start)
     path = folder / f"{proc}.json"
@@ -87,11 +87,11 @@ def test_foreign_bookkeeping_folder_is_refused_and_nothing_in_it_is_touched(tmp_
     log.write_text("a log file")
     monkeypatch.setenv("TFNB_STATE_DIR", str(base))
     monkeypatch.delenv("TFNB_TENSORBOARD_DIR", raising=False)
-    logdir = tmp_path / "logs"
-    logdir.mkdir()
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
 
     with pytest.raises(UnsafePathError, match=f"{folder} (is owned by uid|is writable by other|is not a directory)"):
-        tbp.ensure_tensorboard(logdir)
+        tbp.ensure_tensorboard(log_dir)
     with pytest.raises(UnsafePathError, match="remove it"):
         tbp.instances()
     assert victim.read_text() == "years of work"
@@ -181,7 +181,7 @@ def test_a_planted_pid_of_another_users_tensorboard_is_not_killed(info, tmp_path
 
 
 # Stands in for a TensorBoard of this user (a real TensorBoard start costs 10-30 s here): "tensorboard" in
-# its command line, its own session, and it answers /data/environment for its logdir like TensorBoard.
+# its command line, its own session, and it answers /data/environment for its log_dir like TensorBoard.
 _FAKE_TENSORBOARD = textwrap.dedent("""
     import http.server, json, sys
     body = json.dumps({"data_location": sys.argv[1]}).encode()
@@ -204,8 +204,8 @@ _FAKE_TENSORBOARD = textwrap.dedent("""
 def fake_tensorboard(tmp_path):
     started = []
 
-    def start(logdir: Path, host: str = "127.0.0.1"):
-        proc = _own_session([sys.executable, "-c", _FAKE_TENSORBOARD, str(logdir), host, "fake-tensorboard"],
+    def start(log_dir: Path, host: str = "127.0.0.1"):
+        proc = _own_session([sys.executable, "-c", _FAKE_TENSORBOARD, str(log_dir), host, "fake-tensorboard"],
                             stdout=subprocess.PIPE, text=True)
         started.append(proc)
         return proc, int(proc.stdout.readline())
@@ -217,25 +217,25 @@ def fake_tensorboard(tmp_path):
 
 
 def test_a_planted_url_is_not_shown(info, tmp_path, fake_tensorboard):
-    logdir = tmp_path / "logs"
-    logdir.mkdir()
-    proc, port = fake_tensorboard(logdir)
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    proc, port = fake_tensorboard(log_dir)
     start = tbp._proc_start(proc.pid)
     good = f"http://127.0.0.1:{port}/"
     # The honest entry is reused: the check below is what keeps the others out, not something else.
-    entry(info, proc.pid, logdir, port=port, proc_start=start)
-    reused = tbp.ensure_tensorboard(logdir)
+    entry(info, proc.pid, log_dir, port=port, proc_start=start)
+    reused = tbp.ensure_tensorboard(log_dir)
     assert isinstance(reused, tbp.Reused) and reused.url == good and reused.warning == ""
 
     for url in ("https://attacker.example/", f"http://attacker.example:{port}/", f"http://127.0.0.1:{port}@evil/",
                 f"http://127.0.0.1:{port + 1}/", f"http://127.0.0.1:{port}/../../evil", f"https://127.0.0.1:{port}/"):
-        planted = entry(info, proc.pid, logdir, port=port, proc_start=start, url=url)
+        planted = entry(info, proc.pid, log_dir, port=port, proc_start=start, url=url)
         assert tbp.instances() == [], url
         assert not planted.exists()
         assert proc.poll() is None, "a wrong URL removes the entry; it kills nothing"
     # ensure_tensorboard starts its own (stopped at once here: timeout) instead of showing the planted URL.
-    entry(info, proc.pid, logdir, port=port, proc_start=start, url="https://attacker.example/")
-    outcome = tbp.ensure_tensorboard(logdir, timeout=0.5)
+    entry(info, proc.pid, log_dir, port=port, proc_start=start, url="https://attacker.example/")
+    outcome = tbp.ensure_tensorboard(log_dir, timeout=0.5)
     assert isinstance(outcome, tbp.TimedOut), outcome
 
 
@@ -243,12 +243,12 @@ def test_a_planted_url_is_not_shown(info, tmp_path, fake_tensorboard):
 
 
 def test_tensorboard_reachable_from_the_network_warns(info, tmp_path, fake_tensorboard, caplog):
-    logdir = tmp_path / "logs"
-    logdir.mkdir()
-    proc, port = fake_tensorboard(logdir, host="0.0.0.0")
-    entry(info, proc.pid, logdir, port=port, host="0.0.0.0", proc_start=tbp._proc_start(proc.pid))
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    proc, port = fake_tensorboard(log_dir, host="0.0.0.0")
+    entry(info, proc.pid, log_dir, port=port, host="0.0.0.0", proc_start=tbp._proc_start(proc.pid))
     with caplog.at_level(logging.WARNING, logger="tfnb._tb_process"):
-        outcome = tbp.ensure_tensorboard(logdir, host="0.0.0.0")
+        outcome = tbp.ensure_tensorboard(log_dir, host="0.0.0.0")
     assert isinstance(outcome, tbp.Reused), outcome
     assert outcome.warning.startswith(f"TensorBoard listens on 0.0.0.0 port {port}, reachable from the network")
     assert "host='127.0.0.1'" in outcome.warning
@@ -271,7 +271,7 @@ def test_a_launched_network_tensorboard_warns(info, tmp_path, caplog):
 
 
 def test_env_values_stay_out_of_the_task_spec_repr():
-    from tfnb._worker import TaskSpec
+    from tfnb._task.setup import TaskSpec
 
     spec = TaskSpec(run_id="r", attempt=1, max_attempts=1, num_workers=1, num_ps=0, channel=("127.0.0.1", 1),
                     token="t0ken", payload=b"", env=(("AWS_SECRET_ACCESS_KEY", "s3cr3t-value"),))

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from s3server import moto_enforce_iam, put_tree  # fixtures rclone_s3 and moto_s3 come from conftest
-from tfnb.errors import ConfigError, MissingDependencyError, StagingError
-from tfnb.staging import MANIFEST_NAME, PART_SUFFIX, RemoteFile, StageResult, assign_shard, stage
+from tfnb.errors import ConfigError, MissingDependencyError, StorageError
+from tfnb.data.staging import MANIFEST_NAME, PART_SUFFIX, RemoteFile, StageResult, assign_shard, stage
 
 MiB = 1024 * 1024
 BUCKET = "tfnb-data"
@@ -84,7 +84,7 @@ def test_stages_everything_with_paths_kept(s3, tmp_path):
     assert r.files == len(TREE) and r.bytes == sum(map(len, TREE.values()))
     assert r.downloaded_files == r.files and r.downloaded_bytes == r.bytes and r.skipped_files == 0
     assert r.seconds > 0 and r.mb_per_s == pytest.approx(r.bytes / r.seconds / 1e6)
-    assert r.dest_dir == str(tmp_path / "all") and (r.index, r.count) == (0, 1)
+    assert r.dest == str(tmp_path / "all") and (r.index, r.count) == (0, 1)
     assert sorted(r.paths) == sorted(str(tmp_path / "all" / k) for k in TREE)
     assert leftovers(tmp_path / "all") == []
     manifest = json.loads((tmp_path / "all" / MANIFEST_NAME).read_text())
@@ -284,7 +284,7 @@ def tiny_disk(tmp_path):
 def test_not_enough_disk_fails_before_downloading_with_the_numbers(s3, tiny_disk):
     need = sum(map(len, TREE.values()))
     free = os.statvfs(tiny_disk).f_bavail * os.statvfs(tiny_disk).f_frsize
-    with pytest.raises(StagingError) as e:
+    with pytest.raises(StorageError) as e:
         s3_stage(s3, tiny_disk / "data")
     msg = str(e.value)
     assert f"needs {need} bytes" in msg and f"only {free} bytes" in msg
@@ -298,20 +298,20 @@ def test_not_enough_disk_fails_before_downloading_with_the_numbers(s3, tiny_disk
 
 
 def test_no_such_bucket(s3, tmp_path):
-    with pytest.raises(StagingError, match=r"bucket 'no-such-bucket' does not exist at http://127\.0\.0\.1:\d+ "
+    with pytest.raises(StorageError, match=r"bucket 'no-such-bucket' does not exist at http://127\.0\.0\.1:\d+ "
                                            r"\(s3://no-such-bucket/x\); check the bucket name"):
         s3_stage(s3, tmp_path, url="s3://no-such-bucket/x")
 
 
 def test_empty_prefix(s3, tmp_path):
-    with pytest.raises(StagingError, match=r"s3://tfnb-empty/nothing-here has no files.*check the URL"):
+    with pytest.raises(StorageError, match=r"s3://tfnb-empty/nothing-here has no files.*check the URL"):
         s3_stage(s3, tmp_path, url="s3://tfnb-empty/nothing-here")
     assert not (tmp_path / MANIFEST_NAME).exists()
 
 
 def test_rejected_credentials(s3, tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(StagingError, match=r"rejected the credentials for s3://tfnb-data/train "
+    with pytest.raises(StorageError, match=r"rejected the credentials for s3://tfnb-data/train "
                                            r"\(InvalidAccessKeyId.*check AWS_ACCESS_KEY_ID"):
         stage(f"s3://{BUCKET}/{PREFIX}", tmp_path, endpoint_url=s3.endpoint_url,
               storage_options={"aws_access_key_id": "tfnbwrongkey1", "aws_secret_access_key": "wrong-secret-77"})
@@ -325,7 +325,7 @@ def test_no_credentials(s3, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    with pytest.raises(StagingError, match=r"no AWS credentials for s3://tfnb-data/train: set "
+    with pytest.raises(StorageError, match=r"no AWS credentials for s3://tfnb-data/train: set "
                                            r"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.*instance profile"):
         stage(f"s3://{BUCKET}/{PREFIX}", tmp_path, endpoint_url=s3.endpoint_url)
 
@@ -336,7 +336,7 @@ def test_unreachable_endpoint(tmp_path):
     with socket.socket() as s:       # a port that was just free: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(StagingError, match=r"cannot connect to the S3 endpoint for s3://b/p .*endpoint_url"):
+    with pytest.raises(StorageError, match=r"cannot connect to the S3 endpoint for s3://b/p .*endpoint_url"):
         stage("s3://b/p", tmp_path, endpoint_url=f"http://127.0.0.1:{port}",
               storage_options={"aws_access_key_id": "k", "aws_secret_access_key": "s",
                                "config": Config(retries={"max_attempts": 1})})
@@ -352,7 +352,7 @@ def test_access_denied_from_iam(moto_s3, tmp_path):  # noqa: F811
     iam.create_user(UserName="no-rights")
     key = iam.create_access_key(UserName="no-rights")["AccessKey"]
     moto_enforce_iam(moto_s3)
-    with pytest.raises(StagingError, match=r"access denied listing s3://locked/data at http.*"
+    with pytest.raises(StorageError, match=r"access denied listing s3://locked/data at http.*"
                                            r"s3:ListBucket on bucket 'locked' and s3:GetObject"):
         stage("s3://locked/data", tmp_path, endpoint_url=moto_s3.endpoint_url,
               storage_options={"aws_access_key_id": key["AccessKeyId"],
@@ -415,7 +415,7 @@ def test_local_and_file_url_sources(tmp_path, as_url):
     os.utime(src / "part-001.tfrecord", ns=(1, 1))
     changed = stage(url, tmp_path / "dst")
     assert changed.downloaded_files == 1 and (tmp_path / "dst" / "part-001.tfrecord").read_bytes() == b"changed"
-    with pytest.raises(StagingError, match=r"has no files .*check the URL or path"):
+    with pytest.raises(StorageError, match=r"has no files .*check the URL or path"):
         stage(str(tmp_path / "nowhere"), tmp_path / "dst2")
 
 
@@ -448,11 +448,11 @@ def test_command_line(s3, tmp_path):
 
 def stage_my_shard(ctx, url, dest_root, marker_dir):
     """train_fn: each worker stages its shard and writes what it got; the chief returns its result."""
-    from tfnb.staging import stage as stage_
+    from tfnb.data.staging import stage as stage_
 
     r = stage_(url, os.path.join(dest_root, f"worker{ctx.task_index}"), index=ctx.task_index,
                count=ctx.num_workers, chunk_size=1 << 20)
-    rels = sorted(os.path.relpath(p, r.dest_dir) for p in r.paths)
+    rels = sorted(os.path.relpath(p, r.dest) for p in r.paths)
     with open(os.path.join(marker_dir, f"{ctx.task_index}.json"), "w") as f:
         json.dump({"index": r.index, "count": r.count, "rels": rels, "pid": os.getpid()}, f)
     return r

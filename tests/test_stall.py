@@ -29,7 +29,7 @@ def _save(path: Path, value) -> None:
 def lockstep_fit(ctx, epochs, freeze_at_epoch):
     """A two-worker 'fit' without TensorFlow: each epoch ends in a file barrier (as a collective would), the
     finished epoch count is checkpointed to model_dir, and a relaunch resumes from the shared checkpoint."""
-    from tfnb.events import emit
+    from tfnb._task.events import emit
 
     model_dir = Path(ctx.model_dir)
     ckpts = [model_dir / f"ckpt-{i}.json" for i in range(ctx.num_workers)]

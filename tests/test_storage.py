@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tfnb._storage import PART, normalize, open_store
-from tfnb.errors import ConfigError, MissingDependencyError, StagingError, StorageError, SyncError
+from tfnb.storage import PART, normalize, open_store
+from tfnb.errors import ConfigError, MissingDependencyError, StorageError
 
 BACKENDS = ["local", "s3", "memory"]
 TREE = {"a.txt": b"alpha", "d/b.bin": bytes(range(256)) * 40, "d/e/c.txt": b"gamma"}
@@ -183,10 +183,6 @@ def test_missing_backend_and_unknown_scheme(no_gcsfs):
         open_store("nosuchfs://x/y")
 
 
-def test_one_error_type_under_its_old_names():
-    assert StagingError is StorageError and SyncError is StorageError
-
-
 # ---------------------------------------------------------------- URLs and endpoint resolution
 
 
@@ -242,7 +238,7 @@ def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, uid, mode):
     import hashlib
     import json
 
-    from tfnb import inference
+    from tfnb.data import inference
 
     client, bucket = rclone_s3.client(), f"models-{uuid.uuid4().hex[:8]}"
     client.create_bucket(Bucket=bucket)
@@ -260,7 +256,7 @@ def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, uid, mode):
 
 
 def test_a_cached_model_that_does_not_match_the_source_is_fetched_again(rclone_s3, tmp_path):
-    from tfnb import inference
+    from tfnb.data import inference
 
     client = rclone_s3.client()
     client.create_bucket(Bucket="models2")

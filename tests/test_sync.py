@@ -11,7 +11,7 @@ import pytest
 from s3server import rclone_s3  # noqa: F401
 
 from tfnb.errors import ConfigError, TfnbError
-from tfnb.sync import TMP_MARK, EventSync, complete_records
+from tfnb.monitor.sync import TMP_MARK, EventSync, complete_records
 
 import tensorflow as tf  # a hard dependency: a broken install fails here, it does not skip
 

@@ -21,18 +21,18 @@ import pytest
 
 from browser import kill_processes_with, processes_with
 import tfnb
-from tfnb import _tb_process as tbp
+from tfnb.monitor import tensorboard as tbp
 from tfnb.errors import ConfigError
 from tfnb.notebook.tensorboard import TensorBoardPanel, status_html
-from tfnb.tensorboard import browser_url, databricks_proxy_url, tensorboard
+from tfnb.notebook.tensorboard import browser_url, databricks_proxy_url, tensorboard
 
 _WRITE_SCALARS = textwrap.dedent("""
     import sys
     import tensorflow as tf
-    logdir = sys.argv[1]
+    log_dir = sys.argv[1]
     for run, tag, values in (("train", "loss", [1.0, 0.5, 0.25, 0.125, 0.0625]),
                              ("eval", "accuracy", [0.5, 0.625, 0.75, 0.875, 0.9375])):
-        writer = tf.summary.create_file_writer(f"{logdir}/{run}")
+        writer = tf.summary.create_file_writer(f"{log_dir}/{run}")
         with writer.as_default():
             for step, value in enumerate(values):
                 tf.summary.scalar(tag, value, step=step)
@@ -40,16 +40,16 @@ _WRITE_SCALARS = textwrap.dedent("""
 """)
 
 
-def write_scalars(logdir: Path) -> Path:
+def write_scalars(log_dir: Path) -> Path:
     """Event files from ``tf.summary``: run train/loss and run eval/accuracy, 5 steps each.
 
     Written in a child process so this test process never imports TensorFlow (other tests set
     TF_USE_LEGACY_KERAS before their first import).
     """
-    logdir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    subprocess.run([sys.executable, "-c", _WRITE_SCALARS, str(logdir)], check=True, env=env, timeout=300)
-    return logdir
+    subprocess.run([sys.executable, "-c", _WRITE_SCALARS, str(log_dir)], check=True, env=env, timeout=300)
+    return log_dir
 
 
 def get_json(url: str, timeout: float = 30):
@@ -73,25 +73,25 @@ def info_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
+def log_dir(tmp_path_factory):
     return write_scalars(tmp_path_factory.mktemp("tb-logs") / "logs")
 
 
 @pytest.fixture(scope="module")
-def tb(info_dir, logdir):
-    outcome = tbp.ensure_tensorboard(logdir, reload_interval=1)
+def tb(info_dir, log_dir):
+    outcome = tbp.ensure_tensorboard(log_dir, reload_interval=1)
     assert isinstance(outcome, tbp.Launched), outcome
     yield outcome
     tbp.stop(outcome)
-    assert not kill_processes_with(str(logdir)), "TensorBoard outlived stop()"
+    assert not kill_processes_with(str(log_dir)), "TensorBoard outlived stop()"
 
 
 # ---------------------------------------------------------------- the running instance
 
 
-def test_tensorboard_serves_the_scalars_over_http(tb, logdir):
+def test_tensorboard_serves_the_scalars_over_http(tb, log_dir):
     assert tb.url == f"http://127.0.0.1:{tb.port}/"
-    assert tb.logdir == str(logdir)
+    assert tb.log_dir == str(log_dir)
     tags = get_json(tb.url + "data/plugin/scalars/tags")
     assert set(tags) == {"train", "eval"}
     assert "loss" in tags["train"] and "accuracy" in tags["eval"]
@@ -117,42 +117,42 @@ def test_tensorboard_listens_on_loopback_only(tb):
         assert s.connect_ex((own, tb.port)) != 0
 
 
-def test_second_call_reuses_the_same_process(tb, logdir):
-    again = tbp.ensure_tensorboard(str(logdir) + "/", reload_interval=1)
+def test_second_call_reuses_the_same_process(tb, log_dir):
+    again = tbp.ensure_tensorboard(str(log_dir) + "/", reload_interval=1)
     assert isinstance(again, tbp.Reused)
-    assert isinstance(tbp.ensure_tensorboard(logdir, port=tb.port), tbp.Reused)
+    assert isinstance(tbp.ensure_tensorboard(log_dir, port=tb.port), tbp.Reused)
     assert (again.pid, again.port, again.url) == (tb.pid, tb.port, tb.url)
     assert tb.instance in tbp.instances()
     assert tfnb.tensorboard.instances() == tbp.instances()  # the public way to list them
 
 
-def test_outside_a_notebook_the_url_is_printed(tb, logdir, capsys):
-    outcome = tensorboard(logdir, display=False)  # no reload_interval given: any instance for logdir
+def test_outside_a_notebook_the_url_is_printed(tb, log_dir, capsys):
+    outcome = tensorboard(log_dir, display=False)  # no reload_interval given: any instance for log_dir
     assert isinstance(outcome, tbp.Reused) and outcome.pid == tb.pid
     out = capsys.readouterr().out
-    assert f"Reusing TensorBoard for {logdir} at http://127.0.0.1:{tb.port}/ (pid {tb.pid})" in out
+    assert f"Reusing TensorBoard for {log_dir} at http://127.0.0.1:{tb.port}/ (pid {tb.pid})" in out
 
 
-def test_module_and_function_are_both_callable(tb, logdir, capsys):
+def test_module_and_function_are_both_callable(tb, log_dir, capsys):
     # Importing the submodule binds tfnb.tensorboard to the module; calling it must still work.
     import tfnb
-    import tfnb.tensorboard as module
+    import tfnb.notebook.tensorboard as module
 
-    assert isinstance(module(logdir, display=False), tbp.Reused)
-    assert isinstance(tfnb.tensorboard(logdir, display=False), tbp.Reused)
+    assert isinstance(module(log_dir, display=False), tbp.Reused)
+    assert isinstance(tfnb.tensorboard(log_dir, display=False), tbp.Reused)
     assert capsys.readouterr().out.count(f"at {tb.url}") == 2
 
 
-def test_panel_shows_status_link_buttons_and_iframe(tb, logdir, monkeypatch):
+def test_panel_shows_status_link_buttons_and_iframe(tb, log_dir, monkeypatch):
     monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
     monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX", raising=False)
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
-    panel = TensorBoardPanel(logdir, reload_interval=1, height=600)
+    panel = TensorBoardPanel(log_dir, reload_interval=1, height=600)
     assert isinstance(panel.outcome, tbp.Reused) and panel.outcome.pid == tb.pid
     assert panel.url == tb.url
     status, row, frame = panel.widget.children
     reload_button, stop_button, link = row.children
-    assert f"pid {tb.pid}" in status.value and str(logdir) in status.value
+    assert f"pid {tb.pid}" in status.value and str(log_dir) in status.value
     assert f'href="{tb.url}"' in link.value
     assert f'<iframe src="{tb.url}"' in frame.value and 'height="600"' in frame.value
     assert (reload_button.description, stop_button.description) == ("Reload", "Stop")
@@ -163,9 +163,9 @@ def test_panel_shows_status_link_buttons_and_iframe(tb, logdir, monkeypatch):
     assert f'src="{tb.url}?tfnb_reload=2"' in frame.value
 
 
-def test_panel_uses_the_proxy_url(tb, logdir, monkeypatch):
+def test_panel_uses_the_proxy_url(tb, log_dir, monkeypatch):
     monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/user/alice/proxy/%PORT%/")
-    panel = TensorBoardPanel(logdir, reload_interval=1)
+    panel = TensorBoardPanel(log_dir, reload_interval=1)
     assert panel.url == f"/user/alice/proxy/{tb.port}/"
     assert f'src="/user/alice/proxy/{tb.port}/"' in panel.widget.children[2].value
 
@@ -195,9 +195,9 @@ def shell():
     InteractiveShell.clear_instance()
 
 
-def test_magic_shows_tensorboard(tb, logdir, shell, capsys):
+def test_magic_shows_tensorboard(tb, log_dir, shell, capsys):
     shell.extension_manager.load_extension("tfnb.notebook.magics")
-    shell.run_line_magic("tfnb_tensorboard", f"--logdir {logdir} --reload_interval 1")
+    shell.run_line_magic("tfnb_tensorboard", f"--logdir {log_dir} --reload_interval 1")
     assert f"at http://127.0.0.1:{tb.port}/ (pid {tb.pid})" in capsys.readouterr().out
 
 
@@ -246,7 +246,7 @@ def test_bad_logdir_is_a_clear_failure(info_dir, tmp_path):
     before = sorted(info_dir.iterdir())
     missing = tbp.ensure_tensorboard(tmp_path / "nope")
     assert isinstance(missing, tbp.Failed)
-    assert missing.error == f"logdir {tmp_path / 'nope'} does not exist" and "os.makedirs" in missing.fix
+    assert missing.error == f"log_dir {tmp_path / 'nope'} does not exist" and "os.makedirs" in missing.fix
     afile = tmp_path / "events.txt"
     afile.write_text("x")
     wrong = tbp.ensure_tensorboard(afile)
@@ -255,12 +255,12 @@ def test_bad_logdir_is_a_clear_failure(info_dir, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(logdir=None), "logdir=None is not a path"),
-    (dict(logdir=""), "logdir is empty"),
-    (dict(logdir="x", port=70000), "port=70000 is not a TCP port"),
-    (dict(logdir="x", host=""), "host='' is not an address"),
-    (dict(logdir="x", timeout=0), "timeout=0 must be a positive number"),
-    (dict(logdir="x", reload_interval="5"), "reload_interval='5' must be a positive number"),
+    (dict(log_dir=None), "log_dir=None is not a path"),
+    (dict(log_dir=""), "log_dir is empty"),
+    (dict(log_dir="x", port=70000), "port=70000 is not a TCP port"),
+    (dict(log_dir="x", host=""), "host='' is not an address"),
+    (dict(log_dir="x", timeout=0), "timeout=0 must be a positive number"),
+    (dict(log_dir="x", reload_interval="5"), "reload_interval='5' must be a positive number"),
 ])
 def test_bad_arguments_raise_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -283,8 +283,8 @@ def test_stop_refuses_a_failed_outcome():
 # ---------------------------------------------------------------- stale entries and stopping
 
 
-def _write_entry(folder: Path, pid: int, logdir: str, port: int = 1, proc_start: int = 0) -> Path:
-    inst = tbp.TensorBoardInstance(pid=pid, port=port, host="127.0.0.1", logdir=logdir,
+def _write_entry(folder: Path, pid: int, log_dir: str, port: int = 1, proc_start: int = 0) -> Path:
+    inst = tbp.TensorBoardInstance(pid=pid, port=port, host="127.0.0.1", log_dir=log_dir,
                                    url=f"http://127.0.0.1:{port}/", reload_interval=5.0, start_time=1.0,
                                    launched_by=pid, proc_start=proc_start)
     path = folder / f"{pid}.json"
@@ -336,29 +336,29 @@ _HUNG = textwrap.dedent("""
 def test_hung_instance_is_replaced_and_stop_leaves_nothing(tmp_path, monkeypatch):
     info = tmp_path / "info"
     monkeypatch.setenv("TFNB_TENSORBOARD_DIR", str(info))
-    logdir = tmp_path / "logs2"
-    logdir.mkdir()
-    hung = subprocess.Popen([sys.executable, "-c", _HUNG, "fake-tensorboard", str(logdir)],
+    log_dir = tmp_path / "logs2"
+    log_dir.mkdir()
+    hung = subprocess.Popen([sys.executable, "-c", _HUNG, "fake-tensorboard", str(log_dir)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         port = int(hung.stdout.readline())
         info.mkdir()
-        entry = _write_entry(info, hung.pid, str(logdir), port, proc_start=tbp._proc_start(hung.pid))
-        outcome = tbp.ensure_tensorboard(logdir, reload_interval=5)
+        entry = _write_entry(info, hung.pid, str(log_dir), port, proc_start=tbp._proc_start(hung.pid))
+        outcome = tbp.ensure_tensorboard(log_dir, reload_interval=5)
         assert isinstance(outcome, tbp.Launched), outcome
         assert hung.wait(timeout=30) is not None, "hung instance not stopped"
         assert not entry.exists()
 
-        assert get_json(outcome.url + "data/environment")["data_location"] == str(logdir)
+        assert get_json(outcome.url + "data/environment")["data_location"] == str(log_dir)
         assert tbp.stop(outcome) is True
         assert refuses(outcome.port), "port still open after stop()"
-        assert not processes_with(str(logdir)), "TensorBoard or its data server outlived stop()"
+        assert not processes_with(str(log_dir)), "TensorBoard or its data server outlived stop()"
         assert sorted(p.name for p in info.iterdir()) == [".lock"]
         assert tbp.stop(outcome) is False
     finally:
         hung.kill()
         hung.wait()
-        kill_processes_with(str(logdir), wait=0)
+        kill_processes_with(str(log_dir), wait=0)
 
 
 @pytest.mark.slow
@@ -376,14 +376,14 @@ def test_tensorboard_exiting_at_start_is_a_failure_with_its_output(tmp_path, mon
 
 def test_interrupting_the_start_leaves_no_process(tmp_path):
     # A notebook user pressing "interrupt" while TensorBoard starts: KeyboardInterrupt in the wait.
-    logdir = tmp_path / "logs3"
-    logdir.mkdir()
+    log_dir = tmp_path / "logs3"
+    log_dir.mkdir()
     env = dict(os.environ, TFNB_TENSORBOARD_DIR=str(tmp_path / "info"))
     start = "import sys; from tfnb._tb_process import ensure_tensorboard; ensure_tensorboard(sys.argv[1])"
-    child = subprocess.Popen([sys.executable, "-c", start, str(logdir)], env=env, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", start, str(log_dir)], env=env, stderr=subprocess.PIPE, text=True)
 
     def tensorboards():
-        return [p for p in processes_with(str(logdir)) if "tensorboard.main" in p]
+        return [p for p in processes_with(str(log_dir)) if "tensorboard.main" in p]
 
     try:
         deadline = time.monotonic() + 60
@@ -398,7 +398,7 @@ def test_interrupting_the_start_leaves_no_process(tmp_path):
     finally:
         child.kill()
         child.wait()
-        kill_processes_with(str(logdir), wait=0)
+        kill_processes_with(str(log_dir), wait=0)
 
 
 def test_timeout_stops_the_process(tmp_path, monkeypatch):

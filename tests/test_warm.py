@@ -23,7 +23,7 @@ def process_info(ctx):
 
 def standbys() -> list[str]:
     return [p for p in os.popen("ps -eo pid,args").read().splitlines()
-            if "tfnb._child --standby" in p or "tfnb._warm" in p]
+            if "tfnb._task.child --standby" in p or "tfnb._task.warm" in p]
 
 
 def wait_for(predicate, limit: float = 60.0):
@@ -88,7 +88,7 @@ def test_a_rerun_claims_a_standby_that_is_still_importing(session, tmp_path, no_
     folder = Path(f"/tmp/tfnb-warm-{os.getuid()}")
     assert wait_for(lambda: len(list(folder.glob("*.sock.part"))) >= 2, 30), "no standby began importing"
     assert not list(folder.glob("*.sock")), "the standbys finished importing before the rerun"
-    importing = {int(p.split()[0]) for p in standbys() if "tfnb._child --standby" in p}
+    importing = {int(p.split()[0]) for p in standbys() if "tfnb._task.child --standby" in p}
     second = tfnb.run(importing_then_info, **opts)
     assert second["pid"] in importing, "the rerun started new processes instead of the importing standbys"
 

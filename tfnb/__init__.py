@@ -8,7 +8,12 @@ Example:
     ...     ...
     >>> tfnb.run(train_fn, num_workers=2)
 
-Heavy modules (TensorFlow, pyspark, ipywidgets, boto3) are imported only when used.
+Heavy modules (TensorFlow, pyspark, ipywidgets, boto3) are imported only when used. The layout
+(docs/architecture.md): :mod:`tfnb.launcher` is the driver side of a run, :mod:`tfnb._task` what runs
+inside a barrier task, :mod:`tfnb._protocol` what crosses the wire, :mod:`tfnb.data` staging, feeding
+and predict, :mod:`tfnb.storage` the one storage layer, :mod:`tfnb.monitor` sync, evaluator, TensorBoard,
+tracking and the run model, :mod:`tfnb.notebook` the display layer, :mod:`tfnb.compat` the
+TensorFlowOnSpark and spark-tensorflow-distributor APIs.
 """
 from __future__ import annotations
 
@@ -16,28 +21,29 @@ import importlib
 import sys
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ._protocol import VERSION as __version__
 
 # public name -> module that defines it (imported on first use)
 _EXPORTS = {
-    "run": "cluster",
-    "stage": "staging",
-    "StageResult": "staging",
-    "StageProgress": "staging",
-    "predict": "inference",
-    "Evaluator": "evaluator",
-    "EvalResult": "evaluator",
-    "EventSync": "sync",
-    "SyncStats": "sync",
-    "SyncError": "errors",
-    "WorkerContext": "context",
-    "RunEvent": "events",
+    "run": "launcher",
+    "RunOptions": "launcher",
+    "stage": "data.staging",
+    "StageResult": "data.staging",
+    "StageProgress": "data.staging",
+    "predict": "data.inference",
+    "Evaluator": "monitor.evaluator",
+    "EvalResult": "monitor.evaluator",
+    "EventSync": "monitor.sync",
+    "SyncStats": "monitor.sync",
+    "tensorboard": "notebook.tensorboard",
+    "Launched": "monitor.tensorboard",
+    "Reused": "monitor.tensorboard",
+    "Failed": "monitor.tensorboard",
+    "TimedOut": "monitor.tensorboard",
+    "WorkerContext": "_task.context",
+    "RunEvent": "_protocol",
     "ProgressWidget": "notebook",
-    "ConsoleDisplay": "progress",
-    "Launched": "_tb_process",
-    "Reused": "_tb_process",
-    "Failed": "_tb_process",
-    "TimedOut": "_tb_process",
+    "ConsoleDisplay": "notebook",
     "TfnbError": "errors",
     "ConfigError": "errors",
     "ClusterError": "errors",
@@ -46,38 +52,34 @@ _EXPORTS = {
     "RunTimeoutError": "errors",
     "RunCancelledError": "errors",
     "MissingDependencyError": "errors",
-    "StagingError": "errors",
     "StorageError": "errors",
     "EvaluatorError": "errors",
 }
 
-__all__ = sorted([*_EXPORTS, "tensorboard"])
+__all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what the lazy exports are, for type checkers and IDEs
-    from . import tensorboard
-    from ._tb_process import Failed, Launched, Reused, TimedOut
-    from .cluster import run
-    from .context import WorkerContext
+    from ._protocol import RunEvent
+    from ._task.context import WorkerContext
+    from .data.inference import predict
+    from .data.staging import StageProgress, StageResult, stage
     from .errors import (ClusterError, ConfigError, EvaluatorError, MissingDependencyError, RunCancelledError,
-                         RunTimeoutError, StagingError, StorageError, SyncError, TfnbError, WorkerError,
-                         WorkerStalledError)
-    from .evaluator import EvalResult, Evaluator
-    from .events import RunEvent
-    from .inference import predict
-    from .notebook import ProgressWidget
-    from .progress import ConsoleDisplay
-    from .staging import StageProgress, StageResult, stage
-    from .sync import EventSync, SyncStats
+                         RunTimeoutError, StorageError, TfnbError, WorkerError, WorkerStalledError)
+    from .launcher import RunOptions, run
+    from .monitor.evaluator import EvalResult, Evaluator
+    from .monitor.sync import EventSync, SyncStats
+    from .monitor.tensorboard import Failed, Launched, Reused, TimedOut
+    from .notebook import ConsoleDisplay, ProgressWidget
+    from .notebook.tensorboard import tensorboard
 
 
 def __getattr__(name: str):
-    if name == "tensorboard":
-        # tfnb/tensorboard.py is a callable module: tfnb.tensorboard(logdir) shows TensorBoard, and
-        # stays callable after the submodule import rebinds the package attribute.
-        return importlib.import_module(".tensorboard", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'tfnb' has no attribute {name!r}")
+    # The display layer plugs into the core's registry when imported: the first public verb brings it,
+    # so tfnb.run shows a console or widget display while no core module imports it.
+    importlib.import_module(".notebook", __name__)
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value

@@ -1,4 +1,8 @@
-"""``python -m tfnb COMMAND``: demo (train on digits with 2 workers on a local Spark), stage (copy a shard)."""
+"""``python -m tfnb stage SRC DEST [--index I --count N]``: copy a shard of files to local disk.
+
+The demo and the DBC archive tools are developer tools of the repository (``tools/``), not of the installed
+package: ``./dev demo`` and ``./dev dbc`` (or ``python -m tools.demo`` / ``python -m tools.dbc`` in a checkout).
+"""
 from __future__ import annotations
 
 import sys
@@ -7,19 +11,16 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m tfnb demo [--workers N] [--epochs N] [--out DIR]\n"
-              "       python -m tfnb stage SRC_URL DEST_DIR [--index I --count N]\n"
-              "       python -m tfnb.dbc build|extract ...")
+        print("usage: python -m tfnb stage SRC_URL DEST_DIR [--index I --count N]\n"
+              "In a tfnb checkout: ./dev demo (train on digits on a local Spark), ./dev dbc (rebuild the DBC)")
         return 0 if argv else 2
-    if argv[0] == "demo":
-        from .demo import main as demo
-
-        return demo(argv[1:])
     if argv[0] == "stage":
-        from .staging import main as stage
+        from .data.staging import main as stage
 
         return stage(argv[1:])
-    print(f"tfnb: unknown command {argv[0]!r}; try: python -m tfnb demo", file=sys.stderr)
+    where = (f"; {argv[0]} is a developer tool of the tfnb repository: run ./dev {argv[0]} in a checkout"
+             if argv[0] in ("demo", "dbc") else "")
+    print(f"tfnb: unknown command {argv[0]!r}{where}; try: python -m tfnb stage --help", file=sys.stderr)
     return 2
 
 

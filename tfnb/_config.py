@@ -1,8 +1,14 @@
-"""Settings resolve once, on the driver: explicit keyword, then TFNB_* environment, then default."""
+"""Settings resolve once, on the driver: explicit keyword, then TFNB_* environment, then default.
+
+Inside a train_fn process the environment is the driver's: ``tfnb.run`` carries the driver's ``TFNB_*``
+settings in the task's context and the process installs them (:func:`use_settings`) before train_fn
+runs, so ``tfnb.stage`` or ``EventSync`` there resolve what the driver would, whatever the executor's
+own environment says.
+"""
 from __future__ import annotations
 
 import os
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 from .errors import ConfigError
 
@@ -21,6 +27,15 @@ def _bool(text: str) -> bool:
 _CASTS: dict[type, Callable[[str], object]] = {bool: _bool, int: int, float: float, str: str}
 
 
+_SOURCE: Mapping[str, str] = os.environ  # where TFNB_* settings are read: the driver's environment
+
+
+def use_settings(pairs: tuple) -> None:
+    """Read settings from ``pairs`` (the driver's TFNB_* settings) in this process from now on."""
+    global _SOURCE
+    _SOURCE = dict(pairs)
+
+
 def setting(name: str, explicit: T | None, default: T, cast: type | None = None) -> T:
     """Resolve one setting.
 
@@ -36,7 +51,7 @@ def setting(name: str, explicit: T | None, default: T, cast: type | None = None)
     if explicit is not None:
         return explicit
     var = "TFNB_" + name.upper()
-    raw = os.environ.get(var)
+    raw = _SOURCE.get(var)
     if raw is None:
         return default
     kind = cast or type(default)

@@ -5,7 +5,6 @@ and pip must not replace them), so their floors are checked here, at first use.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import re
@@ -88,36 +87,3 @@ def require_tensorflow(purpose: str = "") -> ModuleType:
     return tf
 
 
-def _has_job_tags(spark) -> bool:
-    # Job tags: every Spark Connect session, classic sessions from Spark 4.0 (3.5 raises on addTag).
-    return (type(spark).__module__.startswith("pyspark.sql.connect")
-            or _version(require("pyspark").__version__) >= (4, 0))
-
-
-@contextlib.contextmanager
-def job_tag(spark, tag: str):
-    """Tag the Spark jobs this thread starts inside the block, so :func:`interrupt_jobs` can cancel them.
-
-    Spark 3.5 classic sessions have no job tags: a job group (interrupting on cancel) stands in.
-    """
-    if _has_job_tags(spark):
-        spark.addTag(tag)
-        try:
-            yield
-        finally:
-            spark.removeTag(tag)
-        return
-    sc = spark.sparkContext
-    sc.setJobGroup(tag, tag, interruptOnCancel=True)
-    try:
-        yield
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
-
-
-def interrupt_jobs(spark, tag: str) -> None:
-    """Cancel the jobs started under :func:`job_tag` ``tag``."""
-    if _has_job_tags(spark):
-        spark.interruptTag(tag)
-    else:
-        spark.sparkContext.cancelJobGroup(tag)

@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Mapping
 
-from ._storage import Store, open_store
+from .storage import Store, open_store
 
 STATUS_FILE = "tfnb_status.json"
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
-def write_status(model_dir: str, state: str, **info: Any) -> None:
+def write_status(model_dir: str, state: str, *, storage_options: Mapping[str, Any] | None = None, **info: Any) -> None:
     """Write ``{"state": state, ...}`` atomically: a reader sees the previous status or this one."""
     body = json.dumps({"state": state, "time": time.time(), **info}, default=str).encode()
-    open_store(model_dir, purpose="writing the run status to").write(STATUS_FILE, body)
+    open_store(model_dir, storage_options, purpose="writing the run status to").write(STATUS_FILE, body)
 
 
 def read_status(model_dir: str | Store) -> dict | None:

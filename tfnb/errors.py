@@ -191,10 +191,6 @@ class StorageError(TfnbError):
     """Reading or writing storage failed; the message names the URL, what failed and the fix."""
 
 
-# Older names of StorageError, kept so that existing ``except`` clauses still catch every storage failure.
-StagingError = SyncError = StorageError
-
-
 class DbcFormatError(TfnbError, ValueError):
     """A DBC archive is malformed (not a zip, missing fields, unknown language)."""
 

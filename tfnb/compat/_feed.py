@@ -96,7 +96,7 @@ def _assigner(part_start: Sequence[int], bounds: Sequence[tuple[int, int, int]])
 
 @dataclass(frozen=True)
 class Prepared:
-    """A fed RDD, ready for ``tfnb.cluster.run_with_hooks(fn, LaunchHooks(feeder=feeder), data=df, ...)``."""
+    """A fed RDD, ready for ``tfnb.run(fn, hooks=LaunchHooks(feeder=feeder), data=df, ...)``."""
 
     df: Any                         # one partition per barrier task
     feeder: "RddFeeder"
@@ -181,7 +181,7 @@ class RddFeeder:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from ..feeding import ArrowSpill
+        from ..launcher import ArrowSpill
 
         schema = pa.schema([("part", pa.int32()), ("seq", pa.int32()), ("rows", pa.int32()), ("data", pa.binary())])
         rows = 0

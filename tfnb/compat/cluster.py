@@ -23,7 +23,7 @@ import threading
 from typing import Any, Callable
 
 from ..errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError
-from ..events import STATE, RunEvent
+from ..launcher import EventKind, RunEvent
 from ._feed import INFERENCE, TRAIN, prepare, results_rdd
 from .node import NodeMeta, run_node
 
@@ -102,7 +102,7 @@ class _StartWatch:
         self.running: set = set()
 
     def __call__(self, event: RunEvent) -> None:
-        if event.kind == STATE and event.job_name != "driver" and event.data.get("state") in ("training", "serving"):
+        if event.kind == EventKind.STATE and event.job_name != "driver" and event.data.get("state") in ("training", "serving"):
             self.running.add((event.job_name, event.task_index))
             if len(self.running) >= self.num_tasks:
                 self.started.set()
@@ -156,18 +156,18 @@ class TFCluster:
         self._shut_down = False
 
     def _run_nodes(self, display, *, data=None, feeder=None, all_results=False, cancel=None):
-        from .. import cluster as launcher
+        from ..launcher import LaunchHooks, run
 
-        hooks = launcher.LaunchHooks(feeder=feeder, all_results=all_results,
+        hooks = LaunchHooks(feeder=feeder, all_results=all_results,
                                      daemon_ranks=frozenset(self._daemons), cancel=cancel,
                                      keep_port=not self._meta.release_port, task_cwd=True)
-        return launcher.run_with_hooks(
-            run_node, hooks, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
+        return run(
+            run_node, hooks=hooks, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
             spark=self.spark, log_dir=self._log_dir, display=display, data=data)
 
     def _start_background(self, reservation_timeout: float) -> None:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
-        from ..progress import make_display
+        from ..launcher import make_display
 
         sink = _StartWatch(make_display(self._display, self.num_executors), self.num_executors, self._started)
 
@@ -327,10 +327,10 @@ class TFCluster:
     def _stop_tensorboard(self) -> None:
         outcome, self._tensorboard = self._tensorboard, None
         if outcome is not None:
-            from ..tensorboard import Launched, stop
+            from .. import Launched, tensorboard
 
             if isinstance(outcome, Launched):  # one it found already running is left alone
-                stop(outcome)
+                tensorboard.stop(outcome)
 
     def __repr__(self) -> str:
         mode = "SPARK" if self.input_mode == InputMode.SPARK else "TENSORFLOW"
@@ -407,7 +407,7 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
             f"num_executors={num_executors} cannot hold num_ps={num_ps}"
             f"{', the master node' if master_node else ''}{', the evaluator' if eval_node else ''} and at "
             "least one chief or worker node; raise num_executors or lower num_ps")
-    from ..cluster import check_cluster, pickle_fn
+    from ..launcher import check_cluster, pickle_fn
 
     pickle_fn(map_fun, (tf_args,))  # unpicklable map_fun/tf_args fail here, not in a node
     try:
@@ -420,14 +420,14 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
                         input_mode=input_mode, log_dir=log_dir, display=display, queues=queues)
     log.info("cluster_template: %s", template)
     if tensorboard:
-        from ..tensorboard import tensorboard as start_tensorboard
+        from .. import tensorboard as start_tensorboard
 
         jobs = sorted(j for j in template if j in _FEEDING_JOBS)
         tb_node = template["worker" if "worker" in jobs else jobs[0]][0]
-        logdir = log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}")
-        if "://" not in logdir:
-            os.makedirs(logdir, exist_ok=True)
-        shown = start_tensorboard(logdir)  # in a notebook, the panel showing the outcome
+        log_dir = log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}")
+        if "://" not in log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+        shown = start_tensorboard(log_dir)  # in a notebook, the panel showing the outcome
         cluster._tensorboard = getattr(shown, "outcome", shown)
     if input_mode == InputMode.TENSORFLOW:
         try:

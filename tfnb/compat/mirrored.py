@@ -113,7 +113,7 @@ class MirroredStrategyRunner:
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
             raise ConfigError(f"num_slots is set to {num_slots!r} but must be an int > 0: the number of GPUs "
                               "(use_gpu=True) or Spark tasks (use_gpu=False) to train with")
-        from ..cluster import get_spark
+        from ..launcher import get_spark
 
         self._num_slots = num_slots
         self._local_mode = local_mode
@@ -161,7 +161,7 @@ class MirroredStrategyRunner:
             raise ConfigError(
                 f"gpu_resource_name={self._gpu_resource_name!r}: distributed runs take GPUs from Spark's "
                 "'gpu' resource; name the resource 'gpu' in the cluster's Spark conf")
-        from ..cluster import run
+        from ..launcher import run
 
         return run(_task_main, num_workers=self._num_tasks, spark=self._spark,
                    use_gpu=bool(self._use_gpu),

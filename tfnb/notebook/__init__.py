@@ -1,11 +1,12 @@
-"""tfnb's notebook layer: the live progress widget, the TensorBoard panel and the IPython magics.
+"""tfnb's display layer: the console display, the live progress widget, the TensorBoard panel and verb, the
+IPython magics. Everything that renders a run for a person lives here.
 
-Only this package (and the thin front modules ``tfnb`` and ``tfnb.tensorboard``) may import
-IPython or ipywidgets; the core (launcher, tasks, data, storage, evaluator) never imports it. It
-plugs into the core through the display registry: importing it registers the ``widget`` display
-mode, which ``tfnb.run`` then uses by default in a notebook. ``import tfnb`` imports this package
-by itself when IPython is loaded, so notebook users need no extra step; ``%load_ext tfnb`` also
-loads it. ipywidgets itself is imported only when a widget is built.
+Only this package (and the public front ``tfnb``) may import IPython or ipywidgets; the core (launcher,
+tasks, data, storage, monitor) never imports it. It plugs into the core through the display registry
+of :mod:`tfnb.monitor.progress`: importing it registers the ``console`` and ``widget`` display modes,
+and ``tfnb.run`` picks the widget in a notebook, the console elsewhere. ``import tfnb`` imports this
+package with the first public verb used (and at once inside an IPython kernel), so users need no
+extra step; ``%load_ext tfnb`` also loads it. ipywidgets itself is imported only when a widget is built.
 
 Example:
     >>> import tfnb.notebook                        # done by `import tfnb` in a kernel
@@ -13,11 +14,14 @@ Example:
 """
 from __future__ import annotations
 
-from ..progress import register_display
+from ..monitor.progress import register_display
+from .console import ConsoleDisplay
 from .magics import load_ipython_extension
 from .progress import ProgressWidget
 from .tensorboard import TensorBoardPanel
 
+register_display("console", lambda num_workers, num_ps, max_attempts: ConsoleDisplay(num_workers=num_workers,
+                                                                                    num_ps=num_ps))
 register_display("widget", ProgressWidget.for_run)
 
-__all__ = ["ProgressWidget", "TensorBoardPanel", "load_ipython_extension"]
+__all__ = ["ConsoleDisplay", "ProgressWidget", "TensorBoardPanel", "load_ipython_extension"]

@@ -24,11 +24,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 _PARSER = _Parser(prog=f"%{MAGIC_NAME}", add_help=False,
-                  description="Show TensorBoard for a logdir inline (see tfnb.tensorboard).")
-_PARSER.add_argument("--logdir", required=True, help="directory holding the event files")
+                  description="Show TensorBoard for a log_dir inline (see tfnb.tensorboard).")
+_PARSER.add_argument("--logdir", "--log_dir", dest="log_dir", required=True, help="directory holding the event files")
 _PARSER.add_argument("--port", type=int, help="port (default: a free one)")
 _PARSER.add_argument("--host", help="bind address (default 127.0.0.1)")
-_PARSER.add_argument("--reload_interval", type=float, help="seconds between logdir scans")
+_PARSER.add_argument("--reload_interval", type=float, help="seconds between log_dir scans")
 _PARSER.add_argument("--timeout", type=float, help="seconds to wait for TensorBoard to start")
 _PARSER.add_argument("--height", type=int, help="iframe height in pixels")
 
@@ -48,7 +48,7 @@ def tfnb_tensorboard_magic(line: str):
     except ValueError as e:
         raise ConfigError(f"%{MAGIC_NAME}: cannot parse {line!r}: {e}; quote paths with spaces") from e
     args = _PARSER.parse_args(words)
-    from ..tensorboard import tensorboard
+    from .tensorboard import tensorboard
 
     tensorboard(**vars(args))
     # nothing returned: the panel (or URL) is already shown, and a value would show as Out[n]

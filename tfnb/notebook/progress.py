@@ -11,9 +11,10 @@ import threading
 import time
 
 from ..errors import ConfigError
-from ..events import RunEvent
-from .._charts import LiveChart, matplotlib_missing
-from ..progress import SUMMARY_ABOVE, RunProgress, _num, _number, _of, _short, _sort_key, in_notebook
+from .._protocol import RunEvent
+from ..monitor.charts import LiveChart, matplotlib_missing
+from ..monitor.progress import SUMMARY_ABOVE, RunProgress, _num, _of, _short, _sort_key, in_notebook
+from .._protocol import number as _number
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,11 @@ class ProgressWidget:
     seconds (at least 1 s for a large run), and then only the table rows whose task changed and
     the log area when lines arrived, so a chatty TensorFlow does not flood the front end; once
     more when the run ends. The chart (loss and one metric by epoch, a line per task for the first
-    :data:`tfnb.progress.CHART_TASKS` tasks) is drawn with matplotlib to a PNG at most every
+    :data:`tfnb.monitor.progress.CHART_TASKS` tasks) is drawn with matplotlib to a PNG at most every
     ``chart_interval`` seconds (5 s for a large run), and only when a task reported; without
     matplotlib the panel says how to get it and works on. Carriage-return output (a Keras
     ``verbose=1`` bar) shows as one updating line per task under the table. Above
-    :data:`tfnb.progress.SUMMARY_ABOVE` tasks the panel shows a summary (counts by state,
+    :data:`tfnb.monitor.progress.SUMMARY_ABOVE` tasks the panel shows a summary (counts by state,
     slowest/fastest task, stragglers, total examples/s) and the table a page of :data:`PAGE_ROWS`
     tasks, those of note first, with buttons to page.
 

@@ -1,0 +1,158 @@
+"""Worker-side Keras callback: reports epoch, step, loss, metrics and throughput to the driver,
+and takes the profiler trace of ``tfnb.run(profile_steps=...)`` (see :mod:`tfnb._task.profiling`).
+
+It runs inside the train_fn processes (``ctx.progress_callback()`` builds it) and sends
+:mod:`tfnb._task.events` over the run's channel; the driver's display (console or notebook widget) shows
+them. Nothing here touches the notebook layer.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._protocol import PROGRESS
+from .._protocol import number as _number
+from ..errors import ConfigError
+from .events import emit
+
+
+def _emit(**data: Any) -> None:
+    emit(PROGRESS, **{k: v for k, v in data.items() if v is not None})
+
+
+def _replica_divisor(model: Any) -> int:
+    """How many replicas' values tf-keras summed into each per-batch log value.
+
+    tf-keras reduces a train step's outputs with ``distribute_reduction_method``, whose "auto" means
+    "sum" outside TPUs: under MultiWorkerMirroredStrategy in multi-worker mode, an all-reduce of each
+    replica's running mean, so a per-batch accuracy of 1.6 shows with 2 workers. Dividing by the replica
+    count gives the means Keras reports at epoch end (exact when replicas see equal batches, as tfnb
+    feeds them). Keras 3 has no such attribute and averages.
+    """
+    method = getattr(model, "distribute_reduction_method", None)
+    strategy = getattr(model, "distribute_strategy", None)
+    if method not in ("auto", "sum") or strategy is None:
+        return 1
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return 1
+    in_multi_worker = getattr(strategy.extended, "_in_multi_worker_mode", None)  # tf-keras asks the same
+    if in_multi_worker is not None and not in_multi_worker():
+        return 1
+    return max(int(strategy.num_replicas_in_sync), 1)
+
+
+def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: float = 0.5,
+                   every_n_steps: int | None = None):
+    """A Keras callback that reports epoch, step, loss, metrics and throughput to the driver's display.
+
+    Add it to ``model.fit(callbacks=[...])`` on every worker (``ctx.progress_callback()`` builds
+    it), so each task has its own row. It sends at most one update per ``interval`` seconds (or
+    every ``every_n_steps`` batches) plus one at each epoch end; logs are converted to numbers
+    only when sent, so the training loop is not synchronised every batch.
+
+    Args:
+        ctx: the WorkerContext (optional; reports go to the run this process belongs to).
+        batch_size: examples one training step consumes on this worker (usually the batch size of
+            the dataset given to ``fit``); the display then shows examples/s = steps/s x batch_size.
+            Keras does not tell callbacks the batch size, so without it only steps/s is shown.
+        interval: minimum seconds between two step updates.
+        every_n_steps: report every N batches instead of by time.
+
+    Returns:
+        A ``tf.keras.callbacks.Callback``.
+
+    Raises:
+        ConfigError: a bad batch_size, interval or every_n_steps.
+
+    Example:
+        >>> def train_fn(ctx):
+        ...     ...
+        ...     model.fit(ds, epochs=3, callbacks=[ctx.progress_callback(batch_size=64)])
+    """
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ConfigError(f"batch_size={batch_size!r} must be an int >= 1 (examples per step on this worker)")
+    if _number(interval) is None or interval < 0:
+        raise ConfigError(f"interval={interval!r} must be a number of seconds >= 0")
+    if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+        raise ConfigError(f"every_n_steps={every_n_steps!r} must be an int >= 1, or None to report by time")
+    from .._deps import require
+
+    tf = require("tensorflow", "the tfnb Keras progress callback")
+    tracer = ctx._tracer if getattr(ctx, "profile_steps", None) else None
+
+    class TfnbProgress(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            # tf-keras then hands us tensors and skips its per-batch device sync; we convert only what we send
+            self._supports_tf_logs = True
+            self.epoch = 0
+            self.epochs = None
+            self.steps = None
+            self._batches = 0        # batches done in this epoch
+            self._done = 0           # batches done in this fit
+            self._mark = (time.monotonic(), 0)  # (time, _done) at the last rate measurement
+            self._epoch_start = (time.monotonic(), 0)
+            self._last_batch_time = time.monotonic()
+            self._divisor = 1        # per-batch logs are sums over this many replicas
+
+        def _send(self, logs, divisor=1, **fields):
+            data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps,
+                    **fields}
+            if batch_size is not None:
+                data["batch_size"] = batch_size
+                if data.get("steps_per_sec") is not None:
+                    data["examples_per_sec"] = data["steps_per_sec"] * batch_size
+            for key, value in (logs or {}).items():
+                if key in ("batch", "size") or key in data:
+                    continue
+                num = _number(value)
+                if num is not None:
+                    data[key] = num / divisor
+            _emit(**data)
+
+        def on_train_begin(self, logs=None):
+            params = self.params or {}
+            self.epochs = params.get("epochs")
+            self.steps = params.get("steps")
+            self._divisor = _replica_divisor(self.model)
+            _emit(epochs=self.epochs, steps=self.steps, batch_size=batch_size)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+            self._batches = 0
+            self._mark = self._epoch_start = (time.monotonic(), self._done)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if tracer is not None:
+                tracer.before_step(self._done + 1)
+
+        def on_train_batch_end(self, batch, logs=None):
+            # batch is the index within the epoch; with steps_per_execution > 1 some indices are skipped
+            done = batch + 1
+            self._done += max(done - self._batches, 0)
+            self._batches = done
+            if tracer is not None:
+                tracer.after_step(self._done)
+            now = self._last_batch_time = time.monotonic()
+            t0, n0 = self._mark
+            due = self._done - n0 >= every_n_steps if every_n_steps is not None else now - t0 >= interval
+            if not due:
+                return
+            self._mark = (now, self._done)
+            rate = (self._done - n0) / (now - t0) if now > t0 else None
+            self._send(logs, self._divisor, steps_per_sec=rate)
+
+        def on_epoch_end(self, epoch, logs=None):
+            t0, n0 = self._epoch_start
+            # the epoch's rate up to its last batch, leaving validation time out
+            dt = self._last_batch_time - t0
+            rate = (self._done - n0) / dt if dt > 0 and self._done > n0 else None
+            self._send(logs, epoch_end=True, steps_per_sec=rate)
+
+        def on_train_end(self, logs=None):
+            if tracer is not None:
+                tracer.finish(self._done)
+
+    return TfnbProgress()

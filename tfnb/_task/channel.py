@@ -1,0 +1,203 @@
+"""The task's end of the run's channel: one authenticated connection to the driver, batching what it sends
+(see :mod:`tfnb._protocol` for the frames and the handshake)."""
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import socket
+import threading
+import time
+from typing import Callable
+
+from .._protocol import (
+    _MAX_FRAME,
+    _MAX_HELLO,
+    _key,
+    _plain,
+    _proof,
+    _recv_body,
+    _Sealer,
+)
+
+_BATCH_BYTES = 256 << 10  # a task sends its batch early when this much is waiting
+
+
+class TaskChannel:
+    """Task end: one authenticated connection to the driver.
+
+    :meth:`send` goes out at once (with whatever :meth:`post` gathered before it, in order);
+    :meth:`post` waits up to ``window`` seconds to share a frame with others. Both are thread-safe.
+
+    Args:
+        address: the driver channel's (host, port).
+        token: the run's secret.
+        peer: who this task is (role, index, host), shown with its messages on the driver.
+        on_message: called from a reader thread for each message the driver sends.
+        on_lost: called once if the driver goes away.
+        window: seconds a posted message may wait for company; None: only :meth:`flush` sends them.
+
+    Raises:
+        ConnectionError: the driver refused the secret, or could not prove it knows it.
+    """
+
+    def __init__(self, address, token: str, peer: dict, on_message: Callable[[dict], None] | None = None,
+                 on_lost: Callable[[], None] | None = None, timeout: float = 30.0, window: float | None = 0.1):
+        self._sock = socket.create_connection(tuple(address), timeout=timeout)
+        try:
+            self._tx, self._rx = self._handshake(token, peer)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._lock = threading.Lock()        # the socket's send side
+        self._pending_lock = threading.Condition()
+        self._pending: list = []
+        self._merged: dict = {}              # merge key -> index in _pending
+        self._pending_bytes = 0
+        self._window = window
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._closing = False
+        self._reader = threading.Thread(target=self._read_loop, name="tfnb-task-channel", daemon=True)
+        self._reader.start()
+        if window is not None:
+            threading.Thread(target=self._flush_loop, name="tfnb-task-batch", daemon=True).start()
+
+    def _handshake(self, token: str, peer: dict) -> tuple[_Sealer, _Sealer]:
+        body = _recv_body(self._sock, _MAX_HELLO)
+        challenge = json.loads(body) if body else None
+        if not isinstance(challenge, dict) or not isinstance(challenge.get("nonce"), str):
+            raise ConnectionError("the tfnb driver channel did not send a challenge")
+        sn, tn = challenge["nonce"], secrets.token_hex(16)
+        self._sock.sendall(_plain({"auth": _proof(token, "task", sn, tn), "nonce": tn, "peer": peer}))
+        body = _recv_body(self._sock, _MAX_HELLO)
+        welcome = json.loads(body) if body else None
+        if not isinstance(welcome, dict) or welcome.get("kind") != "welcome":
+            raise ConnectionError("the tfnb driver channel refused this task (wrong run secret?)")
+        if not hmac.compare_digest(str(welcome.get("auth", "")), _proof(token, "driver", tn, sn)):
+            raise ConnectionError(f"the server at {self._sock.getpeername()} could not prove it knows the "
+                                  "run's secret; this task will not talk to it")
+        return _Sealer(_key(token, "task", sn, tn)), _Sealer(_key(token, "driver", sn, tn))
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                body = _recv_body(self._sock, _MAX_FRAME)
+                if body is None:
+                    break
+                msg = self._rx.open(memoryview(body))
+                if self._on_message and isinstance(msg, dict):
+                    self._on_message(msg)
+        except (OSError, ValueError, ConnectionError):
+            pass
+        if not self._closing and self._on_lost:
+            self._on_lost()
+
+    def _write(self, msgs: list) -> bool:
+        if not msgs:
+            return True
+        msg = msgs[0] if len(msgs) == 1 else {"kind": "batch", "items": msgs}
+        try:
+            self._sock.sendall(self._tx.seal(msg))  # callers hold self._lock
+            return True
+        except OSError:
+            return False
+
+    def _take(self) -> list:
+        with self._pending_lock:
+            msgs, self._pending, self._merged, self._pending_bytes = self._pending, [], {}, 0
+            return msgs
+
+    def send(self, kind: str, **fields) -> bool:
+        """Send one message now (after what was posted before it); False when the driver is gone."""
+        with self._lock:  # nothing posted later can overtake it
+            return self._write(self._take() + [{"kind": kind, **fields}])
+
+    def send_apart(self, kind: str, **fields) -> bool:
+        """Send one message now in a frame of its own, ahead of what waits for the next batch."""
+        with self._lock:
+            return self._write([{"kind": kind, **fields}])
+
+    def post(self, kind: str, merge: str | None = None, **fields) -> None:
+        """Queue one message for the next batch.
+
+        A message with a ``merge`` key replaces the waiting one with the same key (its ``data`` is
+        updated field by field: only the latest progress matters; a progress bar's latest state). A
+        message without a key ends that: later ones queue after it, so the order of lines is kept.
+        """
+        msg = {"kind": kind, **fields}
+        with self._pending_lock:
+            at = self._merged.get(merge) if merge is not None else None
+            if at is not None:
+                old = self._pending[at]
+                if isinstance(old.get("data"), dict) and isinstance(msg.get("data"), dict):
+                    msg["data"] = {**old["data"], **msg["data"]}
+                self._pending[at] = msg
+                full = False
+            else:
+                full = self._append(msg, merge, len(str(fields.get("line", ""))))
+        if full:
+            self.flush()
+
+    def post_line(self, stream: str, line: str) -> None:
+        """Queue one finished output line for the next batch, in order with what :meth:`post` queues.
+
+        A run of lines of one stream travels as one ``{"kind": "log", "stream": ..., "lines": [...]}``
+        item: the driver parses a string per line instead of an object, and handles the run at once.
+        """
+        with self._pending_lock:
+            last = self._pending[-1] if self._pending else None
+            if last is not None and last.get("stream") == stream and "lines" in last:
+                last["lines"].append(line)  # nothing merges after it: _merged is empty
+                self._pending_bytes += len(line) + 8
+                full = self._pending_bytes >= _BATCH_BYTES
+            else:
+                full = self._append({"kind": "log", "stream": stream, "lines": [line]}, None, len(line))
+        if full:
+            self.flush()
+
+    def _append(self, msg: dict, merge: str | None, size: int) -> bool:
+        # under _pending_lock; True when the batch is full: the driver is behind or the output is huge,
+        # so the caller sends it from its own thread and waits for the socket (and so does the process
+        # writing the output) instead of queueing without bound
+        if merge is None:
+            self._merged.clear()
+        else:
+            self._merged[merge] = len(self._pending)
+        self._pending.append(msg)
+        self._pending_bytes += size + 64
+        if len(self._pending) == 1:
+            self._pending_lock.notify()
+        return self._pending_bytes >= _BATCH_BYTES
+
+    def flush(self) -> bool:
+        """Send what was posted, as one frame."""
+        with self._lock:
+            return self._write(self._take())
+
+    def _flush_loop(self) -> None:
+        while not self._closing:
+            with self._pending_lock:
+                self._pending_lock.wait_for(lambda: self._pending or self._closing)
+            time.sleep(self._window)
+            if not self.flush():
+                return
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Send what is waiting, then hang up once the driver has read it all (or after ``timeout``)."""
+        if not self._closing:
+            self.flush()
+        self._closing = True
+        with self._pending_lock:
+            self._pending_lock.notify_all()
+        try:
+            # Closing now could reset the connection while the driver is still behind on reading it
+            # (the kernel drops what it had not read): end the sending side, wait for its hang-up.
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout)
+        self._sock.close()

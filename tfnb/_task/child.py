@@ -1,0 +1,211 @@
+"""The process that runs ``train_fn``: one fresh Python per task and attempt.
+
+A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark session (TensorFlow
+configures collective ops once per process) and lets the supervising task capture its output and
+kill it as a group.
+
+Started by tfnb._task.supervisor only: ``python -c <_CHILD_MAIN> WORKDIR``, which calls :func:`main`, or
+``python -m tfnb._task.child --standby FD`` for a warm standby that a later task claims through its nanny
+(see tfnb._task.warm). The supervisor starts this process as soon as its task starts, so that importing
+TensorFlow (seconds) overlaps the tasks' address exchange. WORKDIR holds ``payload.pkl`` (train_fn,
+args, mode) from the start; once the cluster is known the supervisor writes ``ctx.pkl`` and sends
+``go`` on stdin. This process then sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or
+``error.json``; with ``linger`` in the payload it then sends a ``finished`` event and stays up (its
+TensorFlow server with it) until the supervisor sends ``end``, once every task's train_fn has
+returned. End-of-file on stdin means the supervisor died, and this process group exits.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+
+from .._config import use_settings
+from .._protocol import (
+    CONTEXT,
+    DUMP_SIGNAL,
+    END,
+    ENV_HELD_PORT_FD,
+    ENV_PREIMPORT,
+    ERROR,
+    FINISHED,
+    GO,
+    PAYLOAD,
+    RESULT,
+    STACKS,
+)
+from ..storage import atomic_write
+
+
+def _watch_parent(fd: int = 0) -> tuple[threading.Event, threading.Event]:
+    """Events set when the supervisor says go / end on ``fd``; kills this process group if it dies first."""
+    go, end = threading.Event(), threading.Event()
+
+    def watch():
+        buf = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(fd, 1024):
+                buf += chunk
+                if GO in buf:
+                    go.set()
+                if END in buf:
+                    end.set()
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tfnb-parent-watch", daemon=True).start()
+    return go, end
+
+
+def _preimport() -> None:
+    for name in filter(None, os.environ.get(ENV_PREIMPORT, "").split(",")):
+        with contextlib.suppress(Exception):  # train_fn will hit (and report) the same error itself
+            __import__(name)
+
+
+class _KerasWatch:
+    """Import hook: when train_fn imports Keras 3 (``import keras``), its ``Model.fit`` refuses to start
+    under MultiWorkerMirroredStrategy, where it would fail deep inside the first step (KERAS3_MWMS).
+    Keras itself is imported only if train_fn does (it costs seconds)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        exec_module = getattr(spec and spec.loader, "exec_module", None)
+        if exec_module is not None:
+            def run_then_guard(module):
+                exec_module(module)
+                _guard_keras3(module)
+            spec.loader.exec_module = run_then_guard
+        return spec
+
+
+def _guard_keras3(keras) -> None:
+    """Wrap Keras 3's ``Model.fit`` (which every Sequential and functional model inherits)."""
+    model = getattr(keras, "Model", None)
+    if not str(getattr(keras, "__version__", "")).startswith("3.") or model is None:
+        return
+    fit = model.fit
+
+    @functools.wraps(fit)
+    def guarded_fit(self, *args, **kwargs):
+        tf = sys.modules.get("tensorflow")  # Keras 3 on the TensorFlow backend has imported it
+        if tf is not None and any(isinstance(s, tf.distribute.MultiWorkerMirroredStrategy) for s in
+                                  (tf.distribute.get_strategy(), getattr(self, "distribute_strategy", None))):
+            from ..errors import KERAS3_MWMS, ConfigError
+
+            raise ConfigError(KERAS3_MWMS)
+        return fit(self, *args, **kwargs)
+
+    model.fit = guarded_fit
+
+
+def _release_port() -> None:
+    """Close the socket that kept this task's TensorFlow port reserved, right before TF binds it."""
+    fd = os.environ.pop(ENV_HELD_PORT_FD, None)
+    if fd:
+        with contextlib.suppress(OSError):
+            os.close(int(fd))
+
+
+def _type_name(exc: BaseException) -> str:
+    t = type(exc)
+    return t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+
+
+def _serve_forever(ctx) -> None:
+    """ps and worker tasks of a ParameterServerStrategy cluster: run a TF server until told to stop."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+                                  protocol=resolver.rpc_layer or "grpc", start=True)
+    print(f"tfnb: {ctx.job_name} {ctx.task_index} serving at {server.target}", flush=True)
+    server.join()
+
+
+def _dump_stacks_on_signal(workdir: str):
+    """Let the supervisor ask for the stack of every thread (stall watchdog), and print one on a crash.
+
+    faulthandler writes from its C signal handler, so the dump works even while the main thread is stuck
+    in C code (a sleep, a blocking TensorFlow op) that would never return to the interpreter loop.
+    """
+    import faulthandler
+
+    stacks = open(os.path.join(workdir, STACKS), "a")  # kept open: faulthandler writes to its descriptor
+    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True)
+    faulthandler.enable()  # segfaults in native code print the Python stack to stderr, forwarded as logs
+    return stacks
+
+
+def main(argv: list[str]) -> int:
+    conn = None
+    if "keras" in sys.modules:
+        _guard_keras3(sys.modules["keras"])
+    else:
+        sys.meta_path.insert(0, _KerasWatch())
+    if argv[0] == "--standby":
+        from .warm import serve
+
+        conn, workdir = serve(int(argv[1]), _preimport)
+        go, end = _watch_parent(conn.fileno())
+    else:
+        workdir = argv[0]
+        go, end = _watch_parent()
+    _stacks = _dump_stacks_on_signal(workdir)  # noqa: F841 - must stay open for the process' lifetime
+    try:
+        import cloudpickle
+
+        with open(os.path.join(workdir, PAYLOAD), "rb") as f:
+            payload = cloudpickle.load(f)
+        if conn is None:
+            _preimport()
+        go.wait()
+        with open(os.path.join(workdir, CONTEXT), "rb") as f:
+            ctx = cloudpickle.load(f)
+        os.environ["TF_CONFIG"] = json.dumps(ctx.tf_config)
+        use_settings(ctx.settings)  # settings resolve as on the driver, not from this executor's environment
+        _release_port()
+        if payload["mode"] == "serve":
+            _serve_forever(ctx)
+            result = None
+        else:
+            result = payload["fn"](ctx, *payload["args"], **payload.get("kwargs", {}))
+        try:
+            data = cloudpickle.dumps(result)
+        except Exception as e:  # noqa: BLE001 - any pickling failure means the same fix
+            raise TypeError(
+                f"train_fn returned a {type(result).__name__} that cannot be pickled ({e}); return plain "
+                "values (numbers, dicts, lists, numpy arrays) and save models to model_dir instead"
+            ) from e
+        atomic_write(os.path.join(workdir, RESULT), data)
+        if payload.get("linger"):
+            # A peer may still be in its last collective with this process' TensorFlow server:
+            # exiting now would abort it ("Socket closed"). Wait until every train_fn has returned.
+            from .events import emit
+
+            emit(FINISHED)
+            end.wait()
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
+        info = {"exc_type": _type_name(e), "message": str(e), "traceback": traceback.format_exc()}
+        with contextlib.suppress(OSError):
+            atomic_write(os.path.join(workdir, ERROR), json.dumps(info).encode())
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # TensorFlow leaves non-daemon threads behind that can block a normal interpreter exit.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,153 @@
+"""WorkerContext: what ``train_fn`` receives in each task of a tfnb run."""
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterator, Mapping
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """The task's place in the TensorFlow cluster, passed as ``train_fn(ctx, *args)``.
+
+    TF_CONFIG is already set in the environment from ``tf_config``, so
+    ``tf.distribute.MultiWorkerMirroredStrategy()`` needs no arguments.
+
+    Attributes:
+        task_index: the worker's rank, 0..num_workers-1 (0 is the chief); for a ps task, its ps index.
+            Use it with ``num_workers`` to pick a distinct data shard.
+        num_workers: number of chief + worker tasks (ps tasks not counted).
+        num_ps: number of parameter-server tasks.
+        job_name: ``"chief"``, ``"worker"`` or ``"ps"``.
+        cluster_spec: ``{"worker": ["host:port", ...]}`` (MultiWorkerMirroredStrategy), or with
+            ``"chief"`` and ``"ps"`` keys when ``num_ps > 0``.
+        tf_config: the TF_CONFIG dict set for this task.
+        gpus: GPU ids Spark assigned to this task (CUDA_VISIBLE_DEVICES is set from them); empty on CPU.
+        model_dir: checkpoint/model directory given to ``tfnb.run`` (or None).
+        log_dir: TensorBoard log directory given to ``tfnb.run`` (or None).
+        attempt: 1 on the first launch, 2.. when tfnb relaunched the job after a task died.
+        max_attempts: how many launches tfnb will make at most.
+        run_id: identifies this ``tfnb.run`` call (the same across attempts).
+        host: this task's host address as its peers see it.
+        local_dir: a scratch directory on the executor's disk, removed when the task ends.
+        feed: internal description of the DataFrame partition fed to this task (see ``dataset``).
+        profile_steps: ``(first, last)`` training steps to trace (``tfnb.run(profile_steps=...)``), or None.
+        profile_run: the profile plugin's run folder for this attempt's traces (see ``profile``).
+        settings: the driver's ``TFNB_*`` settings, ``(name, value)`` pairs: tfnb calls inside train_fn
+            (``tfnb.stage``, ``tfnb.EventSync``...) resolve their settings from these, as the driver did.
+    """
+
+    task_index: int
+    num_workers: int
+    job_name: str
+    cluster_spec: Mapping[str, list]
+    tf_config: Mapping[str, Any]
+    num_ps: int = 0
+    gpus: tuple = ()
+    model_dir: str | None = None
+    log_dir: str | None = None
+    attempt: int = 1
+    max_attempts: int = 1
+    run_id: str = ""
+    host: str = ""
+    local_dir: str = ""
+    feed: Any = field(default=None, repr=False)
+    profile_steps: tuple | None = None
+    profile_run: str = ""
+    settings: tuple = field(default=(), repr=False)
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the one task that should save models, write summaries and return the result."""
+        return self.job_name == "chief"
+
+    @property
+    def is_retry(self) -> bool:
+        return self.attempt > 1
+
+    def dataset(self, batch_size: int, **kwargs):
+        """This worker's part of the DataFrame given as ``tfnb.run(..., data=df)``, as a tf.data.Dataset.
+
+        Every worker gets the same number of batches, so MultiWorkerMirroredStrategy never hangs.
+        See :func:`tfnb._task.feed.worker_dataset` for the keyword arguments.
+
+        Example:
+            >>> ds = ctx.dataset(batch_size=64, label_col="label", strategy=strategy)
+            >>> model.fit(ds, epochs=3, steps_per_epoch=ctx.steps_per_epoch(64))
+        """
+        from .feed import worker_dataset
+
+        return worker_dataset(self, batch_size, **kwargs)
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Batches per epoch that every worker can serve for ``batch_size`` (the same on all workers)."""
+        from .feed import steps_per_epoch
+
+        return steps_per_epoch(self, batch_size)
+
+    def report(self, **metrics: Any) -> None:
+        """Send metrics (e.g. ``step=, loss=``) to the driver's live progress display."""
+        from .events import emit
+
+        emit("progress", **metrics)
+
+    def progress_callback(self, **kwargs: Any):
+        """A Keras callback that reports epoch/step, loss and examples/s to the driver's progress display.
+
+        See :func:`tfnb._task.callbacks.keras_callback` for the keyword arguments.
+        """
+        from .callbacks import keras_callback
+
+        return keras_callback(self, **kwargs)
+
+    @contextmanager
+    def profile(self, step: int) -> Iterator[None]:
+        """Wrap one step of a custom training loop: traces the steps of ``tfnb.run(profile_steps=...)``.
+
+        The trace starts before the first of those steps and is written after the last one to
+        ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (TensorBoard's Profile
+        tab). A trace that cannot be written is reported once and never stops training.
+        ``ctx.progress_callback()`` does the same for Keras ``fit``.
+
+        Args:
+            step: this step's number, counted from 1.
+
+        Example:
+            >>> for step in range(1, steps + 1):
+            ...     with ctx.profile(step):
+            ...         train_step(next(iterator))
+        """
+        tracer = self._tracer
+        tracer.before_step(step)
+        if tracer.state == "tracing":
+            import tensorflow as tf
+
+            # marks the step in the trace, so the profile's overview shows step times
+            with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
+                yield
+        else:
+            yield
+        tracer.after_step(step)
+
+    @cached_property
+    def _tracer(self):
+        # one per process and context, shared with the progress callback; cached_property writes the
+        # instance __dict__ directly, which a frozen dataclass allows
+        from .profiling import Tracer
+
+        return Tracer(self)
+
+    def reserved_port(self):
+        """The socket holding this task's reserved port, or None.
+
+        Part of the launcher surface for add-ons such as tfnb.compat: with ``LaunchHooks(keep_port=True)``
+        the port in ``cluster_spec`` stays bound while train_fn runs, so no other process takes it before
+        the add-on's own server does. The first call hands the socket over (close it to free the port).
+        """
+        from .._protocol import ENV_KEPT_PORT_FD
+
+        fd = os.environ.pop(ENV_KEPT_PORT_FD, None)
+        return socket.socket(fileno=int(fd)) if fd else None

@@ -1,0 +1,212 @@
+"""What runs inside one barrier task: learn the peers, set TF_CONFIG, run train_fn in a child process.
+
+Everything here executes on an executor, in Spark's Python worker. It receives a
+:class:`TaskSpec` of plain values (no SparkContext, nothing of the driver's) and
+the task's Arrow batches, and yields one Arrow batch (the chief's pickled result).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Iterator
+
+from .._protocol import RESULT
+from .context import WorkerContext
+from .setup import (
+    TaskSpec,
+    _spark_local_dir,
+    assign_role,
+    assigned_gpus,
+    build_cluster,
+    child_env,
+    reserve_port,
+    tf_config_for,
+)
+from .supervisor import _failure_from_child, _Supervisor
+
+RESULT_SCHEMA = "rank int, result binary"
+
+
+class TaskFailed(RuntimeError):
+    """Raised in the Spark task so the barrier stage fails; the driver already has the details."""
+
+
+BOOT_MARK = "tfnb-boot"  # <tfnb-boot>{json}</tfnb-boot>: why a task could not start, in Spark's job error
+
+
+def task_entry(spec_blob: bytes, version: str):
+    """The run's ``mapInArrow`` function: ``run_task`` behind a bootstrap that Spark can always unpickle.
+
+    The closure holds plain values and imports what it needs itself, so cloudpickle ships it by value:
+    an executor whose Python lacks tfnb (or has another version) still runs it, and it fails with one
+    line the driver finds in the job's error (tfnb.launcher.verdict reads it) instead of a ModuleNotFoundError
+    inside Spark's unpickling. ``spec_blob`` is the pickled TaskSpec; ``version`` the driver's tfnb version.
+    """
+    def tfnb_task(batches):
+        info = None
+        try:
+            import importlib
+
+            # the executor's own tfnb, whatever its version; absolute names: this closure travels by value
+            installed = importlib.import_module("tfnb").__version__
+            if installed != version:
+                info = {"version": installed}
+            else:
+                import pickle
+
+                run_task = importlib.import_module("tfnb._task.entry").run_task
+                spec = pickle.loads(spec_blob)
+        except BaseException as e:  # noqa: BLE001 - whatever stops tfnb loading goes to the driver
+            import traceback
+
+            info = {"exc_type": type(e).__name__, "message": str(e)[:1000], "module": getattr(e, "name", None),
+                    "traceback": "".join(traceback.format_exc().splitlines(True)[-12:])}
+        if info is not None:
+            import json
+            import socket
+            import sys
+
+            try:
+                from pyspark import BarrierTaskContext
+
+                bctx = BarrierTaskContext.get()
+                host = bctx.getTaskInfos()[bctx.partitionId()].address.rsplit(":", 1)[0]
+            except Exception:  # noqa: BLE001 - the hostname says as much
+                host = socket.gethostname()
+            info.update(host=host, python=sys.executable, python_version=sys.version.split()[0])
+            raise RuntimeError(f"<{BOOT_MARK}>{json.dumps(info)}</{BOOT_MARK}>")  # a str: pickled by value
+        yield from run_task(spec, batches)
+
+    return tfnb_task
+
+
+def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
+    """The barrier task body (``mapInArrow`` function): one TensorFlow task of the cluster."""
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    from .._protocol import batch_window
+    from .channel import TaskChannel
+
+    bctx = BarrierTaskContext.get()
+    rank = bctx.partitionId()
+    job_name, task_index = assign_role(rank, spec.num_workers, spec.num_ps)
+    infos = bctx.getTaskInfos()
+    host = infos[rank].address.rsplit(":", 1)[0]
+    workdir = tempfile.mkdtemp(prefix=f"tfnb-{spec.run_id}-a{spec.attempt}-{rank}-", dir=_spark_local_dir())
+    chan = None
+    sup = None
+    held = None
+    warm_after = None  # (gpus, tasks of this run on this host) once train_fn succeeded
+    try:
+        peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
+        holder: dict = {}
+        chan = TaskChannel(
+            spec.channel, spec.token, peer, window=batch_window(spec.num_workers + spec.num_ps),
+            on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
+            on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None,
+        )
+        sup = holder["sup"] = _Supervisor(spec, chan, workdir)
+        chan.send("state", state="starting", pid=os.getpid())
+        gpus = assigned_gpus(bctx.resources(), spec.use_gpu)
+        mode = "serve" if spec.num_ps > 0 and job_name != "chief" else "train"
+        held = reserve_port()
+        port = held.getsockname()[1]
+        sup.start(mode, gpus, held)
+        held = None
+        fed = stream = feed_info = None
+        if spec.hooks.feeder is not None:
+            fed = spec.hooks.feeder.spill(batches, workdir)  # tfnb.compat: the whole partition before train_fn
+        elif spec.feed is None:
+            for _ in batches:
+                pass
+        # Every task's address through the driver, which answers once all of them reported: Spark's
+        # allGather answers at its next one-second poll, a second of every launch and rerun.
+        chan.send("addr", addr=f"{host}:{port}", rows=fed.rows if fed is not None else 0)
+        sup.gathered.wait()
+        if sup.tasks is None:  # stopped first
+            chan.send("state", state="stopped")
+            return
+        gathered = sup.tasks
+        cluster = build_cluster([g["addr"] for g in gathered], spec.num_workers, spec.num_ps)
+        if spec.hooks.feeder is not None:
+            feed_info = spec.hooks.feeder.finish(fed, [g["rows"] for g in gathered])
+        elif spec.feed is not None:
+            from .feed import FeedStream
+
+            # Streamed: train_fn starts now and reads the partition while this task receives it.
+            stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers)
+            if sup.stop_requested.is_set():
+                stream.abort()
+            feed_info = stream.info
+        ctx = WorkerContext(
+            task_index=task_index, num_workers=spec.num_workers, num_ps=spec.num_ps, job_name=job_name,
+            cluster_spec=cluster, tf_config=tf_config_for(cluster, job_name, task_index, spec.num_ps),
+            gpus=gpus, model_dir=spec.model_dir, log_dir=spec.log_dir, attempt=spec.attempt,
+            max_attempts=spec.max_attempts, run_id=spec.run_id, host=host, local_dir=workdir, feed=feed_info,
+            profile_steps=spec.profile_steps, profile_run=spec.profile_run, settings=spec.settings,
+        )
+        sup.release(ctx, mode)
+        if stream is not None:
+            stream.pump(batches, lambda rows, done: chan.send_apart("feed", rows=rows, done=done))
+        code = sup.wait()
+        done_sent = code is None
+        if code is None:  # train_fn returned; its TensorFlow server stays up for the peers' last collectives
+            chan.send("state", state="done")
+            sup.released.wait()  # the driver says "end" once every task is done, "stop" if one failed
+            code = sup.end()
+        if sup.stop_requested.is_set() and code != 0:
+            chan.send("state", state="stopped")
+            return
+        if code == 0 and mode == "train" and not os.path.exists(os.path.join(workdir, RESULT)):
+            code = None  # os._exit(0) before train_fn returned: a death, not a success
+        if code != 0:
+            failure = _failure_from_child(workdir, code)
+            if chan.send("failed", failure=failure):
+                # The driver has the details and stops the other tasks; ending quietly spares the
+                # executor log a second, longer copy of the same traceback.
+                return
+            raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
+        if not done_sent:
+            chan.send("state", state="done")
+        if mode == "train":
+            warm_after = (gpus, sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered))
+        if rank == 0 or spec.hooks.all_results:
+            with open(os.path.join(workdir, RESULT), "rb") as f:
+                data = f.read()
+            yield pa.RecordBatch.from_pydict(
+                {"rank": [rank], "result": [data]},
+                schema=pa.schema([("rank", pa.int32()), ("result", pa.binary())]),
+            )
+    except TaskFailed:
+        raise
+    except BaseException as e:
+        if chan is not None:
+            import traceback
+
+            chan.send("failed", failure={"exc_type": type(e).__name__, "message": str(e),
+                                         "traceback": traceback.format_exc()})
+        raise
+    finally:
+        if sup is not None:
+            sup.kill()
+        if held is not None:
+            held.close()
+        if chan is not None:
+            chan.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        if spec.warm and warm_after is not None:
+            _leave_standby(spec, *warm_after)
+
+
+def _leave_standby(spec: TaskSpec, gpus: tuple, local_tasks: int) -> None:
+    """Keep one TensorFlow-imported process per task of this run on this host for the next run."""
+    from . import warm as _warm
+
+    try:
+        want = _warm.key(spec.preimport, spec.legacy_keras, spec.env, gpus)
+        if _warm.count(want) < local_tasks:
+            _warm.spawn(want, child_env(os.environ, spec, gpus), spec.warm_idle)
+    except OSError:
+        pass  # no standby: the next run starts its processes as usual

@@ -1,0 +1,150 @@
+"""What a barrier task is given (:class:`TaskSpec`) and the small pure functions it sets itself up with: its
+role, TF_CONFIG, GPUs, the train_fn process environment, its port."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._protocol import ENV_PREIMPORT
+
+# Start-up lines TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL: on every
+# import, in every process, and never actionable. Dropped unless TF_CPP_MIN_LOG_LEVEL is 0.
+_TF_STARTUP_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|^[IWE]\d{4} [\d:.]+\s+\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc|cuda_platform\.cc|"
+    r"cuda_executor\.cc|cuda_dnn\.cc|cuda_fft\.cc|cuda_blas\.cc)(:\d+)?\] "
+    r"|^To enable the following instructions: .* in other operations, rebuild TensorFlow")
+
+
+@dataclass(frozen=True)
+class TaskHooks:
+    """The task's part of :class:`tfnb.launcher.LaunchHooks`: plain values and the feeder, as tasks receive them.
+
+    Attributes:
+        feeder: replaces tfnb's feeding of ``data``: ``feeder.spill(batches, workdir)`` takes the task's whole
+            partition before train_fn starts (returns an object with ``rows``), ``feeder.finish(spilled,
+            rows_per_task)`` returns what ``ctx.feed`` holds.
+        all_results: every task returns its train_fn value, not only the chief.
+        keep_port: the train_fn process keeps its task's port reserved while train_fn runs
+            (``ctx.reserved_port()`` hands the socket over).
+        task_cwd: train_fn runs in the Spark task's working directory, not in a scratch folder.
+    """
+
+    feeder: Any = None
+    all_results: bool = False
+    keep_port: bool = False
+    task_cwd: bool = False
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a barrier task needs, as plain values the driver fixed before launch."""
+
+    run_id: str
+    attempt: int
+    max_attempts: int
+    num_workers: int
+    num_ps: int
+    channel: tuple
+    token: str = field(repr=False)
+    payload: bytes = field(repr=False)  # cloudpickle of (train_fn, args, kwargs)
+    model_dir: str | None = None
+    log_dir: str | None = None
+    use_gpu: bool | None = None
+    env: tuple = field(default=(), repr=False)  # ((name, value), ...) for the train_fn process; often credentials
+    legacy_keras: bool = True
+    preimport: tuple = ("tensorflow",)  # imported by the child while the tasks exchange addresses
+    feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
+    profile_steps: tuple | None = None  # (first, last) steps each worker traces (tfnb._task.profiling)
+    profile_run: str = ""  # the profile plugin's run folder for this attempt
+    stop_grace: float = 5.0
+    hooks: TaskHooks = TaskHooks()  # what an add-on's LaunchHooks change in the task (tfnb.launcher.hooks)
+    settings: tuple = field(default=(), repr=False)  # the driver's TFNB_* settings, (name, value) pairs
+    warm: bool = False  # hand the payload to a warm standby when one matches, leave one after success
+    warm_idle: float = 600.0  # seconds an unclaimed standby waits before it exits
+    linger: bool = False  # a finished train_fn process waits until every task's train_fn has returned
+
+
+def is_startup_noise(line: str, min_log_level: str) -> bool:
+    return min_log_level not in ("", "0") and bool(_TF_STARTUP_NOISE.match(line))
+
+
+def assign_role(rank: int, num_workers: int, num_ps: int) -> tuple[str, int]:
+    """(job_name, task_index) for barrier partition ``rank``: chief first, then workers, then ps."""
+    if rank < num_workers:
+        return ("chief" if rank == 0 else "worker"), rank
+    return "ps", rank - num_workers
+
+
+def build_cluster(addresses: list[str], num_workers: int, num_ps: int) -> dict[str, list[str]]:
+    """TF cluster spec for the ordered task addresses.
+
+    Without ps tasks every task is a ``worker`` (worker 0 acts as chief), the layout
+    MultiWorkerMirroredStrategy expects. With ps tasks the chief gets its own job.
+    """
+    if num_ps == 0:
+        return {"worker": list(addresses)}
+    return {
+        "chief": [addresses[0]],
+        "worker": list(addresses[1:num_workers]),
+        "ps": list(addresses[num_workers:]),
+    }
+
+
+def tf_config_for(cluster: dict, job_name: str, task_index: int, num_ps: int) -> dict:
+    if num_ps == 0:
+        task = {"type": "worker", "index": task_index}
+    elif job_name == "worker":
+        task = {"type": "worker", "index": task_index - 1}
+    else:
+        task = {"type": job_name, "index": task_index if job_name == "ps" else 0}
+    return {"cluster": cluster, "task": task}
+
+
+def assigned_gpus(resources: dict, use_gpu: bool | None) -> tuple[str, ...]:
+    """GPU addresses Spark gave this task (``spark.task.resource.gpu.amount``), honouring ``use_gpu``."""
+    info = resources.get("gpu")
+    gpus = tuple(info.addresses) if info is not None else ()
+    if use_gpu and not gpus:
+        raise RuntimeError(
+            "use_gpu=True but Spark assigned this task no GPU; set spark.task.resource.gpu.amount "
+            "(and spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False"
+        )
+    return gpus if use_gpu is not False else ()
+
+
+def child_env(base: dict, spec: TaskSpec, gpus: tuple) -> dict:
+    """The train_fn process environment; TF_CONFIG is added by the child once the cluster is known."""
+    env = dict(base)
+    # With no GPU assigned the process sees none, even on a GPU host: Spark did not give it one.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    if spec.legacy_keras:
+        # Keras 3 model.fit fails under MultiWorkerMirroredStrategy; tf-keras works (see README).
+        env.setdefault("TF_USE_LEGACY_KERAS", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.pop("TF_CONFIG", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TFNB_RUN_ID"] = spec.run_id
+    env["TFNB_ATTEMPT"] = str(spec.attempt)
+    env[ENV_PREIMPORT] = ",".join(spec.preimport)
+    env.update(dict(spec.env))
+    return env
+
+
+def reserve_port() -> socket.socket:
+    """A socket bound to a free port on all interfaces, held until the child is about to start TF."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", 0))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _spark_local_dir() -> str | None:
+    # Spark deletes its local dirs when the application ends: nothing is left behind even if a
+    # task is killed before its cleanup runs.
+    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
+    first = dirs.split(",")[0] if dirs else ""
+    return first if first and os.path.isdir(first) else None

@@ -1,0 +1,371 @@
+"""The task's supervisor of its train_fn process: start it (or claim a warm standby), forward its output
+and events, answer the driver's requests (stop, stacks, the cluster's addresses), read its outcome."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from .. import _protocol as events
+from .._protocol import (
+    CONTEXT,
+    DUMP_SIGNAL,
+    END,
+    ENV_HELD_PORT_FD,
+    ENV_KEPT_PORT_FD,
+    ERROR,
+    FINISHED,
+    GO,
+    PAYLOAD,
+    STACKS,
+)
+from .context import WorkerContext
+from .setup import TaskSpec, child_env, is_startup_noise
+
+_MAX_STACK = 64 << 10  # characters of a stack dump sent to the driver
+_MAX_LINE = 64 << 10    # characters of one output line sent to the driver; longer ones are cut with a marker
+_PARTIAL_EVERY = 1.0    # seconds between two updates of a carriage-return line (a progress bar) sent on
+_LINE_END = re.compile(rb"[\r\n]")
+
+
+class _Lines:
+    """Splits a child's output into lines for ``emit(line, partial=False)``.
+
+    A carriage return rewrites the current line (Keras' ``verbose=1`` bar, tqdm): those updates are
+    folded to the latest state, sent as ``partial`` at most every _PARTIAL_EVERY seconds, and the
+    state the line ends in (at its newline) is sent as the line. Backspaces are dropped; lines past
+    _MAX_LINE characters are cut with a marker.
+    """
+
+    def __init__(self, emit, clock=time.monotonic):
+        self._emit = emit
+        self._clock = clock
+        self._buf = b""
+        self._latest: bytes | None = None   # the last carriage-return state of the current line
+        self._shown = float("-inf")
+
+    def feed(self, data: bytes) -> None:
+        buf = self._buf + data
+        pos = 0
+        for m in _LINE_END.finditer(buf):
+            seg = buf[pos:m.start()]
+            pos = m.end()
+            if m.group() == b"\n":
+                if not seg.strip(b"\x08") and self._latest is not None:
+                    seg = self._latest
+                self._latest = None
+                self._send(seg, False)
+            elif seg.strip(b"\x08"):
+                self._latest = seg
+                now = self._clock()
+                if now - self._shown >= _PARTIAL_EVERY:
+                    self._shown = now
+                    self._send(seg, True)
+        self._buf = buf[pos:]
+        if len(self._buf) > 4 * _MAX_LINE:
+            # no line end in sight: don't hold an unbounded line
+            self._send(self._buf, False)
+            self._buf = b""
+
+    def end(self) -> None:
+        if self._buf.strip(b"\x08") or self._latest is not None:
+            self._send(self._buf if self._buf.strip(b"\x08") else self._latest, False)
+        self._buf, self._latest = b"", None
+
+    def _send(self, seg: bytes, partial: bool) -> None:
+        line = seg.replace(b"\x08", b"").decode("utf-8", "replace")
+        if len(line) > _MAX_LINE:
+            line = f"{line[:_MAX_LINE]} … [{len(line) - _MAX_LINE} more characters cut]"
+        if partial:
+            self._emit(line, True)
+        else:
+            self._emit(line)  # the events pipe's handler takes the line alone
+
+
+# How the train_fn process starts: the standard library alone until tfnb._child is imported, so that a
+# failing import reaches the driver from error.json like any other error (with -m it was an exit code 1).
+_CHILD_MAIN = f"""import sys
+try:
+    import tfnb._task.child as child
+except BaseException as e:
+    import json, traceback
+    with open(sys.argv[1] + "/{ERROR}", "w") as f:
+        json.dump({{"exc_type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc(),
+                   "module": getattr(e, "name", None), "python": sys.executable,
+                   "python_version": sys.version.split()[0], "boot": True}}, f)
+    raise
+child.main(sys.argv[1:])
+"""
+
+
+class _Supervisor:
+    """Runs the child process, forwards its output and events, and stops it on request."""
+
+    def __init__(self, spec: TaskSpec, chan, workdir: str):
+        self.spec = spec
+        self.chan = chan
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.stop_requested = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._settled = threading.Event()  # the child exited, or train_fn returned and it lingers
+        self.released = threading.Event()  # the driver's "end" (every train_fn returned) or a stop
+        self.feed = None  # the FeedStream that hears the driver's row counts (tfnb.run(data=df))
+        self.tasks: list | None = None  # every task's address and rows, from the driver
+        self.gathered = threading.Event()  # set with tasks, or by a stop
+        self._code: int | None = None
+        self._waiter: threading.Thread | None = None
+
+    # messages from the driver
+    def on_driver(self, msg: dict) -> None:
+        if msg.get("kind") == "stop":
+            self.stop()
+        elif msg.get("kind") == "end":
+            self.released.set()
+        elif msg.get("kind") == "cluster":
+            self.tasks = msg.get("tasks")
+            self.gathered.set()
+        elif msg.get("kind") == "feed" and self.feed is not None:
+            self.feed.heard(msg)
+        elif msg.get("kind") == "dump":
+            # off the channel's reader thread: a stop may follow while the dump is being written
+            threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
+
+    def send_stacks(self) -> None:
+        """Send the driver the Python stack of every thread of the train_fn process (stall watchdog)."""
+        p, path = self.proc, os.path.join(self.workdir, STACKS)
+        before = os.path.getsize(path) if os.path.exists(path) else 0
+        try:
+            os.kill(p.pid, DUMP_SIGNAL)
+            os.kill(p.pid, signal.SIGCONT)  # a stopped process handles the signal only once continued
+        except (AttributeError, ProcessLookupError):
+            self.chan.send("stack", text="(the train_fn process is not running)")
+            return
+        # faulthandler writes from its signal handler without buffering: done once the file stops growing
+        size, end = before, time.monotonic() + 3.0
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            now = os.path.getsize(path) if os.path.exists(path) else 0
+            if before < now == size:
+                break
+            size = now
+        try:
+            with open(path, errors="replace") as f:
+                f.seek(before)
+                text = f.read()
+        except OSError:
+            text = ""
+        self.chan.send("stack", text=text[-_MAX_STACK:] or "(the train_fn process did not answer)")
+
+    def on_driver_lost(self) -> None:
+        # The notebook went away: nobody will read the result, so don't train on.
+        self.stop()
+
+    def stop(self) -> None:
+        self.stop_requested.set()
+        self.released.set()
+        self.gathered.set()
+        if self.feed is not None:
+            self.feed.abort()
+        self._signal(signal.SIGTERM)
+        t = threading.Timer(self.spec.stop_grace, self._signal, args=(signal.SIGKILL,))
+        t.daemon = True
+        t.start()
+
+    def _signal(self, sig: int) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _pump_lines(self, stream, handle) -> None:
+        lines = _Lines(handle)
+        fd = stream.fileno()
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            lines.feed(chunk)
+        lines.end()
+        stream.close()
+
+    def _pump(self, stream, handle) -> None:
+        t = threading.Thread(target=self._pump_lines, args=(stream, handle), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _claim_standby(self, env: dict, gpus: tuple, held: socket.socket):
+        """A warm standby that matches this run, now running as this task's child; None to start one."""
+        if not self.spec.warm or self.spec.hooks.keep_port:
+            return None
+        from . import warm as _warm
+
+        cwd = os.getcwd() if self.spec.hooks.task_cwd else self.workdir
+        try:
+            for conn in _warm.claim(_warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus)):
+                try:
+                    return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno())
+                except OSError:
+                    conn.close()  # another task of this host took that standby first
+        except OSError:
+            pass
+        return None  # none to take, or whatever went wrong: a fresh process does the same job
+
+    def start(self, mode: str, gpus: tuple, held: socket.socket) -> None:
+        """Start the child now; it imports TensorFlow while the tasks exchange addresses."""
+        import cloudpickle
+
+        fn, args, kwargs = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, (), {})
+        with open(os.path.join(self.workdir, PAYLOAD), "wb") as f:
+            cloudpickle.dump({"fn": fn, "args": args, "kwargs": kwargs, "mode": mode, "linger": self.spec.linger and mode == "train"}, f)
+        env = child_env(os.environ, self.spec, gpus)
+        claimed = self._claim_standby(env, gpus, held) if mode == "train" else None
+        if claimed is not None:
+            self.proc = claimed
+            held.close()
+            self._start_pumps(env, claimed.events)
+            return
+        ev_read, ev_write = os.pipe()
+        env[events.ENV_FD] = str(ev_write)
+        env[ENV_HELD_PORT_FD] = str(held.fileno())
+        pass_fds = (ev_write, held.fileno())
+        kept = None
+        if self.spec.hooks.keep_port:
+            kept = os.dup(held.fileno())
+            env[ENV_KEPT_PORT_FD] = str(kept)
+            pass_fds += (kept,)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_MAIN, self.workdir],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, pass_fds=pass_fds, start_new_session=True,
+                cwd=os.getcwd() if self.spec.hooks.task_cwd else self.workdir,
+            )
+        finally:
+            if kept is not None:
+                os.close(kept)
+        os.close(ev_write)
+        held.close()
+        self._start_pumps(env, ev_read)
+
+    def _start_pumps(self, env: dict, ev_read: int) -> None:
+        level = env.get("TF_CPP_MIN_LOG_LEVEL", "")
+
+        def forward(stream):
+            def send(line, partial=False):
+                if partial:  # a progress bar's latest state: replaces the one still waiting to be sent
+                    self.chan.post("log", merge=stream, stream=stream, line=line, partial=True)
+                elif not is_startup_noise(line, level):
+                    self.chan.post_line(stream, line)
+            return send
+
+        self._pump(self.proc.stdout, forward("stdout"))
+        self._pump(self.proc.stderr, forward("stderr"))
+        self._pump(os.fdopen(ev_read, "rb"), self._forward_event)
+        if self.stop_requested.is_set():
+            self.stop()
+
+    def release(self, ctx: WorkerContext, mode: str) -> None:
+        """Hand the child its context and let it run train_fn."""
+        import cloudpickle
+
+        path = os.path.join(self.workdir, CONTEXT)
+        with open(path + ".part", "wb") as f:
+            cloudpickle.dump(ctx, f)
+        os.replace(path + ".part", path)
+        try:
+            self.proc.stdin.write(GO)
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # the child is already gone; wait() reports how it ended
+        self.chan.send("state", state="training" if mode == "train" else "serving", pid=self.proc.pid)
+
+    def _forward_event(self, line: str) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        kind = msg.pop("kind", events.PROGRESS)
+        if kind == FINISHED:
+            self._settled.set()
+            return
+        # progress: only the latest values matter, merged while a batch gathers; an epoch's end is kept
+        merge = "progress" if kind == events.PROGRESS and not msg.get("epoch_end") else None
+        self.chan.post("event", merge=merge, event=kind, data=msg)
+
+    def wait(self) -> int | None:
+        """The child's exit code; None when train_fn returned and the child lingers until :meth:`end`."""
+        assert self.proc is not None
+        self._waiter = threading.Thread(target=self._await_exit, name="tfnb-child-wait", daemon=True)
+        self._waiter.start()
+        self._settled.wait()
+        return None if self._code is None else self._ended()
+
+    def end(self) -> int:
+        """Let a lingering child exit; its exit code."""
+        try:
+            self.proc.stdin.write(END)
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # already gone: its exit code says how
+        self._waiter.join()
+        return self._ended()
+
+    def _await_exit(self) -> None:
+        self._code = self.proc.wait()
+        self._settled.set()
+
+    def _ended(self) -> int:
+        # Take down anything the child left in its group, so the pipes close and no process outlives us.
+        self._signal_group_anyway()
+        for t in self._threads:
+            t.join(timeout=5)
+        return self._code
+
+    def _signal_group_anyway(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._signal(signal.SIGKILL)
+            self.proc.wait()
+        if self.proc is not None:
+            self._signal_group_anyway()
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            close = getattr(self.proc, "conn", None)
+            if close is not None:
+                close.close()
+
+
+def _failure_from_child(workdir: str, code: int | None) -> dict:
+    path = os.path.join(workdir, ERROR)
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    from .warm import UNKNOWN_EXIT
+
+    if code == UNKNOWN_EXIT:
+        return {"exc_type": "ProcessDied", "message": "the train_fn process died without an exit status "
+                "(killed by a signal, a crash in native code, or out of memory)", "traceback": "", "exit_code": None}
+    if code is None:
+        return {"exc_type": "ProcessDied", "message": "the train_fn process exited with code 0 before train_fn "
+                "returned (os._exit or sys.exit from another thread)", "traceback": "", "exit_code": 0}
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return {"exc_type": "ProcessDied", "message": f"the train_fn process was killed by {name}",
+                "traceback": "", "exit_code": code}
+    return {"exc_type": "ProcessDied", "message": f"the train_fn process exited with code {code} "
+            "without raising an exception (os._exit, a crash in native code, or out of memory)",
+            "traceback": "", "exit_code": code}

@@ -1,0 +1,210 @@
+"""Spark DataFrame -> tf.data inside each barrier task, for ``tfnb.run(train_fn, data=df)``.
+
+The rows travel as Arrow end to end and are never pickled one by one:
+
+1. driver: :func:`feed_spec` checks the schema (numeric columns and fixed-length numeric arrays)
+   and :func:`split_for_workers` gives the DataFrame one balanced partition per worker;
+2. barrier task (Spark's Python worker): once the tasks know each other's addresses train_fn
+   starts, and :class:`FeedStream` writes the partition's Arrow record batches to a local Arrow
+   IPC file while train_fn already reads it, publishing how far the file is whole;
+3. train_fn process: :func:`worker_dataset` (``ctx.dataset``) follows that file as it grows and
+   hands tf.data whole numpy batches; later epochs read the finished file.
+
+Every worker yields exactly ``steps_per_epoch`` batches per epoch, computed from the smallest
+worker's row count, so MultiWorkerMirroredStrategy never waits for a batch that does not come.
+The count needs no job before launch: the tasks tell the driver their row counts while they
+receive, the driver answers with the smallest, and train_fn never serves more rows than every worker
+is known to have.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+from .._task.feed import _NUMERIC, FeedColumn, FeedSpec
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+# A DataFrame that already has one partition per worker is fed as it is when its row counts differ
+# so little that equalising the batches drops at most this share of the rows; anything less even
+# is worth a shuffle.
+_MAX_IMBALANCE = 0.01
+
+
+# ---------------------------------------------------------------- driver side
+
+
+def _unsupported_hint(dtype) -> str:
+    kind = type(dtype).__name__
+    if kind == "VectorUDT":
+        return "convert with pyspark.ml.functions.vector_to_array(col)"
+    if kind == "DecimalType":
+        return "cast to double"
+    if kind == "ArrayType":
+        if type(dtype.elementType).__name__ == "ArrayType":
+            return "flatten with F.flatten(col)"
+        return "cast to array<float>"
+    if kind == "StringType":
+        return "index or encode it (e.g. pyspark.ml.feature.StringIndexer), or drop it"
+    return "cast to a number or drop it"
+
+
+def feed_spec(df) -> FeedSpec:
+    """Check ``df``'s columns and describe them for the tasks.
+
+    Supported: numeric columns (byte, short, int, long, float, double, boolean) and arrays of
+    those (every row of a column must hold the same number of elements; the length is read from
+    the data).
+
+    Args:
+        df: the Spark DataFrame (classic or Spark Connect) given as ``tfnb.run(..., data=df)``.
+
+    Returns:
+        A small picklable FeedSpec.
+
+    Raises:
+        ConfigError: ``df`` is not a DataFrame, has no columns, repeats a column name, or has
+            columns of other types (named, with the cast or drop that fixes each).
+
+    Example:
+        >>> spec = feed_spec(spark.createDataFrame([(1.0, [0.1, 0.2], 1)], "x double, v array<float>, y int"))
+        >>> spec.names
+        ('x', 'v', 'y')
+    """
+    if not (hasattr(df, "schema") and hasattr(df, "mapInArrow")):
+        raise ConfigError(
+            f"data must be a Spark DataFrame, got {type(df).__name__}; convert it with "
+            "spark.createDataFrame(...) or read it with spark.read")
+    schema = df.schema
+    names = [f.name for f in schema.fields]
+    if not names:
+        raise ConfigError("data has no columns; select the feature and label columns to feed")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"data has more than one column named {', '.join(map(repr, dupes))}; rename them "
+                          "(df.toDF(*new_names) or .alias) so each column can be chosen by name")
+    columns, bad = [], []
+    for f in schema.fields:
+        dt = f.dataType
+        kind = type(dt).__name__
+        if kind in _NUMERIC:
+            columns.append(FeedColumn(f.name, _NUMERIC[kind], False))
+        elif kind == "ArrayType" and type(dt.elementType).__name__ in _NUMERIC:
+            columns.append(FeedColumn(f.name, _NUMERIC[type(dt.elementType).__name__], True))
+        else:
+            bad.append(f"{f.name!r} ({dt.simpleString()}: {_unsupported_hint(dt)})")
+    if bad:
+        raise ConfigError(
+            "tfnb feeds numeric columns and fixed-length arrays of numbers; these columns are neither: "
+            + "; ".join(bad) + ". Cast them (F.col(c).cast('double')) or drop them "
+            "(df.drop(...) or df.select(feature_and_label_columns)) before tfnb.run(data=df)")
+    return FeedSpec(tuple(columns))
+
+
+def _count_rows(batches: Iterator) -> Iterator:
+    """``mapInArrow`` body: one row with this partition's row count, empty partitions included."""
+    import pyarrow as pa
+
+    n = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pydict({"rows": [n]}, schema=pa.schema([("rows", pa.int64())]))
+
+
+def _is_cached(df) -> bool:
+    try:
+        level = df.storageLevel
+    except Exception as e:  # noqa: BLE001 - a session that cannot say: treat as not cached
+        log.debug("storageLevel unavailable: %s", e)
+        return False
+    return bool(level.useMemory or level.useDisk or level.useOffHeap)
+
+
+def _cached_partition_rows(df) -> list[int]:
+    """Rows in each partition of a cached ``df``; reads the cache's row counts, no column values."""
+    from pyspark.sql import functions as F
+
+    return [int(r["rows"]) for r in df.select(F.lit(0).alias("_")).mapInArrow(_count_rows, "rows long").collect()]
+
+
+def _split_evenly(df, n: int) -> bool:
+    """True when ``df`` is a cached ``repartition(n)`` (or a single partition for one worker):
+    balanced by construction, nothing to count.
+
+    Reads the cached plan (classic sessions only): its last step must be Spark's round-robin exchange
+    into ``n`` partitions, with no filter or projection after the cache.
+    """
+    try:
+        rel = df._jdf.queryExecution().optimizedPlan()
+        if rel.getClass().getSimpleName() != "InMemoryRelation":
+            return False
+        plan = rel.cachedPlan()
+        if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
+            plan = plan.inputPlan()
+        part = plan.outputPartitioning()
+        kind = part.getClass().getSimpleName()
+        if n == 1:
+            return kind.startswith("SinglePartition")
+        return (plan.getClass().getSimpleName() == "ShuffleExchangeExec"
+                and kind == "RoundRobinPartitioning" and part.numPartitions() == n)
+    except Exception as e:  # noqa: BLE001 - Spark Connect, or a plan this Spark shapes differently: count
+        log.debug("cached plan not readable: %s", e)
+        return False
+
+
+def split_for_workers(df, num_workers: int, num_ps: int = 0):
+    """``df`` as exactly ``num_workers + num_ps`` balanced partitions; partition i feeds task i.
+
+    A cached DataFrame that already has that many partitions with (nearly) equal row counts, say
+    one the notebook split once with ``df = df.repartition(n).cache()``, is fed as it is, with no
+    shuffle (deciding costs nothing for that ``repartition(n).cache()`` on a classic session, else one
+    quick counting job over the cache). Anything else is repartitioned
+    round-robin (one shuffle), which leaves the partitions at most one row per input partition apart.
+
+    Uses the DataFrame API only, so it works on classic and Spark Connect sessions.
+
+    Args:
+        df: the DataFrame given as ``data=``.
+        num_workers: chief + worker tasks.
+        num_ps: parameter-server tasks (0 when feeding data).
+
+    Returns:
+        A DataFrame with ``num_workers + num_ps`` partitions.
+
+    Example:
+        >>> part = split_for_workers(df, 2)
+        >>> part.mapInArrow(run_task, schema, barrier=True)
+    """
+    n = num_workers + num_ps
+    if _is_cached(df) and _split_evenly(df, n):
+        log.debug("feeding the cached even split into %d partitions as it is", n)
+        return df
+    if _is_cached(df):
+        # Counting an uncached DataFrame would compute it twice; a cached one is cheap to count.
+        counts = _cached_partition_rows(df)
+        total = sum(counts)
+        if len(counts) == n and total and total - n * min(counts) <= _MAX_IMBALANCE * total:
+            log.debug("feeding the cached DataFrame's %d partitions as they are: %s rows", n, counts)
+            return df
+        log.debug("repartitioning %d rows in partitions of %s rows into %d", total, counts, n)
+    return df.repartition(n)
+
+
+# ---------------------------------------------------------------- task side (no TensorFlow here)
+
+
+def agree_counts(reports: dict[int, tuple[int, bool]], num_workers: int) -> dict | None:
+    """The driver's answer to the tasks' ``tell``: final counts once every worker is done, else ``safe``.
+
+    Example:
+        >>> agree_counts({0: (500, True), 1: (300, False)}, 2)
+        {'kind': 'feed', 'safe': 300}
+    """
+    mine = [reports.get(rank) for rank in range(num_workers)]
+    if any(r is None for r in mine):
+        return None
+    if all(done for _, done in mine):
+        return {"kind": "feed", "counts": [rows for rows, _ in mine]}
+    return {"kind": "feed", "safe": min(rows for rows, _ in mine)}
+
+

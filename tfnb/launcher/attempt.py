@@ -1,0 +1,528 @@
+"""One launch of the barrier job, watched from the driver's main thread until it has an outcome.
+
+The job runs in a thread; the tasks' messages (logs, progress, states, failures, stacks) come over the
+run's channel into a bounded inbox the main thread drains, handing the display batches of events and
+watching the clock (timeout), the tasks' silence (stall watchdog) and the first failure (grace period).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import _protocol as events
+from .._protocol import RunEvent
+from ..errors import (
+    KERAS3_MWMS,
+    STALLED,
+    RunCancelledError,
+    RunTimeoutError,
+    TaskFailure,
+)
+from ..monitor.progress import show
+from .spark import _driver_host
+from .verdict import (
+    _EXECUTOR_LOST,
+    _PER_REPLICA,
+    _boot_error,
+    _boot_report,
+    _cause,
+    _last_line,
+    _spark_failure,
+)
+
+log = logging.getLogger(__name__)
+
+_CANCEL_WAIT = 20.0     # seconds to let Spark kill tasks after a cancel before giving up waiting
+_STACK_WAIT = 5.0       # seconds to wait for the stacks of a stalled run's train_fn processes
+_DRAIN_SLICE = 0.05     # seconds of task messages handled before the watch loop looks at its clock again
+# events handed to the display at once: enough to fold them in one call, few enough that they die
+# young (thousands held for a whole pass outlive the garbage collector's young generation, and each
+# survivor brings its next sweep of every object in the process nearer: with 2,048 tasks the
+# collector took 0.04 CPU-s/s at 500 events, 0.02 at 100)
+_SHOW_EVERY = 100
+_MAX_SHOWN_LINE = 2000  # characters of a log line the display gets; the run's log file has it whole
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: Any = None
+    failure: TaskFailure | None = None
+    others: tuple = ()
+    retryable: bool = False
+    cause: str = ""          # one readable line: who failed how, and at which epoch
+    epoch: int | None = None  # the epoch the run had reached when it failed
+    resumed_epoch: int | None = None  # the first epoch this attempt trained
+    stall: dict | None = None  # WorkerStalledError's fields when a task stalled
+    error: Exception | None = None  # raised as it is (tfnb could not start on an executor)
+
+
+@dataclass
+class _Life:
+    """What the driver last heard from one task: input of the stall watchdog and of relaunch reasons."""
+
+    job_name: str
+    task_index: int
+    host: str = ""
+    seen: float = field(default_factory=time.monotonic)  # last message of any kind
+    state: str = "starting"
+    final: bool = False      # reported done, stopped or failed: its end is explained
+    step: dict = field(default_factory=dict)  # last progress report's epoch/step
+    first_epoch: int | None = None
+    line: str = ""
+    stack: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.job_name} {self.task_index}"
+
+
+class _Attempt:
+    """One launch of the barrier job, watched from the driver's main thread."""
+
+    def __init__(self, spark, spec_kwargs: dict, data, display: Callable[[RunEvent], None],
+                 deadline: float | None, num_tasks: int, num_ps: int, *,
+                 daemon_ranks: frozenset = frozenset(), cancel: threading.Event | None = None,
+                 grace: float = 3.0, stall_timeout: float | None = None):
+        self.spark = spark
+        self.display = display
+        self.deadline = deadline
+        self.num_tasks = num_tasks
+        self.num_ps = num_ps
+        from .channel import Inbox
+        from .runlog import RunLog
+
+        self.q = Inbox()  # bounded for the tasks' messages; see Inbox
+        self.runlog = RunLog.for_run(spec_kwargs["run_id"], spec_kwargs.get("model_dir"))
+        self.runlog.note(f"attempt {spec_kwargs['attempt']} of {spec_kwargs['max_attempts']}")
+        if spec_kwargs["attempt"] == 1 and self.runlog.path:
+            display(RunEvent(events.STATE, "driver", 0, {"log_file": self.runlog.path}))
+        self._dropped_shown = (0, time.monotonic())
+        self.failures: list[TaskFailure] = []
+        self.tag = f"tfnb-{spec_kwargs['run_id']}-{spec_kwargs['attempt']}"
+        self.data = data
+        self.spec_kwargs = spec_kwargs
+        self.attempt = spec_kwargs["attempt"]
+        self.daemon_ranks = daemon_ranks
+        self.done_ranks: set[int] = set()
+        self.cancel = cancel
+        self.grace = grace  # seconds to collect reports after the first sign of failure before deciding
+        self.stall_timeout = stall_timeout
+        self.lives: dict[int, _Life] = {}
+        self.lost: list[TaskFailure] = []  # tasks whose executor or Python worker vanished
+        self.job_error: BaseException | None = None
+        self.boot: dict | None = None  # why tfnb could not start in a task or its train_fn process
+        self.first_bad: float | None = None  # when the first sign of failure arrived
+        self.decided = False  # past this point, disconnects are tfnb's own stopping of the tasks
+        self._batch: list | None = None  # events of the current _drain pass, for the display
+        self._feed: dict[int, tuple[int, bool]] = {}  # rank -> (rows so far, whole) while data= streams
+        self._addrs: dict[int, dict] = {}  # rank -> its TensorFlow server's address and rows, as tasks report
+        self._feed_told = 0.0
+
+    def _show(self, event: RunEvent) -> None:
+        # inside _drain the display gets the pass's events as one batch (one redraw, one write)
+        if self._batch is not None:
+            self._batch.append(event)
+        else:
+            self.display(event)
+
+    def _on_message(self, peer: dict, msg: dict) -> None:
+        kind = msg.get("kind")
+        if kind == "feed":  # answered here, in milliseconds: train_fn waits for these rows
+            self._on_feed(peer, msg)
+            return
+        if kind == "addr":  # likewise: every task waits for the others' addresses to start train_fn
+            self._addrs[int(peer.get("rank", -1))] = {"addr": msg.get("addr"), "rows": msg.get("rows", 0)}
+            if len(self._addrs) == self.num_tasks and all(r in self._addrs for r in range(self.num_tasks)):
+                self.channel.broadcast({"kind": "cluster", "tasks": [self._addrs[r] for r in range(self.num_tasks)]})
+            return
+        # the channel thread: the file gets every line even while the display is behind
+        self.runlog.message(peer, msg)
+        self.q.put_message(peer, msg)
+
+    def _on_feed(self, peer: dict, msg: dict) -> None:
+        from ..data.feeding import agree_counts
+
+        self._feed[int(peer.get("rank", -1))] = (int(msg.get("rows", 0)), bool(msg.get("done")))
+        answer = agree_counts(self._feed, self.num_tasks - self.num_ps)
+        now = time.monotonic()
+        # the smallest count at most 20 times a second (every answer goes to every task); the final at once
+        if answer is not None and ("counts" in answer or now - self._feed_told >= 0.05):
+            self._feed_told = now
+            self.channel.broadcast(answer)
+
+    def _log(self, job: str, idx: int, msg: dict) -> None:
+        lines = msg.get("lines")
+        if type(lines) is not list:  # one line; a carriage-return update when partial
+            lines = [msg.get("line", "")]
+        stream, partial, now = msg.get("stream"), msg.get("partial"), time.time()
+        for line in lines:
+            line = line if type(line) is str else str(line)
+            if len(line) > _MAX_SHOWN_LINE:
+                line = f"{line[:_MAX_SHOWN_LINE]} … [{len(line) - _MAX_SHOWN_LINE} more characters in the run's log file]"
+            # partial: a carriage-return update, which the next line of this task replaces
+            data = {"stream": stream, "line": line, "partial": True} if partial else {"stream": stream, "line": line}
+            self._show(RunEvent(events.LOG, job, idx, data, now))
+
+    def _job(self, spec) -> None:
+        import cloudpickle
+
+        from .._protocol import VERSION as __version__
+        from .._task.entry import RESULT_SCHEMA, task_entry
+        from .spark import job_tag
+
+        try:
+            if self.data is not None and self.spec_kwargs["hooks"].feeder is not None:
+                source = self.data  # a feeder's DataFrame already has one partition per task
+            elif self.data is not None:
+                from ..data.feeding import split_for_workers
+
+                source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
+            else:
+                source = self.spark.range(0, self.num_tasks, 1, self.num_tasks)
+            with job_tag(self.spark, self.tag):  # Spark 3.5 classic sessions have no tags: a job group then
+                task = task_entry(cloudpickle.dumps(spec), __version__)
+                rows = source.mapInArrow(task, RESULT_SCHEMA, barrier=True).collect()
+            self.q.put(("done", rows))
+        except BaseException as e:  # noqa: BLE001 - reported to the main thread
+            self.q.put(("error", e))
+
+    def _cancel(self) -> None:
+        from .spark import interrupt_jobs
+
+        try:
+            interrupt_jobs(self.spark, self.tag)
+        except Exception as e:  # noqa: BLE001 - the session may already be gone
+            log.debug("interruptTag failed: %s", e)
+
+    def _handle(self, peer: dict, msg: dict) -> None:
+        self._note(peer, msg)
+        kind = msg.get("kind")
+        job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
+        if kind == "batch":  # what a task gathered over a short window, handled as one unit
+            for m in msg.get("items") or ():
+                if isinstance(m, dict) and m.get("kind") == "log":
+                    self._log(job, idx, m)
+                elif isinstance(m, dict):
+                    self._handle(peer, m)
+        elif kind == "log":
+            self._log(job, idx, msg)
+        elif kind == "event":
+            self._show(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
+        elif kind == "state":
+            self._show(RunEvent(events.STATE, job, idx, {k: v for k, v in msg.items() if k != "kind"}))
+            if msg.get("state") == "done" and job == "chief" and self.num_ps > 0:
+                # ps and worker tasks serve until the coordinator is finished
+                self.channel.broadcast({"kind": "stop"})
+            if msg.get("state") == "done":
+                self.done_ranks.add(int(peer.get("rank", -1)))
+                if self.daemon_ranks and \
+                        len(self.done_ranks - self.daemon_ranks) == self.num_tasks - len(self.daemon_ranks):
+                    # daemon tasks (tfnb.compat's ps/evaluator) serve until every other task is done
+                    self.channel.broadcast({"kind": "stop"})
+                elif len(self.done_ranks) == self.num_tasks and self.spec_kwargs.get("linger"):
+                    # finished train_fn processes kept their TensorFlow servers up for the peers' last
+                    # collectives; now that every task is done they may exit
+                    self.channel.broadcast({"kind": "end"})
+        elif kind == "failed":
+            f = msg.get("failure") or {}
+            failure = TaskFailure(job_name=job, task_index=idx, exc_type=f.get("exc_type", "Error"),
+                                  message=f.get("message", ""), traceback=f.get("traceback", ""),
+                                  exit_code=f.get("exit_code"), attempt=self.attempt, host=peer.get("host", ""))
+            self.failures.append(failure)
+            if f.get("boot"):  # the train_fn process could not import tfnb
+                self.boot = self.boot or {**f, "host": failure.host, "child": True}
+            self._show(RunEvent(events.FAILED, job, idx, {"exc_type": failure.exc_type, "message": failure.message}))
+            self._trouble()  # the others keep running until _settled(): their reports decide the retry
+
+    def run(self) -> _Outcome:
+        from .._task.setup import TaskSpec
+        from .channel import DriverChannel
+
+        self.channel = DriverChannel(_driver_host(self.spark), self._on_message)
+        spec = TaskSpec(channel=self.channel.address, token=self.channel.token, **self.spec_kwargs)
+        job = threading.Thread(target=self._job, args=(spec,), name="tfnb-job", daemon=True)
+        try:
+            job.start()
+            return self._watch(job)
+        finally:
+            self.q.put(("closed",))  # lifts the queue's bound so the channel thread never waits on it
+            self.channel.close()
+            self.runlog.close()
+
+    def _stop_everything(self, job: threading.Thread) -> None:
+        self.channel.broadcast({"kind": "stop"})
+        self._cancel()
+        end = time.monotonic() + _CANCEL_WAIT
+        while job.is_alive() and time.monotonic() < end:
+            self._drain(0.2)
+        self.channel.wait_disconnected(max(0.0, end - time.monotonic()))
+
+    def _stop_quietly(self, job: threading.Thread) -> None:
+        # A second press of the notebook's stop button must not cut the cleanup short.
+        while True:
+            try:
+                self._stop_everything(job)
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _drain(self, timeout: float):
+        """Handle the tasks' messages for up to _DRAIN_SLICE s; returns a driver item ("done", ...) if one came."""
+        try:
+            items = self.q.get_many(timeout)
+        except queue.Empty:
+            return None
+        end = time.monotonic() + _DRAIN_SLICE
+        self._batch, done = [], 0
+        try:
+            while True:
+                for item in items:
+                    if item[0] != "msg":
+                        break  # the job's end: always the last of the items
+                    done += 1  # an interrupted message is not handled twice
+                    self._handle(item[1], item[2])
+                    if len(self._batch) >= _SHOW_EVERY:
+                        batch, self._batch = self._batch, []
+                        show(self.display, batch)
+                if item[0] != "msg" or time.monotonic() > end:
+                    break
+                try:
+                    items, done = self.q.get_many(0), 0
+                except queue.Empty:
+                    break
+        except BaseException:
+            self.q.unget(items[done:])  # interrupted (Ctrl-C): the messages not reached wait for the next pass
+            raise
+        finally:
+            batch, self._batch = self._batch, None
+            show(self.display, batch)
+        dropped, shown = self._dropped_shown
+        if self.q.dropped > dropped and time.monotonic() - shown > 5.0:
+            # progress reports merged while the driver was behind: say so, without repeating it often
+            self._dropped_shown = (self.q.dropped, time.monotonic())
+            self.display(RunEvent(events.PROGRESS, "driver", 0, {"dropped_progress": self.q.dropped}))
+        return None if item[0] == "msg" else item
+
+    def _watch(self, job: threading.Thread) -> _Outcome:
+        try:
+            while True:
+                left = None if self.deadline is None else self.deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._stop_everything(job)
+                    raise RunTimeoutError(
+                        "tfnb.run timed out; the job was cancelled and its processes stopped. Raise "
+                        "timeout= (or TFNB_TIMEOUT), or checkpoint to model_dir and resume")
+                if self.cancel is not None and self.cancel.is_set():
+                    raise KeyboardInterrupt  # stopped and reported like the notebook's stop button
+                if self.first_bad is not None and self._settled():
+                    return self._failed(job)
+                stalled = self._stalled()
+                if stalled:
+                    return self._on_stall(job, stalled)
+                item = self._drain(0.5 if left is None else min(0.5, left))
+                if item is None:
+                    continue
+                if item[0] == "done":
+                    self.channel.wait_disconnected(10.0)
+                    self._drain_rest()
+                    if self.failures or self.lost:
+                        return self._failed(job)
+                    rows = item[1]
+                    import cloudpickle
+
+                    if self.spec_kwargs["hooks"].all_results:
+                        values = [None] * self.num_tasks
+                        for row in rows:
+                            values[row["rank"]] = cloudpickle.loads(row["result"])
+                        return _Outcome(value=values, resumed_epoch=self._resumed_epoch())
+                    value = cloudpickle.loads(rows[0]["result"]) if rows else None
+                    return _Outcome(value=value, resumed_epoch=self._resumed_epoch())
+                # The job failed. Spark's verdict says whether an executor was lost; what the tasks
+                # themselves report (collected until _settled) says more than Spark's wrapper text.
+                self.job_error = item[1]
+                self.boot = self.boot or _boot_report(str(item[1]))
+                first = next((l for l in str(item[1]).splitlines() if l.strip()), type(item[1]).__name__)
+                if _EXECUTOR_LOST.search(str(item[1])):
+                    self.lost.append(self._lost_in_spark(str(item[1]), first))
+                self._trouble()
+        except KeyboardInterrupt:
+            self._stop_quietly(job)
+            raise RunCancelledError("tfnb.run was interrupted; the Spark job was cancelled and every "
+                                    "process it started was stopped") from None
+
+    # ------------------------------------------------------------ failure classification
+
+    def _note(self, peer: dict, msg: dict) -> None:
+        """Bookkeeping on every message from a task: its last sign of life, step, line and state."""
+        rank = int(peer.get("rank", -1))
+        life = self.lives.get(rank)
+        if life is None:
+            life = self.lives[rank] = _Life(peer.get("job_name", "?"), int(peer.get("task_index", -1)),
+                                            peer.get("host", ""))
+        kind = msg.get("kind")
+        if kind == "disconnected":
+            if not life.final and not self.decided and self.job_error is None and \
+                    not any(not f.retryable for f in self.failures):
+                # Gone without a word: its executor or Python worker died. (After the job failed, or
+                # after a task raised, Spark itself kills the remaining tasks: that is no news.)
+                life.final = True
+                self.lost.append(TaskFailure(
+                    job_name=life.job_name, task_index=life.task_index, exc_type="ExecutorLost",
+                    message="the task ended without a report: its executor or Spark Python worker was lost",
+                    attempt=self.attempt, host=life.host))
+                self._trouble()
+            life.final = True
+            return
+        life.seen = time.monotonic()
+        if kind == "batch":  # its other items come back through _handle, its log lines do not
+            for m in reversed(msg.get("items") or ()):
+                if isinstance(m, dict) and m.get("kind") == "log":
+                    life.line = _last_line(m)
+                    break
+        elif kind == "log":
+            life.line = _last_line(msg)
+        elif kind == "event" and msg.get("event", events.PROGRESS) == events.PROGRESS:
+            data = msg.get("data") or {}
+            step = {k: data[k] for k in ("epoch", "step") if data.get(k) is not None}
+            if step:
+                life.step = step
+                if life.first_epoch is None and isinstance(step.get("epoch"), int):
+                    life.first_epoch = step["epoch"]
+        elif kind == "state":
+            life.state = str(msg.get("state", ""))
+            life.final = life.final or life.state in ("done", "stopped")
+        elif kind == "failed":
+            life.final = True
+        elif kind == "stack":
+            life.stack = str(msg.get("text", ""))
+
+    def _lost_in_spark(self, text: str, first: str) -> TaskFailure:
+        # "barrier task ResultTask(<stage>, <partition>) finished unsuccessfully": the partition is the rank
+        m = re.search(r"ResultTask\(\d+, (\d+)\)", text)
+        life = self.lives.get(int(m.group(1))) if m else None
+        return TaskFailure(job_name=life.job_name if life else "spark", task_index=life.task_index if life else -1,
+                           exc_type="ExecutorLost", message=first.strip()[:500], attempt=self.attempt,
+                           host=life.host if life else "")
+
+    def _trouble(self) -> None:
+        if self.first_bad is None:
+            self.first_bad = time.monotonic()
+
+    def _settled(self) -> bool:
+        """Enough is known to decide the attempt's outcome (or the failure grace is over)."""
+        if self.boot or any(f.died for f in self.failures):
+            return True  # tfnb cannot start somewhere, or a process died: whatever else arrives changes nothing
+        if self.lost:
+            # Let Spark declare the executor lost (the job fails) before cancelling, or the relaunch
+            # may be scheduled on the executor that is gone.
+            return self.job_error is not None or time.monotonic() >= self.first_bad + self.grace
+        if self.lives and len(self.lives) >= self.num_tasks and all(l.final for l in self.lives.values()):
+            return True
+        return time.monotonic() >= self.first_bad + self.grace
+
+    def _verdict(self) -> tuple[TaskFailure, bool]:
+        """(the failure that explains the attempt, whether a relaunch may fix it).
+
+        A dead task or lost executor wins: the other tasks' errors are its consequences. Otherwise a
+        plain exception is a bug, even when peers then fail with collective errors; only when every
+        report is a peer-loss error (the dead peer's own report never came) is it bad luck.
+        """
+        deaths = sorted((f for f in (*self.failures, *self.lost) if f.died),
+                        key=lambda f: (f.task_index < 0, f.exc_type != "ProcessDied"))
+        if deaths:
+            return deaths[0], True
+        bugs = [f for f in self.failures if not f.retryable]
+        if bugs:
+            return bugs[0], False
+        if self.failures:
+            return self.failures[0], True
+        return _spark_failure(self.job_error, self.attempt), True
+
+    def _epoch_of(self, failure: TaskFailure) -> int | None:
+        own = next((l for l in self.lives.values() if (l.job_name, l.task_index) ==
+                    (failure.job_name, failure.task_index)), None)
+        if own is not None and isinstance(own.step.get("epoch"), int):
+            return own.step["epoch"]
+        epochs = [l.step["epoch"] for l in self.lives.values() if isinstance(l.step.get("epoch"), int)]
+        return max(epochs) if epochs else None
+
+    def _resumed_epoch(self) -> int | None:
+        firsts = [l.first_epoch for l in self.lives.values() if l.first_epoch is not None]
+        return min(firsts) if firsts else None
+
+    def _failed(self, job: threading.Thread) -> _Outcome:
+        failure, retryable = self._verdict()
+        self.decided = True
+        if job.is_alive() or self.channel.connected:
+            self._stop_everything(job)
+        self._drain_rest()
+        others = tuple(f for f in self.failures if f is not failure)
+        if self.boot:
+            error = _boot_error(self.boot, self.spec_kwargs["max_attempts"])
+            return _Outcome(failure=failure, others=others, error=error, cause=str(error).split(";")[0])
+        if _PER_REPLICA.search(failure.message) and KERAS3_MWMS not in failure.message:
+            # Keras 3 under MultiWorkerMirroredStrategy past tfnb._child's guard of fit (evaluate, predict...)
+            said = re.sub(r"\(PerReplica:\{.*?\}\)", "(PerReplica:{...})", " ".join(failure.message.split()))[:200]
+            failure = dataclasses.replace(failure, message=f"{KERAS3_MWMS} (TensorFlow said: {said})")
+        epoch = self._epoch_of(failure)
+        return _Outcome(failure=failure, others=others, retryable=retryable,
+                        cause=_cause(failure, retryable, epoch), epoch=epoch,
+                        resumed_epoch=self._resumed_epoch())
+
+    # ------------------------------------------------------------ stall watchdog
+
+    def _stalled(self) -> list[_Life]:
+        """Tasks whose train_fn runs but has sent nothing (no progress, no output) for stall_timeout."""
+        if not self.stall_timeout or self.first_bad is not None:
+            return []
+        now = time.monotonic()
+        # ps servers and tfnb.compat's daemon tasks are silent by design
+        silent = [l for rank, l in self.lives.items() if l.state == "training" and not l.final
+                  and rank not in self.daemon_ranks and now - l.seen > self.stall_timeout]
+        return sorted(silent, key=lambda l: l.seen)
+
+    def _on_stall(self, job: threading.Thread, stalled: list[_Life]) -> _Outcome:
+        now = time.monotonic()
+        worst = stalled[0]
+        seconds = now - worst.seen
+        message = f"silent for {seconds:.0f} s (no progress event, no output line)"
+        if len(stalled) > 1:  # peers of a hung collective go quiet together
+            message += "; also silent: " + ", ".join(l.label for l in stalled[1:])
+        failure = TaskFailure(job_name=worst.job_name, task_index=worst.task_index, exc_type=STALLED,
+                              message=message, attempt=self.attempt, host=worst.host)
+        epoch, stall = self._epoch_of(failure), {"seconds": seconds, "last_step": dict(worst.step),
+                                                 "last_line": worst.line}
+        for life in stalled:
+            self.display(RunEvent(events.STATE, life.job_name, life.task_index,
+                                  {"state": "stalled", "seconds": round(now - life.seen, 1)}))
+        # Every train_fn process dumps its stack: in a hung collective the stalled task's peers tell as much.
+        running = [l for l in self.lives.values() if not l.final]
+        for life in running:
+            life.stack = None
+        self.channel.broadcast({"kind": "dump"})
+        end = now + _STACK_WAIT
+        while any(l.stack is None for l in running) and time.monotonic() < end:
+            self._drain(0.1)
+        self.decided = True
+        stall["stacks"] = {l.label: l.stack for l in running if l.stack}
+        failure = dataclasses.replace(failure, traceback=worst.stack or "")
+        self._stop_everything(job)
+        self._drain_rest()
+        return _Outcome(failure=failure, retryable=True, cause=_cause(failure, True, epoch), epoch=epoch,
+                        resumed_epoch=self._resumed_epoch(), stall=stall)
+
+
+    def _drain_rest(self) -> None:
+        while True:
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                return
+            if item[0] == "msg":
+                self._handle(item[1], item[2])

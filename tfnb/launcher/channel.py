@@ -1,0 +1,380 @@
+"""The driver's end of the run's channel: authenticated task connections served by one thread, and the
+bounded inbox the main thread drains (see :mod:`tfnb._protocol` for the frames and the handshake)."""
+from __future__ import annotations
+
+import collections
+import hmac
+import json
+import logging
+import os
+import queue
+import secrets
+import selectors
+import socket
+import threading
+import time
+from typing import Callable
+
+from .._protocol import (
+    _HANDSHAKE_TIMEOUT,
+    _HEAD,
+    _MAX_FRAME,
+    _MAX_HELLO,
+    _SEND_TIMEOUT,
+    _key,
+    _plain,
+    _proof,
+    _Sealer,
+)
+
+log = logging.getLogger(__name__)
+
+_MAX_PENDING = 64        # unauthenticated connections served at once
+
+
+class _Conn:
+    __slots__ = ("sock", "buf", "deadline", "nonce", "peer", "rx", "tx", "lock")
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock = sock
+        self.buf = bytearray()
+        self.deadline = deadline
+        self.nonce = secrets.token_hex(16)
+        self.peer: dict | None = None   # set once authenticated
+        self.rx: _Sealer | None = None
+        self.tx: _Sealer | None = None
+        self.lock = threading.Lock()
+
+
+class DriverChannel:
+    """Driver end: accepts authenticated task connections and hands each message to ``on_message``.
+
+    Args:
+        host: address to bind (the driver host; loopback for local masters).
+        on_message: called from the channel thread with ``(peer, message)``; peer is the task's hello
+            dict. A batch arrives as one ``{"kind": "batch", "items": [...]}`` message. It may block:
+            reading stops meanwhile, which slows the senders down (TCP back-pressure).
+        token: the per-run secret; generated when not given.
+        max_pending: connections served at once before they authenticate.
+        handshake_timeout: seconds a connection has to authenticate.
+    """
+
+    def __init__(self, host: str, on_message: Callable[[dict, dict], None], token: str | None = None, *,
+                 max_pending: int = _MAX_PENDING, handshake_timeout: float = _HANDSHAKE_TIMEOUT):
+        self.token = token or secrets.token_hex(32)
+        self._on_message = on_message
+        self._max_pending = max_pending
+        self._handshake_timeout = handshake_timeout
+        self._lock = threading.Lock()
+        self._all_gone = threading.Condition(self._lock)
+        self._conns: dict[socket.socket, _Conn] = {}   # authenticated
+        self._pending: dict[socket.socket, _Conn] = {}
+        self._closed = threading.Event()
+        self.rejected = 0  # connections closed for failing authentication or a bad frame
+        self._listener = socket.create_server((host, 0), backlog=1024)
+        self._listener.setblocking(False)
+        self.address = (host, self._listener.getsockname()[1])
+        # one receive buffer for every connection (only the channel thread reads): a fresh 256 KiB
+        # bytes object per recv() costs an mmap/munmap pair, a third of the thread's time at 2,000 tasks
+        self._rx = memoryview(bytearray(1 << 18))
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._listening = True
+        self._thread = threading.Thread(target=self._loop, name="tfnb-channel", daemon=True)
+        self._thread.start()
+
+    # the channel thread
+
+    def _loop(self) -> None:
+        try:
+            while not self._closed.is_set():
+                for key, _ in self._sel.select(timeout=0.5):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._read(key.data)
+                self._expire()
+        except (OSError, ValueError):
+            if not self._closed.is_set():
+                log.exception("tfnb channel: the driver's channel thread stopped")
+        finally:
+            for c in list(self._pending.values()) + list(self._conns.values()):
+                self._drop(c)
+
+    def _accept(self) -> None:
+        while len(self._pending) < self._max_pending:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            c = _Conn(sock, time.monotonic() + self._handshake_timeout)
+            try:
+                # blocking with a timeout: reads happen only once the selector says data is there,
+                # and a stop sent from another thread waits for a full send buffer instead of failing
+                sock.settimeout(_SEND_TIMEOUT)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.sendall(_plain({"nonce": c.nonce}))
+            except OSError:
+                sock.close()
+                continue
+            self._pending[sock] = c
+            self._sel.register(sock, selectors.EVENT_READ, c)
+        # Enough connections are proving themselves: let the rest wait in the listen backlog.
+        self._sel.unregister(self._listener)
+        self._listening = False
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for c in [c for c in self._pending.values() if c.deadline < now]:
+            log.warning("tfnb channel: closed a connection that did not authenticate within %.0f s",
+                        self._handshake_timeout)
+            self.rejected += 1
+            self._drop(c)
+        if not self._listening and len(self._pending) < self._max_pending and not self._closed.is_set():
+            self._sel.register(self._listener, selectors.EVENT_READ, None)
+            self._listening = True
+
+    def _read(self, c: _Conn) -> None:
+        try:
+            # readv, not recv_into: a socket with a timeout polls before every recv, a second system
+            # call per frame when the selector has just said there is data (its fd is non-blocking)
+            n = os.readv(c.sock.fileno(), (self._rx,))
+        except (BlockingIOError, InterruptedError, socket.timeout):
+            return
+        except OSError:
+            n = 0
+        if not n:
+            self._drop(c)
+            return
+        c.buf += self._rx[:n]
+        try:
+            self._frames(c)
+        except Exception as e:  # noqa: BLE001 - whatever one connection sent, the others go on
+            log.warning("tfnb channel: closed a connection from %s: %s",
+                        (c.peer or {}).get("host") or "an unauthenticated peer", e)
+            self.rejected += 1
+            self._drop(c)
+
+    def _frames(self, c: _Conn) -> None:
+        buf, pos = c.buf, 0
+        try:
+            while len(buf) - pos >= 4:
+                (n,) = _HEAD.unpack_from(buf, pos)
+                limit = _MAX_FRAME if c.peer is not None else _MAX_HELLO
+                if n > limit:
+                    raise ConnectionError(f"a frame of {n} bytes exceeds the {limit}-byte limit")
+                if len(buf) - pos - 4 < n:
+                    return
+                body = memoryview(buf)[pos + 4:pos + 4 + n]
+                pos += 4 + n
+                try:
+                    if c.peer is None:
+                        self._hello(c, bytes(body))
+                    else:
+                        msg = c.rx.open(body)
+                        if not isinstance(msg, dict):
+                            raise ConnectionError("a frame is not a message")
+                        self._on_message(c.peer, msg)
+                finally:
+                    body.release()
+        finally:
+            del buf[:pos]
+
+    def _hello(self, c: _Conn, body: bytes) -> None:
+        hello = json.loads(body)
+        if not isinstance(hello, dict) or not isinstance(hello.get("nonce"), str) or len(hello["nonce"]) > 64:
+            raise ConnectionError("the hello is not a tfnb hello")
+        task_nonce = hello["nonce"]
+        if not hmac.compare_digest(str(hello.get("auth", "")), _proof(self.token, "task", c.nonce, task_nonce)):
+            raise ConnectionError("it failed authentication (not this run's secret)")
+        c.rx = _Sealer(_key(self.token, "task", c.nonce, task_nonce))
+        c.tx = _Sealer(_key(self.token, "driver", c.nonce, task_nonce))
+        c.sock.sendall(_plain({"kind": "welcome", "auth": _proof(self.token, "driver", task_nonce, c.nonce)}))
+        peer = hello.get("peer")
+        c.peer = dict(peer) if isinstance(peer, dict) else {}
+        del self._pending[c.sock]
+        with self._lock:
+            self._conns[c.sock] = c
+
+    def _drop(self, c: _Conn) -> None:
+        try:
+            self._sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        self._pending.pop(c.sock, None)
+        with self._lock:
+            was_open = self._conns.pop(c.sock, None) is not None
+        try:
+            c.sock.close()
+        except OSError:
+            pass
+        if was_open:
+            try:
+                self._on_message(c.peer, {"kind": "disconnected"})
+            finally:
+                with self._lock:
+                    self._all_gone.notify_all()
+
+    # other threads
+
+    @property
+    def connected(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def broadcast(self, msg: dict) -> None:
+        """Send ``msg`` to every connected task (best effort)."""
+        with self._lock:
+            conns = list(self._conns.values())
+        for c in conns:
+            try:
+                with c.lock:
+                    c.sock.sendall(c.tx.seal(msg))
+            except OSError:
+                pass
+
+    def wait_disconnected(self, timeout: float) -> bool:
+        """Wait until every task has hung up (its processes are gone); True if they all did in time."""
+        with self._lock:
+            return self._all_gone.wait_for(lambda: not self._conns, timeout=timeout)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+        try:
+            self._sel.close()
+        except (OSError, ValueError):
+            pass
+        self._listener.close()
+
+
+def _merges(msg: dict) -> bool:
+    # A progress report the next one may replace; an epoch's last report is kept (the console prints it).
+    return (msg.get("kind") == "event" and msg.get("event", "progress") == "progress"
+            and not (msg.get("data") or {}).get("epoch_end"))
+
+
+_ENDS = ("done", "error", "closed")
+
+
+class Inbox:
+    """The driver's bounded queue from the channel thread to the main thread.
+
+    Log lines, states and failures are kept in order, never dropped: when ``bound`` messages wait,
+    :meth:`put_message` blocks, so the channel stops reading and the tasks slow down. Progress waits
+    at most once per task: a newer report merges into the one not yet handled (``dropped`` counts
+    them). The job's end (:meth:`put` of a "done", "error" or "closed" item) lifts the bound, since
+    what the tasks still have to send is then finite and the channel thread must not wait on a
+    queue nobody drains any more.
+
+    A waiting :meth:`get` returns once the first message has waited ``gather`` seconds or ``bound``/10
+    are waiting (at once for an item of :meth:`put`): at thousands of frames a second, waking the
+    main thread for each one meant ~1,000 passes a second of a few messages each, and five times
+    the context switches.
+
+    Items come out as ``("msg", peer, message, size)`` or as put.
+    """
+
+    def __init__(self, bound: int = 10_000, gather: float = 0.02):
+        self.bound = bound
+        self.gather = gather
+        self._since = 0.0  # when the oldest waiting item came
+        self.dropped = 0
+        self.peak = 0    # most messages waiting at once
+        self._cv = threading.Condition()
+        self._items: collections.deque = collections.deque()
+        self._latest: dict = {}   # task -> the progress message waiting for it
+        self._size = 0
+
+    def put(self, item) -> None:
+        with self._cv:
+            if item[0] in _ENDS:
+                self.bound = float("inf")
+            self._items.append(item)
+            self._since = -1.0  # the driver's own news: no gathering
+            self._cv.notify_all()
+
+    def put_message(self, peer: dict, msg: dict) -> None:
+        items = msg.get("items") if msg.get("kind") == "batch" else [msg]
+        keep, progress, n = [], [], 0  # n: messages kept, a run of lines counting a message per line
+        for m in items if isinstance(items, list) else ():
+            if not isinstance(m, dict):
+                continue
+            if _merges(m):
+                progress.append(m)
+            else:
+                keep.append(m)
+                lines = m.get("lines")
+                n += len(lines) if type(lines) is list else 1
+        if n and len(keep) == len(items):
+            keep = msg  # as it came (most batches: lines only, or one message)
+        elif n:
+            keep = keep[0] if len(keep) == 1 else {"kind": "batch", "items": keep}
+        with self._cv:
+            was_empty = not self._items
+            if was_empty:
+                self._since = time.monotonic()
+            for m in progress:
+                task = (peer.get("job_name"), peer.get("task_index"))
+                waiting = self._latest.get(task)
+                if waiting is not None:
+                    waiting["data"] = {**(waiting.get("data") or {}), **(m.get("data") or {})}
+                    self.dropped += 1
+                    continue
+                self._latest[task] = m
+                self._items.append(("progress", peer, task))
+                self._size += 1
+            if n:
+                while self._size >= self.bound:
+                    self._cv.wait()
+                self._items.append(("msg", peer, keep, n))
+                self._size += n
+            self.peak = max(self.peak, self._size)
+            if (was_empty and self._items) or self._size * 10 >= self.bound:
+                self._cv.notify_all()
+
+    def get(self, timeout: float | None = None):
+        return self.get_many(timeout, 1)[0]
+
+    def get_many(self, timeout: float | None = None, most: int = 256) -> list:
+        """Up to ``most`` waiting items at once (one round of the lock for all), oldest first; an item
+        of :meth:`put` ends the list. Raises ``queue.Empty`` when nothing came within ``timeout``."""
+        with self._cv:
+            if not self._items:
+                if timeout is not None and timeout <= 0:
+                    raise queue.Empty
+                end = None if timeout is None else time.monotonic() + timeout
+                if not self._cv.wait_for(lambda: self._items, timeout=timeout):
+                    raise queue.Empty
+                wait = self._since + self.gather - time.monotonic()
+                if end is not None:
+                    wait = min(wait, end - time.monotonic())
+                if wait > 0 and self._size * 10 < self.bound:
+                    self._cv.wait(wait)  # woken early by put() or by bound/10 messages
+            out, items = [], self._items
+            while items and len(out) < most:
+                item = items.popleft()
+                if item[0] == "progress":
+                    item = ("msg", item[1], self._latest.pop(item[2]), 1)
+                elif item[0] != "msg":
+                    out.append(item)
+                    break
+                self._size -= item[3]
+                out.append(item)
+            self._cv.notify_all()
+            return out
+
+    def unget(self, items: list) -> None:
+        """Put items of :meth:`get_many` back in front, in order (their handling was interrupted)."""
+        with self._cv:
+            self._items.extendleft(reversed(items))
+            self._size += sum(item[3] for item in items if item[0] == "msg")
+
+    def get_nowait(self):
+        return self.get(timeout=0)
+
+    def qsize(self) -> int:
+        with self._cv:
+            return len(self._items)

@@ -1,0 +1,194 @@
+"""What ``tfnb.run`` is asked to do, resolved and checked once, on the driver: :class:`RunOptions`.
+
+Every option is a keyword of ``tfnb.run`` and a field here. :meth:`RunOptions.resolve` fills what the call
+left out from the ``TFNB_*`` environment, then the defaults, and checks each value in one place, with
+errors that name the value, the rule and the fix. The tasks receive plain values fixed here, including
+the driver's other ``TFNB_*`` settings (:attr:`RunOptions.settings`), so tfnb calls inside train_fn
+(``tfnb.stage``, ``EventSync``) resolve them as the driver did.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from .._config import setting
+from ..errors import ConfigError
+
+_STALL_DEFAULT = 1800.0
+# TFNB_* variables that are tfnb's own plumbing between a task and its train_fn process, not settings
+_TASK_OWN = ("TFNB_RUN_ID", "TFNB_ATTEMPT", "TFNB_EVENT_FD", "TFNB_HELD_PORT_FD", "TFNB_KEPT_PORT_FD",
+             "TFNB_PREIMPORT")
+# env= keys tfnb itself sets in every train_fn process, and what to do instead
+_OWN_ENV = {**dict.fromkeys(_TASK_OWN, "it is tfnb's own plumbing; leave it out"),
+            "TFNB_RUN_ID": "read ctx.run_id instead", "TFNB_ATTEMPT": "read ctx.attempt instead",
+            "TFNB_PREIMPORT": "pass preimport= instead",
+            "TF_CONFIG": "tfnb writes it per task for the cluster it launched; read ctx.tf_config instead",
+            "CUDA_VISIBLE_DEVICES": "pass use_gpu= instead (None: the GPUs Spark assigned, False: none)",
+            "PYTHONUNBUFFERED": "tfnb needs it to stream train_fn's output as it is printed; leave it out"}
+
+
+def _int(name: str, value: Any, low: int, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name}={value!r} but it must be an int >= {low}; {fix}")
+    return value
+
+
+def _seconds(name: str, value: Any, *, zero_is_off: bool = False) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if isinstance(value, bool) or not (seconds >= 0 if zero_is_off else seconds > 0):
+        rule = ">= 0 (None or 0 turns the stall watchdog off)" if zero_is_off else "> 0 (or None for no limit)"
+        raise ConfigError(f"{name}={value!r} must be a number of seconds {rule}")
+    return (seconds or None) if zero_is_off else seconds
+
+
+def _stall_timeout(value) -> float | None:
+    """stall_timeout= resolved: "auto" -> TFNB_STALL_TIMEOUT or 30 min; None/0/"off" -> no watchdog."""
+    if isinstance(value, str) and value == "auto":
+        raw = os.environ.get("TFNB_STALL_TIMEOUT")
+        if raw is None:
+            return _STALL_DEFAULT
+        return _seconds(f"TFNB_STALL_TIMEOUT={raw!r}; TFNB_STALL_TIMEOUT",
+                        None if raw.strip().lower() in ("", "none", "off") else raw, zero_is_off=True)
+    return _seconds("stall_timeout", value, zero_is_off=True)
+
+
+def _check_env(env: Any, legacy_keras: bool) -> tuple:
+    """env= as sorted (name, value) pairs; it may not set what tfnb sets itself (the error names the knob)."""
+    if env is None:
+        return ()
+    bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))} \
+        if isinstance(env, Mapping) else env
+    if bad:  # name the entries by key and type only: env values are often credentials
+        what = {k: type(v).__name__ for k, v in bad.items()} if isinstance(bad, dict) else type(bad).__name__
+        raise ConfigError(f"env must be a dict of str to str, not {what}; convert values with str()")
+    own = dict(_OWN_ENV)
+    if legacy_keras:
+        own["TF_USE_LEGACY_KERAS"] = "pass legacy_keras=False instead (True, the default, sets it to 1)"
+    taken = [k for k in env if k in own]
+    if taken:
+        raise ConfigError("; ".join(f"env= sets {k}, which tfnb sets in every train_fn process: {own[k]}"
+                                    for k in taken))
+    return tuple(sorted(env.items()))
+
+
+def driver_settings() -> tuple:
+    """The driver's TFNB_* settings as (name, value) pairs, for the tasks to resolve theirs alike."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TFNB_") and k not in _TASK_OWN))
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of one ``tfnb.run``, as the driver resolved them (see ``tfnb.run`` for each one).
+
+    Build it with :meth:`resolve`, which applies the ``TFNB_*`` settings and defaults and checks every
+    value; a ``RunOptions`` can be passed to ``tfnb.run(train_fn, options)`` and reused across runs,
+    with keywords of the call overriding its fields. ``env`` and ``storage_options`` (often credentials)
+    never appear in its repr.
+
+    Example:
+        >>> opts = RunOptions.resolve(num_workers=2, timeout=600, model_dir="/Volumes/main/default/tfnb/run1")
+        >>> tfnb.run(train_fn, opts, args=(5,))
+    """
+
+    num_workers: int
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    num_ps: int = 0
+    spark: Any = field(default=None, repr=False)
+    use_gpu: bool | None = None
+    timeout: float | None = None
+    model_dir: str | None = None
+    log_dir: str | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+    data: Any = field(default=None, repr=False)
+    max_attempts: int = 2
+    stall_timeout: float | None = _STALL_DEFAULT
+    env: tuple = field(default=(), repr=False)
+    legacy_keras: bool = True
+    preimport: tuple = ("tensorflow",)
+    warm: bool = True
+    display: Callable | bool | None = field(default=None, repr=False)
+    profile_steps: tuple | None = None
+    mlflow: bool | str | None = None
+    failure_grace: float = 3.0
+    warm_idle: float = 600.0
+    settings: tuple = field(default=(), repr=False)
+
+    @classmethod
+    def resolve(cls, base: "RunOptions | None" = None, **given: Any) -> "RunOptions":
+        """Options from ``given`` keywords over ``base``'s fields, then TFNB_* settings, then defaults; checked.
+
+        Raises:
+            ConfigError: an unknown keyword, or a value that breaks its rule (the message names the fix).
+        """
+        names = {f.name for f in fields(cls)} - {"failure_grace", "warm_idle", "settings"}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise ConfigError(f"tfnb.run got unknown option(s) {', '.join(unknown)}; the options are "
+                              f"{', '.join(sorted(names))}")
+        if base is not None:
+            given = {**{n: getattr(base, n) for n in names if n not in ("settings",)}, **given}
+        if "num_workers" not in given:
+            raise ConfigError("tfnb.run needs num_workers=, the number of chief + worker tasks, e.g. num_workers=2")
+        num_workers = _int("num_workers", given["num_workers"], 1, "pass num_workers=2 for two workers")
+        num_ps = _int("num_ps", given.get("num_ps", 0), 0, "num_ps=0 runs MultiWorkerMirroredStrategy")
+        if num_ps > 0 and num_workers < 2:
+            raise ConfigError(f"num_ps={num_ps} needs a chief and at least one worker; set num_workers >= 2 or num_ps=0")
+        args = given.get("args", ())
+        if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+            raise ConfigError(f"args must be a tuple of positional arguments, got {type(args).__name__}; "
+                              "write args=(value,)")
+        kwargs = given.get("kwargs") or {}
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise ConfigError(f"kwargs must be a dict of keyword arguments for train_fn, got {type(kwargs).__name__}")
+        legacy_keras = setting("legacy_keras", given.get("legacy_keras"), True, bool)
+        preimport = given.get("preimport")
+        if preimport is None:
+            preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
+        elif isinstance(preimport, str):
+            raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
+        elif not all(isinstance(m, str) for m in preimport):
+            raise ConfigError(f"preimport={preimport!r} must name modules as strings, e.g. preimport=('tensorflow',)")
+        if given.get("data") is not None and num_ps > 0:
+            raise ConfigError(
+                f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
+                "stage files per worker (tfnb.stage) and build the dataset in train_fn, or set num_ps=0")
+        storage_options = given.get("storage_options")
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ConfigError(f"storage_options must be a dict (key, secret, endpoint_url, ...), got "
+                              f"{type(storage_options).__name__}")
+        grace = setting("failure_grace", None, 3.0, float)
+        if grace < 0:
+            raise ConfigError(f"TFNB_FAILURE_GRACE={grace} must be >= 0 seconds")
+        from ..monitor.profiling import check_profile_steps
+        from ..monitor.tracking import check_option
+
+        check_option(given.get("mlflow"))  # a bad value or a missing MLflow fails here, before Spark starts
+        env = given.get("env")
+        return cls(
+            num_workers=num_workers, args=tuple(args), kwargs=dict(kwargs), num_ps=num_ps, spark=given.get("spark"),
+            use_gpu=given.get("use_gpu"), timeout=_seconds("timeout", setting("timeout", given.get("timeout"), None, float)),
+            model_dir=given.get("model_dir"), log_dir=given.get("log_dir"), storage_options=storage_options,
+            data=given.get("data"),
+            max_attempts=_int("max_attempts", setting("max_attempts", given.get("max_attempts"), 2, int), 1,
+                              "1 = never relaunch"),
+            stall_timeout=_stall_timeout(given.get("stall_timeout", "auto")),
+            env=env if isinstance(env, tuple) else _check_env(env, legacy_keras), legacy_keras=legacy_keras,
+            preimport=tuple(preimport), warm=setting("warm", given.get("warm"), True, bool),
+            display=given.get("display"), profile_steps=check_profile_steps(given.get("profile_steps"), given.get("log_dir")),
+            mlflow=given.get("mlflow"), failure_grace=grace, warm_idle=setting("warm_idle", None, 600.0, float),
+            settings=driver_settings())
+
+    @property
+    def num_tasks(self) -> int:
+        return self.num_workers + self.num_ps
+
+    def but(self, **changes: Any) -> "RunOptions":
+        """A copy with ``changes`` (already resolved values)."""
+        return replace(self, **changes)

@@ -1,0 +1,314 @@
+"""The launcher's Spark glue: the session, what the cluster can host, where tasks reach the driver, job tags.
+
+Everything here asks Spark (or the driver's machine) a question before or around a launch and refuses
+what could never run, with the fix: a stopped session, dynamic allocation, too few task slots, GPUs
+the cluster cannot give, a driver-local folder executors cannot see, a launch from inside a task.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from typing import Sequence
+
+from .._config import setting
+from .._deps import _version, require
+from ..errors import ClusterError, ConfigError
+
+log = logging.getLogger(__name__)
+
+def _is_connect(spark) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _refuse_in_task(verb: str) -> None:
+    """Stop a driver verb at once inside train_fn or any Spark task, where it would start a second Spark.
+
+    Raises:
+        ConfigError: this process is a train_fn process (TFNB_RUN_ID, which tfnb sets in each) or runs
+            a Spark task (pyspark's TaskContext).
+    """
+    run_id = os.environ.get("TFNB_RUN_ID")
+    pyspark = sys.modules.get("pyspark")  # a Spark task has imported it; the check imports nothing
+    task = getattr(pyspark, "TaskContext", None)
+    task = task.get() if task is not None else None
+    if run_id is None and task is None:
+        return
+    if run_id is not None:
+        where, fix = (f"inside train_fn (a train_fn process of run {run_id})",
+                      "train_fn already runs on every worker: train there, and call tfnb.run once from the notebook")
+    else:
+        where, fix = (f"inside a Spark task (stage {task.stageId()}, partition {task.partitionId()}) on an executor",
+                      "call it from the notebook, not from a UDF or a mapInArrow/mapPartitions/foreach function")
+    raise ConfigError(f"{verb} was called {where}, but it runs on the Spark driver only; {fix}")
+
+
+def get_spark(spark=None, num_slots: int = 2):
+    """The session to run on: ``spark``, else the active one, else a new embedded ``local[N]`` session.
+
+    For a new local session PYSPARK_PYTHON is set to this interpreter, so Spark's Python workers
+    import the same packages as the notebook.
+    """
+    from .._deps import require_spark
+
+    _refuse_in_task("tfnb's launcher")
+
+    require_spark(spark)  # Spark >= 3.5, or one error naming the floor and the fix
+    if spark is not None:
+        return spark
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    cores = max(num_slots, os.cpu_count() or 1)
+    return (SparkSession.builder.master(f"local[{cores}]").appName("tfnb")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate())
+
+
+def _check_session(spark) -> None:
+    """Refuse what is not a live SparkSession before anything calls into it (Py4J/AttributeError walls)."""
+    if not (hasattr(type(spark), "conf") and callable(getattr(spark, "range", None))
+            and callable(getattr(spark, "interruptTag", None))):
+        hint = ("pass the SparkSession (spark), not its SparkContext" if type(spark).__name__ == "SparkContext"
+                else "pass a SparkSession (classic or Spark Connect), or leave spark= out to use the active one")
+        raise ConfigError(f"spark={repr(spark)[:80]} ({type(spark).__name__}) is not a SparkSession; {hint}")
+    if _is_connect(spark):
+        stopped = bool(getattr(spark, "is_stopped", False))
+    else:
+        jsc = getattr(getattr(spark, "_sc", None), "_jsc", None)
+        try:
+            stopped = jsc is None or jsc.sc().isStopped()
+        except Exception:  # noqa: BLE001 - a dead JVM gateway: as stopped as it gets
+            stopped = True
+    if stopped:
+        raise ConfigError("spark= is a stopped SparkSession (spark.stop() was called, or its SparkContext "
+                          "ended); start a new one with SparkSession.builder.getOrCreate() and pass that, "
+                          "or leave spark= out")
+
+
+def _conf(spark, key: str, default: str | None = None) -> str | None:
+    try:
+        return spark.conf.get(key, default)
+    except Exception:  # noqa: BLE001 - Connect raises its own types for unknown keys
+        return default
+
+
+def _local_slots(master: str) -> int | None:
+    """Task slots implied by a local master string, None for cluster masters."""
+    if master == "local":
+        return 1
+    m = re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", master)
+    if m:
+        return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))
+    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    return None
+
+
+def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
+    """(task slots Spark can run at once, master) — what a barrier stage needs to fit in."""
+    master = _conf(spark, "spark.master", "") or ""
+    local = _local_slots(master)
+    if _is_connect(spark):
+        # No SparkContext to ask; a local master string still says how many slots there are.
+        cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
+        return (local // cpus if local is not None else None), master
+    jsc = spark.sparkContext._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    slots = jsc.maxNumConcurrentTasks(profile)
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        return slots, master
+    # Executors register a little after the session starts; give them a moment before judging.
+    deadline = time.monotonic() + wait
+    # wait for what the run needs, or (local-cluster) for every executor the master string promises
+    target = needed if local is None else min(needed, local)
+    while slots < target and time.monotonic() < deadline:
+        time.sleep(0.25)
+        slots = jsc.maxNumConcurrentTasks(profile)
+    return slots, master
+
+
+def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None) -> None:
+    """Fail fast when Spark could never schedule a barrier stage of ``needed`` tasks.
+
+    Raises:
+        ConfigError: ``spark`` is not a live SparkSession.
+        ClusterError: dynamic allocation is on, the cluster has fewer task slots than needed, or
+            GPUs are asked for (``use_gpu=True`` or spark.task.resource.gpu.amount) that it cannot give.
+    """
+    _check_session(spark)
+    gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
+    if use_gpu and gpu_per_task <= 0:
+        # Spark hands GPUs only to tasks that ask for them; without this conf every task would fail after launch.
+        raise ClusterError(
+            f"use_gpu=True but spark.task.resource.gpu.amount is {gpu_per_task:g} on this session, so Spark "
+            "assigns the tasks no GPU; start the cluster with spark.task.resource.gpu.amount=1 and "
+            "spark.executor.resource.gpu.amount (plus a GPU discovery script), or pass use_gpu=None to run "
+            "on whatever the tasks get")
+    if (_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
+        raise ClusterError(
+            "Spark barrier mode does not run with dynamic allocation; start the cluster with "
+            "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)"
+        )
+    master = _conf(spark, "spark.master", "") or ""
+    # Local tasks get the driver's GPUs; a cluster's, the executors' (a Connect client may not see that conf).
+    owner = "driver" if re.fullmatch(r"local(\[.*\])?", master) else "executor"
+    have = _conf(spark, f"spark.{owner}.resource.gpu.amount")
+    if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not _is_connect(spark)):
+        raise ClusterError(
+            f"spark.task.resource.gpu.amount={gpu_per_task:g} but spark.{owner}.resource.gpu.amount is "
+            f"{have or 'unset'} on {master}, so no task could ever be given its GPU; unset "
+            f"spark.task.resource.gpu.amount, or give the {owner} GPUs (spark.{owner}.resource.gpu.amount and "
+            f"spark.{owner}.resource.gpu.discoveryScript)")
+    # Seconds to let executors register on a cluster master before judging the slot count.
+    wait = setting("slot_wait", wait, 30.0, float)
+    slots, master = _cluster_slots(spark, needed, wait)
+    if slots is not None and slots < needed:
+        raise ClusterError(
+            f"the run needs {needed} task slots (num_workers + num_ps) but the cluster ({master}) has "
+            f"{slots}; lower num_workers/num_ps or add executors/cores (spark.executor.instances, "
+            f"spark.executor.cores; spark.task.cpus={_conf(spark, 'spark.task.cpus', '1')})"
+        )
+
+
+_SHARED_ROOTS = ("/dbfs", "/Volumes", "/Workspace")  # Databricks: FUSE views of shared storage on every node
+_SHARED_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+                        "9p", "virtiofs", "fuse"})  # and every fuse.* (sshfs, s3fs, gcsfuse...)
+
+
+def _under(path: str, prefix: str) -> bool:
+    prefix = prefix.rstrip("/")
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def _mount_type(path: str, table: str = "/proc/mounts") -> str:
+    """The filesystem type of the mount holding ``path`` (the longest mount point in ``table``), "" unknown."""
+    best, kind = "", ""
+    try:
+        with open(table) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
+                if _under(path, point) and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def is_shared_path(path, shared_prefixes: Sequence[str] = ()) -> bool:
+    """Whether every host of a cluster sees ``path`` as the driver does.
+
+    Shared: URLs (``s3://``, ``gs://``, ``dbfs:/``...), ``/dbfs``, ``/Volumes``, ``/Workspace``, paths on a
+    network or FUSE mount (per the driver's /proc/mounts), and paths under ``shared_prefixes``.
+    """
+    from ..storage import normalize
+
+    text = normalize(path)
+    if "://" in text:
+        return True
+    real = os.path.realpath(text)
+    if any(_under(p, root) for p in (text, real) for root in (*_SHARED_ROOTS, *shared_prefixes)):
+        return True
+    kind = _mount_type(real)
+    return kind in _SHARED_FS or kind.startswith("fuse.")
+
+
+def check_dirs_shared(spark, **dirs) -> None:
+    """Refuse directories (``model_dir=...``) on the driver's own disk when executors run on other hosts.
+
+    Local masters pass (``local[N]``: the executor is the driver; ``local-cluster``: executors on its
+    machine), and so does a cluster whose executors all run on the driver's host. Spark Connect sessions
+    pass unchecked: a Connect client cannot ask where the executors run short of running a job.
+    TFNB_SHARED_PATHS (comma-separated prefixes) declares shared disks tfnb cannot detect.
+
+    Raises:
+        ConfigError: names the directories, the executor hosts and the fix.
+    """
+    dirs = {k: v for k, v in dirs.items() if v}
+    master = _conf(spark, "spark.master", "") or ""
+    if not dirs or _is_connect(spark) or master.startswith("local"):
+        return
+    prefixes = [p.strip() for p in setting("shared_paths", None, "", str).split(",") if p.strip()]
+    local = {k: v for k, v in dirs.items() if not is_shared_path(v, prefixes)}
+    if not local:
+        return
+    executors = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()  # the driver's own included
+    hosts = sorted({e.host() for e in executors} - {_conf(spark, "spark.driver.host"), socket.gethostname()})
+    if not hosts:
+        return
+    named = " and ".join(f"{k}={os.fspath(v)!r}" for k, v in local.items())
+    raise ConfigError(
+        f"{named} {'is' if len(local) == 1 else 'are'} on the driver's own disk, but executors run on other hosts "
+        f"({', '.join(hosts[:5])}{', ...' if len(hosts) > 5 else ''}), where train_fn would write to folders the "
+        "driver never sees; use storage every host sees: a Unity Catalog Volume "
+        "('/Volumes/<catalog>/<schema>/<volume>/...'), a dbfs:/-backed '/dbfs/...' path or an 's3://bucket/prefix' "
+        "URL (for a disk every host mounts at the same path, list its prefix in TFNB_SHARED_PATHS)")
+
+
+def _driver_host(spark) -> str:
+    """Where tasks reach the driver: loopback for local masters, else spark.driver.host."""
+    master = _conf(spark, "spark.master", "") or ""
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        return "127.0.0.1"
+    host = _conf(spark, "spark.driver.host")
+    if master.startswith("local-cluster") or host in (None, "localhost"):
+        return host or "127.0.0.1"
+    return host or socket.gethostbyname(socket.gethostname())
+
+
+def _wait_for_slots(spark, needed: int) -> None:
+    """Before a relaunch, give a lost executor's replacement time to register (Spark would otherwise
+    wait its barrier slot-check interval, 15 s by default, before even scheduling the job)."""
+    if _is_connect(spark):
+        return
+    try:
+        _cluster_slots(spark, needed, setting("slot_wait", None, 30.0, float))
+    except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
+        log.debug("slot check before relaunch failed: %s", e)
+
+
+def _has_job_tags(spark) -> bool:
+    # Job tags: every Spark Connect session, classic sessions from Spark 4.0 (3.5 raises on addTag).
+    return (type(spark).__module__.startswith("pyspark.sql.connect")
+            or _version(require("pyspark").__version__) >= (4, 0))
+
+
+@contextlib.contextmanager
+def job_tag(spark, tag: str):
+    """Tag the Spark jobs this thread starts inside the block, so :func:`interrupt_jobs` can cancel them.
+
+    Spark 3.5 classic sessions have no job tags: a job group (interrupting on cancel) stands in.
+    """
+    if _has_job_tags(spark):
+        spark.addTag(tag)
+        try:
+            yield
+        finally:
+            spark.removeTag(tag)
+        return
+    sc = spark.sparkContext
+    sc.setJobGroup(tag, tag, interruptOnCancel=True)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+
+
+def interrupt_jobs(spark, tag: str) -> None:
+    """Cancel the jobs started under :func:`job_tag` ``tag``."""
+    if _has_job_tags(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobGroup(tag)

@@ -1,0 +1,755 @@
+"""Driver-side evaluator: watch a checkpoint directory, evaluate each new checkpoint exactly once.
+
+Runs in the notebook process (a background thread, or in the foreground with :meth:`Evaluator.run`)
+while ``tfnb.run`` trains on the cluster. For every new checkpoint it restores the weights into the
+model ``model_fn()`` built, evaluates on ``dataset_fn()``, writes the metrics as TensorBoard scalars
+to ``log_dir/eval`` at the checkpoint's training step, and exports the best model so far.
+
+Checkpoints are the TensorFlow ones tf-keras 2.21 writes directly inside ``checkpoint_dir``: a
+prefix ``NAME`` with ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files, as written by
+``tf.keras.callbacks.ModelCheckpoint(model_dir + "/ckpt-{epoch}", save_weights_only=True)`` (restored
+with ``model.load_weights``) or ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model, ...),
+model_dir)`` (variables under ``model/``: restored with ``tf.train.Checkpoint(model=model)``).
+Subdirectories (``backup/``, ``workertemp_*``, TensorFlow's ``*_temp``) and other files are ignored.
+A checkpoint is *complete* when its ``.index`` (TensorFlow writes it last) and every data shard exist.
+One that fails to load is retried while its files change (a copy in progress), and skipped as corrupt
+after ``max_retries`` failures with unchanged files. Each version is evaluated once: a checkpoint
+rewritten under the same name (a fixed ``filepath``, ``save_best_only=True``) is evaluated again.
+
+Steps: ``step="epoch"`` (default) is the number in the checkpoint's name minus one: the 0-based epoch
+of Keras' TensorBoard callback, so ``eval`` lines up with ``train`` and ``validation`` for
+``ckpt-{epoch}`` files. ``step="name"`` uses the number as is; ``step="iterations"`` reads the training
+step saved in the checkpoint (a ``step`` variable, else the optimizer's iterations). Scalars are named
+``tag_prefix + metric`` (default ``epoch_loss``, ``epoch_accuracy``, as the Keras callback names them).
+
+Training is over when ``model_dir/tfnb_status.json`` (written by ``tfnb.run``) says succeeded, failed
+or cancelled; the evaluator then evaluates what is left and stops. A final status left by an earlier
+run counts too: start the evaluator on a fresh ``model_dir`` or after ``tfnb.run`` has marked the new
+run running. ``dataset_fn`` must give finite data.
+
+Example:
+    >>> ev = tfnb.Evaluator(build_model, val_dataset, "/dbfs/runs/1/model", "/tmp/tb/run1")
+    >>> ev.start()
+    >>> tfnb.run(train_fn, num_workers=2, model_dir="/dbfs/runs/1/model")
+    >>> ev.join(); ev.history_frame()
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from .._config import setting
+from .._status import FINAL_STATES, read_status
+from ..storage import open_store
+from ..errors import ConfigError, EvaluatorError, StorageError
+from .sync import EventSync, location, positive
+from .tracking import EvalTracker, check_option
+
+log = logging.getLogger(__name__)
+
+STEP_RULES = ("epoch", "name", "iterations")
+EXPORT_FORMATS = ("savedmodel", "keras")
+_SHARD_RE = re.compile(r"^(?P<prefix>.+)\.data-(?P<i>\d{5})-of-(?P<n>\d{5})$")
+_MISMATCH_RE = re.compile(r"incompatible|not bound|shape|unmatched|does not match", re.I)
+_STATUS_ATTEMPTS = 5   # polls in a row that fail to read the status file before the evaluator stops
+_STEP_KEYS = ("step/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE",
+              "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE", "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluated checkpoint.
+
+    Attributes:
+        step: training step/epoch the metrics were written at (see ``step=``).
+        checkpoint: the checkpoint prefix (path or URL, without ``.index``).
+        metrics: metric name -> value, as ``model.evaluate(return_dict=True)`` names them.
+        seconds: time spent restoring and evaluating.
+        started_at: wall-clock time (``time.time()``) the evaluation started.
+        found_at: wall-clock time the evaluator first saw the checkpoint complete.
+        best: True when this checkpoint was the best so far (and was exported).
+    """
+
+    step: int
+    checkpoint: str
+    metrics: Mapping[str, float]
+    seconds: float
+    started_at: float
+    found_at: float
+    best: bool = False
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    """A checkpoint the evaluator gave up on (corrupt, deleted, incomplete at the end of training)."""
+
+    checkpoint: str
+    reason: str
+    at: float
+
+
+@dataclass
+class _Candidate:
+    name: str                      # prefix relative to checkpoint_dir, e.g. "ckpt-3"
+    number: int | None
+    files: tuple[str, ...] = ()    # index + shards, relative
+    complete: bool = False
+    fingerprint: tuple = ()
+    found_at: float | None = None
+    failures: int = 0              # failed loads since the files last changed
+    unchanged_polls: int = 0
+    mtime: float = 0.0
+
+
+class _Fatal(Exception):
+    """Ends the loop: user code (model_fn, dataset_fn, evaluate) or configuration is broken."""
+
+
+@contextlib.contextmanager
+def _fatal_on_error(what: str, fix: str = ""):
+    """A failure of the user code inside becomes a _Fatal: ``what: Type: message`` and the fix."""
+    try:
+        yield
+    except Exception as e:
+        raise _Fatal(f"{what}: {type(e).__name__}: {e}{fix}") from e
+
+
+class Evaluator:
+    """Evaluates every new checkpoint in ``checkpoint_dir`` and logs the metrics for TensorBoard.
+
+    Args:
+        model_fn: ``model_fn()`` -> a tf-keras model with the training architecture; compiled with the
+            loss/metrics to evaluate, or pass ``metrics=``. Called once, in the evaluator's thread.
+        dataset_fn: ``dataset_fn()`` -> the validation data: a ``tf.data.Dataset`` of (x, y) batches,
+            or an ``(x, y)`` tuple of arrays. Called once; the dataset is re-iterated per checkpoint.
+        checkpoint_dir: where training writes checkpoints (local path, ``/dbfs/...``, ``s3://...``, URL).
+        log_dir: TensorBoard directory; scalars go to ``log_dir/eval`` (local path or URL).
+        metrics: Keras metrics (names or objects) to compile the model with, keeping its loss;
+            None uses what ``model_fn`` compiled.
+        interval: seconds between polls of ``checkpoint_dir`` (default 10; env TFNB_EVAL_INTERVAL).
+        model_dir: where ``tfnb_status.json`` tells that training ended (default ``checkpoint_dir``).
+        best_metric: metric that picks the best checkpoint (default "loss"); None: no best tracking.
+        mode: "min", "max" or "auto" (min for names with "loss" or "error", else max).
+        export_dir: where the best model goes (default ``log_dir``): ``export_dir/best`` (SavedModel)
+            or ``export_dir/best.keras``, plus ``export_dir/best.json`` naming its step and metrics.
+        export_format: "savedmodel", "keras", or None to track the best without exporting.
+        step: "epoch", "name", "iterations" (see the module docstring) or ``fn(checkpoint) -> int``.
+        tag_prefix: prefix of the scalar names (default "epoch_", as Keras' TensorBoard callback).
+        timeout: seconds before it stops even if training goes on (default none; env TFNB_EVAL_TIMEOUT).
+        max_retries: failed loads of an unchanged checkpoint before it counts as corrupt (default 3).
+        storage_options: options for remote directories (see :class:`tfnb.EventSync`).
+        mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best model to
+            MLflow, in the run ``tfnb.run(mlflow=...)`` uses (see :class:`tfnb.monitor.tracking.EvalTracker`).
+
+    Raises:
+        ConfigError: a bad argument (message names the fix).
+
+    Example:
+        >>> def model_fn():
+        ...     model = build_model()   # same layers as in train_fn
+        ...     model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        ...     return model
+        >>> ev = tfnb.Evaluator(model_fn, lambda: val_ds, "/dbfs/runs/1/model", "/tmp/tb/run1",
+        ...                     best_metric="accuracy", interval=5)
+        >>> ev.start()          # background thread; training runs meanwhile
+        >>> ev.join()           # returns when training has ended and the last checkpoint is done
+        >>> ev.best.metrics, ev.history_frame()
+    """
+
+    def __init__(self, model_fn: Callable[[], Any], dataset_fn: Callable[[], Any],
+                 checkpoint_dir: str | os.PathLike, log_dir: str | os.PathLike, *,
+                 metrics: Sequence[Any] | None = None, interval: float | None = None,
+                 model_dir: str | os.PathLike | None = None, best_metric: str | None = "loss",
+                 mode: str = "auto", export_dir: str | os.PathLike | None = None,
+                 export_format: str | None = "savedmodel", step: str | Callable[[str], int] = "epoch",
+                 tag_prefix: str = "epoch_", timeout: float | None = None, max_retries: int = 3,
+                 storage_options: Mapping[str, Any] | None = None, mlflow: bool | str | None = None):
+        if not callable(model_fn):
+            raise ConfigError(f"model_fn must be a function returning a tf-keras model, got {model_fn!r}")
+        if not callable(dataset_fn):
+            raise ConfigError(f"dataset_fn must be a function returning the validation data, got {dataset_fn!r}; "
+                              f"wrap a dataset as dataset_fn=lambda: val_ds")
+        interval = setting("eval_interval", interval, 10.0, float)
+        if not positive(interval):
+            raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
+        timeout = setting("eval_timeout", timeout, None, float)
+        if timeout is not None and not positive(timeout):
+            raise ConfigError(f"timeout={timeout!r} must be seconds > 0, or None to wait for training to end")
+        if mode not in ("auto", "min", "max"):
+            raise ConfigError(f"mode={mode!r} must be 'min', 'max' or 'auto'")
+        if export_format not in EXPORT_FORMATS + (None,):
+            raise ConfigError(f"export_format={export_format!r} must be one of {EXPORT_FORMATS} or None")
+        if not (callable(step) or step in STEP_RULES):
+            raise ConfigError(f"step={step!r} must be one of {STEP_RULES} or a function(checkpoint) -> int")
+        if not isinstance(max_retries, int) or max_retries < 1:
+            raise ConfigError(f"max_retries={max_retries!r} must be an int >= 1")
+        if metrics is not None and (isinstance(metrics, (str, bytes)) or not isinstance(metrics, Sequence)):
+            raise ConfigError(f"metrics={metrics!r} must be a list, e.g. metrics=['accuracy']")
+        if best_metric is not None and not isinstance(best_metric, str):
+            raise ConfigError(f"best_metric={best_metric!r} must be a metric name such as 'loss', or None")
+        self.model_fn, self.dataset_fn = model_fn, dataset_fn
+        self.checkpoint_dir = location("checkpoint_dir", checkpoint_dir, "the model_dir given to tfnb.run")
+        self.log_dir = location("log_dir", log_dir, "the model_dir given to tfnb.run")
+        self.model_dir = os.fspath(model_dir) if model_dir is not None else self.checkpoint_dir
+        self.export_dir = os.fspath(export_dir) if export_dir is not None else self.log_dir
+        self.metrics = list(metrics) if metrics is not None else None
+        self.interval, self.timeout, self.max_retries = float(interval), timeout, max_retries
+        self.best_metric, self.export_format, self.step_rule = best_metric, export_format, step
+        self.mode = mode if mode != "auto" else (
+            "min" if best_metric and ("loss" in best_metric or "error" in best_metric) else "max")
+        self.tag_prefix = tag_prefix
+        self._options = dict(storage_options or {})
+        self._ckpt_store = open_store(self.checkpoint_dir, self._options, purpose="reading checkpoints from")
+        self._status_store = open_store(self.model_dir, self._options, purpose="reading the run status in")
+        self._status_failures = 0
+        self._mlflow = EvalTracker(mlflow, self._status_store) if check_option(mlflow) else None
+        self._history: list[EvalResult] = []
+        self._skipped: list[SkippedCheckpoint] = []
+        self._candidates: dict[str, _Candidate] = {}
+        # name -> mtime of the index of the version handled (evaluated or skipped): a checkpoint
+        # rewritten under the same name (save_best_only, a fixed filepath) is a new one
+        self._done_versions: dict[str, float] = {}
+        self._best: EvalResult | None = None
+        self._error: EvaluatorError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._model = self._data = self._writer = self._event_sync = None
+        self._tmp_logs: tempfile.TemporaryDirectory | None = None
+        self._has_loss = True
+        self.state = "new"
+
+    # ------------------------------------------------------------ public
+
+    @property
+    def history(self) -> tuple[EvalResult, ...]:
+        """Evaluated checkpoints, in evaluation order."""
+        return tuple(self._history)
+
+    @property
+    def skipped(self) -> tuple[SkippedCheckpoint, ...]:
+        """Checkpoints given up on (corrupt, deleted before evaluation, never completed)."""
+        return tuple(self._skipped)
+
+    @property
+    def best(self) -> EvalResult | None:
+        """The best result by ``best_metric`` so far (None before the first, or without best_metric)."""
+        return self._best
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that ended the loop, if any (also raised by stop/join/run)."""
+        return self._error
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def history_frame(self):
+        """History as a pandas DataFrame: one row per checkpoint, a column per metric.
+
+        Example:
+            >>> ev.history_frame()[["step", "loss", "accuracy"]]
+        """
+        import pandas as pd
+
+        rows = [{"step": r.step, **dict(r.metrics), "checkpoint": r.checkpoint, "seconds": r.seconds,
+                 "started_at": pd.Timestamp(r.started_at, unit="s"), "best": r.best} for r in self._history]
+        return pd.DataFrame(rows, columns=None if rows else ["step", "checkpoint", "seconds", "started_at", "best"])
+
+    def plot(self, training: Mapping[str, Sequence[float]] | None = None, metrics: Sequence[str] | None = None):
+        """Evaluation metrics by epoch against the training curve: a matplotlib Figure.
+
+        Args:
+            training: metric name -> one value per epoch (Keras ``History.history``, or what a
+                ``train_fn`` returning it made ``tfnb.run`` return). Default: the ``train``
+                scalars Keras' TensorBoard callback wrote under a local ``log_dir`` (needs the
+                ``tensorboard`` package), else none. Training is drawn for ``step="epoch"`` only.
+            metrics: the metrics to draw (default: every evaluated one).
+
+        Returns:
+            A ``matplotlib.figure.Figure``, one panel per metric; a notebook shows it as an image.
+
+        Raises:
+            ConfigError: matplotlib is not installed (``pip install matplotlib``).
+
+        Example:
+            >>> ev.run(); ev.plot()                      # in 04_evaluate, after training
+            >>> ev.plot(training=history, metrics=["accuracy"])
+        """
+        from .charts import INSTALL_HINT, matplotlib_missing, metrics_figure
+
+        if matplotlib_missing():
+            raise ConfigError(f"Evaluator.plot() draws with matplotlib, which is not installed: {INSTALL_HINT}")
+        by_epoch = self.step_rule == "epoch"
+        names = list(metrics) if metrics is not None else list(dict.fromkeys(
+            k for r in self._history for k in r.metrics))
+        # step="epoch" stores the 0-based epoch (Keras' TensorBoard convention); the chart counts from 1
+        evaluated = {n: [(r.step + 1 if by_epoch else r.step, float(r.metrics[n]))
+                         for r in self._history if n in r.metrics] for n in names}
+        if not by_epoch:
+            trained = {}
+        elif training is not None:
+            trained = {n: [(i + 1, float(v)) for i, v in enumerate(training.get(n) or ())] for n in names}
+        else:
+            trained = self._training_scalars()
+        return metrics_figure(evaluated, trained, unit="epoch" if by_epoch else "step",
+                              title=f"evaluation of {len(self._history)} checkpoints vs training")
+
+    def _training_scalars(self) -> dict:
+        """metric -> [(epoch, value)] from the ``train`` scalars of Keras' TensorBoard callback, if any."""
+        folder = os.path.join(self.log_dir, "train")
+        if "://" in self.log_dir or not os.path.isdir(folder):
+            return {}
+        try:
+            from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
+            from tensorboard.util.tensor_util import make_ndarray
+        except ImportError:
+            return {}
+        acc = EventAccumulator(folder, size_guidance={TENSORS: 0})
+        acc.Reload()
+        return {tag[len(self.tag_prefix):]: [(e.step + 1, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+                for tag in acc.Tags().get(TENSORS, []) if tag.startswith(self.tag_prefix)}
+
+    def start(self) -> "Evaluator":
+        """Evaluate in a background thread until training ends, ``timeout`` passes or :meth:`stop`; returns self.
+
+        Example:
+            >>> ev = tfnb.Evaluator(model_fn, dataset_fn, model_dir, log_dir).start()
+        """
+        if self.running:
+            return self
+        self._begin()
+        self._thread = threading.Thread(target=self._loop, args=(True,), name="tfnb-evaluator", daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the background evaluator to finish.
+
+        Args:
+            timeout: seconds to wait at most (None: until it ends).
+
+        Returns:
+            True when it has ended, False when ``timeout`` passed first.
+
+        Raises:
+            EvaluatorError: model_fn, dataset_fn or evaluation failed (the cause is chained).
+
+        Example:
+            >>> ev.start(); tfnb.run(train_fn, num_workers=2, model_dir=model_dir); ev.join()
+        """
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
+        self._raise_error()
+        return True
+
+    def stop(self) -> None:
+        """Stop after the evaluation in progress (if any) and wait for the thread.
+
+        Raises:
+            EvaluatorError: the loop had failed (the cause is chained).
+
+        Example:
+            >>> ev.stop(); ev.history_frame()
+        """
+        self._stop.set()
+        self.join()
+
+    def run(self, until_done: bool = True) -> tuple[EvalResult, ...]:
+        """Evaluate in the calling thread.
+
+        Args:
+            until_done: True: keep polling until training ends (or ``timeout``); False: evaluate the
+                checkpoints complete now and return.
+
+        Returns:
+            The history.
+
+        Raises:
+            EvaluatorError: model_fn, dataset_fn or evaluation failed (the cause is chained).
+
+        Example:
+            >>> tfnb.Evaluator(model_fn, dataset_fn, model_dir, log_dir).run(until_done=False)
+        """
+        if self.running:
+            raise EvaluatorError("the evaluator is running in the background; call stop() or join() instead")
+        self._begin()
+        try:
+            self._loop(until_done)
+        except KeyboardInterrupt:
+            self.state = "stopped"
+            raise
+        self._raise_error()
+        return self.history
+
+    def __repr__(self) -> str:
+        return (f"Evaluator({self.checkpoint_dir!r} -> {self.log_dir!r}, state={self.state!r}, "
+                f"evaluated={len(self._history)}, skipped={len(self._skipped)})")
+
+    # ------------------------------------------------------------ loop
+
+    def _begin(self) -> None:
+        if self.state != "new":
+            raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
+        self.state = "running"
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _loop(self, until_done: bool) -> None:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        try:
+            self._prepare()
+            while not self._stop.is_set():
+                # read the status before listing: every checkpoint written before "finished" is then seen
+                finished = until_done and self._training_finished()
+                progressed = self._poll(finished)
+                if not until_done:
+                    self.state = "finished"
+                    break
+                if finished and not self._candidates:
+                    self.state = "finished"
+                    log.info("training has ended; evaluator done (%d evaluated, %d skipped)",
+                             len(self._history), len(self._skipped))
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.state = "timed out"
+                    log.warning("evaluator stopped after timeout=%s s; %d checkpoints pending",
+                                self.timeout, len(self._candidates))
+                    break
+                if not progressed:
+                    self._stop.wait(self.interval)
+            else:
+                self.state = "stopped"
+        except _Fatal as e:
+            self._fail(e.__cause__ or e, str(e))
+        except Exception as e:  # noqa: BLE001 - kept and raised from stop()/join()/run()
+            self._fail(e, f"the evaluator failed: {type(e).__name__}: {e}")
+        finally:
+            self._close()
+
+    def _fail(self, cause: BaseException, message: str) -> None:
+        self._error = EvaluatorError(message)
+        self._error.__cause__ = cause
+        self.state = "failed"
+        log.error("%s", message, exc_info=cause)
+
+    def _training_finished(self) -> bool:
+        try:
+            status = read_status(self._status_store)
+        except StorageError as e:
+            # a blip is retried next poll; a status that stays unreadable ends the evaluator
+            self._status_failures += 1
+            if self._status_failures >= _STATUS_ATTEMPTS:
+                raise _Fatal(f"cannot read the run status in {self.model_dir} ({self._status_failures} "
+                             f"polls in a row): {e}") from e
+            log.warning("reading the run status failed (%d of %d): %s", self._status_failures, _STATUS_ATTEMPTS, e)
+            return False
+        self._status_failures = 0
+        return isinstance(status, dict) and status.get("state") in FINAL_STATES
+
+    # ------------------------------------------------------------ discovery
+
+    def _scan(self) -> None:
+        listing = self._ckpt_store.list(recursive=False)
+        now = time.time()
+        shards: dict[str, list[tuple[int, int, str]]] = {}
+        for rel in listing:
+            m = _SHARD_RE.match(rel)
+            if m:
+                shards.setdefault(m.group("prefix"), []).append((int(m.group("i")), int(m.group("n")), rel))
+        seen = set()
+        for rel, info in listing.items():
+            if not rel.endswith(".index"):
+                continue
+            name = rel[: -len(".index")]
+            seen.add(name)
+            if self._done_versions.get(name) == info.mtime:
+                continue
+            cand = self._candidates.setdefault(name, _Candidate(name, _number(name)))
+            parts = shards.get(name, [])
+            count = parts[0][1] if parts else 0
+            have = {i for i, n, _ in parts if n == count}
+            files = (rel,) + tuple(sorted(r for _, _, r in parts))
+            fingerprint = tuple((f, listing[f].size, listing[f].mtime) for f in files)
+            if fingerprint == cand.fingerprint:
+                cand.unchanged_polls += 1
+            else:
+                # the files moved on (a write in progress): earlier load failures do not count
+                cand.unchanged_polls = cand.failures = 0
+            cand.files, cand.fingerprint, cand.mtime = files, fingerprint, info.mtime
+            cand.complete = count > 0 and have == set(range(count))
+            if cand.complete and cand.found_at is None:
+                cand.found_at = now
+        for name in list(self._candidates):
+            if name not in seen:
+                # CheckpointManager(max_to_keep=...) deleted it before we got to it
+                self._skip(self._candidates[name], "deleted before it could be evaluated")
+
+    def _poll(self, finished: bool) -> bool:
+        """Scan, then evaluate the complete checkpoints in order; True when one was dealt with."""
+        self._scan()
+        ready = []
+        for cand in list(self._candidates.values()):
+            if cand.complete:
+                ready.append(cand)
+            # a missing shard is a write in progress; after training ended it never comes
+            elif finished and cand.unchanged_polls >= self.max_retries:
+                self._skip(cand, "incomplete: data files missing after training ended")
+        progressed = False
+        for cand in sorted(ready, key=lambda c: (math.inf if c.number is None else c.number, c.mtime, c.name)):
+            if self._stop.is_set():
+                break
+            self._evaluate(cand)
+            progressed = progressed or cand.name not in self._candidates
+        return progressed
+
+    def _skip(self, cand: _Candidate, reason: str) -> None:
+        self._done_versions[cand.name] = cand.mtime
+        self._candidates.pop(cand.name, None)
+        where = self._ckpt_store.url(cand.name)
+        self._skipped.append(SkippedCheckpoint(where, reason, time.time()))
+        log.warning("skipping checkpoint %s: %s", where, reason)
+
+    # ------------------------------------------------------------ evaluation
+
+    def _prepare(self) -> None:
+        import sys
+
+        from .._deps import require
+
+        if "tensorflow" not in sys.modules:
+            # checkpoints come from tf-keras workers; Keras 3 cannot load that format into a model
+            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+        tf = require("tensorflow", "the evaluator")
+        with _fatal_on_error("model_fn() failed"):
+            model = self.model_fn()
+        if not hasattr(model, "evaluate") or not hasattr(model, "load_weights"):
+            raise _Fatal(f"model_fn() returned {type(model).__name__}, not a Keras model; "
+                         f"return the model (built with tf.keras) from model_fn")
+        if type(model).__module__.startswith("keras."):
+            raise _Fatal("model_fn() built a Keras 3 model, which cannot load the TensorFlow checkpoints "
+                         "tf-keras training writes; set os.environ['TF_USE_LEGACY_KERAS'] = '1' before the "
+                         "first 'import tensorflow' in the notebook (or build the model with tf_keras)")
+        compiled = bool(getattr(model, "_is_compiled", False)) or getattr(model, "compiled_loss", None) is not None
+        if self.metrics is not None:
+            model.compile(loss=getattr(model, "loss", None) if compiled else None, metrics=self.metrics)
+        elif not compiled:
+            raise _Fatal("model_fn() returned an uncompiled model, so there is nothing to evaluate; "
+                         "compile it in model_fn (loss and metrics) or pass metrics=['accuracy']")
+        self._has_loss = getattr(model, "loss", None) is not None
+        with _fatal_on_error("dataset_fn() failed"):
+            data = self.dataset_fn()
+        if data is None:
+            raise _Fatal("dataset_fn() returned None; return a tf.data.Dataset of (x, y) batches or an (x, y) tuple")
+        if not model.built and isinstance(data, tf.data.Dataset):
+            # build the variables now so restore errors come from the checkpoint, not from evaluate()
+            with _fatal_on_error("could not build the model on the first batch of dataset_fn()"):
+                first = next(iter(data.take(1)))
+                model(first[0] if isinstance(first, (tuple, list)) else first, training=False)
+        self._model, self._data = model, data
+        # one batch now: traces evaluate() before the first checkpoint lands (so its evaluation
+        # starts on time) and shows a model/data mismatch at start, not at the first checkpoint
+        with _fatal_on_error("model.evaluate on the first batch of dataset_fn() failed",
+                             "; check that model_fn and dataset_fn fit together"):
+            self._run_evaluate(steps=1)
+        store = open_store(self.log_dir, self._options, purpose="writing evaluation logs to")
+        if store.local:
+            eval_dir = os.path.join(store.url(), "eval")
+        else:
+            # TensorFlow cannot write to every URL (s3:// left TF in 2.6): write locally, sync out
+            self._tmp_logs = tempfile.TemporaryDirectory(prefix="tfnb-eval-logs-", ignore_cleanup_errors=True)
+            eval_dir = self._tmp_logs.name
+            self._event_sync = EventSync(eval_dir, self.log_dir.rstrip("/") + "/eval",
+                                         interval=self.interval, storage_options=self._options)
+        self._writer = tf.summary.create_file_writer(eval_dir)
+        # with no default writer this records nothing, but pays now for the summary code's first load
+        tf.summary.scalar(self.tag_prefix + "warmup", 0.0, step=0)
+
+    def _close(self) -> None:
+        if self._mlflow is not None:
+            self._mlflow.close(failed=self._error is not None)
+        if self._writer is not None:
+            _log_failure("closing the eval summary writer", self._writer.close)
+        if self._event_sync is not None:
+            _log_failure(f"final sync of eval summaries to {self.log_dir}", self._event_sync.stop)
+        if self._tmp_logs is not None:
+            self._tmp_logs.cleanup()
+
+    def _evaluate(self, cand: _Candidate) -> None:
+        import tensorflow as tf
+
+        started_at, t0 = time.time(), time.monotonic()
+        where = self._ckpt_store.url(cand.name)
+        try:
+            with self._local_copy(cand) as prefix:
+                step = self._restore(tf, prefix, cand)
+        except _Mismatch as e:
+            if not self._history:
+                raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.__cause__}; "
+                             f"make model_fn build the same layers as train_fn") from e.__cause__
+            self._skip(cand, f"does not fit the model: {e.__cause__}")
+            return
+        except Exception as e:  # noqa: BLE001 - half-written or corrupt: decided below
+            self._load_failed(cand, e)
+            return
+        with _fatal_on_error(f"model.evaluate failed on checkpoint {where}"):
+            raw = self._run_evaluate()
+        metrics = {k: float(v) for k, v in raw.items()
+                   if _is_scalar(v) and (k != "loss" or self._has_loss)}
+        seconds = time.monotonic() - t0
+        is_best = self._is_best(metrics, where)
+        result = EvalResult(step, where, metrics, seconds, started_at, cand.found_at or started_at, is_best)
+        self._write_summaries(tf, result)
+        self._done_versions[cand.name] = cand.mtime
+        self._candidates.pop(cand.name, None)
+        self._history.append(result)
+        if self._mlflow is not None:
+            self._mlflow.log(result)
+        log.info("evaluated %s (step %d) in %.1f s: %s", where, step, seconds,
+                 " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if is_best:
+            self._best = result
+            if self.export_format:  # a failed export must not end evaluation
+                _log_failure(f"exporting the best model (step {step}) to {self.export_dir}", self._export, result)
+
+    @contextlib.contextmanager
+    def _local_copy(self, cand: _Candidate):
+        """The checkpoint's prefix on a local disk: TensorFlow cannot read every URL."""
+        if self._ckpt_store.local:
+            yield self._ckpt_store.url(cand.name)
+            return
+        with tempfile.TemporaryDirectory(prefix="tfnb-eval-ckpt-", ignore_cleanup_errors=True) as tmp:
+            for rel in cand.files:
+                self._ckpt_store.get(rel, os.path.join(tmp, rel))
+            yield os.path.join(tmp, cand.name)
+
+    def _run_evaluate(self, steps: int | None = None) -> dict:
+        data = self._data
+        args = data if isinstance(data, tuple) and len(data) in (2, 3) else (data,)
+        return self._model.evaluate(*args, steps=steps, return_dict=True, verbose=0)
+
+    def _restore(self, tf, prefix: str, cand: _Candidate) -> int:
+        reader = tf.train.load_checkpoint(prefix)
+        keys = reader.get_variable_to_shape_map()
+        try:
+            if any(k.startswith("model/") for k in keys):
+                status = tf.train.Checkpoint(model=self._model).restore(prefix)
+            else:
+                status = self._model.load_weights(prefix)
+            status.expect_partial()  # optimizer slots are in the checkpoint, not in an evaluation model
+            status.assert_existing_objects_matched()
+        except (AssertionError, ValueError) as e:
+            if _MISMATCH_RE.search(str(e)):
+                raise _Mismatch() from e
+            raise
+        return self._step(reader, keys, cand)
+
+    def _step(self, reader, keys, cand: _Candidate) -> int:
+        rule = self.step_rule
+        if callable(rule):
+            return int(rule(self._ckpt_store.url(cand.name)))
+        if rule in ("epoch", "name") and cand.number is not None:
+            return cand.number - 1 if rule == "epoch" else cand.number
+        for key in _STEP_KEYS + tuple(k for k in keys if k.endswith("/_iterations/.ATTRIBUTES/VARIABLE_VALUE")):
+            if key in keys:
+                return int(reader.get_tensor(key))
+        return len(self._history)
+
+    def _load_failed(self, cand: _Candidate, e: Exception) -> None:
+        text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        cand.failures += 1
+        if _is_gone(e) and not self._ckpt_store.list(recursive=False).get(cand.name + ".index"):
+            self._skip(cand, "deleted before it could be evaluated")
+        elif cand.failures >= self.max_retries:
+            self._skip(cand, f"corrupt: failed to load {cand.failures} times with unchanged files ({text})")
+        else:
+            log.info("checkpoint %s not loadable yet (attempt %d; retrying next poll): %s",
+                     self._ckpt_store.url(cand.name), cand.failures, text)
+
+    def _is_best(self, metrics: Mapping[str, float], where: str) -> bool:
+        if self.best_metric is None:
+            return False
+        if self.best_metric not in metrics:
+            raise _Fatal(f"best_metric={self.best_metric!r} is not among the metrics model.evaluate returned "
+                         f"({', '.join(metrics) or 'none'}) for {where}; pass one of those or best_metric=None")
+        value = metrics[self.best_metric]
+        if math.isnan(value):
+            return False
+        if self._best is None:
+            return True
+        old = self._best.metrics[self.best_metric]
+        return value < old if self.mode == "min" else value > old
+
+    def _write_summaries(self, tf, result: EvalResult) -> None:
+        with self._writer.as_default():
+            for name, value in result.metrics.items():
+                tf.summary.scalar(self.tag_prefix + name, value, step=result.step)
+        self._writer.flush()
+        if self._event_sync is not None:
+            self._event_sync.flush()
+
+    def _export(self, result: EvalResult) -> None:
+        store = open_store(self.export_dir, self._options, purpose="exporting the best model to")
+        info = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "metrics": dict(result.metrics),
+                           "best_metric": self.best_metric, "mode": self.mode, "format": self.export_format,
+                           "time": time.time()}, indent=1).encode()
+        name = "best.keras" if self.export_format == "keras" else "best"
+        with tempfile.TemporaryDirectory(prefix="tfnb-eval-export-", ignore_cleanup_errors=True) as tmp:
+            local = os.path.join(tmp, name)
+            if self.export_format == "keras":
+                # "keras_v3" by name: tf-keras keeps its .keras switch in a thread-local that is only
+                # on in the importing thread, so from this thread a plain .keras path would write HDF5
+                self._model.save(local, save_format="keras_v3")
+                store.put(name, local)
+            else:
+                self._model.save(local, save_format="tf", include_optimizer=False)
+                store.put_dir(name, local)
+            # written last: once best.json names a step, that step's model is in place
+            store.write("best.json", info)
+            if self._mlflow is not None:
+                self._mlflow.log_best_model(local)
+        log.info("exported the best model (step %d, %s=%.4g) to %s", result.step, self.best_metric,
+                 result.metrics[self.best_metric], store.url(name))
+
+
+class _Mismatch(Exception):
+    """The checkpoint's variables do not fit the model (raised from the restore's own error)."""
+
+
+def _number(name: str) -> int | None:
+    found = re.findall(r"\d+", os.path.basename(name))
+    return int(found[-1]) if found else None
+
+
+def _log_failure(what: str, fn: Callable, *args) -> None:
+    """``fn(*args)``, with a failure logged instead of raised."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001
+        log.exception("%s failed", what)
+
+
+def _is_scalar(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_gone(e: Exception) -> bool:
+    return isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError" or "No such file" in str(e)

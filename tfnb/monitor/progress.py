@@ -1,0 +1,624 @@
+"""What a run's events mean on the driver, and the console display.
+
+``tfnb.run`` hands every :class:`tfnb.RunEvent` to a *display*: any callable taking a
+RunEvent, with an optional ``close()`` called once when the run ends (see :class:`Display`). This
+module is core: it never imports the notebook layer. It holds
+
+* :class:`RunProgress` (one :class:`WorkerProgress` per task): the plain-data state of a run that
+  every display renders and tests inspect; above :data:`SUMMARY_ABOVE` tasks its summary (counts by
+  state, slowest/fastest task, stragglers, total examples/s) replaces the per-task view;
+* :class:`ConsoleDisplay`: prefixed log lines plus a tqdm status line on a terminal, or a plain
+  progress line at a modest rate when output goes to a file or CI log;
+* :func:`make_display`: the display ``tfnb.run`` uses. Display modes are a registry:
+  ``console`` and ``none`` are built in; ``tfnb.notebook`` registers ``widget`` when it is imported
+  (``import tfnb`` does that inside an IPython kernel), and ``auto`` picks the widget in a notebook.
+
+The numbers come from ``ctx.report(...)`` or the Keras callback of :mod:`tfnb._task.callbacks`
+(``ctx.progress_callback()``), which run in the train_fn processes and reach the driver over the
+run's authenticated channel.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from .. import _protocol as events
+from .._config import setting
+from .._protocol import RunEvent
+from .._protocol import number as _number
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DISPLAY_MODES = ("auto", "widget", "console", "none")
+
+# Progress fields with a column of their own; every other number is shown as a metric.
+_CORE_FIELDS = frozenset({"epoch", "epochs", "step", "steps", "global_step", "steps_per_sec",
+                          "examples_per_sec", "batch_size", "epoch_end", "loss", "time"})
+_ROLE_ORDER = {"chief": 0, "worker": 1, "ps": 2, "evaluator": 3}
+_MAX_LINE = 2000  # characters of one log line kept for display; a runaway line should not flood the page
+SUMMARY_ABOVE = 16  # tasks; more than this and displays show a summary with the rows paged or left out
+CHART_TASKS = 16    # tasks with a curve (chief and workers 1..15): more lines than that read as noise
+CHART_POINTS = 512  # points kept per curve; past that every other one goes, so a long fit keeps its shape
+STATES = ("pending", "starting", "training", "serving", "stalled", "done", "stopped", "failed")
+
+
+class Display(Protocol):
+    """What ``tfnb.run(display=...)`` accepts: called with every RunEvent on the driver's main thread.
+
+    A display may also have ``batch(events)``: the driver then hands it the events of one pass over
+    its inbox (up to thousands at scale) in one call instead of one call each, so it can fold them
+    and redraw once. And ``close()``, called once when the run ends (also on failure or Ctrl-C).
+    """
+
+    def __call__(self, event: RunEvent) -> None: ...
+
+
+def show(display: Display, batch: list) -> None:
+    """Hand ``batch`` (RunEvents, in order) to ``display``: one ``batch()`` call when it has one."""
+    if not batch:
+        return
+    handle = getattr(display, "batch", None)
+    if handle is not None:
+        handle(batch)
+    else:
+        for event in batch:
+            display(event)
+
+
+# ---------------------------------------------------------------- plain-data model
+
+
+@dataclass
+class WorkerProgress:
+    """What the display knows about one task of the current attempt.
+
+    Attributes:
+        job_name: ``"chief"``, ``"worker"`` or ``"ps"``.
+        task_index: the task's index (the worker's rank).
+        state: ``pending`` (no word yet), ``starting``, ``training``, ``serving``, ``stalled`` (alive
+            but silent too long), ``done``, ``stopped`` or ``failed``.
+        history: the states this task went through in this attempt, in order.
+        epoch: the epoch being trained (1-based), as last reported.
+        epochs: epochs the fit will run, when reported.
+        step: batches done in the current epoch.
+        steps: batches per epoch, when reported.
+        loss: latest loss.
+        examples_per_sec: latest throughput of this task, when the batch size is known.
+        steps_per_sec: latest batches per second of this task.
+        metrics: other numbers reported (accuracy, val_loss, ...).
+        error: ``"ExcType: message"`` when the task failed.
+        live: the task's current carriage-return line (a Keras ``verbose=1`` bar), as a terminal
+            would show it; None when its last such line has ended.
+    """
+
+    job_name: str
+    task_index: int
+    state: str = "pending"
+    history: list = field(default_factory=list)
+    epoch: int | None = None
+    epochs: int | None = None
+    step: int | None = None
+    steps: int | None = None
+    loss: float | None = None
+    examples_per_sec: float | None = None
+    steps_per_sec: float | None = None
+    metrics: dict = field(default_factory=dict)
+    error: str | None = None
+    live: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.job_name} {self.task_index}"
+
+    @property
+    def progress(self) -> float | None:
+        """Batches done over the whole fit (for a bar), or None before any step was reported."""
+        if self.step is None:
+            return None
+        if self.steps and self.epoch:
+            return (self.epoch - 1) * self.steps + self.step
+        return float(self.step)
+
+    @property
+    def total(self) -> float | None:
+        return self.epochs * self.steps if self.epochs and self.steps else None
+
+
+def _sort_key(key: tuple) -> tuple:
+    return (_ROLE_ORDER.get(key[0], 9), key[0], key[1])
+
+
+def _int(value: Any) -> int | None:
+    n = _number(value)
+    return int(n) if n is not None else None
+
+
+@dataclass
+class RunProgress:
+    """The state of a run as its events describe it; displays render this.
+
+    Attributes:
+        workers: ``(job_name, task_index) -> WorkerProgress``, pre-filled from the run's shape.
+        attempt: the current launch (1 first, 2.. after a relaunch).
+        max_attempts: launches tfnb will make at most, when known.
+        outcome: None while running, then ``"succeeded"`` or ``"failed"``; ``"stopped"`` when the
+            run ended without either (interrupted, timed out).
+        relaunch_reason: why the last relaunch happened.
+        log_file: where the driver keeps every line of the run (announced when the run starts).
+        logs: the latest log lines, ``"[worker 1] text"``.
+        curves: ``(job_name, task_index) -> [(x, {"loss": .., "accuracy": ..}), ...]`` for the first
+            :data:`CHART_TASKS` chief/worker tasks, across relaunches; x is the fractional epoch
+            when steps per epoch are known (``chart_unit == "epoch"``), else the step.
+        chart_version: bumped whenever a curve gets a point (charts redraw only then).
+    """
+
+    workers: dict = field(default_factory=dict)
+    attempt: int = 1
+    max_attempts: int | None = None
+    outcome: str | None = None
+    relaunch_reason: str | None = None
+    log_file: str | None = None
+    logs: deque = field(default_factory=lambda: deque(maxlen=100))
+    started: float | None = None  # time of the first event
+    finished: float | None = None
+    shape: tuple = field(default=(None, 0), repr=False)  # (num_workers, num_ps): the rows to pre-fill
+    curves: dict = field(default_factory=dict, repr=False)
+    chart_unit: str = "epoch"
+    chart_version: int = 0
+    _live: set = field(default_factory=set, repr=False)  # keys of the tasks showing a carriage-return line
+
+    @classmethod
+    def for_run(cls, num_workers: int | None = None, num_ps: int = 0, *, max_attempts: int | None = None,
+                log_lines: int = 100) -> "RunProgress":
+        run = cls(max_attempts=max_attempts, logs=deque(maxlen=log_lines))
+        run._prefill(num_workers, num_ps)
+        return run
+
+    def _prefill(self, num_workers: int | None, num_ps: int) -> None:
+        self.shape = (num_workers, num_ps)
+        for rank in range(num_workers or 0):
+            key = ("chief", 0) if rank == 0 else ("worker", rank)
+            self.workers[key] = WorkerProgress(*key)
+        for i in range(num_ps if num_workers else 0):
+            self.workers[("ps", i)] = WorkerProgress("ps", i)
+
+    def rows(self) -> list[WorkerProgress]:
+        return [self.workers[k] for k in sorted(self.workers, key=_sort_key)]
+
+    def worker(self, job_name: str, task_index: int) -> WorkerProgress:
+        key = (job_name, task_index)
+        if key not in self.workers:
+            self.workers[key] = WorkerProgress(job_name, task_index)
+        return self.workers[key]
+
+    def count(self, state: str) -> int:
+        return sum(1 for w in self.workers.values() if w.state == state)
+
+    def counts(self) -> dict:
+        """``state -> number of tasks`` in it."""
+        out: dict = {}
+        for w in self.workers.values():
+            out[w.state] = out.get(w.state, 0) + 1
+        return out
+
+    def large(self) -> bool:
+        """True when displays should summarise rather than list every task."""
+        return len(self.workers) > SUMMARY_ABOVE
+
+    def ranked(self) -> tuple[list, list]:
+        """``(training, stragglers)``: reporting training tasks slowest first, and the ones that lag.
+
+        A straggler trains but has done at least 10% fewer batches than the median task (and at
+        least one fewer), so it holds the synchronous step of everybody else back.
+        """
+        training = sorted((w for w in self.workers.values() if w.state == "training" and w.progress is not None),
+                          key=lambda w: (w.progress, _sort_key((w.job_name, w.task_index))))
+        if len(training) < 3:
+            return training, []
+        median = training[len(training) // 2].progress
+        lag = max(0.1 * median, 1.0)
+        return training, [w for w in training if w.progress <= median - lag]
+
+    def notable(self) -> list:
+        """The tasks a large run's display shows first: failed, stalled, stragglers, then the rest."""
+        _, stragglers = self.ranked()
+        slow = {id(w): i for i, w in enumerate(stragglers)}
+        order = {"failed": 0, "stalled": 1}
+
+        def key(w):
+            first = order.get(w.state, 3 if id(w) not in slow else 2)
+            return (first, slow.get(id(w), 0), _sort_key((w.job_name, w.task_index)))
+
+        return sorted(self.workers.values(), key=key)
+
+    def summary_lines(self, names: int = 5) -> list[str]:
+        """The summary a large run shows: slowest/fastest task, stragglers (up to ``names`` named)."""
+        training, stragglers = self.ranked()
+        lines = []
+        if training:
+            rate = self.examples_per_sec()
+            total = f" · {_short(rate)} examples/s in total" if rate is not None else ""
+            fastest = max(training, key=lambda w: w.progress)  # the lowest rank among equals
+            lines.append(f"slowest {_where(training[0])} · fastest {_where(fastest)}{total}")
+        if stragglers:
+            named = ", ".join(w.label for w in stragglers[:names])
+            more = f" (+{len(stragglers) - names} more)" if len(stragglers) > names else ""
+            lines.append(f"{len(stragglers)} straggler{'s' if len(stragglers) > 1 else ''}: {named}{more}")
+        stalled = [w.label for w in self.workers.values() if w.state == "stalled"]
+        if stalled:
+            more = f" (+{len(stalled) - names} more)" if len(stalled) > names else ""
+            lines.append(f"stalled: {', '.join(stalled[:names])}{more}")
+        return lines
+
+    def examples_per_sec(self) -> float | None:
+        rates = [w.examples_per_sec for w in self.workers.values()
+                 if w.state == "training" and w.examples_per_sec is not None]
+        return sum(rates) if rates else None
+
+    def apply_batch(self, batch) -> tuple[bool, bool, set | None]:
+        """Fold events in order, as :meth:`apply` does each, for a display that redraws per batch.
+
+        A plain log line (no carriage return) of a known task changes only :attr:`logs` and, when
+        its task shows a carriage-return line, ends that line: at scale such lines are nearly all of
+        a batch, so they are gathered and only the newest that :attr:`logs` keeps are formatted.
+
+        Returns:
+            ``(changed, lines, tasks)``: whether anything visible changed, whether log lines
+            arrived, and the keys of the tasks whose row changed (None: every row, after a relaunch).
+        """
+        changed = lines = False
+        tasks: set | None = set()
+        shown: list = []  # the runs of lines, added to logs when a line comes another way, or at the end
+        for plain, event in _runs(batch, self.workers):
+            if plain is not None:
+                self._add_lines(plain, shown)
+                changed = lines = True
+                continue
+            if shown and event.kind == events.LOG:
+                self._keep(shown)
+            if not self.apply(event):
+                continue
+            changed = True
+            if event.kind == events.LOG:
+                lines = True
+            elif event.job_name == "driver":
+                if event.kind == events.ATTEMPT:
+                    tasks = None
+            elif tasks is not None:
+                tasks.add((event.job_name, event.task_index))
+        self._keep(shown)
+        return changed, lines, tasks
+
+    def _add_lines(self, plain: list, shown: list) -> None:
+        """Fold plain log lines of known tasks (see :func:`_runs`) as :meth:`apply` does each; their
+        events go to ``shown``, which :meth:`_keep` adds to :attr:`logs` before any other line."""
+        if self.started is None:
+            self.started = plain[0].time
+        if self._live:
+            for e in plain:
+                key = (e.job_name, e.task_index)
+                if key in self._live:
+                    self._live.discard(key)
+                    self.workers[key].live = None  # the bar's line ended
+        shown += plain
+
+    def _keep(self, shown: list) -> None:
+        # only the newest lines logs holds are formatted: at scale most scroll out at once
+        keep = self.logs.maxlen
+        self.logs.extend(f"[{e.job_name} {e.task_index}] {e.data['line'][:_MAX_LINE]}"
+                         for e in (shown if keep is None else shown[-keep:]))
+        shown.clear()
+
+    def apply(self, event: RunEvent) -> bool:
+        """Fold one event into the state; True when something visible changed."""
+        data = event.data or {}
+        if self.started is None:
+            self.started = event.time
+        if event.job_name == "driver":
+            return self._apply_driver(event.kind, data)
+        if event.kind == events.LOG:  # the hot path: thousands of lines a second in a large run
+            line = str(data.get("line", ""))
+            w = self.workers.get((event.job_name, event.task_index)) or self.worker(event.job_name, event.task_index)
+            if data.get("partial") or "\r" in line:
+                # carriage-return output (progress bars): one updating line per task, not a flood
+                shown = _last_segment(line)[:_MAX_LINE]
+                if data.get("partial"):
+                    w.live = shown
+                    self._live.add((event.job_name, event.task_index))
+                    return True
+                line = shown
+            w.live = None  # the bar's line ended (tasks send its final state as the line): keep it in the log
+            self._live.discard((event.job_name, event.task_index))
+            self.logs.append(f"[{event.job_name} {event.task_index}] {line[:_MAX_LINE]}")
+            return True
+        w = self.worker(event.job_name, event.task_index)
+        if event.kind == events.STATE:
+            state = str(data.get("state", ""))
+            if not state or w.state == "failed":
+                # the failure is the news; a later "stopped" from the same task would hide it
+                return False
+            w.state = state
+            w.history.append(state)
+            return True
+        if event.kind == events.FAILED:
+            w.state = "failed"
+            w.history.append("failed")
+            w.error = f"{data.get('exc_type', 'Error')}: {data.get('message', '')}".rstrip(": ")
+            return True
+        if event.kind == events.PROGRESS:
+            self._apply_progress(w, data)
+            if event.task_index < CHART_TASKS and event.job_name in ("chief", "worker"):
+                self._add_point(w, data)
+            return True
+        return False
+
+    def _add_point(self, w: WorkerProgress, data: dict) -> None:
+        values = {k: n for k, v in data.items()
+                  if (k == "loss" or k not in _CORE_FIELDS) and (n := _number(v)) is not None}
+        if not values:
+            return
+        if w.epoch is not None and w.steps:
+            x = w.epoch - 1 + (w.step or 0) / w.steps
+        elif w.epoch is not None and data.get("epoch_end"):
+            x = float(w.epoch)  # steps per epoch unknown: the epoch ends are the curve
+        elif w.epoch is None and w.step is not None:
+            x, self.chart_unit = float(w.step), "step"
+        else:
+            return
+        curve = self.curves.setdefault((w.job_name, w.task_index), [])
+        curve.append((x, values))
+        if len(curve) > CHART_POINTS:
+            del curve[1:-1:2]
+        self.chart_version += 1
+
+    def _apply_driver(self, kind: str, data: dict) -> bool:
+        if "max_attempts" in data:
+            self.max_attempts = _int(data["max_attempts"]) or self.max_attempts
+        if kind == events.ATTEMPT:
+            self.attempt = _int(data.get("attempt")) or self.attempt + 1
+            self.relaunch_reason = str(data.get("reason", "")) or None
+            self.workers.clear()
+            self._live.clear()
+            self._prefill(*self.shape)
+            return True
+        if kind == events.STATE and data.get("log_file"):
+            self.log_file = str(data["log_file"])
+            return True
+        if kind == events.STATE and data.get("state") in ("succeeded", "failed"):
+            self.outcome = str(data["state"])
+            self.attempt = _int(data.get("attempt")) or self.attempt
+            self.finished = time.time()
+            return True
+        return False
+
+    @staticmethod
+    def _apply_progress(w: WorkerProgress, data: dict) -> None:
+        for name in ("epoch", "epochs", "step", "steps"):
+            if data.get(name) is not None:
+                setattr(w, name, _int(data[name]))
+        if _number(data.get("loss")) is not None:
+            w.loss = _number(data["loss"])
+        steps_rate = _number(data.get("steps_per_sec"))
+        if steps_rate is not None:
+            w.steps_per_sec = steps_rate
+        ex_rate = _number(data.get("examples_per_sec"))
+        if ex_rate is None and steps_rate is not None and _number(data.get("batch_size")):
+            ex_rate = steps_rate * _number(data["batch_size"])
+        if ex_rate is not None:
+            w.examples_per_sec = ex_rate
+        for key, value in data.items():
+            if key not in _CORE_FIELDS and _number(value) is not None:
+                w.metrics[key] = _number(value)
+        if w.state == "pending":
+            # a report means the task trains, even if its state change was not seen
+            w.state = "training"
+            w.history.append("training")
+
+    def end(self) -> None:
+        """The run is over; without a reported outcome it was interrupted or timed out."""
+        if self.outcome is None:
+            self.outcome = "stopped"
+        if self.finished is None:
+            self.finished = time.time()
+
+    def status_text(self) -> str:
+        """One line: outcome or what is running, attempt, elapsed time, total throughput."""
+        attempt = f"attempt {self.attempt}" + (f"/{self.max_attempts}" if self.max_attempts else "")
+        now = self.finished or time.time()
+        elapsed = _duration(now - (self.started or now))
+        if self.outcome == "succeeded":
+            return f"Succeeded ({attempt}) in {elapsed}"
+        if self.outcome == "failed":
+            failed = [w for w in self.rows() if w.state == "failed"]
+            why = f": {failed[0].label} {failed[0].error}" if failed else ""
+            return f"Failed ({attempt}) after {elapsed}{why}"
+        if self.outcome == "stopped":
+            return f"Stopped ({attempt}) after {elapsed}: interrupted or timed out"
+        total = len(self.workers)
+        parts = [f"Running ({attempt}), {elapsed}"]
+        counts = self.counts()
+        for state in STATES[1:]:
+            n = counts.get(state)
+            if n:
+                parts.append(f"{n}/{total} {state}")
+        rate = self.examples_per_sec()
+        if rate is not None:
+            parts.append(f"{_short(rate)} examples/s")
+        if self.attempt > 1 and self.relaunch_reason:
+            parts.append(f"relaunched after {self.relaunch_reason}")
+        return " · ".join(parts)
+
+
+def _runs(batch, workers: dict):
+    """Split ``batch`` in order into runs of plain log lines (no carriage return, of a task in
+    ``workers``), nearly all of a large run's events, and the other events one by one: yields
+    ``(lines, None)`` or ``(None, event)``."""
+    plain, log_kind = [], events.LOG
+    for event in batch:
+        if event.kind == log_kind:
+            data = event.data
+            line = data.get("line")
+            if type(line) is str and "\r" not in line and not data.get("partial") and \
+                    (event.job_name, event.task_index) in workers:
+                plain.append(event)
+                continue
+        if plain:
+            yield plain, None
+            plain = []
+        yield None, event
+    if plain:
+        yield plain, None
+
+
+def _last_segment(line: str) -> str:
+    """What a terminal shows for a line with carriage returns: the text after the last one."""
+    parts = [p for p in line.split("\r") if p.strip()]
+    return parts[-1] if parts else ""
+
+
+def _where(w: WorkerProgress) -> str:
+    at = f"epoch {_of(w.epoch, w.epochs)} step {_of(w.step, w.steps)}" if w.epoch else f"step {_of(w.step, w.steps)}"
+    rate = f", {_short(w.examples_per_sec)} examples/s" if w.examples_per_sec is not None else ""
+    return f"{w.label} ({at}{rate})"
+
+
+def _duration(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+
+
+def _short(x: float) -> str:
+    """1234.5 -> '1.23k': throughput at a glance."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.4g}"
+
+
+def _of(value: int | None, total: int | None) -> str:
+    if value is None:
+        return ""
+    return f"{value}/{total}" if total else str(value)
+
+
+def format_metrics(data: dict) -> str:
+    """``key=value`` pairs of a progress event, numbers to 4 significant digits."""
+    parts = []
+    for key, value in data.items():
+        if key in ("time", "epoch_end"):
+            continue
+        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------- console
+
+
+class _NoDisplay:
+    """TFNB_DISPLAY=none: events are dropped (failures still raise from ``tfnb.run``)."""
+
+    def __call__(self, event: RunEvent) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- choosing a display
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter (ipykernel) or Databricks notebook kernel."""
+    ip = sys.modules.get("IPython")
+    if ip is None:
+        return False
+    shell = ip.get_ipython() if hasattr(ip, "get_ipython") else None
+    if shell is None:
+        return False
+    return any(c.__name__ in ("ZMQInteractiveShell", "DatabricksShell") for c in type(shell).__mro__)
+
+
+# mode -> factory(num_workers=, num_ps=, max_attempts=) -> display; the display layer (tfnb.notebook, which
+# ``import tfnb`` loads with the first public verb) adds "console" and "widget"
+_FACTORIES: dict = {"none": lambda num_workers, num_ps, max_attempts: _NoDisplay()}
+
+
+def register_display(mode: str, factory: Callable[..., Display]) -> None:
+    """Add (or replace) a display mode for ``TFNB_DISPLAY=mode``; how the notebook layer plugs in.
+
+    Args:
+        mode: the name users give in ``TFNB_DISPLAY``.
+        factory: called as ``factory(num_workers=, num_ps=, max_attempts=)``; returns a display.
+
+    Example:
+        >>> register_display("widget", ProgressWidget.for_run)   # done by tfnb.notebook
+    """
+    _FACTORIES[mode] = factory
+
+
+def auto_display(num_workers: int, num_ps: int = 0, *, mode: str | None = None,
+                 max_attempts: int | None = None) -> Display:
+    """The display ``tfnb.run`` uses when none is given: a live widget in notebooks, console otherwise.
+
+    Args:
+        num_workers: chief + worker tasks of the run.
+        num_ps: parameter-server tasks of the run.
+        mode: ``"auto"``, ``"widget"``, ``"console"`` or ``"none"``. Env: TFNB_DISPLAY. Default auto.
+        max_attempts: launches the run may make (shown as "attempt n/N").
+
+    Returns:
+        A callable taking each RunEvent, with a ``close()`` to call when the run ends.
+
+    Raises:
+        ConfigError: an unknown mode, or ``widget`` while the notebook layer is not loaded.
+
+    Example:
+        >>> import os
+        >>> os.environ["TFNB_DISPLAY"] = "console"     # plain output even in a notebook
+        >>> tfnb.run(train_fn, num_workers=2)
+    """
+    chosen = setting("display", mode, "auto", str).strip().lower()
+    if chosen not in DISPLAY_MODES and chosen not in _FACTORIES:
+        raise ConfigError(
+            f"display mode {chosen!r} (TFNB_DISPLAY or mode=) is not one of {', '.join(DISPLAY_MODES)}; "
+            "set TFNB_DISPLAY=widget, console or none, or unset it")
+    if chosen == "auto":
+        chosen = next(m for m in ("widget" if in_notebook() else "", "console", "none") if m in _FACTORIES)
+    factory = _FACTORIES.get(chosen)
+    if factory is None:
+        raise ConfigError(f"TFNB_DISPLAY={chosen} needs the display layer: run `import tfnb.notebook` first "
+                          "(`import tfnb` loads it with the first verb you use), or set TFNB_DISPLAY=none")
+    return factory(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
+
+
+def make_display(display: Display | bool | None, num_workers: int, num_ps: int = 0,
+                 max_attempts: int | None = None) -> Display:
+    """The display for ``tfnb.run(display=...)``: the launcher surface add-ons (tfnb.compat) use too.
+
+    Args:
+        display: a callable taking RunEvents (used as is), False for none, None/True for the
+            default (:func:`auto_display`).
+        num_workers: chief + worker tasks of the run.
+        num_ps: parameter-server tasks.
+        max_attempts: launches the run may make, when known.
+
+    Returns:
+        A display; call its ``close()`` (when it has one) once the run ends.
+
+    Example:
+        >>> sink = make_display(None, num_workers=2)
+    """
+    if display is False:
+        return _NoDisplay()
+    if callable(display):
+        return display
+    return auto_display(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)

@@ -1,0 +1,439 @@
+"""Incremental TensorBoard event-file sync between a local directory and persistent storage.
+
+One class, :class:`EventSync`, used at both ends of a run: on the chief, inside ``train_fn``, from
+the task's local ``log_dir`` to persistent storage (``/dbfs``, ``/Volumes``, ``s3://``, any fsspec URL
+or a plain path); on the driver, from persistent storage to a local directory TensorBoard reads. Both
+ends go through tfnb's storage layer, with the options of the README's "Storage URLs and options".
+
+Event files are append-only TFRecord streams (each record: 8-byte little-endian length, 4-byte
+masked CRC-32C of the length, the data, 4-byte masked CRC-32C of the data). The sync remembers,
+per file, how many bytes it has delivered, and each pass ships only the new bytes, cut at the last
+complete record, so a destination never holds a torn record written by the sync. Every byte
+produced is sent once, in one of two ways:
+
+``append`` (local disks, NFS): a file's first bytes go to a hidden temporary name (without
+    "tfevents", so TensorBoard never lists it), renamed into place; later records are appended.
+    (A reader racing an append can meet its record half there; TensorBoard's loader treats that as
+    a truncated record and resumes from it on its next reload: event_file_loader.py.)
+``parts`` (object stores, and the ``/dbfs`` and ``/Volumes`` FUSE mounts, which cannot append in
+    place): each pass uploads a file's new records as one new object ``<file>.part-NNNNNN`` (six or
+    more digits, from 1), itself a valid event file; no re-upload of a growing file (the quadratic
+    cost of tensorboard#5655). Reading a store with parts, :class:`EventSync` concatenates them in
+    order back into ``<file>``, so the driver side restores the original files byte for byte. The
+    price: up to one object per file per pass with new data (360 an hour at interval=10).
+
+A sync resumes where an earlier one stopped: its first pass measures what the destination already
+holds. One destination should have one writing sync at a time. Other files (plugin assets,
+profiles) are copied whole, through a temporary name, once they change and have been quiet for a
+second. ``stop()`` (and leaving the ``with`` block, also on an exception) runs a final pass.
+
+Example:
+    >>> with tfnb.EventSync("/local_disk0/tb", "s3://bucket/run1/logs", interval=10):
+    ...     model.fit(ds, epochs=5, callbacks=[tf.keras.callbacks.TensorBoard("/local_disk0/tb")])
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import posixpath
+import re
+import struct
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .._config import setting
+from ..storage import PART, Entry, Store, open_store
+from ..errors import ConfigError, StorageError, TfnbError, summary
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "append", "parts")
+TMP_MARK = PART                  # temporary names carry this; listings skip them
+_PART_RE = re.compile(r"^(?P<base>.+)\.part-(?P<n>\d{6,})$")
+_QUIET = 1.0                     # seconds a non-event file must be unchanged before it is copied
+_MAX_READ = 64 << 20             # bytes read from one file per pass; the rest follows next pass
+
+
+# ---------------------------------------------------------------- TFRecord framing
+
+def _crc_table() -> list[int]:
+    table = []
+    for c in range(256):
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def _masked_crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def complete_records(buf: bytes | memoryview) -> int | None:
+    """Length of the longest prefix of ``buf`` made of whole TFRecords.
+
+    Only the length header's checksum is verified (12 bytes per record): that is enough to tell a
+    record boundary, and cheap in pure Python.
+
+    Returns:
+        The byte count (0 when not even the first record is complete), or None when ``buf`` does
+        not start with a valid record header (not a TFRecord stream at this offset).
+    """
+    pos, n = 0, len(buf)
+    while n - pos >= 12:
+        length, crc = struct.unpack_from("<QI", buf, pos)
+        if _masked_crc32c(bytes(buf[pos:pos + 8])) != crc:
+            return pos if pos else None
+        end = pos + 12 + length + 4
+        if end > n:
+            break
+        pos = end
+    return pos
+
+
+def positive(value: Any) -> bool:
+    """A number (not a bool) > 0: what an interval or timeout argument must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def location(name: str, value: Any, example: str) -> str:
+    """The directory argument ``name`` as a string; a ConfigError when it is not a path or URL."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. {example}")
+    return os.fspath(value)
+
+
+def is_event_file(name: str) -> bool:
+    """TensorBoard's own rule: an event file has "tfevents" in its base name."""
+    return "tfevents" in posixpath.basename(name)
+
+
+# ---------------------------------------------------------------- the sync
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What a sync has done so far.
+
+    Attributes:
+        bytes_sent: payload bytes written to the destination (event bytes plus whole-file copies).
+        event_bytes: of those, bytes of event files (new records only).
+        writes: write operations (appends, part uploads, new files).
+        passes: completed passes.
+        files: event files tracked.
+        errors: passes that failed (the next pass retries).
+        last_error: text of the last failure, or "".
+        last_pass: wall-clock time the last pass finished (0 before the first).
+    """
+
+    bytes_sent: int = 0
+    event_bytes: int = 0
+    writes: int = 0
+    passes: int = 0
+    files: int = 0
+    errors: int = 0
+    last_error: str = ""
+    last_pass: float = 0.0
+
+
+@dataclass
+class _Track:
+    """One logical event file: how much of its byte stream the destination holds."""
+
+    delivered: int = 0
+    next_part: int = 1
+    raw: bool = False   # not TFRecord-framed: ship bytes as they come
+
+
+_live: "weakref.WeakSet[EventSync]" = weakref.WeakSet()
+
+
+def _stop_all_at_exit() -> None:
+    for sync in list(_live):
+        try:
+            sync.stop()
+        except Exception:  # noqa: BLE001 - interpreter exit: report, never raise
+            log.exception("final event sync to %s failed at exit", sync.dest)
+
+
+atexit.register(_stop_all_at_exit)
+
+
+class EventSync:
+    """Copies new TensorBoard event data from ``src`` to ``dest`` every ``interval`` seconds.
+
+    Args:
+        src: directory (local path or URL) to read; event files may still be growing.
+        dest: directory (local path, ``/dbfs/...``, ``s3://...`` or fsspec URL) to write.
+        interval: seconds between passes (default 10; env TFNB_SYNC_INTERVAL).
+        mode: "auto" (append on local disks, parts on object stores and /dbfs, /Volumes),
+            "append" or "parts"; see the module docstring.
+        storage_options: options for the remote side(s): ``key``, ``secret``, ``token``,
+            ``endpoint_url``, ``region``, ... (README, "Storage URLs and options").
+
+    Raises:
+        ConfigError: bad interval or mode, ``mode="append"`` on a store that cannot append, or
+            ``src`` and ``dest`` overlapping.
+
+    Example:
+        >>> # inside train_fn, on the chief: worker disk -> persistent storage
+        >>> with tfnb.EventSync(local_logs, ctx.log_dir, interval=10):
+        ...     model.fit(ds, callbacks=[tf.keras.callbacks.TensorBoard(local_logs)])
+        >>> # in the notebook: persistent storage -> the directory TensorBoard reads
+        >>> sync = tfnb.EventSync("s3://bucket/run1/logs", "/tmp/tb/run1").start()
+        >>> sync.stop()
+    """
+
+    def __init__(self, src: str | os.PathLike, dest: str | os.PathLike, *,
+                 interval: float | None = None, mode: str = "auto",
+                 storage_options: Mapping[str, Any] | None = None):
+        interval = setting("sync_interval", interval, 10.0, float)
+        if not positive(interval):
+            raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
+        if mode not in MODES:
+            raise ConfigError(f"mode={mode!r} must be one of {', '.join(MODES)}")
+        self.src = location("src", src, "'/tmp/tb/run1' or 's3://bucket/run1/logs'")
+        self.dest = location("dest", dest, "'/tmp/tb/run1' or 's3://bucket/run1/logs'")
+        self.interval = float(interval)
+        self._src = open_store(self.src, storage_options, purpose="syncing events from")
+        self._dst = open_store(self.dest, storage_options, purpose="syncing events to")
+        a, b = self._src.url().rstrip("/") + "/", self._dst.url().rstrip("/") + "/"
+        if a.startswith(b) or b.startswith(a):
+            raise ConfigError(f"src {self.src!r} and dest {self.dest!r} overlap; "
+                              f"sync into a directory outside the source")
+        if mode == "append" and not self._dst.appendable:
+            raise ConfigError(f"mode='append' but {self.dest!r} cannot be appended to in place; "
+                              f"use mode='parts' (or 'auto')")
+        self.mode = mode if mode != "auto" else ("append" if self._dst.appendable else "parts")
+        self._tracks: dict[str, _Track] = {}
+        self._copied: dict[str, Entry] = {}   # non-event files: what was copied last
+        self._resumed = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stats = SyncStats()
+        self._stopped = False
+
+    # ------------------------------------------------------------ public
+
+    @property
+    def stats(self) -> SyncStats:
+        """A snapshot of the counters (see :class:`SyncStats`)."""
+        return self._stats
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> "EventSync":
+        """Start the background thread (one pass right away, then every ``interval``); returns self.
+
+        Example:
+            >>> sync = tfnb.EventSync("/local_disk0/tb", "/dbfs/runs/1/logs").start()
+        """
+        if self.running:
+            return self
+        self._stop.clear()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name=f"tfnb-sync {self.src}", daemon=True)
+        _live.add(self)
+        self._thread.start()
+        return self
+
+    def flush(self) -> SyncStats:
+        """Run one pass now, in the calling thread, and return the counters.
+
+        Raises:
+            StorageError: the pass failed (the cause is chained).
+
+        Example:
+            >>> sync.flush().bytes_sent
+        """
+        self._pass(final=False, raise_errors=True)
+        return self._stats
+
+    def stop(self) -> SyncStats:
+        """Stop the thread, run a final pass that ships everything written so far, return the counters.
+
+        Raises:
+            StorageError: the final pass failed (the cause is chained).
+
+        Example:
+            >>> stats = sync.stop(); print(stats.bytes_sent)
+        """
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        _live.discard(self)
+        if not self._stopped:
+            self._stopped = True
+            self._pass(final=True, raise_errors=True)
+        return self._stats
+
+    def __enter__(self) -> "EventSync":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.stop()
+        except Exception:
+            if exc_type is None:
+                raise
+            # the body's own exception is the one the user needs to see
+            log.exception("final event sync %s -> %s failed", self.src, self.dest)
+
+    def __repr__(self) -> str:
+        return f"EventSync({self.src!r} -> {self.dest!r}, mode={self.mode!r}, interval={self.interval})"
+
+    # ------------------------------------------------------------ passes
+
+    def _loop(self) -> None:
+        # passes start every `interval` seconds (not `interval` after the last one ended), so a slow
+        # pass does not add its duration to the lag of the next
+        next_at = time.monotonic()
+        while True:
+            self._pass(final=False, raise_errors=False)
+            # fell behind: carry on from now rather than run a burst of passes
+            next_at = max(next_at + self.interval, time.monotonic())
+            if self._stop.wait(next_at - time.monotonic()):
+                return
+
+    def _pass(self, *, final: bool, raise_errors: bool) -> None:
+        with self._lock:
+            try:
+                self._sync_once(final)
+            except Exception as e:  # noqa: BLE001 - a network blip must not end the sync; retried next pass
+                self._stats = dataclasses.replace(self._stats, errors=self._stats.errors + 1,
+                                                  last_error=f"{type(e).__name__}: {e}")
+                if raise_errors:
+                    # a tfnb error (StorageError...) ends with its own fix: its first line once, not repeated
+                    fix = "" if isinstance(e, TfnbError) else ("; check both locations, and for a remote store its "
+                                                               "storage_options (endpoint_url, credentials)")
+                    raise StorageError(f"event sync {self.src} -> {self.dest} failed: {summary(e)}{fix}") from e
+                log.warning("event sync %s -> %s failed (retrying in %.0f s): %s",
+                            self.src, self.dest, self.interval, summary(e))
+
+    def _sync_once(self, final: bool) -> None:
+        if not self._resumed:
+            self._resume()
+            self._resumed = True
+        streams, others = _group(self._src.list())
+        event_sent = copied = writes = 0
+        for name, segments in sorted(streams.items()):
+            while True:
+                n = self._ship_stream(name, segments)
+                event_sent += n
+                writes += n > 0
+                if n < _MAX_READ // 2:
+                    break  # caught up (a bigger backlog is read in several chunks)
+        now = time.time()
+        for rel, info in sorted(others.items()):
+            # unchanged since the last copy, or still being written (copied once it settles)
+            if self._copied.get(rel) == info or (not final and now - info.mtime < _QUIET):
+                continue
+            data = self._src.read(rel)
+            self._dst.write(rel, data)
+            self._copied[rel] = info
+            copied += len(data)
+            writes += 1
+        s = self._stats
+        self._stats = dataclasses.replace(
+            s, bytes_sent=s.bytes_sent + event_sent + copied, event_bytes=s.event_bytes + event_sent,
+            writes=s.writes + writes, passes=s.passes + 1, files=len(self._tracks), last_pass=time.time())
+
+    def _resume(self) -> None:
+        """Learn what the destination already holds so a restarted sync continues, not repeats."""
+        streams, _ = _group(self._dst.list())
+        for name, segments in streams.items():
+            track = _Track(delivered=sum(size for _, size in segments))
+            if self.mode == "parts":
+                track.next_part = 1 + max((int(m.group("n")) for rel, _ in segments
+                                           if (m := _PART_RE.match(rel))), default=0)
+            self._tracks[name] = track
+
+    def _ship_stream(self, name: str, segments: list[tuple[str, int]]) -> int:
+        """Ship the new whole records of one logical event file (in one write); returns the bytes sent."""
+        track = self._tracks.setdefault(name, _Track())
+        total = sum(size for _, size in segments)
+        if total < track.delivered:
+            log.warning("%s shrank from %d to %d bytes (recreated?); copying it again from the start",
+                        name, track.delivered, total)
+            if self.mode == "append":
+                self._dst.delete(name)
+            else:
+                for number in range(1, track.next_part):
+                    self._dst.delete(f"{name}.part-{number:06d}")
+            track.delivered, track.raw, track.next_part = 0, False, 1
+        if total == track.delivered:
+            return 0
+        data = _read_range(self._src, segments, track.delivered, min(total - track.delivered, _MAX_READ))
+        cut = len(data) if track.raw else complete_records(data)
+        if cut is None:
+            # not TFRecord framing (or damaged): pass bytes through untouched rather than stall
+            log.warning("%s is not a TFRecord stream at byte %d; copying it as raw bytes", name, track.delivered)
+            track.raw = True
+            cut = len(data)
+        if cut == 0:
+            return 0
+        chunk = data[:cut]
+        if self.mode == "parts":
+            self._dst.write(f"{name}.part-{track.next_part:06d}", chunk)
+            track.next_part += 1
+        elif track.delivered == 0:
+            self._dst.write(name, chunk)
+        else:
+            self._dst.append(name, chunk)
+        track.delivered += cut
+        return cut
+
+
+def _group(listing: Mapping[str, Entry]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, Entry]]:
+    """Split a listing into logical event streams (name -> ordered segments) and other files."""
+    streams: dict[str, list[tuple[int, str, int]]] = {}
+    others: dict[str, Entry] = {}
+    for rel, info in listing.items():
+        m = _PART_RE.match(rel)
+        if m and is_event_file(m.group("base")):
+            streams.setdefault(m.group("base"), []).append((int(m.group("n")), rel, info.size))
+        elif is_event_file(rel):
+            streams.setdefault(rel, []).append((0, rel, info.size))
+        else:
+            others[rel] = info
+    out: dict[str, list[tuple[str, int]]] = {}
+    for name, items in streams.items():
+        chain = out[name] = []
+        expect = 1
+        for number, rel, size in sorted(items):
+            # parts must be contiguous from 1: a later part may be listed before an earlier one lands
+            if number and number != expect:
+                break
+            expect += bool(number)
+            chain.append((rel, size))
+    return out, others
+
+
+def _read_range(store: Store, segments: list[tuple[str, int]], start: int, length: int) -> bytes:
+    """Bytes [start, start+length) of the concatenation of ``segments``."""
+    pieces, pos, end = [], 0, start + length
+    for rel, size in segments:
+        lo, hi = max(start, pos), min(end, pos + size)
+        if lo == pos and hi == pos + size:
+            pieces.append(store.read(rel))          # a whole part: no range, so checksums apply
+        elif lo < hi:
+            pieces.append(store.read(rel, lo - pos, hi - lo))
+        pos += size
+        if pos >= end:
+            break
+    return b"".join(pieces)

@@ -1,0 +1,721 @@
+"""TensorBoard processes on the driver: start one, find and reuse one, clean stale ones, stop one.
+
+Core only: every function returns a typed outcome (:class:`Launched`, :class:`Reused`,
+:class:`Failed`, :class:`TimedOut`) and never prints; :mod:`tfnb.notebook.tensorboard` renders them.
+
+Security: TensorBoard has no authentication; anyone who can reach its port reads everything under
+``log_dir``. Binding to loopback (``127.0.0.1``, the default) is what protects it: only processes on
+the driver machine (other users of it included) and a notebook proxy running there (which adds its
+own login) can reach it. Any other address makes the outcome carry a ``warning`` (also logged).
+
+Bookkeeping: one JSON info file per instance, in a private per-user folder (``tfnb-tensorboard-<uid>``
+under ``TFNB_STATE_DIR`` or the temp dir; ``TFNB_TENSORBOARD_DIR`` names another), checked on every
+use (else :class:`~tfnb.errors.UnsafePathError` and nothing in it is read, killed or deleted). An
+entry is stale when its process is gone or is not the TensorBoard recorded (start time, owner,
+command line, own process group), when its URL is not the host and port it was launched on, or when
+it no longer answers; listing instances removes stale entries (killing a hung TensorBoard of ours).
+Only log files tfnb created inside the folder are ever deleted.
+
+Lifetime: each TensorBoard runs in its own session, so interrupting the kernel does not hit it. An
+``atexit`` hook stops the instances this process launched when it exits normally (a kernel shut down
+or restarted from the UI does). After a SIGKILLed kernel its TensorBoard keeps running, and the next
+:func:`ensure_tensorboard` for that log_dir reuses it (or finds it stale and removes it).
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import re
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, fields
+from typing import Iterator, Union
+from urllib.parse import urlsplit
+
+from .._config import setting
+from .._deps import require
+from .._private import check_private, private_dir
+from ..storage import atomic_write, locked
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_RELOAD_INTERVAL = 5.0   # seconds; TensorBoard's own default
+DEFAULT_TIMEOUT = 90.0          # TensorBoard imports TensorFlow at start: ~7 s idle, much more on a busy driver
+
+_INFO_FORMAT = 1
+_READY_POLL = 0.1       # seconds between looks at the starting process's log for its "serving" line
+_PROBE_TIMEOUT = 5.0    # seconds an alive instance gets to answer /data/environment before it counts as hung
+_STOP_GRACE = 10.0      # seconds between SIGTERM and SIGKILL; TensorBoard takes 3-5 s to exit on SIGTERM
+_EXIT_GRACE = 2.0       # seconds the atexit hook waits before SIGKILL
+_TAIL_LINES = 20
+_READY_LINE = re.compile(r"TensorBoard (\S+) at (https?://\S+) \(Press CTRL\+C")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
+_WILDCARDS = ("", "0.0.0.0", "::")
+_LOG_NAME = re.compile(r"tb-[0-9a-f]{12}\.log")
+
+
+# ---------------------------------------------------------------- outcomes
+
+
+@dataclass(frozen=True)
+class TensorBoardInstance:
+    """One TensorBoard process serving a log_dir, as recorded in its info file.
+
+    Attributes:
+        pid: process id (also its process group id: it runs in its own session).
+        port: TCP port it serves on.
+        host: address it is bound to.
+        log_dir: absolute path (or URL) it reads.
+        url: where it answers from the driver, e.g. ``http://127.0.0.1:6006/``.
+        reload_interval: seconds between its log_dir scans.
+        start_time: ``time.time()`` when it became ready.
+        launched_by: pid of the process that started it (its atexit hook stops it).
+        tensorboard_version: version TensorBoard reported.
+        log_path: file receiving its stdout/stderr.
+        proc_start: the process's start time in clock ticks since boot (Linux; 0 where unknown),
+            so a recycled pid is not taken for this TensorBoard.
+    """
+
+    pid: int
+    port: int
+    host: str
+    log_dir: str
+    url: str
+    reload_interval: float
+    start_time: float
+    launched_by: int
+    tensorboard_version: str = ""
+    log_path: str = ""
+    proc_start: int = 0
+
+
+@dataclass(frozen=True)
+class _Serving:
+    """A TensorBoard that answers: its ``instance`` (whose ``url``, ``port``, ``pid``, ``log_dir`` it shows)
+    and a ``warning`` (also logged) saying what is exposed and how to avoid it when it is bound to a
+    non-loopback host, reachable from the network."""
+
+    instance: TensorBoardInstance
+    warning: str = ""
+
+    @property
+    def url(self) -> str:
+        return self.instance.url
+
+    @property
+    def port(self) -> int:
+        return self.instance.port
+
+    @property
+    def pid(self) -> int:
+        return self.instance.pid
+
+    @property
+    def log_dir(self) -> str:
+        return self.instance.log_dir
+
+
+@dataclass(frozen=True)
+class Launched(_Serving):
+    """A new TensorBoard was started and answers at ``url``; this process stops it at exit."""
+
+
+@dataclass(frozen=True)
+class Reused(_Serving):
+    """A TensorBoard already serving the same log_dir on the same host was found alive and answering."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """TensorBoard could not be started for ``log_dir``: ``error`` says why and ``fix`` what to change;
+    ``exit_code`` and ``output`` (its last lines) are set when TensorBoard ran and exited."""
+
+    log_dir: str
+    error: str
+    fix: str
+    exit_code: int | None = None
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """TensorBoard (process ``pid``) did not serve ``log_dir`` within ``timeout`` seconds and was stopped;
+    ``output`` holds the last lines it printed, ``fix`` what to change."""
+
+    log_dir: str
+    timeout: float
+    pid: int
+    output: str = ""
+    fix: str = ""
+
+
+Outcome = Union[Launched, Reused, Failed, TimedOut]
+
+
+# ---------------------------------------------------------------- public entry points
+
+
+def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
+                       reload_interval: float | None = None, timeout: float | None = None) -> Outcome:
+    """Reuse the TensorBoard serving ``log_dir``, or start one.
+
+    TensorBoard has no authentication: it is bound to loopback unless ``host`` says otherwise, and
+    anyone who can reach the port reads all of ``log_dir``.
+
+    Args:
+        log_dir: directory (or ``gs://``-style URL) holding event files; local paths are made absolute.
+        host: address to bind; default ``127.0.0.1`` (env ``TFNB_TENSORBOARD_HOST``).
+        port: port to serve on; default: a free port chosen by the OS.
+        reload_interval: seconds between log_dir scans; default 5 (env ``TFNB_TENSORBOARD_RELOAD_INTERVAL``).
+            When given, only an instance with that interval is reused; when not, any for the log_dir.
+        timeout: seconds to wait for a new TensorBoard to serve; default 90 (env ``TFNB_TENSORBOARD_TIMEOUT``).
+
+    Returns:
+        :class:`Reused` or :class:`Launched` with its url/port/pid, else :class:`Failed` (bad log_dir,
+        port in use, TensorBoard exited) or :class:`TimedOut` (the process was stopped), each with
+        the fix.
+
+    Raises:
+        ConfigError: an argument has the wrong type or range.
+        MissingDependencyError: the ``tensorboard`` package is not installed.
+        UnsafePathError: the bookkeeping folder is not private to this user (see the module docs).
+
+    Example:
+        >>> outcome = ensure_tensorboard("/tmp/run1/logs")
+        >>> if isinstance(outcome, (Launched, Reused)):
+        ...     print(outcome.url)
+    """
+    log_dir = _normalize_logdir(log_dir)
+    host = _check_host(setting("tensorboard_host", host, DEFAULT_HOST, str))
+    port = _check_port(port)
+    asked_interval = setting("tensorboard_reload_interval", reload_interval, None, float)
+    interval = _positive("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
+    timeout = _positive("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
+    require("tensorboard", "tfnb.tensorboard")
+    if problem := _logdir_problem(log_dir):
+        return problem
+    with _locked():
+        live = _live_instances()
+        for inst in live:
+            if (inst.log_dir == log_dir and inst.host == host and port in (None, 0, inst.port)
+                    and asked_interval in (None, inst.reload_interval)):
+                return _serving(Reused, inst)
+        if port and not _port_free(host, port):
+            owner = next((i for i in live if i.port == port), None)
+            user = (f"the TensorBoard pid {owner.pid} serving {owner.log_dir} (reload_interval="
+                    f"{owner.reload_interval:g})" if owner else "another program")
+            return Failed(log_dir, f"port {port} on {host} is already in use by {user}",
+                          "pass port=None to let TensorBoard pick a free port, or stop what uses the port")
+        return _launch(log_dir, host, port or 0, interval, timeout)
+
+
+def instances() -> list[TensorBoardInstance]:
+    """TensorBoard instances recorded by tfnb that are alive and answering; stale entries are removed.
+
+    Example:
+        >>> for inst in instances():
+        ...     print(inst.log_dir, inst.url, inst.pid)
+    """
+    with _locked():
+        return _live_instances()
+
+
+def stop(target) -> bool:
+    """Stop a TensorBoard (and its data-server helper) and remove its info file.
+
+    Args:
+        target: a :class:`TensorBoardInstance`, or a :class:`Launched` / :class:`Reused` outcome.
+
+    Returns:
+        True when a running TensorBoard was stopped; False when it was already gone.
+
+    Raises:
+        ConfigError: ``target`` is not an instance or a running outcome.
+
+    Example:
+        >>> outcome = ensure_tensorboard("/tmp/run1/logs")
+        >>> stop(outcome)
+        True
+    """
+    inst = target.instance if isinstance(target, _Serving) else target
+    if not isinstance(inst, TensorBoardInstance):
+        raise ConfigError(f"stop() takes a TensorBoardInstance or a Launched/Reused outcome, not "
+                          f"{type(target).__name__}; a Failed or TimedOut outcome has nothing to stop")
+    return _stop(inst, _STOP_GRACE)
+
+
+def _stop(inst: TensorBoardInstance, grace: float) -> bool:
+    with _locked():
+        # Only the process our info file still describes is signalled: after a stop, its pid may
+        # belong to an unrelated process.
+        mine = _read_info(_info_path(inst.pid)) == inst
+        running = mine and _is_ours(inst)
+        if running:
+            _terminate_group(inst.pid)
+        if mine:
+            _remove_entry(inst)
+    if running:
+        _await_exit(inst.pid, grace)  # outside the lock: other kernels need not wait for it
+    return running
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _normalize_logdir(log_dir) -> str:
+    try:
+        text = os.fsdecode(log_dir)
+    except TypeError as e:
+        raise ConfigError(f"log_dir={log_dir!r} is not a path; pass the directory holding the event "
+                          f"files, e.g. tfnb.tensorboard('/tmp/run1/logs')") from e
+    if not text.strip():
+        raise ConfigError("log_dir is empty; pass the directory holding the event files, "
+                          "e.g. tfnb.tensorboard('/tmp/run1/logs')")
+    return text if "://" in text else os.path.abspath(os.path.expanduser(text))
+
+
+def _check_host(host) -> str:
+    if not isinstance(host, str) or not host.strip():
+        raise ConfigError(f"host={host!r} is not an address; use '127.0.0.1' (default, this machine "
+                          f"only) or '0.0.0.0' to expose TensorBoard on the network")
+    return host.strip()
+
+
+def _check_port(port) -> int | None:
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+        raise ConfigError(f"port={port!r} is not a TCP port (0-65535); pass port=None to pick a free one")
+    return port
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
+    return float(value)
+
+
+def _logdir_problem(log_dir: str) -> Failed | None:
+    if "://" in log_dir or os.path.isdir(log_dir):
+        return None  # a remote store (gs://, s3://) is TensorBoard's to check
+    if os.path.exists(log_dir):
+        return Failed(log_dir, f"log_dir {log_dir} is a file, not a directory",
+                      "pass the directory that holds the event files (e.g. the run's log_dir)")
+    return Failed(log_dir, f"log_dir {log_dir} does not exist",
+                  "check the path; if training has not started yet, create the directory first "
+                  "(os.makedirs(log_dir, exist_ok=True)) and TensorBoard will pick up runs as they appear")
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- info files
+
+
+def _info_dir() -> str:
+    """The bookkeeping folder, verified private on every call (raises UnsafePathError otherwise)."""
+    path = setting("tensorboard_dir", None, None, str)
+    if not path:
+        return private_dir("tensorboard")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return check_private(path)
+
+
+def _info_path(pid: int) -> str:
+    return os.path.join(_info_dir(), f"{pid}.json")
+
+
+def _locked():
+    """Serialize find-or-launch between kernels on this machine, so two cells do not both launch."""
+    return locked(os.path.join(_info_dir(), ".lock"))
+
+
+def _write_info(inst: TensorBoardInstance) -> None:
+    atomic_write(_info_path(inst.pid), json.dumps({"format": _INFO_FORMAT, **asdict(inst)}, indent=1).encode())
+
+
+_FIELD_TYPES = {"int": int, "float": (int, float), "str": str}
+
+
+def _read_info(path: str) -> TensorBoardInstance | None:
+    """The instance an info file records, or None when it is unreadable or any field has the wrong type."""
+    try:
+        with open(path) as fh:
+            raw = json.load(fh)
+        if raw.pop("format", None) != _INFO_FORMAT:
+            return None
+        inst = TensorBoardInstance(**raw)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    for f in fields(inst):
+        value = getattr(inst, f.name)
+        if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES.get(f.type, object)):
+            return None
+    return inst if inst.pid > 0 else None
+
+
+def _remove_entry(inst: TensorBoardInstance, info_path: str | None = None) -> None:
+    folder = _info_dir()
+    _unlink(info_path or _info_path(inst.pid))
+    if inst.log_path:
+        if _own_log(inst.log_path, folder):
+            _unlink(inst.log_path)
+        else:
+            log.warning("not deleting %s named as a TensorBoard log by an info file: tfnb only deletes the "
+                        "tb-*.log files it created in %s", inst.log_path, folder)
+    _drop_tensorboard_record(inst.pid)
+
+
+def _own_log(path: str, folder: str) -> bool:
+    """True for a log file tfnb names and places directly in ``folder``, after resolving links and ``..``."""
+    real = os.path.realpath(path)
+    return (os.path.dirname(real) == os.path.realpath(folder)
+            and _LOG_NAME.fullmatch(os.path.basename(real)) is not None)
+
+
+def _drop_tensorboard_record(pid: int) -> None:
+    """Remove TensorBoard's own record (read by ``%tensorboard``) of a dead pid.
+
+    TensorBoard deletes it on SIGTERM but not when SIGKILLed; a live pid's record is left alone,
+    since it may be another TensorBoard that got the recycled pid. TensorBoard's folder is shared
+    by all users of the machine: only a regular file of this user is removed, never through a link.
+    """
+    if _alive(pid):
+        return
+    name = f"pid-{pid}.info"
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.join(tempfile.gettempdir(), ".tensorboard-info"),
+                     os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+
+def _live_instances() -> list[TensorBoardInstance]:
+    live = []
+    folder = _info_dir()
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(folder, name)
+        inst = _read_info(path)
+        if inst is None or name != f"{inst.pid}.json":
+            log.info("removing unreadable TensorBoard info file %s", path)
+            _unlink(path)
+            continue
+        if not _is_ours(inst):
+            log.info("removing stale TensorBoard entry for %s: pid %d is gone or is not that TensorBoard",
+                     inst.log_dir, inst.pid)
+        elif not _url_matches(inst):
+            # never show it: an iframe pointed elsewhere would hand the page to whoever serves there
+            log.warning("removing TensorBoard entry %s: its url %s is not host %s port %d it was launched on",
+                        path, inst.url, inst.host, inst.port)
+        elif not _answers(inst):
+            log.warning("TensorBoard pid %d for %s does not answer on port %d; stopping it",
+                        inst.pid, inst.log_dir, inst.port)
+            _kill_group(inst.pid)
+        else:
+            live.append(inst)
+            continue
+        _remove_entry(inst, path)
+    return live
+
+
+def _serving(kind: type[_Serving], inst: TensorBoardInstance) -> _Serving:
+    """A Launched/Reused outcome, carrying (and logging) the warning when the network can reach it."""
+    warning = _exposure(inst)
+    if warning:
+        log.warning("%s", warning)
+    return kind(inst, warning=warning)
+
+
+def _url_matches(inst: TensorBoardInstance) -> bool:
+    """The recorded URL is ``http://<host>:<port>/`` for the host and port the instance was launched on."""
+    try:
+        u = urlsplit(inst.url)
+        port = u.port
+    except ValueError:
+        return False
+    return (u.scheme == "http" and u.hostname == inst.host.strip("[]").lower() and port == inst.port
+            and u.path in ("", "/") and not u.query and not u.username)
+
+
+def _exposure(inst: TensorBoardInstance) -> str:
+    """A warning when the instance is reachable from the network, else ""."""
+    host = inst.host.strip("[]")
+    with contextlib.suppress(ValueError):  # a host name: it may well resolve to a network address
+        if host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return ""
+    return (f"TensorBoard listens on {inst.host} port {inst.port}, reachable from the network: anyone who can "
+            f"connect to it reads everything under {inst.log_dir} (TensorBoard has no login). Use "
+            f"host='127.0.0.1' (the default) unless the network is trusted.")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _is_ours(inst: TensorBoardInstance) -> bool:
+    """True when the entry's process is alive and is still the TensorBoard tfnb launched.
+
+    Every check must hold before tfnb signals its process group or shows its URL: the recorded
+    start time (pids get recycled), this user as owner, "tensorboard" in the command line, and
+    leader of its own process group (tfnb starts it in a new session and signals the group).
+    """
+    if not _alive(inst.pid):
+        return False
+    if not os.path.isdir("/proc/self"):
+        return True  # not Linux: nothing better to check with than "alive"
+    try:
+        owner = os.stat(f"/proc/{inst.pid}").st_uid
+        with open(f"/proc/{inst.pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+        group = os.getpgid(inst.pid)
+    except OSError:
+        return False
+    return (owner == os.getuid() and b"tensorboard" in cmdline and group == inst.pid
+            and inst.proc_start != 0 and _proc_start(inst.pid) == inst.proc_start)
+
+
+def _proc_stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); [] where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
+    parts = _proc_stat(pid)
+    return int(parts[19]) if len(parts) > 19 else None
+
+
+def _probe_host(host: str) -> str:
+    if host in _WILDCARDS:
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _answers(inst: TensorBoardInstance, timeout: float = _PROBE_TIMEOUT) -> bool:
+    """True when the instance serves ``/data/environment`` for its log_dir."""
+    import urllib.request  # only needed once an instance exists; keeps this module light to import
+
+    url = f"http://{_probe_host(inst.host)}:{inst.port}/data/environment"
+    # No proxy: an HTTP(S)_PROXY in the environment must not see (or break) loopback requests.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as resp:
+            env = json.loads(resp.read().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        log.debug("TensorBoard probe %s failed: %s", url, e)
+        return False
+    return env.get("data_location") == inst.log_dir
+
+
+def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout: float) -> Outcome:
+    log_path = os.path.join(_info_dir(), f"tb-{uuid.uuid4().hex[:12]}.log")
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--host", host,
+           "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
+    proc = None
+    try:
+        # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid:
+        # hold it until `proc` is set, then raise it here, where the process is stopped.
+        with _interrupt_held(), open(log_path, "wb") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)
+        log.info("starting TensorBoard pid %d for %s", proc.pid, log_dir)
+        ready, code, text = _await_ready(proc, log_path, timeout)
+    except BaseException as e:
+        # Interrupted cell (KeyboardInterrupt) or any other error while waiting: no info file
+        # names this process yet, so nothing else would ever stop it.
+        if proc is not None:
+            _kill_group(proc.pid, proc)
+        _unlink(log_path)
+        if proc is None and isinstance(e, OSError):
+            return Failed(log_dir, f"could not run {sys.executable} -m tensorboard.main: {e}",
+                          "check that this Python can run TensorBoard (pip install tensorboard)")
+        raise
+    if code is not None:
+        _unlink(log_path)
+        return _exit_failure(log_dir, host, port, code, text)
+    if ready is None:
+        _kill_group(proc.pid, proc)
+        _unlink(log_path)
+        return TimedOut(log_dir, timeout, proc.pid, _tail(text),
+                        f"TensorBoard did not serve within {timeout:g} s and was stopped; it imports "
+                        f"TensorFlow at start, which is slow on a busy machine: raise timeout= "
+                        f"(or TFNB_TENSORBOARD_TIMEOUT)")
+    version, url = ready.group(1), ready.group(2)
+    inst = TensorBoardInstance(pid=proc.pid, port=urlsplit(url).port or port, host=host, log_dir=log_dir, url=url,
+                               reload_interval=reload_interval, start_time=time.time(),
+                               launched_by=os.getpid(), tensorboard_version=version, log_path=log_path,
+                               proc_start=_proc_start(proc.pid) or 0)
+    _write_info(inst)
+    # Holding `proc` here also keeps Popen from warning that a child it never waited for still runs.
+    atexit.register(_stop_at_exit, inst, proc)
+    return _serving(Launched, inst)
+
+
+@contextlib.contextmanager
+def _interrupt_held() -> Iterator[None]:
+    """Delay SIGINT (KeyboardInterrupt) to the end of the block; a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda *frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])
+
+
+def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
+    """Wait for TensorBoard's "serving at URL" line: (match, None, text), exit (None, code, text) or timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_READY_POLL)
+        text = _read_text(log_path)
+        ready = _READY_LINE.search(text)
+        if proc.returncode is not None:
+            return None, proc.returncode, text
+        if ready is not None or time.monotonic() >= deadline:
+            return ready, None, text
+
+
+def _exit_failure(log_dir: str, host: str, port: int, code: int, text: str) -> Failed:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # TensorBoard's own "ERROR: ..." line, else a Python exception's last line; TensorFlow's
+    # start-up chatter (CUDA probes etc.) is not the reason.
+    errors = [ln for ln in lines if ln.startswith("ERROR:") or _EXCEPTION_LINE.match(ln)]
+    reason = (errors or lines or ["no output"])[-1]
+    if "could not bind" in text or "already in use" in text or "Cannot assign requested address" in text:
+        where = f"{host} port {port}" if port else host
+        fix = (f"TensorBoard could not listen on {where}; use host='127.0.0.1' (default) or an address "
+               f"of this machine, and port=None for a free port")
+    else:
+        fix = "read TensorBoard's output below; run `python -m tensorboard.main --logdir ...` by hand to retry"
+    return Failed(log_dir, f"TensorBoard exited with code {code} before serving: {reason}", fix,
+                  exit_code=code, output=_tail(text))
+
+
+def _kill_group(pid: int, proc: subprocess.Popen | None = None) -> None:
+    """SIGTERM the process group (TensorBoard and its data server), then SIGKILL what is left."""
+    _terminate_group(pid)
+    _await_exit(pid, _STOP_GRACE, proc)
+
+
+def _terminate_group(pid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGCONT):  # SIGCONT: a stopped process only acts on SIGTERM once resumed
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+
+def _await_exit(pid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
+    if not _wait_gone(pid, grace, proc):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        _wait_gone(pid, _STOP_GRACE, proc)
+    _drop_tensorboard_record(pid)
+
+
+def _wait_gone(pid: int, timeout: float, proc: subprocess.Popen | None) -> bool:
+    if proc is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
+        return proc.returncode is not None
+    deadline = time.monotonic() + timeout
+    fd = None
+    with contextlib.suppress(AttributeError, OSError):  # no pidfd on macOS, nor on Linux before 5.3
+        fd = os.pidfd_open(pid)
+    try:
+        while _reap(pid) and time.monotonic() < deadline:
+            if fd is not None:
+                # a pidfd turns readable when the process exits: no sleep loop needed
+                select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            else:
+                time.sleep(0.05)
+        return not _reap(pid)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _reap(pid: int) -> bool:
+    """True while ``pid`` is alive; reaps it when it is our exited child (launched in an earlier call)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    parts = _proc_stat(pid)
+    return parts[0] != b"Z" if parts else not os.path.isdir("/proc/self")
+
+
+def _stop_at_exit(inst: TensorBoardInstance, proc: subprocess.Popen) -> None:
+    del proc
+    # Short grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit; TensorBoard, already
+    # sent SIGTERM, exits on its own even if that happens. Interpreter shutdown: never let cleanup raise.
+    with contextlib.suppress(Exception):
+        _stop(inst, _EXIT_GRACE)
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(text: str, lines: int = _TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+__all__ = ["TensorBoardInstance", "Launched", "Reused", "Failed", "TimedOut", "Outcome",
+           "ensure_tensorboard", "instances", "stop", "DEFAULT_HOST"]

@@ -1,0 +1,422 @@
+"""MLflow tracking: one MLflow run per ``tfnb.run``, logged by the driver alone.
+
+What a run logs, and to which run, is in the README ("MLflow tracking"). Autologging on every rank
+would make one MLflow run per worker (mlflow#11782), so :func:`track` wraps the run's display (the
+callable that receives every :class:`~tfnb.RunEvent`) and hands what it sees (the chief's
+epoch-end metrics at ``step = epoch - 1``, relaunches, the final state) to one background thread
+that talks to MLflow: workers need no MLflow package and no credentials. Params never include the
+``env`` values or storage options (credentials live there). ``model_dir/tfnb_mlflow.json`` names
+the MLflow run, so an ``Evaluator(mlflow=True)`` watching that directory (:class:`EvalTracker`)
+logs to the same run, from any kernel.
+
+MLflow never stops or slows the training: calls happen off the run's thread, and the first call
+that fails (after MLflow's own retries, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) is reported once as a
+warning and ends tracking for that run. ``tfnb.run`` returns once the final status and the model
+are logged.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import queue
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from .. import _protocol as events
+from ..errors import ConfigError
+from .._protocol import RunEvent
+from .progress import show
+
+log = logging.getLogger(__name__)
+
+MLFLOW_FLOOR = (3, 0)
+_MLFLOW_FIX = "pip install 'tfnb[mlflow]' (mlflow-skinny>=3), or on Databricks %pip install 'mlflow>=3'"
+LINK_FILE = "tfnb_mlflow.json"  # in model_dir: the MLflow run a tfnb run logs to
+_NOT_METRICS = frozenset({"epoch", "epochs", "step", "steps", "epoch_end", "batch_size", "time"})
+_MAX_TAG = 5000     # characters of a tag value (MLflow's limit is 8000)
+_MAX_PARAM = 500    # characters of a param value logged from args
+_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+
+
+def check_option(value: Any) -> bool:
+    """Validate ``mlflow=`` (True, an experiment name, or None/False) and import MLflow when it is on.
+
+    Returns:
+        True when tracking is on.
+
+    Raises:
+        ConfigError: any other value.
+        MissingDependencyError: tracking is on but MLflow is not installed (names ``tfnb[mlflow]``).
+    """
+    if value is None or value is False:
+        return False
+    if value is not True and not (isinstance(value, str) and value.strip()):
+        raise ConfigError(f"mlflow={value!r} must be True (MLflow's default experiment), an experiment name "
+                          "such as mlflow='my-training', or None for no MLflow tracking")
+    from .._deps import _floor, require
+
+    mlflow = require("mlflow", f"MLflow tracking (mlflow={value!r})")
+    _floor("MLflow", getattr(mlflow, "__version__", "0"), MLFLOW_FLOOR,
+           "models are logged as MLflow 3 LoggedModels of the run", _MLFLOW_FIX)
+    return True
+
+
+def _experiment_id(client, value: Any) -> str | None:
+    """The id of the experiment ``mlflow="name"`` names (created when missing); None: MLflow's default."""
+    if not isinstance(value, str):
+        return None
+    found = client.get_experiment_by_name(value)
+    return found.experiment_id if found is not None else client.create_experiment(value)
+
+
+class _Link:
+    """One MLflow run, used from one thread; the first failing call turns it off with one warning
+    (every later call does nothing)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.run_id: str | None = None
+        self.own = False     # tfnb started the run, so tfnb ends it
+        self.broken = False
+
+    def call(self, fn: Callable, *args, **kwargs) -> Any:
+        if self.broken:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a tracking server problem must never end the training
+            self.broken = True
+            run = f" (MLflow run {self.run_id})" if self.run_id else ""
+            first = (str(e).splitlines() or [""])[0][:300]
+            log.warning("MLflow tracking of %s stopped%s after %s: %s; it goes on without MLflow",
+                        self.what, run, type(e).__name__, first)
+
+    def start(self, mlflow, experiment: Any, active_run_id: str | None, tags: Mapping[str, str]) -> None:
+        """Use ``active_run_id``, else start a run of our own in this thread (ended by :meth:`end`)."""
+        if active_run_id is not None:
+            self.run_id = active_run_id
+            return
+        client = mlflow.MlflowClient()
+        experiment_id = self.call(_experiment_id, client, experiment)
+        run = self.call(mlflow.start_run, experiment_id=experiment_id, tags=dict(tags))
+        if run is not None:
+            self.run_id, self.own = run.info.run_id, True
+
+    def log(self, mlflow, metrics=(), params=None, tags=None) -> None:
+        from mlflow.entities import Param, RunTag
+
+        if self.run_id is None:
+            return
+        self.call(mlflow.MlflowClient().log_batch, self.run_id, metrics=list(metrics),
+                  params=[Param(k, v) for k, v in (params or {}).items()],
+                  tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in (tags or {}).items()])
+
+    def end(self, mlflow, status: str) -> None:
+        if self.own:  # call() does nothing once the link is broken
+            self.call(mlflow.end_run, status)
+
+
+class Tracker:
+    """The display of a tracked ``tfnb.run``: passes every event on and logs to MLflow in the background.
+
+    Built by :func:`track`; ``tfnb.run`` calls ``close()`` once the run has ended.
+    """
+
+    def __init__(self, display: Callable[[RunEvent], None], experiment: Any, *, run_id: str,
+                 model_dir: str | None, params: Mapping[str, str]):
+        import mlflow
+
+        self.display = display
+        self.model_dir = model_dir
+        self.link = _Link(f"tfnb run {run_id}")
+        self._state: str | None = None  # the driver's final state event
+        self._error: str | None = None
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        active = mlflow.active_run()  # thread-local in MLflow: the caller's run, read in the caller's thread
+        self._thread = threading.Thread(
+            target=self._work, name="tfnb-mlflow", daemon=True,
+            args=(mlflow, experiment, active.info.run_id if active else None, run_id, dict(params)))
+        self._thread.start()
+
+    def __call__(self, event: RunEvent) -> None:
+        self.display(event)
+        self._observe(event)
+
+    def batch(self, batch: list) -> None:
+        """A drain's events: the display gets them as one batch (see ``tfnb.monitor.progress.show``)."""
+        show(self.display, batch)
+        for event in batch:
+            self._observe(event)
+
+    def _observe(self, event: RunEvent) -> None:
+        data = event.data
+        if event.kind == events.PROGRESS and event.job_name == "chief" and data.get("epoch_end"):
+            self._epoch_end(event)
+        elif event.kind == events.ATTEMPT:
+            reason = f"{data.get('reason', '')}; relaunched as attempt {data.get('attempt')}"
+            self._q.put(("tags", {"tfnb.attempt": data.get("attempt"),
+                                  f"tfnb.relaunch.{data.get('attempt')}": reason}))
+            self._error = None
+        elif event.kind == events.FAILED and self._error is None:
+            # the attempt's first failure: the others are usually peers losing it
+            self._error = f"{event.label}: {data.get('exc_type')}: {data.get('message', '')}"
+        elif event.kind == events.STATE and event.job_name == "driver" and data.get("state") in _STATUS:
+            self._state = data["state"]
+
+    def _epoch_end(self, event: RunEvent) -> None:
+        from mlflow.entities import Metric
+
+        try:
+            step = int(event.data["epoch"]) - 1
+        except (KeyError, TypeError, ValueError):
+            return
+        stamp = int(event.time * 1000)
+        metrics = [Metric(k, float(v), stamp, step) for k, v in event.data.items()
+                   if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v)]
+        if metrics:
+            self._q.put(("metrics", metrics))
+
+    def close(self) -> None:
+        """Close the display, then log the final status (and model) and wait until that is done.
+
+        The status comes from the run's final state event; without one the run was interrupted
+        (KILLED when a KeyboardInterrupt, i.e. a cancel, is propagating) or timed out (FAILED).
+        """
+        close = getattr(self.display, "close", None)
+        if close:
+            close()
+        state = self._state or ("cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed")
+        self._q.put(("end", (state, self._error if state == "failed" else None)))
+        self._thread.join()
+
+    # ------------------------------------------------------------ the background thread
+
+    def _work(self, mlflow, experiment, active_run_id, run_id, params) -> None:
+        link = self.link
+        link.start(mlflow, experiment, active_run_id, {"tfnb.run_id": run_id})
+        if link.run_id is not None:
+            if active_run_id is not None:
+                # params cannot change in MLflow: a second tfnb.run in the same active run keeps the first's
+                have = link.call(lambda: mlflow.MlflowClient().get_run(link.run_id).data.params) or {}
+                params = {k: v for k, v in params.items() if k not in have}
+            link.log(mlflow, params=params, tags={"tfnb.run_id": run_id, "tfnb.attempt": 1})
+            if self.model_dir:
+                link.call(_write_link, self.model_dir, run_id, link.run_id)
+        while True:
+            batch = [self._q.get()]
+            with contextlib.suppress(queue.Empty):  # what piled up while the last call ran goes in one batch
+                while batch[-1][0] != "end":
+                    batch.append(self._q.get_nowait())
+            metrics, tags = [], {}
+            for kind, value in batch:
+                if kind == "metrics":
+                    metrics += value
+                elif kind == "tags":
+                    tags.update(value)
+            for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
+                link.log(mlflow, metrics=metrics[i:i + 1000], tags=tags if i == 0 else None)
+            if not metrics and tags:
+                link.log(mlflow, tags=tags)
+            if batch[-1][0] == "end":
+                self._end(mlflow, *batch[-1][1])
+                return
+
+    def _end(self, mlflow, state: str, error: str | None) -> None:
+        link = self.link
+        tags = {"tfnb.state": state, **({"tfnb.error": error} if error else {})}
+        link.log(mlflow, tags=tags)
+        if state == "succeeded" and self.model_dir and link.run_id is not None and not link.broken:
+            started = time.monotonic()
+            if link.call(_log_model, mlflow, self.model_dir, link.run_id):
+                log.info("logged the model in %s to MLflow run %s in %.1f s", self.model_dir, link.run_id,
+                         time.monotonic() - started)
+        link.end(mlflow, _STATUS.get(state, "FAILED"))
+
+
+def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spark, num_workers: int,
+          num_ps: int, max_attempts: int, args: Sequence, model_dir: str | None, log_dir: str | None,
+          timeout: float | None) -> "Tracker":
+    """``display`` teed into MLflow; ``mlflow`` is tfnb.run's option, already accepted by :func:`check_option`."""
+    params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
+              "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
+    for key in ("spark.master", "spark.app.id"):
+        with contextlib.suppress(Exception):  # a Connect server may not say; the run goes on without it
+            params[key] = spark.conf.get(key, None)
+    for i, arg in enumerate(args):
+        if isinstance(arg, (bool, int, float, str)):
+            params[f"args.{i}"] = str(arg)[:_MAX_PARAM]
+    params = {k: str(v) for k, v in params.items() if v is not None}
+    return Tracker(display, mlflow, run_id=run_id, model_dir=model_dir, params=params)
+
+
+# ---------------------------------------------------------------- model_dir: the link file and the model
+
+
+def _write_link(model_dir: str, tfnb_run_id: str, mlflow_run_id: str) -> None:
+    from ..storage import open_store
+
+    body = json.dumps({"tfnb_run_id": tfnb_run_id, "mlflow_run_id": mlflow_run_id}).encode()
+    open_store(model_dir, purpose="writing the MLflow run link to").write(LINK_FILE, body)
+
+
+def _find_model(listing: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """(relative path, is a folder) of the newest saved model in a model_dir listing, or None."""
+    found: dict[tuple[str, bool], float] = {}
+    for rel, entry in listing.items():
+        parts = rel.split("/")
+        if parts[0] == "backup" or any(p.startswith("workertemp_") for p in parts):
+            continue  # BackupAndRestore's state and the non-chief workers' copies
+        mtime = getattr(entry, "mtime", 0) or 0
+        if rel.endswith((".keras", ".h5")):
+            found[(rel, False)] = mtime
+        elif parts[-1] == "saved_model.pb":
+            key = ("/".join(parts[:-1]), True)
+            found[key] = max(found.get(key, 0), mtime)
+    return max(found, key=found.get) if found else None
+
+
+def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
+    """Log the newest saved model in ``model_dir`` to the run; returns its path in model_dir, None if none."""
+    from ..storage import open_store
+
+    store = open_store(model_dir, purpose="reading the saved model in")
+    listing = store.list()
+    found = _find_model(listing)
+    if found is None:
+        return None
+    rel, folder = found
+    with contextlib.ExitStack() as stack:
+        if store.local:
+            path = store.url(rel)
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tfnb-mlflow-model-",
+                                                                  ignore_cleanup_errors=True))
+            prefix = rel + "/" if folder and rel else ""
+            for sub, entry in listing.items():
+                if (folder and sub.startswith(prefix)) or sub == rel:
+                    store.get(sub, os.path.join(tmp, sub.replace("/", os.sep)), size=entry.size)
+            path = os.path.join(tmp, rel.replace("/", os.sep)) if rel else tmp
+        model = _load_keras(path)
+        if model is not None:
+            try:
+                _log_keras(model, mlflow_run_id)
+                return rel or "."
+            except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
+                log.info("MLflow's TensorFlow flavour could not log %s (%s: %s); logging its files instead",
+                         path, type(e).__name__, e)
+        _log_files(mlflow.MlflowClient(), mlflow_run_id, path, "model")
+        return rel or "."
+
+
+def _log_files(client, run_id: str, path: str, artifact_path: str) -> None:
+    if os.path.isdir(path):
+        client.log_artifacts(run_id, path, artifact_path)
+    else:
+        client.log_artifact(run_id, path, artifact_path)
+
+
+def _load_keras(path: str):
+    """The tf.keras model at ``path``, or None when it is not one (or TensorFlow is missing)."""
+    if "tensorflow" not in sys.modules:
+        # the workers trained with tf-keras (tfnb.run's legacy_keras): load with the same Keras
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    try:
+        from .._deps import require_tensorflow
+
+        return require_tensorflow("logging the model to MLflow").keras.models.load_model(path)
+    except Exception as e:  # noqa: BLE001 - not a Keras model (a tf.Module SavedModel, another Keras...)
+        log.info("%s does not load as a tf.keras model (%s: %s); logging its files", path, type(e).__name__, e)
+        return None
+
+
+def _log_keras(model, mlflow_run_id: str) -> None:
+    import importlib.metadata
+
+    import mlflow.tensorflow  # noqa: F401 - imports TensorFlow: only once there is a model to log
+
+    reqs = []
+    for dist in ("tensorflow", "tensorflow-cpu", "tf-keras"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            reqs.append(f"{dist}=={importlib.metadata.version(dist)}")
+    # explicit requirements: MLflow would otherwise load the model in a subprocess to infer them.
+    # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
+    # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
+    mlflow.tensorflow.log_model(model, name="model", run_id=mlflow_run_id, pip_requirements=reqs,
+                                keras_model_kwargs={"save_format": "keras_v3"})
+
+
+# ---------------------------------------------------------------- the Evaluator's side
+
+
+class EvalTracker:
+    """Logs an Evaluator's results to MLflow, from the evaluator's thread.
+
+    Which run: the one the ``tfnb.run`` writing ``model_dir`` logs to (its ``tfnb_mlflow.json``,
+    when its tfnb run id matches the status file's), else the MLflow run active where the Evaluator
+    was created, else a run of its own (in the experiment ``mlflow="name"`` names), ended when the
+    evaluator stops. Decided at the first evaluated checkpoint.
+
+    Metrics are ``eval_<name>`` at the evaluation's step; the best checkpoint's are
+    ``best_eval_<name>`` (at its step), with tags ``tfnb.eval.best_step`` and
+    ``tfnb.eval.best_checkpoint``; the exported best model is the artifact ``best_model``.
+    """
+
+    def __init__(self, experiment: Any, status_store):
+        import mlflow
+
+        self.experiment = experiment
+        self.store = status_store
+        active = mlflow.active_run()  # the creating thread's, read there
+        self.active_run_id = active.info.run_id if active else None
+        self.link = _Link("the evaluator")
+        self._resolved = False
+
+    def _resolve(self, mlflow) -> None:
+        self._resolved = True
+        run_id = self.link.call(self._linked_run)
+        self.link.start(mlflow, self.experiment, run_id or self.active_run_id, {"tfnb.evaluator": "true"})
+
+    def _linked_run(self) -> str | None:
+        from .._status import read_status
+
+        try:
+            linked = json.loads(self.store.read(LINK_FILE))
+        except (FileNotFoundError, ValueError):
+            return None
+        status = read_status(self.store) or {}
+        if linked.get("tfnb_run_id") != status.get("run_id"):
+            return None  # written by an earlier run in the same model_dir
+        return linked.get("mlflow_run_id")
+
+    def log(self, result) -> None:
+        """Log one EvalResult (and, when it is the best so far, the best-checkpoint tags)."""
+        import mlflow
+        from mlflow.entities import Metric
+
+        if not self._resolved:
+            self._resolve(mlflow)
+        stamp = int(time.time() * 1000)
+        prefixes = ("eval_", "best_eval_") if result.best else ("eval_",)
+        metrics = [Metric(prefix + k, float(v), stamp, int(result.step))
+                   for prefix in prefixes for k, v in result.metrics.items()]
+        tags = {"tfnb.eval.best_step": result.step, "tfnb.eval.best_checkpoint": result.checkpoint}
+        self.link.log(mlflow, metrics=metrics, tags=tags if result.best else None)
+
+    def log_best_model(self, local_path: str) -> None:
+        """Upload the exported best model (a file or a SavedModel folder) as the run's ``best_model``."""
+        if self.link.run_id is not None:
+            client = __import__("mlflow").MlflowClient()
+            self.link.call(_log_files, client, self.link.run_id, local_path, "best_model")
+
+    def close(self, failed: bool) -> None:
+        """End the evaluator's own run (if it started one)."""
+        import mlflow
+
+        self.link.end(mlflow, "FAILED" if failed else "FINISHED")

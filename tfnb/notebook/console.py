@@ -1,0 +1,267 @@
+"""The console display: prefixed log lines, epoch summaries and a progress line (a tqdm bar on a terminal).
+
+What a run shows outside a notebook widget (a script, a CI log, ``TFNB_DISPLAY=console``), rendered
+from the run model of :mod:`tfnb.monitor.progress`; registered as the ``console`` display mode.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from .. import _protocol as events
+from .._protocol import RunEvent
+from .._protocol import number as _number
+from ..errors import ConfigError
+from ..monitor.progress import (
+    _CORE_FIELDS,
+    SUMMARY_ABOVE,
+    RunProgress,
+    WorkerProgress,
+    _last_segment,
+    _of,
+    _runs,
+    _short,
+    format_metrics,
+)
+
+
+class ConsoleDisplay:
+    """Console output of a run: ``[worker 1] ...`` log lines and a progress line.
+
+    On a terminal the progress is a tqdm bar kept below the log lines. Otherwise (a file, a CI
+    log, a notebook cell with TFNB_DISPLAY=console) it prints each task's epoch summary and, at
+    most every ``interval`` seconds, one line with the run's progress. Carriage-return output
+    (a Keras ``verbose=1`` bar) is shown as each task's latest line at most every ``interval``
+    seconds. Above :data:`SUMMARY_ABOVE` tasks the per-task state lines and epoch summaries give
+    way to the chief's epoch summary and a periodic summary (counts by state, slowest and fastest
+    task, stragglers, total examples/s); failures are always printed.
+
+    Args:
+        stream: where to write (default: the current ``sys.stdout``).
+        num_workers: chief + worker tasks, for the counts in the progress line (optional).
+        num_ps: parameter-server tasks.
+        interval: seconds between two plain progress lines (not on a terminal).
+        tty: force the terminal (tqdm) or plain form; default: ``stream.isatty()``.
+
+    Example:
+        >>> from tfnb import ConsoleDisplay
+        >>> tfnb.run(train_fn, num_workers=2, display=ConsoleDisplay(interval=60))
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, num_workers: int | None = None, num_ps: int = 0,
+                 interval: float = 30.0, tty: bool | None = None):
+        if _number(interval) is None or interval < 0:
+            raise ConfigError(f"interval={interval!r} must be a number of seconds >= 0")
+        self.stream = stream
+        self.interval = float(interval)
+        self._tty = tty
+        self.run = RunProgress.for_run(num_workers, num_ps)
+        self._bar = None
+        self._last_line = float("-inf")
+        self._last_live = float("-inf")
+        self._live_pending: dict = {}  # task label -> its latest unprinted carriage-return line
+        self._last_bar = float("-inf")
+        self._held: list | None = None  # lines of the batch being shown, written at its end
+
+    def _out(self) -> TextIO:
+        return self.stream or sys.stdout
+
+    def _is_tty(self) -> bool:
+        if self._tty is None:
+            try:
+                self._tty = bool(self._out().isatty())
+            except (AttributeError, ValueError):
+                self._tty = False
+        return self._tty
+
+    def _print(self, text: str) -> None:
+        if self._held is not None:
+            self._held.append(text)
+        elif self._bar is not None:
+            self._bar.write(text, file=self._out())
+        else:
+            print(text, file=self._out(), flush=True)
+
+    def batch(self, events_: list) -> None:
+        """Show a batch of events with one write: at scale a flush per line costs more than the line."""
+        self._held = held = []
+        shown: list = []  # as in RunProgress.apply_batch
+        try:
+            for plain, event in _runs(events_, self.run.workers):
+                if plain is None:
+                    if shown and event.kind == events.LOG:
+                        self.run._keep(shown)
+                    self(event)
+                    continue
+                # plain lines, most of what a large run sends: what __call__ does, without the detours
+                self.run._add_lines(plain, shown)
+                if self._live_pending:
+                    for e in plain:
+                        self._live_pending.pop(e.label, None)
+                held.extend(f"[{e.job_name} {e.task_index}] {e.data['line']}" for e in plain)
+        finally:
+            self.run._keep(shown)
+            held, self._held = self._held, None
+            if held:
+                self._print("\n".join(held))
+
+    def __call__(self, event: RunEvent) -> None:
+        self.run.apply(event)
+        data = event.data or {}
+        if event.kind == events.LOG:
+            self._on_log(event, data)
+        elif event.kind == events.STATE:
+            self._on_state(event, data)
+        elif event.kind == events.FAILED:
+            self._print(f"[{event.label}] FAILED {data.get('exc_type')}: {data.get('message')}")
+        elif event.kind == events.ATTEMPT:
+            self._close_bar()
+            self._print(f"[tfnb] relaunching (attempt {data.get('attempt')}/{data.get('max_attempts')}) "
+                        f"after: {data.get('reason')}")
+        elif event.kind == events.PROGRESS:
+            self._on_progress(event, data)
+
+    def _on_log(self, event: RunEvent, data: dict) -> None:
+        line = str(data.get("line", ""))
+        label = event.label
+        if data.get("partial"):
+            w = self.run.workers.get((event.job_name, event.task_index))
+            if w is not None and w.live:
+                self._live_pending[label] = w.live
+            self._flush_live()
+            return
+        if self._live_pending:
+            self._live_pending.pop(label, None)  # the finished line below says more
+        if "\r" in line:
+            if self.run.large() and event.job_name != "chief":
+                return  # a finished bar from each of hundreds of tasks: the summary speaks for them
+            line = _last_segment(line)
+        self._print(f"[{label}] {line}")
+
+    def _flush_live(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self._live_pending or (not force and now - self._last_live < self.interval):
+            return
+        self._last_live = now
+        pending, self._live_pending = self._live_pending, {}
+        if len(pending) > SUMMARY_ABOVE:
+            self._print(f"[tfnb] {len(pending)} tasks updating; {self.run.status_text()}")
+            return
+        for label, text in pending.items():
+            self._print(f"[{label}] {text}")
+
+    def _on_state(self, event: RunEvent, data: dict) -> None:
+        state = data.get("state")
+        if event.job_name == "driver":
+            self._close_bar()
+            if data.get("log_file"):
+                self._print(f"[tfnb] every line of this run: {data['log_file']}")
+            if state in ("succeeded", "failed"):
+                self._flush_live(force=True)
+                self._print(f"[tfnb] {self.run.status_text()}")
+        elif state == "stalled" or (state in ("training", "serving", "done") and not self.run.large()):
+            # "starting" and "stopped" add little on a console: the first log line or the failure says more
+            self._print(f"[{event.label}] {state}")
+
+    def _on_progress(self, event: RunEvent, data: dict) -> None:
+        w = self.run.workers.get((event.job_name, event.task_index))
+        # a large run prints the chief's epoch summaries only; its summary line speaks for the rest
+        epoch_line = data.get("epoch_end") and w is not None and (not self.run.large() or w.job_name == "chief")
+        now = time.monotonic()
+        if self._is_tty():
+            if now - self._last_bar >= 0.2 or data.get("epoch_end"):
+                # finding the slowest task is O(tasks): at most 5 bar updates a second
+                self._last_bar = now
+                self._update_bar()
+            if epoch_line:
+                self._print(f"[{event.label}] {self._epoch_summary(w)}")
+            return
+        if epoch_line:
+            self._print(f"[{event.label}] {self._epoch_summary(w)}")
+            self._last_line = now
+        elif not _CORE_FIELDS.intersection(data) - {"time"}:
+            # a custom ctx.report(...) without the usual fields: show what was sent
+            if now - self._last_line >= self.interval:
+                self._print(f"[{event.label}] {format_metrics(dict(data))}")
+                self._last_line = now
+        elif now - self._last_line >= self.interval and data.get("step") is not None:
+            self._print(f"[tfnb] {self._progress_line()}")
+            if self.run.large():
+                for line in self.run.summary_lines():
+                    self._print(f"[tfnb] {line}")
+            self._last_line = now
+
+    @staticmethod
+    def _epoch_summary(w: WorkerProgress) -> str:
+        parts = [f"epoch {_of(w.epoch, w.epochs)}"]
+        if w.loss is not None:
+            parts.append(f"loss={w.loss:.4g}")
+        parts += [f"{k}={v:.4g}" for k, v in sorted(w.metrics.items())]
+        if w.examples_per_sec is not None:
+            parts.append(f"{_short(w.examples_per_sec)} examples/s")
+        elif w.steps_per_sec is not None:
+            parts.append(f"{_short(w.steps_per_sec)} steps/s")
+        return " ".join(parts)
+
+    def _lead(self) -> WorkerProgress | None:
+        """The task that bounds the run's progress: the one with the fewest batches done."""
+        training, _ = self.run.ranked()
+        return training[0] if training else None
+
+    def _progress_line(self) -> str:
+        w = self._lead()
+        parts = []
+        if w is not None:
+            if w.epoch is not None:
+                parts.append(f"epoch {_of(w.epoch, w.epochs)}")
+            parts.append(f"step {_of(w.step, w.steps)}")
+            if w.loss is not None:
+                parts.append(f"loss={w.loss:.4g}")
+        rate = self.run.examples_per_sec()
+        if rate is not None:
+            parts.append(f"{_short(rate)} examples/s")
+        n = len(self.run.workers)
+        counts = self.run.counts()
+        parts.append(f"{counts.get('training', 0)}/{n} training")
+        parts += [f"{counts[s]} {s}" for s in ("stalled", "failed") if counts.get(s)]
+        return " ".join(parts)
+
+    def _update_bar(self) -> None:
+        w = self._lead()
+        if w is None:
+            return
+        if self._bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # the bar is a nicety; plain lines still say everything
+                self._tty = False
+                return
+            self._bar = tqdm(total=w.total, file=self._out(), unit="step", mininterval=0.2,
+                             dynamic_ncols=True, leave=True)
+        bar = self._bar
+        if w.total and bar.total != w.total:
+            bar.total = w.total
+        if w.epoch is not None:
+            bar.set_description(f"epoch {_of(w.epoch, w.epochs)}", refresh=False)
+        postfix = [f"loss={w.loss:.4g}"] if w.loss is not None else []
+        rate = self.run.examples_per_sec()
+        if rate is not None:
+            postfix.append(f"{_short(rate)} ex/s")
+        postfix.append(f"{self.run.count('training')}/{len(self.run.workers)} training")
+        bar.set_postfix_str(", ".join(postfix), refresh=False)
+        delta = int(w.progress or 0) - bar.n
+        if delta > 0:
+            bar.update(delta)
+        elif delta < 0:  # resumed from a checkpoint at an earlier step: restart the count
+            bar.n = int(w.progress or 0)
+            bar.refresh()
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def close(self) -> None:
+        self._flush_live(force=True)
+        self._close_bar()

@@ -1,0 +1,196 @@
+"""The storage contract every backend keeps: :class:`Store`, its :class:`Entry`, the errors, and the
+helpers for atomic writes and downloads that the backends share (see :mod:`tfnb.storage`)."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import posixpath
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..errors import ConfigError, MissingDependencyError, StorageError
+
+PART = ".tfnb-part"          # temporary names carry this; listings skip them
+S3_OPTIONS = {  # the vocabulary -> boto3's name (its own names are accepted too)
+    "key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
+    "region": "region_name", "endpoint_url": "endpoint_url", "profile": "profile", "anon": "anon",
+    "config": "config", "client_kwargs": "client_kwargs"}
+
+
+class MissingError(StorageError, FileNotFoundError):
+    """The file or object does not exist."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a store.
+
+    Attributes:
+        rel: its path below the store's root, ``/``-separated (``""``: the root itself).
+        size: bytes.
+        mtime: modification time, seconds since the epoch (0 when the backend has none).
+        version: ETag, checksum or mtime; it changes when the content does.
+    """
+
+    rel: str
+    size: int
+    mtime: float
+    version: str
+
+
+def normalize(url: str | os.PathLike) -> str:
+    """The one spelling of a URL or path: ``dbfs:/x`` -> ``/dbfs/x``, ``file://x`` -> ``/x``,
+    ``s3a://``/``s3n://`` -> ``s3://``, a plain path -> absolute."""
+    text = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"expected a path or URL, got {url!r}; e.g. '/dbfs/data' or 's3://bucket/prefix'")
+    scheme, sep, rest = text.partition("://")
+    if text.lower().startswith("dbfs:"):                # dbfs:/x (Spark's spelling), dbfs:///x
+        return "/dbfs/" + text[len("dbfs:"):].lstrip("/")
+    if not sep or "/" in scheme:
+        return os.path.abspath(os.path.expanduser(text))
+    scheme = scheme.lower()
+    if scheme == "file":
+        return os.path.abspath(os.path.expanduser(rest))
+    if scheme in ("s3", "s3a", "s3n"):
+        return "s3://" + rest
+    return f"{scheme}://{rest}"
+
+
+class Store:
+    """A directory tree (or one file) addressed by relative ``/``-separated paths (``""``: the root).
+
+    Every backend has these operations; each failure is a StorageError naming the URL, what failed
+    and the fix (a MissingError, also a FileNotFoundError, when absent):
+
+    * ``list(rel="", recursive=True) -> {sub: Entry}``: files below ``rel``, relative to it; ``{}``
+      when it does not exist; temporary names skipped.
+    * ``stat(rel="") -> Entry | None``: the file ``rel``, None when no file is there (a folder is not).
+    * ``read(rel="", offset=0, length=None) -> bytes``: all of it, or a range.
+    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None)``: download
+      atomically (via ``.NAME.tfnb-part-*`` beside ``local_path``). ``size``/``version`` are what a
+      listing said: a file that no longer matches fails instead of arriving mixed or torn;
+      ``on_bytes(n)`` reports progress (negative when a retry restarts); a set ``cancel`` Event stops it.
+    * ``put(rel, local_path)``, ``write(rel, data)``: create or replace ``rel`` atomically.
+    * ``append(rel, data)``: only where :attr:`appendable`. ``delete(rel)``: a missing file is fine.
+    * ``put_dir(rel, local_dir)``: make ``rel`` a copy of ``local_dir``. ``close()``: release pools.
+    """
+
+    root = ""            # the normalised URL or absolute path
+    local = False        # a path this process can open directly (TensorFlow can read/write it)
+    appendable = False   # append() adds to a file in place
+
+    def url(self, rel: str = "") -> str:
+        """The full URL (or local path) of ``rel``."""
+        return self.root.rstrip("/") + ("/" + rel if rel else "")
+
+    def append(self, rel: str, data: bytes) -> None:
+        raise StorageError(f"{self.url(rel)} cannot be appended to in place; write a new file instead")
+
+    def put_dir(self, rel: str, local_dir: str) -> None:
+        # every file uploaded first, then what is not in local_dir deleted (no directory swap on objects)
+        wanted = set()
+        for dirpath, _, files in os.walk(local_dir):
+            for name in files:
+                sub = os.path.relpath(os.path.join(dirpath, name), local_dir).replace(os.sep, "/")
+                self.put(posixpath.join(rel, sub), os.path.join(dirpath, name))
+                wanted.add(sub)
+        for sub in self.list(rel):
+            if sub not in wanted:
+                self.delete(posixpath.join(rel, sub))
+
+    def close(self) -> None:
+        pass
+
+
+def is_temp(name: str) -> bool:
+    return PART in name
+
+
+def guarded(doing: str):
+    """Method decorator: any failure becomes the store's StorageError for ``doing`` the URL of ``rel``."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(self, rel: str = "", *args, **kwargs):
+            try:
+                return fn(self, rel, *args, **kwargs)
+            except (StorageError, ConfigError, MissingDependencyError):
+                raise
+            except Exception as e:  # noqa: BLE001 - classified by the backend
+                raise self.error(e, self.url(rel), doing) from e
+        return inner
+    return wrap
+
+
+def check_cancel(cancel, url: str) -> None:
+    """Stop a download whose ``cancel`` Event is set."""
+    if cancel is not None and cancel.is_set():
+        raise StorageError(f"downloading {url} was cancelled")
+
+
+def os_error(e: BaseException, url: str, doing: str) -> StorageError:
+    """The StorageError for an OS-level failure (local files, fsspec filesystems)."""
+    if isinstance(e, FileNotFoundError):
+        return MissingError(f"{doing} {url} failed: it does not exist; check the path")
+    if isinstance(e, PermissionError):
+        return StorageError(f"permission denied {doing} {url} ({e}); give this process access to it "
+                            "or use other credentials")
+    if isinstance(e, OSError) and e.errno == 28:
+        return StorageError(f"{doing} {url} failed: no space left on the device; free space there")
+    return StorageError(f"{doing} {url} failed: {type(e).__name__}: {e}")
+
+
+def temp_name(path: str, named: bool = False) -> str:
+    """A hidden temporary name beside ``path``: ``.NAME.tfnb-part-X`` when ``named`` (so the owner of
+    ``NAME`` can find its leftovers), else ``.tfnb-part-X`` (no part of the name: an event file's
+    temporary copy must not look like an event file to TensorBoard)."""
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name if named else ''}{PART}-{uuid.uuid4().hex[:12]}")
+
+
+@contextlib.contextmanager
+def replacing(path: str, named: bool = False) -> Iterator[str]:
+    """A temporary name (:func:`temp_name`) that replaces ``path`` when the block succeeds and is
+    removed when it fails: readers see the old content or all of the new, never a part."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = temp_name(path, named)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically."""
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def landing(url: str, local_path: str, size: int | None) -> Iterator[str]:
+    """A hidden name beside ``local_path`` to download into; when the block ends, the size the listing
+    gave is checked and the file renamed: a half-fetched or changed file never has the final name."""
+    with replacing(local_path, named=True) as tmp:
+        yield tmp
+        got = os.path.getsize(tmp)
+        if size is not None and got != size:
+            raise StorageError(f"{url} arrived with {got} bytes but was listed with {size}; it changed, run again")
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """An exclusive lock on ``path`` across processes, released when the file closes (a no-op where
+    fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: one process per folder is assumed
+        yield
+        return
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
