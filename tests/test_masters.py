@@ -121,15 +121,22 @@ def _wait_for_workers(ui_port: int, count: int, deadline: float) -> None:
 
 
 @contextlib.contextmanager
-def standalone(folder: Path, workers: int = 2):
-    """A real standalone master and ``workers`` one-core workers, run from the pip pyspark package's
-    spark-class; yields the master URL and stops every daemon (by pid) afterwards."""
+def standalone(folder: Path, workers: int = 2, *, cores: int = 1, memory: str = "1g",
+               properties: dict | None = None, spark_home: str | None = None, env: dict | None = None):
+    """A real standalone master and ``workers`` workers of ``cores`` cores each, run from the pip pyspark
+    package's spark-class (or ``spark_home``'s); ``properties`` go to each worker's conf (e.g. the GPUs it
+    advertises: spark.worker.resource.gpu.amount and .discoveryScript); ``env`` is the daemons' environment
+    (default: this process'). Yields the master URL and stops every daemon (by pid) afterwards."""
     import pyspark
 
-    spark_home = os.path.dirname(pyspark.__file__)
+    spark_home = spark_home or os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(spark_home, "bin", "spark-class")
-    env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOG_DIR=str(folder / "logs"),
+    env = dict(env or os.environ, SPARK_HOME=spark_home, SPARK_LOG_DIR=str(folder / "logs"),
                SPARK_WORKER_DIR=str(folder / "work"))
+    extra = []
+    if properties:
+        (folder / "worker.conf").write_text("".join(f"{k} {v}\n" for k, v in properties.items()))
+        extra = ["--properties-file", str(folder / "worker.conf")]
     port, ui = _free_port(), _free_port()
     procs = []
     logs = []
@@ -145,8 +152,8 @@ def standalone(folder: Path, workers: int = 2):
                "--webui-port", str(ui)], "master")
         _wait_for_port(port, time.monotonic() + 60)
         for i in range(workers):
-            start(["org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
-                   "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"], f"worker{i}")
+            start(["org.apache.spark.deploy.worker.Worker", "--cores", str(cores), "--memory", memory, "--host",
+                   "127.0.0.1", "--webui-port", str(_free_port()), *extra, f"spark://127.0.0.1:{port}"], f"worker{i}")
         _wait_for_workers(ui, workers, time.monotonic() + 120)
         yield f"spark://127.0.0.1:{port}"
     finally:

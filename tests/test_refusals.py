@@ -112,6 +112,30 @@ def run_ps_without_worker(env):
     tfnb.run(one, num_workers=1, num_ps=1, display=False)
 
 
+@case("launcher", "`gpus_per_worker=1.5`", ConfigError, "gpus_per_worker=1.5", "int >= 0",
+      "spark.task.resource.gpu.amount", says="whole GPUs per chief/worker task (0: none), or None for the conf's")
+def run_gpus_per_worker_fraction(env):
+    tfnb.run(one, num_workers=2, gpus_per_worker=1.5, display=False)
+
+
+@case("launcher", "`cpus_per_worker=0`", ConfigError, "cpus_per_worker=0", "int >= 1", "spark.task.cpus",
+      says="CPU cores per chief/worker task (>= 1), or None for spark.task.cpus")
+def run_cpus_per_worker_zero(env):
+    tfnb.run(one, num_workers=2, cpus_per_worker=0, display=False)
+
+
+@case("launcher", "`use_gpu=False` with `gpus_per_worker=2`", ConfigError, "use_gpu=False", "gpus_per_worker=2",
+      "gpus_per_worker=0", says="gpus_per_worker=0 for a run without GPUs, or leave use_gpu out")
+def run_use_gpu_false_with_gpus(env):
+    tfnb.run(one, num_workers=2, use_gpu=False, gpus_per_worker=2, display=False)
+
+
+@case("launcher", "`ps_placement='gpu'`", ConfigError, "ps_placement='gpu'", "'executors'", "'driver'",
+      says="'executors' (default) or 'driver'")
+def run_ps_placement_unknown(env):
+    tfnb.run(one, num_workers=2, num_ps=1, ps_placement="gpu", display=False)
+
+
 @case("launcher", "`args=5`", ConfigError, "got int", "args=(value,)", says="a tuple: args=(value,)")
 def run_args_not_tuple(env):
     tfnb.run(one, num_workers=2, args=5, display=False)
@@ -790,6 +814,13 @@ def progress_console_interval(env):
       "spark.executor.instances", says="lower num_workers or add executors/cores", spark=True)
 def run_more_tasks_than_slots(env):
     tfnb.run(one, num_workers=3, spark=env.spark, display=False)
+
+
+@case("cluster", "`gpus_per_worker=1` on local[2]", ClusterError, "gpus_per_worker=1",
+      "local master (local[2])", "spark.task.resource.gpu.amount=1", "spark.driver.resource.gpu.amount",
+      says="set spark.task.resource.gpu.amount when the session starts, or use a cluster master", spark=True)
+def run_gpus_per_worker_on_local(env):
+    tfnb.run(one, num_workers=2, spark=env.spark, gpus_per_worker=1, display=False)
 
 
 @case("cluster", "`use_gpu=True` without spark.task.resource.gpu.amount", ClusterError, "use_gpu=True",

@@ -102,3 +102,56 @@ def test_an_idle_standby_exits_after_the_idle_timeout(session, monkeypatch, no_o
 def test_warm_false_leaves_nothing(session, no_orphans):
     tfnb.run(process_info, num_workers=2, spark=session, display=False, warm=False)
     assert not standbys()
+
+
+# ---------------------------------------------------------------- standbys keyed by the GPUs they were started with
+
+
+def test_a_standby_is_stale_for_other_settings_or_overlapping_gpus_only():
+    from tfnb._task.warm import _stale, key
+
+    one, two, both = key((), True, (), ("0",)), key((), True, (), ("1",)), key((), True, (), ("0", "1"))
+    assert one != two and one.split(".")[0] == two.split(".")[0]  # same settings, other GPU
+    assert not _stale(one, two)  # a sibling task's standby, on the host's other GPU
+    assert _stale(both, one) and _stale(one, both)  # the host's GPUs were dealt anew
+    assert _stale(one, key(("json",), True, (), ("1",)))  # other settings
+    assert _stale(one, key((), True, (), ())) and _stale(key((), True, (), ()), one)  # GPUs vs none
+    assert _stale(one, "0123456789abcdef0123")  # a standby keyed by an older tfnb
+    uuid = key((), True, (), ("GPU-5e2f1a9c-0b7d-4e7a-9f3c-2d8e6b1a4c70",))
+    assert uuid.split(".")[1].startswith("@") and not _stale(one, uuid)  # cannot tell: left to expire
+
+
+def test_claiming_leaves_a_siblings_standby_and_discards_stale_ones(monkeypatch):
+    import shutil
+    import tempfile
+
+    from tfnb._task import warm
+
+    base = tempfile.mkdtemp(prefix="tfnb-w")  # a warm folder of its own; short: a Unix socket path is <= 107 bytes
+    monkeypatch.setenv("TFNB_STATE_DIR", base)
+    folder = Path(warm.private_dir("warm"))
+    env = dict(os.environ, TFNB_PREIMPORT="")
+    gpu0, gpu1, both = (warm.key((), True, (), g) for g in (("0",), ("1",), ("0", "1")))
+    for want in (gpu0, gpu1, warm.key(("json",), True, (), ("1",))):
+        warm.spawn(want, env, 60)
+
+    def keys():
+        return sorted(p.name.split("-", 1)[0] for p in folder.glob("*.sock*"))
+
+    def mine():
+        return [p for p in os.popen("ps -eo pid,args").read().splitlines() if str(folder) in p]
+
+    try:
+        assert wait_for(lambda: len(list(folder.glob("*.sock"))) == 3, 60), keys()
+        for conn in warm.claim(gpu1):  # the task on GPU 1 takes its own standby...
+            conn.close()
+        # ...discards the one with other settings, and leaves GPU 0's to the task on GPU 0
+        assert wait_for(lambda: keys() == [gpu0], 15), keys()
+        for conn in warm.claim(both):  # a run given both GPUs: GPU 0's standby can serve no one now
+            conn.close()
+        assert wait_for(lambda: keys() == [] and not mine(), 15), (keys(), mine())
+    finally:
+        for conn in warm.claim("none.none"):  # other settings than any: every standby left exits
+            conn.close()
+        wait_for(lambda: not mine(), 15)
+        shutil.rmtree(base, ignore_errors=True)

@@ -81,19 +81,26 @@ def task_entry(spec_blob: bytes, version: str):
     return tfnb_task
 
 
-def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
-    """The barrier task body (``mapInArrow`` function): one TensorFlow task of the cluster."""
+def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> Iterator:
+    """The barrier task body (``mapInArrow`` function): one TensorFlow task of the cluster.
+
+    ``place`` is ``(rank, host, resources)`` for a task outside Spark (a ps on the driver, see
+    tfnb._task.local); by default the barrier task's own.
+    """
     import pyarrow as pa
-    from pyspark import BarrierTaskContext
 
     from .._protocol import batch_window
     from .channel import TaskChannel
 
-    bctx = BarrierTaskContext.get()
-    rank = bctx.partitionId()
+    if place is None:
+        from pyspark import BarrierTaskContext
+
+        bctx = BarrierTaskContext.get()
+        part = bctx.partitionId()
+        # the ps tasks' own job starts at rank num_workers
+        place = (spec.first_rank + part, bctx.getTaskInfos()[part].address.rsplit(":", 1)[0], bctx.resources())
+    rank, host, resources = place
     job_name, task_index = assign_role(rank, spec.num_workers, spec.num_ps)
-    infos = bctx.getTaskInfos()
-    host = infos[rank].address.rsplit(":", 1)[0]
     workdir = tempfile.mkdtemp(prefix=f"tfnb-{spec.run_id}-a{spec.attempt}-{rank}-", dir=_spark_local_dir())
     chan = None
     sup = None
@@ -108,8 +115,8 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
             on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None,
         )
         sup = holder["sup"] = _Supervisor(spec, chan, workdir)
-        chan.send("state", state="starting", pid=os.getpid())
-        gpus = assigned_gpus(bctx.resources(), spec.use_gpu)
+        gpus = assigned_gpus(resources, spec.use_gpu, job_name)
+        chan.send("state", state="starting", pid=os.getpid(), gpus=list(gpus))
         mode = "serve" if spec.num_ps > 0 and job_name != "chief" else "train"
         held = reserve_port()
         port = held.getsockname()[1]
@@ -162,7 +169,8 @@ def run_task(spec: TaskSpec, batches: Iterator) -> Iterator:
         if code == 0 and mode == "train" and not os.path.exists(os.path.join(workdir, RESULT)):
             code = None  # os._exit(0) before train_fn returned: a death, not a success
         if code != 0:
-            failure = _failure_from_child(workdir, code)
+            failure = _failure_from_child(workdir, code, "TensorFlow server process" if mode == "serve" else
+                                          "train_fn process")
             if chan.send("failed", failure=failure):
                 # The driver has the details and stops the other tasks; ending quietly spares the
                 # executor log a second, longer copy of the same traceback.

@@ -66,6 +66,7 @@ class TaskSpec:
     warm: bool = False  # hand the payload to a warm standby when one matches, leave one after success
     warm_idle: float = 600.0  # seconds an unclaimed standby waits before it exits
     linger: bool = False  # a finished train_fn process waits until every task's train_fn has returned
+    first_rank: int = 0  # rank of partition 0: num_workers for the ps tasks' own job (tfnb.launcher.resources)
 
 
 def is_startup_noise(line: str, min_log_level: str) -> bool:
@@ -104,11 +105,13 @@ def tf_config_for(cluster: dict, job_name: str, task_index: int, num_ps: int) ->
     return {"cluster": cluster, "task": task}
 
 
-def assigned_gpus(resources: dict, use_gpu: bool | None) -> tuple[str, ...]:
-    """GPU addresses Spark gave this task (``spark.task.resource.gpu.amount``), honouring ``use_gpu``."""
+def assigned_gpus(resources: dict, use_gpu: bool | None, job_name: str = "worker") -> tuple[str, ...]:
+    """GPU addresses Spark gave this task (the stage's resource profile: ``gpus_per_worker`` or
+    ``spark.task.resource.gpu.amount``), honouring ``use_gpu``; a ps task needs none (use_gpu=True is the
+    workers' requirement)."""
     info = resources.get("gpu")
     gpus = tuple(info.addresses) if info is not None else ()
-    if use_gpu and not gpus:
+    if use_gpu and not gpus and job_name != "ps":
         raise RuntimeError(
             "use_gpu=True but Spark assigned this task no GPU; set spark.task.resource.gpu.amount "
             "(and spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False"

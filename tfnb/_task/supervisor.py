@@ -349,7 +349,8 @@ class _Supervisor:
                 close.close()
 
 
-def _failure_from_child(workdir: str, code: int | None) -> dict:
+def _failure_from_child(workdir: str, code: int | None, what: str = "train_fn process") -> dict:
+    """How the child ended, as the failure the driver gets; ``what`` names it ("TensorFlow server process")."""
     path = os.path.join(workdir, ERROR)
     if os.path.exists(path):
         with open(path) as f:
@@ -357,15 +358,15 @@ def _failure_from_child(workdir: str, code: int | None) -> dict:
     from .warm import UNKNOWN_EXIT
 
     if code == UNKNOWN_EXIT:
-        return {"exc_type": "ProcessDied", "message": "the train_fn process died without an exit status "
+        return {"exc_type": "ProcessDied", "message": f"the {what} died without an exit status "
                 "(killed by a signal, a crash in native code, or out of memory)", "traceback": "", "exit_code": None}
     if code is None:
-        return {"exc_type": "ProcessDied", "message": "the train_fn process exited with code 0 before train_fn "
+        return {"exc_type": "ProcessDied", "message": f"the {what} exited with code 0 before train_fn "
                 "returned (os._exit or sys.exit from another thread)", "traceback": "", "exit_code": 0}
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        return {"exc_type": "ProcessDied", "message": f"the train_fn process was killed by {name}",
+        return {"exc_type": "ProcessDied", "message": f"the {what} was killed by {name}",
                 "traceback": "", "exit_code": code}
-    return {"exc_type": "ProcessDied", "message": f"the train_fn process exited with code {code} "
+    return {"exc_type": "ProcessDied", "message": f"the {what} exited with code {code} "
             "without raising an exception (os._exit, a crash in native code, or out of memory)",
             "traceback": "", "exit_code": code}

@@ -2,18 +2,20 @@
 
 Every run still gets a fresh process (one per task and attempt, never reused after train_fn ran); a
 standby only moves the ``import tensorflow`` of the *next* run off its critical path. When a task of a
-successful run ends, it leaves a standby that imports the run's ``preimport`` modules and then waits
-on a Unix socket in this user's private folder. The next task whose settings match (same Python,
-``preimport``, legacy Keras, ``env=``, GPUs) connects, hands over the run's pipes, port and
-environment with SCM_RIGHTS, and from then on the process behaves exactly like a freshly started one:
-the connection is its parent-death watch and carries ``go`` and the exit code. A standby is claimable
-while it still imports (its socket is then named ``.sock.part``; warm ones are preferred), so a rerun
-right after a run waits only for the rest of that import instead of paying a whole one.
+successful run ends, it leaves a standby that imports the run's ``preimport`` modules and then waits on
+a Unix socket in this user's private folder. The next task whose settings match (same Python,
+``preimport``, legacy Keras, ``env=``, GPU addresses: a run given other GPUs gets a fresh process, as
+CUDA_VISIBLE_DEVICES must be set before TensorFlow is imported) connects, hands over the run's pipes,
+port and environment with SCM_RIGHTS, and from then on the process behaves exactly like a freshly
+started one: the connection is its parent-death watch and carries ``go`` and the exit code. A standby is
+claimable while it still imports (its socket is then named ``.sock.part``; warm ones are preferred), so
+a rerun right after a run waits only for the rest of that import instead of paying a whole one.
 
 An unclaimed standby exits after ``TFNB_WARM_IDLE`` seconds (default 600), when the executor's Python
 daemon that its creator belonged to exits (session stopped, executor lost), or when a task with other
-settings discards it. Spark kills idle Python workers after one minute, so tying a standby to the
-worker that made it would make it vanish before most reruns; the daemon lives as long as the executor.
+settings, or GPUs that overlap its own, discards it (a sibling task's standby, on other GPUs of the
+host, is left alone). Spark kills idle Python workers after one minute, so tying a standby to the worker
+that made it would make it vanish before most reruns; the daemon lives as long as the executor.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import select
 import socket
 import subprocess
@@ -39,10 +42,36 @@ _MAX_MSG = 1 << 20
 
 def key(preimport: tuple, legacy_keras: bool, env: tuple, gpus: tuple) -> str:
     """What a standby must share with a run to serve it (all of it fixed before TensorFlow is imported;
-    PYTHONPATH too, since the standby's sys.path was built from it)."""
-    fixed = [sys.executable, list(preimport), legacy_keras, [list(kv) for kv in env], list(gpus),
+    PYTHONPATH too, since the standby's sys.path was built from it): ``<settings>.<GPUs>``, the GPU
+    addresses it was started with readable, so a task can tell a sibling's standby from a stale one."""
+    fixed = [sys.executable, list(preimport), legacy_keras, [list(kv) for kv in env],
              os.environ.get("TF_CPP_MIN_LOG_LEVEL", ""), os.environ.get("PYTHONPATH", "")]
-    return hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:16] + "." + _gpu_tag(gpus)
+
+
+def _gpu_tag(gpus: tuple) -> str:
+    """``none``, the addresses joined by ``_`` when they are short and plain (Spark's usual 0, 1, ...), else a
+    hash (``@...``) whose overlap with another set cannot be told."""
+    if not gpus:
+        return "none"
+    if all(re.fullmatch(r"[A-Za-z0-9]{1,12}", g) for g in gpus) and len("_".join(gpus)) <= 40:
+        return "_".join(gpus)  # (a Unix socket's path holds at most 107 bytes)
+    return "@" + hashlib.sha256(json.dumps(list(gpus)).encode()).hexdigest()[:10]
+
+
+def _stale(want: str, other: str) -> bool:
+    """Whether the standby keyed ``other`` can serve no task of this host once one keyed ``want`` runs:
+    other settings, or another GPU set that shares a GPU with ours (the host's GPUs were dealt anew).
+    A sibling task's standby, holding GPUs disjoint from ours, is left for that sibling."""
+    mine, theirs = want.split("."), other.split(".")
+    if len(theirs) != 2 or mine[0] != theirs[0]:
+        return True
+    a, b = mine[1], theirs[1]
+    if "none" in (a, b):
+        return a != b
+    if a.startswith("@") or b.startswith("@"):
+        return False  # cannot tell: it waits out TFNB_WARM_IDLE
+    return bool(set(a.split("_")) & set(b.split("_")))
 
 
 def _sockets() -> list[str]:
@@ -74,14 +103,15 @@ def _connect(path: str) -> socket.socket | None:
 
 def claim(want: str) -> Iterator[socket.socket]:
     """Connections to the idle standbys with key ``want``, warm ones first; standbys with other keys
-    are told to exit. A standby serves one connection, and two tasks of a host may reach the same one
-    at once (the second waits in its listen queue until the first is taken): when handing the run over
-    fails, the caller tries the next."""
+    are told to exit when stale (other settings, or GPUs that overlap ours: see :func:`_stale`). A standby
+    serves one connection, and two tasks of a host may reach the same one at once (the second waits in
+    its listen queue until the first is taken): when handing the run over fails, the caller tries the next."""
     mine = []
     for path in _sockets():
-        if os.path.basename(path).startswith(want + "-"):
+        name = os.path.basename(path)
+        if name.startswith(want + "-"):
             mine.append(path)
-        elif other := _connect(path):
+        elif _stale(want, name.split("-", 1)[0]) and (other := _connect(path)):
             other.sendall(b'{"exit": true}\n')
             other.close()
     for path in mine:

@@ -7,7 +7,10 @@ job, the stop button cancels it, and Spark Connect sessions work.
 
 What does not carry over: ``train`` runs outside Spark's task, so ``BarrierTaskContext.get()`` inside it
 raises an error that points to the equivalents (``TF_CONFIG`` holds the rank and the peers'
-addresses). GPUs come from Spark's ``gpu`` resource.
+addresses). GPUs come from Spark's ``gpu`` resource: ``spark.task.resource.gpu.amount`` as in the
+original, or, when that conf is unset, one GPU per task asked for in the run (a task resource profile,
+``tfnb.run(gpus_per_worker=1)``) where the cluster supports it; CPU training (``use_gpu=False``) on a
+cluster whose conf gives every task GPUs asks for none, so it holds no GPU it would hide.
 """
 from __future__ import annotations
 
@@ -122,6 +125,7 @@ class MirroredStrategyRunner:
         self._use_custom_strategy = use_custom_strategy
         self._spark = get_spark(spark, 1 if local_mode else num_slots)
         self._num_tasks = None if local_mode else self.get_num_tasks()
+        self._gpus_per_task = None if local_mode else self._gpus_asked()
         if local_mode:
             log.warning("MirroredStrategyRunner runs train on the driver (local_mode=True); other work on the "
                         "driver competes with it for resources")
@@ -129,21 +133,47 @@ class MirroredStrategyRunner:
     def get_num_tasks(self) -> int:
         """The number of Spark tasks a distributed run uses.
 
-        With GPUs: ``ceil(num_slots / spark.task.resource.gpu.amount)``; without: ``num_slots``.
+        With GPUs: ``ceil(num_slots / spark.task.resource.gpu.amount)``, or ``num_slots`` tasks of one GPU
+        each (``tfnb.run(gpus_per_worker=1)``) when that conf is unset and the cluster can give a run its
+        own task resources; without GPUs: ``num_slots``.
         """
         if not self._use_gpu:
             return self._num_slots
         key = f"spark.task.resource.{self._gpu_resource_name}.amount"
         raw = _conf(self._spark, key)
         if raw is None:
-            raise ClusterError(
-                f"use_gpu=True but the Spark conf {key} is not set, so this cluster has no GPU-aware "
-                f"scheduling; set {key} (with spark.executor.resource.{self._gpu_resource_name}.amount and a "
-                "discovery script), or pass use_gpu=False for CPU training")
+            from ..launcher import check_cluster
+
+            try:  # the same mechanism as tfnb.run(gpus_per_worker=1): a task resource profile
+                check_cluster(self._spark, self._num_slots, use_gpu=True, gpus_per_worker=1)
+            except ClusterError as e:
+                raise ClusterError(
+                    f"use_gpu=True but the Spark conf {key} is not set, so this cluster has no GPU-aware "
+                    f"scheduling, and tfnb cannot ask for one GPU per task in this run ({e}); set {key} (with "
+                    f"spark.executor.resource.{self._gpu_resource_name}.amount and a discovery script), or pass "
+                    "use_gpu=False for CPU training") from e
+            return self._num_slots
         amount = float(raw)
         if amount < 1:
             raise ClusterError(f"the Spark conf {key}={raw} is below 1; give each task at least one whole GPU")
         return math.ceil(self._num_slots / int(amount))
+
+    def _gpus_asked(self) -> int | None:
+        """``gpus_per_worker`` for tfnb.run: 1 when GPUs come per run (no conf), 0 for CPU training on a
+        cluster whose conf gives every task GPUs (so CPU tasks hold none) where a run can ask that, else
+        None (the conf's amount, as the original)."""
+        amount = _conf(self._spark, f"spark.task.resource.{self._gpu_resource_name}.amount")
+        if self._use_gpu:
+            return 1 if amount is None else None
+        if float(amount or 0) <= 0:
+            return None
+        from ..launcher import check_cluster
+
+        try:
+            check_cluster(self._spark, self._num_slots, use_gpu=False, gpus_per_worker=0)
+        except ClusterError:
+            return None  # no per-run profile here: the tasks hold the conf's GPUs, hidden from train
+        return 0
 
     def run(self, train_fn: Callable, **kwargs: Any) -> Any:
         """Run ``train_fn(**kwargs)`` on every task (or on the driver in local mode).
@@ -164,7 +194,7 @@ class MirroredStrategyRunner:
         from ..launcher import run
 
         return run(_task_main, num_workers=self._num_tasks, spark=self._spark,
-                   use_gpu=bool(self._use_gpu),
+                   use_gpu=bool(self._use_gpu), gpus_per_worker=self._gpus_per_task,
                    args=(train_fn, kwargs, self._use_custom_strategy, self._num_slots, self._use_gpu))
 
     def _run_local(self, train_fn: Callable, kwargs: dict) -> Any:

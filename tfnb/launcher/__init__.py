@@ -4,7 +4,9 @@ The barrier job is ``spark.range(n, numPartitions=n).mapInArrow(task, barrier=Tr
 DataFrame split into n parts), which runs on classic and Spark Connect sessions alike. Tasks talk back
 over the run's authenticated channel (logs, progress, failures); only partition 0, the chief, returns a
 value. The package's modules, in the order a run meets them: :mod:`.options` (what was asked, resolved
-once), :mod:`.spark` (what the cluster can host), :mod:`.attempt` (one launch, watched), :mod:`.verdict`
+once), :mod:`.spark` (what the cluster can host), :mod:`.resources` (what each task asks Spark for, where the
+ps tasks go, whether it fits), :mod:`.attempt` (one launch, watched) and :mod:`.jobs` (its barrier job(s),
+ps processes on the driver), :mod:`.verdict`
 (what a failure was, and whether a relaunch helps), :mod:`.channel` and :mod:`.runlog` (what the tasks
 say, and the file that keeps it); :mod:`.hooks` is the surface add-ons build on.
 """
@@ -22,6 +24,7 @@ from ..monitor.progress import make_display
 from .attempt import _Attempt
 from .hooks import ArrowSpill, LaunchHooks, pickle_fn
 from .options import RunOptions
+from .resources import with_profiles
 from .spark import (
     _refuse_in_task,
     _wait_for_slots,
@@ -53,8 +56,21 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
         num_ps: parameter-server tasks; with ps tasks the chief runs the ParameterServerStrategy
             coordinator (``train_fn``), and worker/ps tasks run TensorFlow servers until it finishes.
         spark: the SparkSession (classic or Spark Connect); default: active session or a local one.
-        use_gpu: None uses GPUs Spark assigned (spark.task.resource.gpu.amount); False hides GPUs;
-            True requires them.
+        use_gpu: None uses GPUs Spark assigned (``gpus_per_worker``, else spark.task.resource.gpu.amount);
+            False hides GPUs; True requires them.
+        gpus_per_worker: whole GPUs each chief/worker task asks Spark for in this run (0: none), instead
+            of the cluster's spark.task.resource.gpu.amount; ``cpus_per_worker``: likewise CPU cores instead
+            of spark.task.cpus. Applied as a Spark task resource profile on the executors already running
+            (no restart), where the Spark version and cluster manager support one (standalone from 3.5,
+            YARN/Kubernetes from 3.5.1, never local[N]; docs/resources.md); elsewhere refused before launch
+            with the conf to set instead. Memory per task is out of reach (executor-level in Spark).
+        ps_placement: where the ``num_ps`` parameter servers run. ``"executors"`` (default): on the
+            executors; when the workers hold GPUs, as CPU-only tasks of a second barrier job beside the
+            workers' (a stage carries one resource profile), so no ps holds a GPU; with CPU workers, in the
+            workers' stage as ever. Spark places, cancels and cleans them like any task, and the shared
+            driver of a Databricks cluster stays out of the training's memory and network path.
+            ``"driver"``: as processes on the driver that tfnb supervises (no Spark slot, but the driver's
+            memory, CPU and network; for clusters that cannot run a CPU-only profile).
         timeout: seconds before the run is cancelled (RunTimeoutError). Env: TFNB_TIMEOUT.
         model_dir: checkpoint directory passed to ``ctx.model_dir``; tfnb also writes the run's status
             there (``tfnb_status.json``) so an Evaluator knows when training ended.
@@ -105,8 +121,9 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
     Raises:
         ConfigError: bad arguments (message names the fix), also a driver-local ``model_dir``/``log_dir``
             on a multi-host cluster, or a call from inside train_fn or a Spark task.
-        ClusterError: the cluster cannot host the run (slots, dynamic allocation), or tfnb cannot start
-            on an executor (not installed, or another version than the driver's); never relaunched.
+        ClusterError: the cluster cannot host the run (slots, GPUs, dynamic allocation, a per-run request
+            this Spark or master cannot attach), or tfnb cannot start on an executor (not installed, or
+            another version than the driver's); never relaunched.
         WorkerError: train_fn failed on a worker; carries task index, exception type, worker traceback
             and the history of attempts (``.attempts``).
         WorkerStalledError: a worker stalled on the last attempt; carries its stack and last step.
@@ -122,6 +139,7 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
         ...     model.fit(make_dataset(ctx), epochs=epochs)
         ...     return model.evaluate(val_ds, return_dict=True)
         >>> metrics = tfnb.run(train_fn, num_workers=2, args=(3,))
+        >>> tfnb.run(train_fn, num_workers=2, args=(3,), gpus_per_worker=2)  # this run: 2 GPUs per worker
     """
     _refuse_in_task("tfnb.run")
     if not callable(train_fn):
@@ -132,7 +150,10 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
     num_workers, num_ps, num_tasks, max_attempts, model_dir = (opts.num_workers, opts.num_ps, opts.num_tasks,
                                                                opts.max_attempts, opts.model_dir)
     spark = get_spark(opts.spark, num_tasks)
-    check_cluster(spark, num_tasks, use_gpu=opts.use_gpu)
+    placement = check_cluster(spark, num_tasks, use_gpu=opts.use_gpu, num_ps=num_ps,
+                              gpus_per_worker=opts.gpus_per_worker, cpus_per_worker=opts.cpus_per_worker,
+                              ps_placement=opts.ps_placement)
+    placement = with_profiles(spark, placement)
     check_dirs_shared(spark, model_dir=model_dir, log_dir=opts.log_dir)
     feed = None
     if opts.data is not None and hooks.feeder is None:
@@ -170,7 +191,7 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
                                linger=num_tasks > 1 and num_ps == 0 and not hooks.daemon_ranks)
             outcome = _Attempt(spark, spec_kwargs, opts.data, sink, deadline, num_tasks, num_ps,
                                daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel, grace=opts.failure_grace,
-                               stall_timeout=opts.stall_timeout).run()
+                               stall_timeout=opts.stall_timeout, placement=placement).run()
             entry = {"attempt": attempt, "started": round(started, 3), "seconds": round(time.time() - started, 1),
                      "resumed_epoch": outcome.resumed_epoch}
             history.append(entry)
@@ -192,7 +213,7 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
 
                     write_status(model_dir, "running", run_id=run_id, attempt=attempt + 1, attempts=history,
                                  storage_options=opts.storage_options)
-                _wait_for_slots(spark, num_tasks)
+                _wait_for_slots(spark, num_tasks, placement, num_ps)
                 continue
             sink(RunEvent(events.STATE, "driver", 0, {"state": "failed", "attempt": attempt, "max_attempts": max_attempts}))
             if outcome.error is not None:

@@ -12,8 +12,7 @@ import queue
 import re
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from .. import _protocol as events
 from .._protocol import RunEvent
@@ -25,6 +24,7 @@ from ..errors import (
     TaskFailure,
 )
 from ..monitor.progress import show
+from .resources import Ask, Placement, refused_by_spark
 from .spark import _driver_host
 from .verdict import (
     _EXECUTOR_LOST,
@@ -33,6 +33,9 @@ from .verdict import (
     _boot_report,
     _cause,
     _last_line,
+    _Life,
+    _Outcome,
+    _refusal_error,
     _spark_failure,
 )
 
@@ -49,47 +52,16 @@ _SHOW_EVERY = 100
 _MAX_SHOWN_LINE = 2000  # characters of a log line the display gets; the run's log file has it whole
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    value: Any = None
-    failure: TaskFailure | None = None
-    others: tuple = ()
-    retryable: bool = False
-    cause: str = ""          # one readable line: who failed how, and at which epoch
-    epoch: int | None = None  # the epoch the run had reached when it failed
-    resumed_epoch: int | None = None  # the first epoch this attempt trained
-    stall: dict | None = None  # WorkerStalledError's fields when a task stalled
-    error: Exception | None = None  # raised as it is (tfnb could not start on an executor)
-
-
-@dataclass
-class _Life:
-    """What the driver last heard from one task: input of the stall watchdog and of relaunch reasons."""
-
-    job_name: str
-    task_index: int
-    host: str = ""
-    seen: float = field(default_factory=time.monotonic)  # last message of any kind
-    state: str = "starting"
-    final: bool = False      # reported done, stopped or failed: its end is explained
-    step: dict = field(default_factory=dict)  # last progress report's epoch/step
-    first_epoch: int | None = None
-    line: str = ""
-    stack: str | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.job_name} {self.task_index}"
-
-
 class _Attempt:
     """One launch of the barrier job, watched from the driver's main thread."""
 
     def __init__(self, spark, spec_kwargs: dict, data, display: Callable[[RunEvent], None],
                  deadline: float | None, num_tasks: int, num_ps: int, *,
                  daemon_ranks: frozenset = frozenset(), cancel: threading.Event | None = None,
-                 grace: float = 3.0, stall_timeout: float | None = None):
+                 grace: float = 3.0, stall_timeout: float | None = None, placement: Placement | None = None):
         self.spark = spark
+        self.placement = placement or Placement(workers=Ask(1, 0.0))  # what the tasks ask for, where ps go
+        self.refused: str | None = None  # Spark refused the run's resource profile (read from the job's error)
         self.display = display
         self.deadline = deadline
         self.num_tasks = num_tasks
@@ -170,27 +142,19 @@ class _Attempt:
             self._show(RunEvent(events.LOG, job, idx, data, now))
 
     def _job(self, spec) -> None:
-        import cloudpickle
+        from .jobs import run_jobs
 
-        from .._protocol import VERSION as __version__
-        from .._task.entry import RESULT_SCHEMA, task_entry
-        from .spark import job_tag
+        if self.data is not None and self.spec_kwargs["hooks"].feeder is not None:
+            source = self.data  # a feeder's DataFrame already has one partition per task
+        elif self.data is not None:
+            from ..data.feeding import split_for_workers
 
-        try:
-            if self.data is not None and self.spec_kwargs["hooks"].feeder is not None:
-                source = self.data  # a feeder's DataFrame already has one partition per task
-            elif self.data is not None:
-                from ..data.feeding import split_for_workers
-
-                source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
-            else:
-                source = self.spark.range(0, self.num_tasks, 1, self.num_tasks)
-            with job_tag(self.spark, self.tag):  # Spark 3.5 classic sessions have no tags: a job group then
-                task = task_entry(cloudpickle.dumps(spec), __version__)
-                rows = source.mapInArrow(task, RESULT_SCHEMA, barrier=True).collect()
-            self.q.put(("done", rows))
-        except BaseException as e:  # noqa: BLE001 - reported to the main thread
-            self.q.put(("error", e))
+            source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
+        else:
+            p = self.placement
+            n = self.num_tasks - self.num_ps if p.ps is not None or p.ps_on_driver else self.num_tasks
+            source = self.spark.range(0, n, 1, n)
+        run_jobs(self.spark, spec, self.placement, source, self.num_ps, self.tag, self.q.put)
 
     def _cancel(self) -> None:
         from .spark import interrupt_jobs
@@ -247,13 +211,28 @@ class _Attempt:
         self.channel = DriverChannel(_driver_host(self.spark), self._on_message)
         spec = TaskSpec(channel=self.channel.address, token=self.channel.token, **self.spec_kwargs)
         job = threading.Thread(target=self._job, args=(spec,), name="tfnb-job", daemon=True)
+        driver_ps = None
         try:
+            if self.placement.ps_on_driver:
+                from .jobs import DriverPs
+
+                driver_ps = DriverPs(spec, self.channel.address[0], self._driver_ps_died).start()
             job.start()
             return self._watch(job)
         finally:
             self.q.put(("closed",))  # lifts the queue's bound so the channel thread never waits on it
             self.channel.close()
+            if driver_ps is not None:
+                driver_ps.stop()
             self.runlog.close()
+
+    def _driver_ps_died(self, rank: int, code: int, err: str) -> None:
+        """A ps process on the driver ended with an error while the run needed it: a death, like a task's."""
+        from .jobs import died_message
+
+        peer = {"job_name": "ps", "task_index": rank - (self.num_tasks - self.num_ps), "rank": rank, "host": "driver"}
+        self.q.put_message(peer, {"kind": "failed", "failure": {
+            "exc_type": "ProcessDied", "message": died_message(code, err), "traceback": err, "exit_code": code}})
 
     def _stop_everything(self, job: threading.Thread) -> None:
         self.channel.broadcast({"kind": "stop"})
@@ -345,8 +324,9 @@ class _Attempt:
                     return _Outcome(value=value, resumed_epoch=self._resumed_epoch())
                 # The job failed. Spark's verdict says whether an executor was lost; what the tasks
                 # themselves report (collected until _settled) says more than Spark's wrapper text.
-                self.job_error = item[1]
+                self.job_error = self.job_error or item[1]  # the first: a second is often its cancellation
                 self.boot = self.boot or _boot_report(str(item[1]))
+                self.refused = self.refused or refused_by_spark(str(item[1]))
                 first = next((l for l in str(item[1]).splitlines() if l.strip()), type(item[1]).__name__)
                 if _EXECUTOR_LOST.search(str(item[1])):
                     self.lost.append(self._lost_in_spark(str(item[1]), first))
@@ -416,7 +396,7 @@ class _Attempt:
 
     def _settled(self) -> bool:
         """Enough is known to decide the attempt's outcome (or the failure grace is over)."""
-        if self.boot or any(f.died for f in self.failures):
+        if self.boot or self.refused or any(f.died for f in self.failures):
             return True  # tfnb cannot start somewhere, or a process died: whatever else arrives changes nothing
         if self.lost:
             # Let Spark declare the executor lost (the job fails) before cancelling, or the relaunch
@@ -463,8 +443,9 @@ class _Attempt:
             self._stop_everything(job)
         self._drain_rest()
         others = tuple(f for f in self.failures if f is not failure)
-        if self.boot:
-            error = _boot_error(self.boot, self.spec_kwargs["max_attempts"])
+        if self.boot or self.refused:
+            error = _boot_error(self.boot, self.spec_kwargs["max_attempts"]) if self.boot else \
+                _refusal_error(self.refused, self.placement.worker_profile)
             return _Outcome(failure=failure, others=others, error=error, cause=str(error).split(";")[0])
         if _PER_REPLICA.search(failure.message) and KERAS3_MWMS not in failure.message:
             # Keras 3 under MultiWorkerMirroredStrategy past tfnb._child's guard of fit (evaluate, predict...)

@@ -24,7 +24,8 @@ _OWN_ENV = {**dict.fromkeys(_TASK_OWN, "it is tfnb's own plumbing; leave it out"
             "TFNB_RUN_ID": "read ctx.run_id instead", "TFNB_ATTEMPT": "read ctx.attempt instead",
             "TFNB_PREIMPORT": "pass preimport= instead",
             "TF_CONFIG": "tfnb writes it per task for the cluster it launched; read ctx.tf_config instead",
-            "CUDA_VISIBLE_DEVICES": "pass use_gpu= instead (None: the GPUs Spark assigned, False: none)",
+            "CUDA_VISIBLE_DEVICES": ("pass use_gpu= instead (None: the GPUs Spark assigned, False: none), "
+                                     "or gpus_per_worker= for how many"),
             "PYTHONUNBUFFERED": "tfnb needs it to stream train_fn's output as it is printed; leave it out"}
 
 
@@ -77,6 +78,30 @@ def _check_env(env: Any, legacy_keras: bool) -> tuple:
     return tuple(sorted(env.items()))
 
 
+def _check_resources(given: Mapping[str, Any]) -> tuple:
+    """(gpus_per_worker, cpus_per_worker, use_gpu, ps_placement) checked, alone and against each other."""
+    gpus, cpus, use_gpu = given.get("gpus_per_worker"), given.get("cpus_per_worker"), given.get("use_gpu")
+    if gpus is not None:
+        _int("gpus_per_worker", gpus, 0, "whole GPUs for each chief/worker task (0: none), or None for what "
+             "spark.task.resource.gpu.amount gives every task")
+    if cpus is not None:
+        _int("cpus_per_worker", cpus, 1, "CPU cores for each chief/worker task, or None for spark.task.cpus")
+    if use_gpu not in (None, True, False):
+        raise ConfigError(f"use_gpu={use_gpu!r} must be True (require GPUs), False (hide them) or None (use "
+                          "what the tasks get); to choose how many, pass gpus_per_worker=")
+    if use_gpu is False and gpus:
+        raise ConfigError(f"use_gpu=False hides every GPU from train_fn, but gpus_per_worker={gpus} asks for "
+                          "them; pass gpus_per_worker=0 for a run that takes no GPU, or leave use_gpu out")
+    if use_gpu is True and gpus == 0:
+        raise ConfigError("use_gpu=True requires GPUs, but gpus_per_worker=0 asks for none; pass "
+                          "gpus_per_worker=1 (or more), or leave use_gpu out")
+    placement = given.get("ps_placement", "executors")
+    if placement not in ("executors", "driver"):
+        raise ConfigError(f"ps_placement={placement!r} must be 'executors' (the default: ps tasks on the executors) "
+                          "or 'driver' (ps processes on the driver)")
+    return gpus, cpus, use_gpu, placement
+
+
 def driver_settings() -> tuple:
     """The driver's TFNB_* settings as (name, value) pairs, for the tasks to resolve theirs alike."""
     return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TFNB_") and k not in _TASK_OWN))
@@ -102,6 +127,9 @@ class RunOptions:
     num_ps: int = 0
     spark: Any = field(default=None, repr=False)
     use_gpu: bool | None = None
+    gpus_per_worker: int | None = None
+    cpus_per_worker: int | None = None
+    ps_placement: str = "executors"
     timeout: float | None = None
     model_dir: str | None = None
     log_dir: str | None = None
@@ -155,6 +183,7 @@ class RunOptions:
             raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
         elif not all(isinstance(m, str) for m in preimport):
             raise ConfigError(f"preimport={preimport!r} must name modules as strings, e.g. preimport=('tensorflow',)")
+        gpus, cpus, use_gpu, ps_placement = _check_resources(given)
         if given.get("data") is not None and num_ps > 0:
             raise ConfigError(
                 f"data= feeds MultiWorkerMirroredStrategy workers, but num_ps={num_ps}; with parameter servers "
@@ -173,7 +202,8 @@ class RunOptions:
         env = given.get("env")
         return cls(
             num_workers=num_workers, args=tuple(args), kwargs=dict(kwargs), num_ps=num_ps, spark=given.get("spark"),
-            use_gpu=given.get("use_gpu"), timeout=_seconds("timeout", setting("timeout", given.get("timeout"), None, float)),
+            use_gpu=use_gpu, gpus_per_worker=gpus, cpus_per_worker=cpus, ps_placement=ps_placement,
+            timeout=_seconds("timeout", setting("timeout", given.get("timeout"), None, float)),
             model_dir=given.get("model_dir"), log_dir=given.get("log_dir"), storage_options=storage_options,
             data=given.get("data"),
             max_attempts=_int("max_attempts", setting("max_attempts", given.get("max_attempts"), 2, int), 1,

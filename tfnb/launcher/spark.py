@@ -137,23 +137,33 @@ def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
     return slots, master
 
 
-def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None) -> None:
-    """Fail fast when Spark could never schedule a barrier stage of ``needed`` tasks.
+def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None, *,
+                  num_ps: int = 0, gpus_per_worker: int | None = None, cpus_per_worker: int | None = None,
+                  ps_placement: str = "executors"):
+    """Fail fast when Spark could never schedule the run's barrier stage(s) of ``needed`` tasks.
+
+    Returns:
+        The run's :class:`~tfnb.launcher.resources.Placement`: what each task asks Spark for (the
+        session's conf, or ``gpus_per_worker``/``cpus_per_worker`` as a task resource profile) and where
+        the ``num_ps`` parameter servers go (see ``tfnb.run``'s ``ps_placement``).
 
     Raises:
         ConfigError: ``spark`` is not a live SparkSession.
-        ClusterError: dynamic allocation is on, the cluster has fewer task slots than needed, or
-            GPUs are asked for (``use_gpu=True`` or spark.task.resource.gpu.amount) that it cannot give.
+        ClusterError: dynamic allocation is on, the cluster has fewer task slots than needed, GPUs are
+            asked for (``use_gpu=True`` or spark.task.resource.gpu.amount) that it cannot give, or a
+            per-run request this Spark cannot attach; the message holds the arithmetic or the conf to set.
     """
+    from .resources import check_fit, plan
+
     _check_session(spark)
     gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
-    if use_gpu and gpu_per_task <= 0:
+    if use_gpu and gpus_per_worker is None and gpu_per_task <= 0:
         # Spark hands GPUs only to tasks that ask for them; without this conf every task would fail after launch.
         raise ClusterError(
             f"use_gpu=True but spark.task.resource.gpu.amount is {gpu_per_task:g} on this session, so Spark "
             "assigns the tasks no GPU; start the cluster with spark.task.resource.gpu.amount=1 and "
-            "spark.executor.resource.gpu.amount (plus a GPU discovery script), or pass use_gpu=None to run "
-            "on whatever the tasks get")
+            "spark.executor.resource.gpu.amount (plus a GPU discovery script), pass gpus_per_worker=1 to ask "
+            "for GPUs in this run, or pass use_gpu=None to run on whatever the tasks get")
     if (_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
         raise ClusterError(
             "Spark barrier mode does not run with dynamic allocation; start the cluster with "
@@ -169,15 +179,28 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
             f"{have or 'unset'} on {master}, so no task could ever be given its GPU; unset "
             f"spark.task.resource.gpu.amount, or give the {owner} GPUs (spark.{owner}.resource.gpu.amount and "
             f"spark.{owner}.resource.gpu.discoveryScript)")
+    placement = plan(spark, num_workers=needed - num_ps, num_ps=num_ps, gpus_per_worker=gpus_per_worker,
+                     cpus_per_worker=cpus_per_worker, ps_placement=ps_placement)
+    if placement.worker_profile or placement.ps is not None:
+        knobs = ", ".join(f"{k}={v}" for k, v in (("gpus_per_worker", gpus_per_worker),
+                                                   ("cpus_per_worker", cpus_per_worker)) if v is not None) or \
+            f"spark.task.resource.gpu.amount={gpu_per_task:g}, spark.task.cpus={placement.workers.cpus}"
+        check_fit(spark, placement, needed - num_ps, num_ps, knobs, wait)
+        return placement
+    in_stage = needed - num_ps if placement.ps_on_driver else needed
     # Seconds to let executors register on a cluster master before judging the slot count.
     wait = setting("slot_wait", wait, 30.0, float)
-    slots, master = _cluster_slots(spark, needed, wait)
-    if slots is not None and slots < needed:
+    slots, master = _cluster_slots(spark, in_stage, wait)
+    if slots is not None and slots < in_stage:
+        gpus = (f"; each task also takes spark.task.resource.gpu.amount={gpu_per_task:g} GPU of the "
+                f"{owner}'s spark.{owner}.resource.gpu.amount={have}" if gpu_per_task > 0 else "")
+        who = "num_workers; the ps run on the driver" if placement.ps_on_driver else "num_workers + num_ps"
         raise ClusterError(
-            f"the run needs {needed} task slots (num_workers + num_ps) but the cluster ({master}) has "
-            f"{slots}; lower num_workers/num_ps or add executors/cores (spark.executor.instances, "
-            f"spark.executor.cores; spark.task.cpus={_conf(spark, 'spark.task.cpus', '1')})"
+            f"the run needs {in_stage} task slots ({who}) "
+            f"but the cluster ({master}) has {slots}{gpus}; lower num_workers/num_ps or add executors/cores "
+            f"(spark.executor.instances, spark.executor.cores; spark.task.cpus={_conf(spark, 'spark.task.cpus', '1')})"
         )
+    return placement
 
 
 _SHARED_ROOTS = ("/dbfs", "/Volumes", "/Workspace")  # Databricks: FUSE views of shared storage on every node
@@ -268,12 +291,17 @@ def _driver_host(spark) -> str:
     return host or socket.gethostbyname(socket.gethostname())
 
 
-def _wait_for_slots(spark, needed: int) -> None:
+def _wait_for_slots(spark, needed: int, placement=None, num_ps: int = 0) -> None:
     """Before a relaunch, give a lost executor's replacement time to register (Spark would otherwise
     wait its barrier slot-check interval, 15 s by default, before even scheduling the job)."""
     if _is_connect(spark):
         return
     try:
+        if placement is not None and (placement.worker_profile or placement.ps is not None):
+            from .resources import check_fit
+
+            check_fit(spark, placement, needed - num_ps, num_ps, "as before")
+            return
         _cluster_slots(spark, needed, setting("slot_wait", None, 30.0, float))
     except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
         log.debug("slot check before relaunch failed: %s", e)

@@ -1,13 +1,17 @@
 """The launcher's verdicts: what a failure was, in one readable line, and whether a relaunch can help.
 
 A task that raised is a bug (no relaunch); a task whose process or executor died, or that lost a peer,
-is bad luck (relaunch); a task that could not even start tfnb will fail alike everywhere (no relaunch,
-one error naming the host and the fix).
+is bad luck (relaunch); a task that could not even start tfnb, or a resource profile Spark refused, will
+fail alike everywhere (no relaunch, one error naming the host or the profile, and the fix). Also here: what
+an attempt ends with (``_Outcome``) and what it last heard from each task (``_Life``).
 """
 from __future__ import annotations
 
 import json
 import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import STALLED, ClusterError, TaskFailure
 
@@ -74,8 +78,11 @@ def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
     if failure.exc_type == "ExecutorLost":
         text = f"{label}'s executor lost" if failure.task_index >= 0 else f"executor lost ({failure.message})"
     elif failure.exc_type == "ProcessDied":
-        what = re.split(r" without | \(| before ", failure.message.replace("the train_fn process ", ""))[0]
-        text = f"{label}'s train_fn process {what}"
+        # "the train_fn process ...", "the TensorFlow server process ...", "the ps process on the driver ..."
+        m = re.match(r"the (?:ps )?((?:train_fn |TensorFlow server )?process(?: on the driver)?) (.*)", failure.message,
+                     re.S)
+        who, rest = (m.group(1), m.group(2)) if m else ("train_fn process", failure.message)
+        text = f"{label}'s {who} {re.split(r' without | [(]| before ', rest)[0]}"
     elif failure.exc_type == STALLED:
         text = f"{label} stalled, {failure.message.split(' (')[0]}"
     elif failure.exc_type == "TaskLost":
@@ -85,3 +92,45 @@ def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
         first = (failure.message.strip().splitlines() or [""])[0][:200]
         text = f"{label} lost a peer ({short}: {first})" if retryable else f"{label} raised {short}: {first}"
     return text + (f" at epoch {epoch}" if epoch is not None else "")
+
+
+def _refusal_error(said: str, worker_profile: bool) -> ClusterError:
+    """Spark refused a run's task resource profile when the job was submitted (Spark Connect, where tfnb
+    cannot ask before launch): the same refusal, with the fix."""
+    fix = ("leave gpus_per_worker and cpus_per_worker out and set spark.task.resource.gpu.amount and "
+           "spark.task.cpus in the cluster's Spark conf instead" if worker_profile else
+           "pass ps_placement='driver' to run the ps tasks on the driver")
+    return ClusterError(f"Spark refused the run's task resource profile ({said}); {fix} (docs/resources.md)")
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: Any = None
+    failure: TaskFailure | None = None
+    others: tuple = ()
+    retryable: bool = False
+    cause: str = ""          # one readable line: who failed how, and at which epoch
+    epoch: int | None = None  # the epoch the run had reached when it failed
+    resumed_epoch: int | None = None  # the first epoch this attempt trained
+    stall: dict | None = None  # WorkerStalledError's fields when a task stalled
+    error: Exception | None = None  # raised as it is (tfnb could not start on an executor)
+
+
+@dataclass
+class _Life:
+    """What the driver last heard from one task: input of the stall watchdog and of relaunch reasons."""
+
+    job_name: str
+    task_index: int
+    host: str = ""
+    seen: float = field(default_factory=time.monotonic)  # last message of any kind
+    state: str = "starting"
+    final: bool = False      # reported done, stopped or failed: its end is explained
+    step: dict = field(default_factory=dict)  # last progress report's epoch/step
+    first_epoch: int | None = None
+    line: str = ""
+    stack: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.job_name} {self.task_index}"

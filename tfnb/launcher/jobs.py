@@ -1,0 +1,150 @@
+"""How one launch's tasks start, as its :class:`~tfnb.launcher.resources.Placement` says: the workers' barrier
+job, the ps tasks' own barrier job beside it, or the ps tasks as processes on the driver.
+
+A stage carries one resource profile, so ps tasks that must not hold the workers' GPUs cannot be in the
+workers' stage: they run as a second barrier job (CPU-only), or on the driver. Either way the tasks meet
+through the driver's address exchange, not Spark's barrier, so the two halves need not share a stage;
+what they lose is Spark's gang scheduling across both (the slot check before launch makes sure both fit).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Callable
+
+from .resources import Ask, Placement
+
+log = logging.getLogger(__name__)
+
+_STOP_WAIT = 10.0  # seconds a driver ps process has to leave after the run ends before it is killed
+
+
+def _same(rows):
+    return rows
+
+
+def collect(source, spec, placement: Placement, ask: Ask | None) -> list:
+    """Run ``spec``'s tasks as one barrier stage over ``source``'s partitions, asking ``ask`` of each
+    (a task resource profile) or, when None, what the session's conf gives every task."""
+    import cloudpickle
+
+    from .._protocol import VERSION as __version__
+    from .._task.entry import RESULT_SCHEMA, task_entry
+
+    task = task_entry(cloudpickle.dumps(spec), __version__)
+    if ask is None:
+        return source.mapInArrow(task, RESULT_SCHEMA, barrier=True).collect()
+    profile = placement.profile(ask)
+    if placement.build == "profile":  # Spark 4.0+, classic and Connect
+        return source.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=profile).collect()
+    # Spark 3.5, classic sessions: the profile goes on a barrier RDD of the same stage
+    return source.mapInArrow(task, RESULT_SCHEMA).rdd.barrier().mapPartitions(_same).withResources(profile).collect()
+
+
+def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
+             report: Callable[[tuple], None]) -> None:
+    """The launch's barrier job(s), from the calling thread; ``report`` gets ``("done", rows)`` once all
+    ended well, ``("error", e)`` as soon as one failed (the ps job's failure is reported at once)."""
+    from .spark import job_tag
+
+    ps_thread, ps_failed = None, []
+    try:
+        if placement.ps is not None:
+            def ps_job():
+                try:
+                    ps_spec = dataclasses.replace(spec, first_rank=spec.num_workers)
+                    with job_tag(spark, tag):
+                        collect(spark.range(0, num_ps, 1, num_ps), ps_spec, placement,
+                                placement.ps if placement.ps_profile else None)
+                except BaseException as e:  # noqa: BLE001 - reported to the main thread at once
+                    ps_failed.append(e)
+                    report(("error", e))
+
+            ps_thread = threading.Thread(target=ps_job, name="tfnb-ps-job", daemon=True)
+            ps_thread.start()
+        with job_tag(spark, tag):  # Spark 3.5 classic sessions have no tags: a job group then
+            rows = collect(source, spec, placement, placement.workers if placement.worker_profile else None)
+        if ps_thread is not None:
+            ps_thread.join()
+        if not ps_failed:
+            report(("done", rows))
+    except BaseException as e:  # noqa: BLE001 - reported to the main thread
+        report(("error", e))
+
+
+class DriverPs:
+    """The ps tasks of one launch as processes on the driver (``ps_placement="driver"``).
+
+    Each runs ``python -m tfnb._task.local``: the barrier task's body without Spark (channel, supervisor,
+    TensorFlow server process), given its spec on stdin. The launcher keeps that stdin open: when the
+    launcher goes away the process exits, and its TensorFlow server process, watching it in turn,
+    follows. ``on_exit(rank, code, stderr_tail)`` hears of a process that ended with an error while the
+    run still needed it.
+    """
+
+    def __init__(self, spec, host: str, on_exit: Callable[[int, int, str], None]):
+        self.spec = spec
+        self.host = host
+        self.on_exit = on_exit
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.stopping = threading.Event()
+
+    def start(self) -> "DriverPs":
+        env = dict(os.environ)
+        # this driver's tfnb, wherever the notebook imported it from
+        home = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        for i in range(self.spec.num_ps):
+            rank = self.spec.num_workers + i
+            proc = subprocess.Popen([sys.executable, "-m", "tfnb._task.local"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                    start_new_session=True)
+            blob = pickle.dumps((self.spec, rank, self.host))  # holds the run's secret: never argv or a file
+            proc.stdin.write(struct.pack(">Q", len(blob)) + blob)
+            proc.stdin.flush()
+            self.procs[rank] = proc
+            threading.Thread(target=self._watch, args=(rank, proc), name=f"tfnb-driver-ps-{i}", daemon=True).start()
+        return self
+
+    def _watch(self, rank: int, proc: subprocess.Popen) -> None:
+        err = proc.stderr.read()
+        code = proc.wait()
+        if code != 0 and not self.stopping.is_set():
+            self.on_exit(rank, code, err.decode(errors="replace")[-2000:])
+
+    def stop(self) -> None:
+        """End every process: they leave on the driver's stop; whatever remains is killed, with its group."""
+        self.stopping.set()
+        for proc in self.procs.values():
+            try:
+                proc.stdin.close()  # the parent-death watch: the process exits
+            except OSError:
+                pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=_STOP_WAIT)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+
+
+def died_message(code: int, err: str) -> str:
+    """What a driver ps process' exit says, for the run's failure."""
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        how = f"was killed by {name}"
+    else:
+        how = f"exited with code {code}"
+    last = next((line for line in reversed(err.strip().splitlines()) if line.strip()), "")
+    return f"the ps process on the driver {how}" + (f" ({last[:300]})" if last else "")

@@ -1,0 +1,378 @@
+"""Resources per run and per role: what the tasks ask Spark for, whether this Spark can give it per run,
+where the parameter servers go, and whether it all fits on the executors.
+
+Spark gives every task of a stage what the stage's resource profile asks for. By default that is the
+cluster's conf (``spark.task.cpus``, ``spark.task.resource.gpu.amount``), fixed when the cluster starts.
+``tfnb.run(gpus_per_worker=, cpus_per_worker=)`` asks for other amounts through a *task* resource
+profile (``TaskResourceRequests`` only: the executors already running, no new ones), which Spark runs
+with dynamic allocation off (a barrier stage needs it off anyway) on these managers:
+
+    =================  ========================================  =========================================
+    Spark              masters                                   how tfnb attaches the profile
+    =================  ========================================  =========================================
+    3.5.0              standalone (spark://), local-cluster       classic session: ``RDD.barrier()`` +
+    3.5.1 - 3.5.x      + YARN, Kubernetes                         ``withResources``; Spark Connect: never
+    4.0 and later      standalone, local-cluster, YARN, K8s       ``mapInArrow(..., profile=)``, classic
+                                                                  and Spark Connect
+    any                local, local[N]                            never: set the conf when the session starts
+    =================  ========================================  =========================================
+
+Other masters (Databricks runs its own cluster manager) are not assumed either way: on a classic session
+tfnb asks Spark's own ``ResourceProfileManager.isSupported`` before launch; on Spark Connect a refusal
+comes back as the job's error and is turned into the same :class:`ClusterError`.
+
+One stage carries one profile, so parameter servers that must not hold the workers' GPUs run as a
+second barrier job beside the workers' (``ps_placement="executors"``, the default) or as processes on
+the driver (``ps_placement="driver"``); see :func:`plan` and docs/resources.md.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from .._config import setting
+from ..errors import ClusterError
+
+log = logging.getLogger(__name__)
+
+PS_PLACEMENTS = ("executors", "driver")
+# Spark's own words when it refuses a profile (ResourceProfileManager.isSupported), in a job's error too
+_SPARK_REFUSAL = re.compile(r"(Task)?ResourceProfiles are only supported[^\n]*")
+
+
+def spark_version(text: str) -> tuple[int, int, int]:
+    """``"3.5.1"``, ``"4.0.0-preview2"``, ``"3.5.0.dev0"`` as (major, minor, patch)."""
+    parts = [int(p) for p in re.findall(r"\d+", str(text).split("+")[0])[:3]]
+    return tuple((parts + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+def _is_local(master: str) -> bool:
+    return bool(re.fullmatch(r"local(\[.*\])?", master.strip()))
+
+
+def profile_support(version: tuple[int, int, int], master: str, *, connect: bool) -> str | None:
+    """Why a task resource profile cannot run with this Spark ``version`` and ``master``, or None when
+    nothing known rules it out (the session is then asked, or the job's answer is read).
+
+    Examples:
+        >>> profile_support((3, 5, 0), "yarn", connect=False)
+        'Spark 3.5.0 runs them on standalone masters only, not on yarn (YARN and Kubernetes from 3.5.1)'
+        >>> profile_support((4, 0, 0), "yarn", connect=True) is None
+        True
+    """
+    v = ".".join(map(str, version))
+    if _is_local(master):
+        return f"no Spark version runs them on a local master ({master})"
+    if connect and version < (4, 0, 0):
+        return (f"a Spark Connect session on Spark {v} ({master or 'master unknown'}) cannot attach one: "
+                "mapInArrow takes profile= from Spark 4.0, and Spark Connect has no RDD API")
+    if version < (3, 5, 1) and master.startswith(("yarn", "k8s://")):
+        return f"Spark {v} runs them on standalone masters only, not on {master} (YARN and Kubernetes from 3.5.1)"
+    return None
+
+
+def build_method(version: tuple[int, int, int], client: tuple[int, int, int]) -> str:
+    """How a profiled barrier job is built: ``"profile"`` (mapInArrow's profile=, Spark 4.0+ on both
+    the server and this client) or ``"rdd"`` (RDD.barrier().withResources, classic sessions on 3.5)."""
+    return "profile" if min(version, client) >= (4, 0, 0) else "rdd"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one task asks Spark for: CPU cores and GPUs."""
+
+    cpus: int
+    gpus: float
+
+    def __str__(self) -> str:
+        gpus = f"{self.gpus:g} GPU{'s' if self.gpus != 1 else ''}" if self.gpus else "no GPU"
+        return f"{gpus} and {self.cpus} CPU{'s' if self.cpus != 1 else ''}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's tasks go and what each asks for, as :func:`plan` decided it.
+
+    Attributes:
+        workers: what each chief/worker task asks for.
+        worker_profile: the workers' stage carries a task resource profile (else the session default).
+        ps: what each ps task asks for in a barrier job of its own, beside the workers'; None when the
+            ps tasks share the workers' stage (or run on the driver, or there are none).
+        ps_profile: that ps job carries a CPU-only task resource profile.
+        ps_on_driver: the ps tasks run as processes on the driver (``ps_placement="driver"``).
+        build: how a profiled job is built, "profile" (mapInArrow profile=) or "rdd" (Spark 3.5).
+    """
+
+    workers: Ask
+    worker_profile: bool = False
+    ps: Ask | None = None
+    ps_profile: bool = False
+    ps_on_driver: bool = False
+    build: str = "profile"
+    profiles: dict = field(default_factory=dict, compare=False, repr=False)  # Ask -> ResourceProfile, see with_profiles
+
+    def profile(self, ask: Ask):
+        """The pyspark ResourceProfile asking ``ask`` of each task: :func:`with_profiles`' one, or a new one."""
+        if ask in self.profiles:
+            return self.profiles[ask]
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        requests = TaskResourceRequests().cpus(ask.cpus)
+        if ask.gpus:
+            requests = requests.resource("gpu", ask.gpus)
+        return ResourceProfileBuilder().require(requests).build
+
+
+def with_profiles(spark, placement: Placement) -> Placement:
+    """``placement`` with its resource profiles built once, on this thread, for every attempt of the run.
+
+    A Spark Connect profile is registered with the server through the calling thread's active session,
+    and the thread that runs the job has none: its id is taken here, with ``spark`` made active meanwhile.
+    """
+    asks = [a for a, on in ((placement.workers, placement.worker_profile), (placement.ps, placement.ps_profile))
+            if on and a is not None]
+    profiles = {ask: placement.profile(ask) for ask in asks}
+    if profiles and _is_connect(spark):
+        local = type(spark)._active_session  # pyspark.sql.connect's per-thread active session
+        before = getattr(local, "session", None)
+        local.session = spark
+        try:
+            for profile in profiles.values():
+                profile.id  # noqa: B018 - registers it with the server, once
+        finally:
+            local.session = before
+    return replace(placement, profiles=profiles)
+
+
+def _conf(spark, key: str, default: str | None = None) -> str | None:
+    try:
+        return spark.conf.get(key, default)
+    except Exception:  # noqa: BLE001 - Connect raises its own types for unknown keys
+        return default
+
+
+def _default_ask(spark) -> Ask:
+    return Ask(int(_conf(spark, "spark.task.cpus", "1") or 1),
+               float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0))
+
+
+def _asked(gpus: int | None, cpus: int | None) -> str:
+    return " and ".join(f"{k}={v}" for k, v in (("gpus_per_worker", gpus), ("cpus_per_worker", cpus)) if v is not None)
+
+
+def _conf_fix(gpus: int | None, cpus: int | None, master: str) -> str:
+    """What to set instead of a per-run request, and where."""
+    local = _is_local(master)
+    owner = "driver" if local else "executor"
+    conf = [f"spark.task.resource.gpu.amount={gpus} (with spark.{owner}.resource.gpu.amount and its discoveryScript)"
+            if gpus else "no spark.task.resource.gpu.amount"] if gpus is not None else []
+    conf += [f"spark.task.cpus={cpus}"] if cpus is not None else []
+    if local:
+        return (f"set {' and '.join(conf)} in the session's conf when it starts (SparkSession.builder.config), "
+                "or run on a standalone, YARN or Kubernetes master (local-cluster[N,C,M] in tests)")
+    return (f"set {' and '.join(conf)} in the cluster's Spark conf and restart it (it applies to every task), "
+            "or use a Spark version and cluster manager that run them (docs/resources.md)")
+
+
+def _is_connect(spark) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _versions(spark) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    import pyspark
+
+    return spark_version(getattr(spark, "version", pyspark.__version__)), spark_version(pyspark.__version__)
+
+
+def refused_by_spark(text: str) -> str | None:
+    """Spark's sentence refusing a resource profile, when ``text`` (an error) holds one."""
+    m = _SPARK_REFUSAL.search(text)
+    return m.group(0).strip() if m else None
+
+
+def _ask_session(spark, placement: Placement, ask: Ask) -> str | None:
+    """On a classic session, Spark's own answer (``ResourceProfileManager.isSupported``) for ``ask``."""
+    if _is_connect(spark):
+        return None  # no JVM to ask: a refusal comes back as the job's error (see refused_by_spark)
+    try:
+        jrp = placement.profile(ask)._java_resource_profile
+        spark.sparkContext._jsc.sc().resourceProfileManager().isSupported(jrp)
+    except Exception as e:  # noqa: BLE001 - Py4JJavaError carrying Spark's SparkException
+        said = refused_by_spark(str(e))
+        if said is None:
+            log.debug("isSupported could not be asked: %s", e)
+            return None
+        return f"this cluster's Spark {spark.version} ({_conf(spark, 'spark.master', '?')}) refuses it: {said}"
+    return None
+
+
+def plan(spark, *, num_workers: int, num_ps: int = 0, gpus_per_worker: int | None = None,
+         cpus_per_worker: int | None = None, ps_placement: str = "executors") -> Placement:
+    """Decide what the workers and parameter servers ask for and where the ps tasks go.
+
+    The workers get a task resource profile only when ``gpus_per_worker``/``cpus_per_worker`` ask for
+    other amounts than the session's conf. With ``num_ps > 0`` and workers that hold GPUs, the ps tasks
+    get no GPU: by default (``"executors"``) they run as a second barrier job asking only
+    ``spark.task.cpus`` cores (with a CPU-only profile when the conf gives every task a GPU); where Spark
+    cannot run that profile they share the workers' stage as before and a warning says so.
+
+    Raises:
+        ClusterError: a per-run request where this Spark, master or session cannot attach a task
+            resource profile; the message names the version, the master and the conf to set instead.
+    """
+    master = _conf(spark, "spark.master", "") or ""
+    default = _default_ask(spark)
+    ask = Ask(default.cpus if cpus_per_worker is None else cpus_per_worker,
+              default.gpus if gpus_per_worker is None else float(gpus_per_worker))
+    version, client = _versions(spark)
+    placement = Placement(workers=ask, worker_profile=ask != default, build=build_method(version, client))
+    if placement.worker_profile:
+        why = profile_support(version, master, connect=_is_connect(spark)) or _ask_session(spark, placement, ask)
+        if why:
+            raise ClusterError(
+                f"{_asked(gpus_per_worker, cpus_per_worker)} needs a Spark task resource profile, but {why}; "
+                + _conf_fix(gpus_per_worker, cpus_per_worker, master))
+    if num_ps == 0:
+        return placement
+    if ps_placement == "driver":
+        return replace(placement, ps_on_driver=True)
+    if not ask.gpus:
+        return placement  # CPU workers: the ps tasks share their stage, as ever
+    ps = Ask(default.cpus, 0.0)
+    if not default.gpus:
+        return replace(placement, ps=ps)  # the session's default profile gives no GPU
+    why = profile_support(version, master, connect=_is_connect(spark)) or _ask_session(spark, placement, ps)
+    if why:
+        log.warning("tfnb: num_ps=%d: the ps tasks share the workers' stage and hold %g GPU(s) each that they "
+                    "never use: a CPU-only task resource profile would keep them off, but %s; pass "
+                    "ps_placement='driver' to run them on the driver instead", num_ps, default.gpus, why)
+        return placement
+    return replace(placement, ps=ps, ps_profile=True)
+
+
+# ---------------------------------------------------------------- does it fit?
+
+
+def room(executors: Sequence[tuple[int, float]], workers: Ask, num_workers: int, ps: Ask | None = None,
+         ) -> tuple[int, int]:
+    """(chief/worker tasks the executors hold, ps tasks that fit in what ``num_workers`` workers leave).
+
+    ``executors`` are (cores, GPUs) per executor. Workers are packed first-fit onto the executors with
+    the most room; Spark places tasks its own way, so this is what can fit, not where each task goes.
+    """
+    def each(cores: int, gpus: float) -> int:
+        by_cpu = cores // max(workers.cpus, 1)
+        return min(by_cpu, int(gpus // workers.gpus)) if workers.gpus else by_cpu
+
+    fits = [each(c, g) for c, g in executors]
+    if ps is None:
+        return sum(fits), 0
+    left, placed = [], 0
+    for (cores, _), n in sorted(zip(executors, fits), key=lambda e: -e[1]):
+        take = min(n, num_workers - placed)
+        placed += take
+        left.append(cores - take * workers.cpus)
+    return sum(fits), sum(c // max(ps.cpus, 1) for c in left)
+
+
+def _describe(executors: Sequence[tuple[int, float]]) -> str:
+    groups: dict[tuple[int, float], int] = {}
+    for e in executors:
+        groups[e] = groups.get(e, 0) + 1
+    return " + ".join(f"{n} executor{'s' if n != 1 else ''} × ({g:g} GPU{'s' if g != 1 else ''}, "
+                      f"{c} core{'s' if c != 1 else ''})" for (c, g), n in sorted(groups.items())) or "no executors"
+
+
+def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Placement, num_workers: int,
+              num_ps: int, knobs: str) -> ClusterError | None:
+    """The ClusterError for a run that cannot be placed on ``executors``, with the arithmetic; None if it fits."""
+    ps = placement.ps
+    workers = num_workers + (num_ps if ps is None and not placement.ps_on_driver else 0)
+    fit_w, fit_ps = room(executors, placement.workers, workers, ps)
+    gpus = sum(g for _, g in executors)
+    cores = sum(c for c, _ in executors)
+    w = placement.workers
+    if fit_w < workers:
+        what = "chief/worker" if workers == num_workers else "chief/worker/ps"
+        need = (f"{workers} × {w.gpus:g} = {workers * w.gpus:g} GPUs" if w.gpus
+                else f"{workers} × {w.cpus} = {workers * w.cpus} cores")
+        offer = f"{gpus:g} GPUs" if w.gpus else f"{cores} cores"
+        return ClusterError(
+            f"the run needs {workers} {what} tasks of {w} each ({knobs}): {need}, but the cluster ({master}) has "
+            f"{_describe(executors)} = {offer}, room for {fit_w} such task{'s' if fit_w != 1 else ''} (a task "
+            "runs on one executor); lower num_workers or the per-task amounts, or add executors "
+            "(spark.executor.instances, spark.executor.cores, spark.executor.resource.gpu.amount)")
+    if ps is not None and fit_ps < num_ps:
+        return ClusterError(
+            f"the run needs {num_ps} ps task{'s' if num_ps != 1 else ''} of {ps} each beside its {num_workers} "
+            f"workers of {w} each, but the cluster ({master}) has {_describe(executors)} and the workers leave "
+            f"room for {fit_ps} ps task{'s' if fit_ps != 1 else ''}; lower num_ps, add cores (spark.executor.cores, "
+            "spark.executor.instances), or pass ps_placement='driver'")
+    return None
+
+
+def _executors(spark) -> list[tuple[int, float]] | None:
+    """(cores, GPUs) of each registered executor (the driver's entry left out); None on Spark Connect."""
+    if _is_connect(spark):
+        return None
+    store = spark.sparkContext._jsc.sc().statusStore().executorList(True)
+    fallback = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
+    out = []
+    for i in range(store.size()):
+        e = store.apply(i)
+        if e.id() == "driver":
+            continue
+        gpu = e.resources().get("gpu")
+        out.append((int(e.totalCores()), float(len(gpu.get().addresses())) if gpu.isDefined() else fallback))
+    return out
+
+
+def _expected(spark, master: str) -> tuple[int | None, tuple[int, float] | None]:
+    """(executors the conf promises, (cores, GPUs) each) as far as the conf says; None where it does not."""
+    gpus = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
+    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if m:
+        return int(m.group(1)), (int(m.group(2)), gpus)
+    cores = _conf(spark, "spark.executor.cores")
+    count = _conf(spark, "spark.executor.instances")
+    if count is None and cores and _conf(spark, "spark.cores.max"):
+        count = str(int(_conf(spark, "spark.cores.max")) // max(int(cores), 1))  # standalone
+    return (int(count) if count else None), ((int(cores), gpus) if cores else None)
+
+
+def check_fit(spark, placement: Placement, num_workers: int, num_ps: int, knobs: str,
+              wait: float | None = None) -> None:
+    """Refuse at once a run whose tasks cannot all be placed, naming the arithmetic.
+
+    The executors' cores and GPUs come from the executors registered with the driver (their status),
+    or from the conf (spark.executor.resource.gpu.amount, spark.executor.cores) on Spark Connect. When
+    the conf says how many executors to expect (spark.executor.instances, spark.cores.max /
+    spark.executor.cores, local-cluster), tfnb waits up to TFNB_SLOT_WAIT seconds (30) only for those
+    still registering, and refuses at once what even all of them could not hold.
+
+    Raises:
+        ClusterError: the arithmetic: tasks × what each asks vs executors × what each offers.
+    """
+    master = _conf(spark, "spark.master", "") or ""
+    count, each = _expected(spark, master)
+    if count is not None and each is not None:
+        error = fit_error(master, [each] * count, placement, num_workers, num_ps, knobs)
+        if error is not None:
+            raise error  # even every executor the conf promises could not hold it: no waiting
+    executors = _executors(spark)
+    if executors is None:
+        return  # Spark Connect without the cluster's size in its conf: Spark's own barrier check decides
+    deadline = time.monotonic() + setting("slot_wait", wait, 30.0, float)
+    while time.monotonic() < deadline:
+        if count is not None and len(executors) >= count:
+            break
+        if count is None and fit_error(master, executors, placement, num_workers, num_ps, knobs) is None:
+            break
+        time.sleep(0.25)
+        executors = _executors(spark)
+    error = fit_error(master, executors, placement, num_workers, num_ps, knobs)
+    if error is not None:
+        raise error
