@@ -7,9 +7,10 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
+        # asked for: on stdout, exit 0; no command: a usage error, on stderr, exit 2 (as argparse does)
         print("usage: python -m tfnb demo [--workers N] [--epochs N] [--out DIR]\n"
               "       python -m tfnb stage SRC_URL DEST_DIR [--index I --count N]\n"
-              "       python -m tfnb.dbc build|extract ...")
+              "       python -m tfnb.dbc build|extract ...", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     if argv[0] == "demo":
         from .demo import main as demo
