@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import tfnb
+from components import free_port
 from tfnb.errors import ClusterError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,12 +92,6 @@ def test_spark_connect_session(no_orphans):
     assert out["feed"] == {"rows": [500, 500], "steps": 5, "lengths": {"v": 2}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for_port(port: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -130,7 +125,7 @@ def standalone(folder: Path, workers: int = 2):
     spark_class = os.path.join(spark_home, "bin", "spark-class")
     env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOG_DIR=str(folder / "logs"),
                SPARK_WORKER_DIR=str(folder / "work"))
-    port, ui = _free_port(), _free_port()
+    port, ui = free_port(), free_port()
     procs = []
     logs = []
 
@@ -146,7 +141,7 @@ def standalone(folder: Path, workers: int = 2):
         _wait_for_port(port, time.monotonic() + 60)
         for i in range(workers):
             start(["org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
-                   "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"], f"worker{i}")
+                   "--webui-port", str(free_port()), f"spark://127.0.0.1:{port}"], f"worker{i}")
         _wait_for_workers(ui, workers, time.monotonic() + 120)
         yield f"spark://127.0.0.1:{port}"
     finally:
