@@ -1,5 +1,5 @@
 """The Databricks simulator (tests/dbsim) on small synthetic notebooks: each test builds a DBC archive with
-tfnb.dbc from notebooks written here, runs it as a Databricks user would (Run All on a cluster of a
+tools.dbc from notebooks written here, runs it as a Databricks user would (Run All on a cluster of a
 simulated runtime) and checks what that user would see. One cluster of runtime A serves the module, as
 one Databricks cluster serves a workspace's notebooks; runtime B gets one small test of its own."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import dbsim
 from dbsim import RUNTIME_A, RUNTIME_B, Cluster
 
-from tfnb import dbc
+from tools import dbc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def _notebook(cells: list[str]) -> dict:
 
 
 def archive(tmp_path: Path, notebooks: dict[str, list[str]], folder: str = "sim") -> Path:
-    """A DBC archive of ``notebooks`` (name -> cells), built by tfnb.dbc as the project's archive is."""
+    """A DBC archive of ``notebooks`` (name -> cells), built by tools.dbc as the project's archive is."""
     src = tmp_path / "notebooks"
     src.mkdir(exist_ok=True)
     for name, cells in notebooks.items():

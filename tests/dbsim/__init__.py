@@ -3,7 +3,7 @@ DBC archive the way a Databricks user does (import the archive, attach a cluster
 
 What it models (each checked by tests/test_dbsim.py):
 
-* **The archive is the source.** Notebooks are read from the ``.dbc`` with ``tfnb.dbc.read``; ``%run
+* **The archive is the source.** Notebooks are read from the ``.dbc`` with ``tools.dbc.read``; ``%run
   ./X`` (or ``"./X"``) runs notebook X of the archive's folder, in the caller's namespace, nested runs
   relative to the target; ``%md``/``%md-sandbox`` commands are text. ``%run`` must be alone in its command.
 * **A notebook's Python is a real IPython REPL** (``InteractiveShell``) of the runtime's Python, with
@@ -755,7 +755,7 @@ class Cluster:
         if self._jvm.poll() is not None:
             raise ClusterError(f"the cluster's driver JVM is gone (exit {self._jvm.poll()}); a notebook may have "
                                f"stopped or crashed it:\n{_tail(self.dir / 'logs' / 'driver-jvm.log', 6000)}")
-        from tfnb import dbc
+        from tools import dbc
 
         notebooks = {nb.path: [{"kind": c.cell_type, "source": c.source} for c in nb.cells]
                      for nb in dbc.read(archive)}
