@@ -251,10 +251,10 @@ def test_failed_run_ends_failed_and_a_dead_server_does_not_stop_training(spark, 
     # nothing listens there: MLflow's own retries off so the failure comes at once
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    with caplog.at_level(logging.WARNING, logger="tfnb.tracking"):
+    with caplog.at_level(logging.WARNING, logger="tfnb.monitor.tracking"):
         assert tfnb.run(epochs_then_die, num_workers=2, args=(2, 0), spark=spark, model_dir=str(tmp_path),
                         display=False, timeout=300, mlflow=True) == 1
-    warnings = [r.getMessage() for r in caplog.records if r.name == "tfnb.tracking"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tfnb.monitor.tracking"]
     assert len(warnings) == 1 and "MLflow tracking of tfnb run" in warnings[0], warnings
 
 

@@ -311,7 +311,7 @@ def test_tensorboard_reachable_from_the_network_warns(info, tmp_path, fake_tenso
     log_dir.mkdir()
     proc, port = fake_tensorboard(log_dir, host="0.0.0.0")
     entry(info, proc.pid, log_dir, port=port, host="0.0.0.0", proc_start=tbp._proc_start(proc.pid))
-    with caplog.at_level(logging.WARNING, logger="tfnb._tb_process"):
+    with caplog.at_level(logging.WARNING, logger="tfnb.monitor.tensorboard"):
         outcome = tbp.ensure_tensorboard(log_dir, host="0.0.0.0")
     assert isinstance(outcome, tbp.Reused), outcome
     assert outcome.warning.startswith(f"TensorBoard listens on 0.0.0.0 port {port}, reachable from the network")
@@ -321,7 +321,7 @@ def test_tensorboard_reachable_from_the_network_warns(info, tmp_path, fake_tenso
 
 @pytest.mark.slow
 def test_a_launched_network_tensorboard_warns(info, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="tfnb._tb_process"):
+    with caplog.at_level(logging.WARNING, logger="tfnb.monitor.tensorboard"):
         outcome = tbp.ensure_tensorboard(tmp_path, host="0.0.0.0")
     try:
         assert isinstance(outcome, tbp.Launched), outcome

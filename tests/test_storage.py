@@ -277,7 +277,7 @@ def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, monkeypatch, ca
     monkeypatch.setenv("TFNB_STATE_DIR", str(tmp_path))    # where the cache goes without TFNB_MODEL_CACHE_DIR
     cache = tmp_path / f"tfnb-model-cache-{os.getuid()}"
     planted = _plant(cache, key, record, uid, mode)
-    with caplog.at_level(logging.WARNING, logger="tfnb.inference"):
+    with caplog.at_level(logging.WARNING, logger="tfnb.data.inference"):
         got = inference._fetch(source, version, files, options, "")
     inference._fresh_cache.cache_clear()
     assert Path(got).read_bytes() == real and Path(got) != planted
