@@ -24,7 +24,7 @@ from ..errors import (
     RunTimeoutError,
     TaskFailure,
 )
-from ..monitor.progress import show
+from ..monitor.display import show
 from .spark import _driver_host
 from .verdict import (
     _EXECUTOR_LOST,
