@@ -68,7 +68,7 @@ def test_leaked_servers_fail_their_test_and_a_standby_that_outlives_the_session_
     for test, pid in (("test_forgets_its_server", pids["FORGOTTEN"]), ("test_orphans_a_server", pids["ORPHANED"])):
         assert re.search(rf"ERROR at teardown of {test} _+\ntest_inner.py::{test} left 1 process\(es\) running "
                          rf"\(ended now with SIGKILL\):\n  rclone +pid {pid} +\S+/rclone serve s3 ", out), out
-    nanny = rf"  idle warm standby +pid {pids['STANDBY']} +\S+ -m tfnb\._warm \S+/s\.sock 600 "
+    nanny = rf"  idle warm standby +pid {pids['STANDBY']} +\S+ -m tfnb\._task\.warm \S+/s\.sock 600 "
     assert re.search(r"the session left [12] process\(es\) running \(ended now with SIGKILL\):\n"
                      rf"(  idle warm standby .*\n)?{nanny}", out), out  # and its tfnb._task.child, once it started
     assert "some outlived the session" in out
