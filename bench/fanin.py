@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from tfnb.monitor.progress import show
+from tfnb.monitor.display import show
 
 SENDERS = 8
 WARMUP = 3.0

@@ -35,7 +35,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,7 +44,7 @@ from typing import Iterator
 
 import pytest
 
-from components import need
+from components import free_port, need
 
 CHROMIUM = os.environ.get("TFNB_CHROMIUM", "/usr/bin/chromium")
 # Flags that make Debian's chromium run in a container without a display or network (FACTS.md).
@@ -123,12 +122,6 @@ def _leaves_no_processes(text: str, what: str) -> Iterator[None]:
     assert not left, f"{what} left processes running: {left}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class JupyterLab:
     """A JupyterLab server on 127.0.0.1 with a random token, rooted in ``root``.
 
@@ -143,7 +136,7 @@ class JupyterLab:
         self.workdir = Path(workdir)
         self.root = self.workdir / "lab"
         self.root.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.token = secrets.token_hex(16)
         self.log_path = self.workdir / "jupyterlab.log"
         self._env = env

@@ -1,9 +1,11 @@
-"""Shared fixtures: a real SparkSession, process/port leak checks, an artifacts folder; under CI, a
-skip for a missing real component is a failure (see components.py)."""
+"""Shared fixtures: a real SparkSession, an artifacts folder; leak checks on every test (leakcheck.py);
+under CI, a skip for a missing real component is a failure (see components.py)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # tf.keras in this process is tf-keras, as in every train_fn process and the notebooks: the evaluator
 # restores checkpoints the workers wrote, whichever test module imports TensorFlow first.
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
+# Idle standbys end with the Spark session (checked at the end of the session); this bounds them too.
+os.environ.setdefault("TFNB_WARM_IDLE", "120")
 
-pytest_plugins = ["s3server"]
+pytest_plugins = ["s3server", "leakcheck"]
 
 _current = {"master": None, "session": None}
 
@@ -68,49 +72,17 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
-def _idle_standby(proc: Path, cmd: str) -> bool:
-    """A warm standby nobody claimed yet (its nanny's socket, or while it imports the .part, exists)."""
-    if "--standby" not in cmd.split():
-        return False
-    try:
-        ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
-        nanny = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, IndexError):
-        return False
-    if b"tfnb._task.warm" not in nanny:
-        return False
-    path = nanny[nanny.index(b"tfnb._task.warm") + 1].decode()
-    return os.path.exists(path) or os.path.exists(path + ".part")
-
-
 def child_processes() -> list[str]:
-    """Command lines of tfnb train_fn processes still alive on this machine."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "tfnb._task.child" in cmd and not _idle_standby(d, cmd):
-            out.append(f"{d.name}: {cmd}")
-    return out
+    """``PID: command line`` of this test process's train_fn processes that are not idle standbys."""
+    import leakcheck  # the plugin (pytest_plugins below), imported once pytest has loaded it
+
+    return [f"{p.pid}: {' '.join(p.argv)}" for p in leakcheck.processes() if p.kind == leakcheck.TRAIN_FN]
 
 
 @pytest.fixture
-def no_orphans():
-    """Asserts after the test that no train_fn process outlived its run."""
-    before = set(child_processes())
-    yield
-    import time
-
-    deadline = time.monotonic() + 10
-    left = [p for p in child_processes() if p not in before]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = [p for p in child_processes() if p not in before]
-    assert not left, f"train_fn processes left running: {left}"
+def no_orphans(leak_check):
+    """Kept for the tests that ask for it: every test is now checked for processes it leaves behind
+    (leak_check, tests/leakcheck.py), train_fn processes among them."""
 
 
 @pytest.fixture
@@ -161,3 +133,17 @@ def pytest_make_collect_report(collector):
 def pytest_sessionfinish(session, exitstatus):
     if _current["session"] is not None:
         _current["session"].stop()
+
+
+def pytest_configure(config):
+    # tfnb's per-user state (warm standbys' sockets, TensorBoard bookkeeping, model cache, run logs) is
+    # this test process's own: other runs on the machine (pytest-xdist workers, other people's) can neither
+    # claim its standbys nor reuse its TensorBoards. Here, not at import: Spark's Python workers import
+    # this module too (to unpickle test functions) and must keep the test process's folder. Short path:
+    # the standbys' Unix sockets live below it.
+    config.tfnb_state_dir = os.environ["TFNB_STATE_DIR"] = tempfile.mkdtemp(prefix="tfnb-t-")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "tfnb_state_dir", ""), ignore_errors=True)  # after leakcheck's end-of-session check

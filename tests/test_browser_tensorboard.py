@@ -37,7 +37,7 @@ def test_panel_shows_tensorboard_in_jupyterlab(lab, chromium_page, artifacts):
     page = chromium_page
     write_scalars(lab.root / "logs")
     notebook = lab.write_notebook("tensorboard.ipynb", [
-        "from tfnb.tensorboard import tensorboard",
+        "from tfnb import tensorboard",
         "tensorboard('logs', reload_interval=1)",
         "%load_ext tfnb\n%tfnb_tensorboard --logdir logs",
     ])

@@ -166,7 +166,7 @@ def test_half_written_checkpoint_is_retried_then_evaluated(tmp_path, checkpoints
     full = data.read_bytes()
     # 1) the index has landed but its data file has not (a copier that writes the index first)
     shutil.copyfile(index, model_dir / index.name)
-    caplog.set_level(logging.INFO, logger="tfnb.evaluator")
+    caplog.set_level(logging.INFO, logger="tfnb.monitor.evaluator")
     ev = Evaluator(build_model, val_dataset, str(model_dir), str(log_dir), interval=0.1,
                    export_format=None, max_retries=1000)
     polls = threading.Semaphore(0)
@@ -210,7 +210,7 @@ def test_corrupt_checkpoint_is_reported_and_skipped(tmp_path, checkpoints, caplo
     write_status(str(model_dir), "succeeded")
     ev = Evaluator(build_model, val_dataset, str(model_dir), str(log_dir), interval=0.05,
                    export_format=None, max_retries=2)
-    with caplog.at_level(logging.WARNING, logger="tfnb.evaluator"):
+    with caplog.at_level(logging.WARNING, logger="tfnb.monitor.evaluator"):
         history = ev.run(until_done=True)
     assert [Path(r.checkpoint).name for r in history] == ["ckpt-1", "ckpt-3"]
     assert [Path(s.checkpoint).name for s in ev.skipped] == ["ckpt-2"]

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 import tfnb
+from tfnb._task import dataset
 from tfnb._task import feed as feeding
 from tfnb.data import feeding as driver_feed
 from tfnb._task.context import WorkerContext
@@ -141,11 +142,11 @@ def test_spill_counts_rows_and_array_length(tmp_path):
         assert pa.ipc.open_file(f).read_all().column("x").to_pylist() == [1.0, 2.0, 3.0]
     info = feeding.finish_feed(spec, spilled, [3, 40])
     assert (info.rows, info.min_rows, info.rows_per_worker) == (3, 3, (3, 40))
-    assert feeding.steps_per_epoch(_ctx(info), 2) == 1
+    assert dataset.steps_per_epoch(_ctx(info), 2) == 1
     with pytest.raises(ConfigError, match=r"batch_size=4 but the smallest worker's part of the data has 3 rows "
                                           r"\(rows per worker: \[3, 40\]\).*lower batch_size to at most 3"):
-        feeding.steps_per_epoch(_ctx(info), 4)
-    assert feeding.steps_per_epoch(_ctx(info), 4, drop_remainder=False) == 1
+        dataset.steps_per_epoch(_ctx(info), 4)
+    assert dataset.steps_per_epoch(_ctx(info), 4, drop_remainder=False) == 1
 
 
 def test_spill_rejects_ragged_arrays_and_nulls(tmp_path):
@@ -165,7 +166,7 @@ def test_empty_part_and_missing_data_say_what_to_do(tmp_path):
     assert spilled.rows == 0 and os.path.exists(spilled.path)
     info = feeding.finish_feed(spec, spilled, [0, 12])
     with pytest.raises(ConfigError, match=r"worker\(s\) \[0\] got no rows of the data \(rows per worker: \[0, 12\]\)"):
-        feeding.steps_per_epoch(_ctx(info), 1)
+        dataset.steps_per_epoch(_ctx(info), 1)
     with pytest.raises(ConfigError, match="this run has no data=; pass data=df to tfnb.run"):
         _ctx(None).steps_per_epoch(8)
 
@@ -216,8 +217,8 @@ _V = feeding.FeedSpec((feeding.FeedColumn("v", "float32", True),))
 
 def _read_epochs(info, batch_size: int, epochs: int, shuffle: bool = False, seed: int | None = None) -> list:
     """Row ids train_fn's dataset would serve, one list per epoch (the dataset's reader without TensorFlow)."""
-    plan = feeding._plan(info, batch_size, None, None, True)
-    part = feeding._Part(info, plan)
+    plan = dataset._plan(info, batch_size, None, None, True)
+    part = dataset._Part(info, plan)
     return [[int(i) for x, _ in part.epoch(batch_size * 3, shuffle, seed) for i in x[:, 0]] for _ in range(epochs)]
 
 
@@ -238,8 +239,8 @@ def test_train_fn_reads_rows_before_the_partition_is_complete(tmp_path):
 
     def read():
         try:
-            plan = feeding._plan(stream.info, 100, None, None, True)
-            part = feeding._Part(stream.info, plan)
+            plan = dataset._plan(stream.info, 100, None, None, True)
+            part = dataset._Part(stream.info, plan)
             epochs = []
             for _ in range(2):
                 ids = []
@@ -314,7 +315,7 @@ def test_no_rows_is_refused_by_the_task_and_train_fn(tmp_path):
     with pytest.raises(ConfigError, match="data= has 0 rows"):
         _read_epochs(stream.info, 8, 1)
     with pytest.raises(ConfigError, match=r"worker\(s\) \[1\] got no rows .* data= has 1 rows for 2 workers"):
-        feeding._steps_for([1, 0], 1, True)
+        dataset._steps_for([1, 0], 1, True)
 
 
 # ---------------------------------------------------------------- through tfnb.run, no TensorFlow

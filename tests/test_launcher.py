@@ -276,7 +276,10 @@ def test_tensorflow_startup_noise_is_dropped_real_errors_kept(spark):
 
 
 def read_setting(ctx):
-    return os.environ.get("TFNB_S3_ENDPOINT_URL")
+    # what tfnb.stage inside train_fn resolves, and whether the executor's environment was the source
+    from tfnb.storage.s3 import endpoint_url
+
+    return endpoint_url(None), os.environ.get("TFNB_S3_ENDPOINT_URL")
 
 
 def test_driver_settings_travel_with_the_task(spark, monkeypatch):
@@ -284,4 +287,5 @@ def test_driver_settings_travel_with_the_task(spark, monkeypatch):
     spark.range(1).collect()
     monkeypatch.setenv("TFNB_S3_ENDPOINT_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("TFNB_PREIMPORT", "")
-    assert tfnb.run(read_setting, num_workers=2, spark=spark, display=False) == "http://127.0.0.1:9"
+    # resolved once on the driver, carried in the task's context: not copied into the process environment
+    assert tfnb.run(read_setting, num_workers=2, spark=spark, display=False) == ("http://127.0.0.1:9", None)

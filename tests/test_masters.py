@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import tfnb
+from components import free_port
 from tfnb.errors import ClusterError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,12 +92,6 @@ def test_spark_connect_session(no_orphans):
     assert out["feed"] == {"rows": [500, 500], "steps": 5, "lengths": {"v": 2}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for_port(port: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -137,7 +132,7 @@ def standalone(folder: Path, workers: int = 2, *, cores: int = 1, memory: str = 
     if properties:
         (folder / "worker.conf").write_text("".join(f"{k} {v}\n" for k, v in properties.items()))
         extra = ["--properties-file", str(folder / "worker.conf")]
-    port, ui = _free_port(), _free_port()
+    port, ui = free_port(), free_port()
     procs = []
     logs = []
 
@@ -153,7 +148,7 @@ def standalone(folder: Path, workers: int = 2, *, cores: int = 1, memory: str = 
         _wait_for_port(port, time.monotonic() + 60)
         for i in range(workers):
             start(["org.apache.spark.deploy.worker.Worker", "--cores", str(cores), "--memory", memory, "--host",
-                   "127.0.0.1", "--webui-port", str(_free_port()), *extra, f"spark://127.0.0.1:{port}"], f"worker{i}")
+                   "127.0.0.1", "--webui-port", str(free_port()), *extra, f"spark://127.0.0.1:{port}"], f"worker{i}")
         _wait_for_workers(ui, workers, time.monotonic() + 120)
         yield f"spark://127.0.0.1:{port}"
     finally:

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,19 +21,13 @@ from pathlib import Path
 import pytest
 
 import tfnb
-from components import cached_venv, need
+from components import cached_venv, free_port, need
 from test_training import random_binary_dataset
 
 mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny not installed: pip install 'tfnb[mlflow]'")
 
 SERVER = ["mlflow==3.17.2"]  # the server's own venv: full mlflow pins a pyarrow older than the test venv's
 CACHE = Path(os.environ.get("TFNB_MLFLOW_SERVER_CACHE", Path.home() / ".cache" / "tfnb-mlflow-server"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +39,7 @@ def mlflow_server(tmp_path_factory):
     except RuntimeError as e:
         need("an MLflow tracking server", False, f"pip install {' '.join(SERVER)} into a virtualenv failed ({e})")
     root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
     with open(root / "server.log", "wb") as out:
         proc = subprocess.Popen(
@@ -256,12 +249,12 @@ def test_failed_run_ends_failed_and_a_dead_server_does_not_stop_training(spark, 
     assert run.info.status == "FAILED" and "ValueError: bad data in shard 3" in run.data.tags["tfnb.error"]
 
     # nothing listens there: MLflow's own retries off so the failure comes at once
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    with caplog.at_level(logging.WARNING, logger="tfnb.tracking"):
+    with caplog.at_level(logging.WARNING, logger="tfnb.monitor.tracking"):
         assert tfnb.run(epochs_then_die, num_workers=2, args=(2, 0), spark=spark, model_dir=str(tmp_path),
                         display=False, timeout=300, mlflow=True) == 1
-    warnings = [r.getMessage() for r in caplog.records if r.name == "tfnb.tracking"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tfnb.monitor.tracking"]
     assert len(warnings) == 1 and "MLflow tracking of tfnb run" in warnings[0], warnings
 
 

@@ -148,7 +148,7 @@ def test_a_trace_that_cannot_start_is_reported_once_not_per_step(caplog):
     ctx = WorkerContext(task_index=1, num_workers=2, job_name="worker", cluster_spec={}, tf_config={},
                         profile_steps=(2, 4), profile_run="r")
     ran = []
-    with caplog.at_level("WARNING", logger="tfnb.profiling"):
+    with caplog.at_level("WARNING", logger="tfnb._task.profiling"):
         for step in range(1, 9):
             with ctx.profile(step):
                 ran.append(step)

@@ -15,7 +15,8 @@ from tfnb.errors import ConfigError, WorkerError
 from tfnb._protocol import RunEvent
 from tfnb._task.callbacks import keras_callback
 from tfnb.notebook import ProgressWidget
-from tfnb.monitor.progress import CHART_TASKS, SUMMARY_ABOVE, auto_display
+from tfnb.monitor.display import auto_display
+from tfnb.monitor.progress import CHART_TASKS, SUMMARY_ABOVE
 from tfnb.notebook.console import ConsoleDisplay
 
 EPOCHS, STEPS, BATCH = 2, 4, 16

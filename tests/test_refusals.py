@@ -683,8 +683,8 @@ def dbc_not_json(env):
     dbc.build(env.tmp, env.tmp / "out.dbc")
 
 
-@case("dbc", "`dbc.read(<missing archive>)`", ConfigError, "does not exist", "python -m tfnb.dbc build",
-      says="build it (python -m tfnb.dbc build)")
+@case("dbc", "`dbc.read(<missing archive>)`", ConfigError, "does not exist", "./dev dbc",
+      says="build it (./dev dbc)")
 def dbc_read_missing(env):
     from tools import dbc
 
@@ -692,7 +692,7 @@ def dbc_read_missing(env):
 
 
 @case("dbc", "a `.dbc` that is not a zip", DbcFormatError, "not a zip file", "export it again",
-      says="export it again, or rebuild it with tfnb.dbc build")
+      says="export it again, or rebuild it with ./dev dbc")
 def dbc_not_zip(env):
     from tools import dbc
 

@@ -1,10 +1,11 @@
-"""tfnb installed into a simulated Databricks Runtime ML: a separate virtualenv holding what such a runtime
-preinstalls (pyspark 3.5.0, TensorFlow + tf-keras, and the versions Runtime 15.4 LTS ML ships of pyarrow,
-pandas, boto3, fsspec, ipywidgets...). The built tfnb wheel goes in with a plain `pip install`; the test
-checks that no preinstalled package changed version and that a 2-worker MultiWorkerMirroredStrategy
-`tfnb.run` trains on that Spark 3.5. The runtime virtualenv is built once (a few minutes: pyspark 3.5 is
-a large download) and cached under ~/.cache/tfnb-runtime-sim/<hash of its requirements>; each run works
-on a hard-linked copy, so the cache stays as built."""
+"""tfnb installed into a simulated Databricks Runtime 15.4 LTS ML (tests/dbsim/runtimes.py, RUNTIME_A): a
+separate virtualenv holding what that runtime preinstalls (pyspark 3.5.0, TensorFlow 2.16.1 + tf-keras 2.16.0,
+the floor tfnb states, and the runtime's pyarrow, pandas, boto3, fsspec, ipywidgets...). The built tfnb wheel
+goes in with a plain `pip install`; the test checks that no preinstalled package changed version and that a
+2-worker MultiWorkerMirroredStrategy `tfnb.run` trains on that Spark 3.5. The runtime virtualenv is built once
+(a minute or two: TensorFlow and pyspark are large downloads) and cached under
+~/.cache/tfnb-runtime-sim/<hash of its requirements>; each run works on a hard-linked copy, so the cache stays
+as built. tests/test_dbsim.py runs notebooks on the same runtime through the Databricks simulator."""
 from __future__ import annotations
 
 import json
@@ -17,26 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from components import cached_venv
+from dbsim.runtimes import CACHE, RUNTIME_A
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# What the runtime has before tfnb arrives (Runtime 15.4 LTS ML versions where the Python allows; the
-# TensorFlow of constraints.txt, as an ML runtime's TensorFlow with tf-keras).
-RUNTIME = [
-    "pyspark==3.5.0",
-    "tensorflow==2.21.0",
-    "tf-keras==2.21.0",
-    "numpy==1.26.4",
-    "pandas==1.5.3",
-    "pyarrow==14.0.1",
-    "boto3==1.34.39",
-    "cloudpickle==2.2.1",
-    "fsspec==2023.5.0",
-    "ipywidgets==7.7.2",
-    "tqdm==4.65.0",
-]
-CACHE = Path(os.environ.get("TFNB_RUNTIME_SIM_CACHE", Path.home() / ".cache" / "tfnb-runtime-sim"))
 
 HEAVY = ("tensorflow", "tf_keras", "keras", "tensorboard", "pyspark", "py4j", "ipywidgets", "IPython", "boto3",
          "botocore", "pandas", "pyarrow", "numpy", "fsspec", "cloudpickle", "tqdm")
@@ -59,9 +43,10 @@ def _packages(python: Path) -> dict[str, str]:
 
 
 def _runtime_env() -> Path:
-    """The cached runtime virtualenv, built (once, under a lock) if missing."""
+    """The cached virtualenv of Runtime 15.4 LTS ML as the simulator has it (RUNTIME_A.requirements: what the
+    runtime has before tfnb arrives), built (once, under a lock) if missing."""
     try:
-        return cached_venv(CACHE, RUNTIME)
+        return RUNTIME_A.venv()
     except RuntimeError as e:
         raise AssertionError(str(e)) from e
 

@@ -2,26 +2,36 @@
 
 TensorBoard bookkeeping: a folder another user created first is refused; entries planted in it (or
 tampered with) cannot make tfnb delete a file outside it, signal a process group that is not its
-TensorBoard, or show a URL other than the one it launched. Secrets: a run's ``env=`` stays out of
-reprs, and the notebook/DBC credential check catches the usual ways of pasting a credential.
+TensorBoard, or show a URL other than the one it launched. The warm standbys' and run logs' folders
+of another user are not used by a run. A staged object whose key climbs out with ``..`` is refused.
+Secrets: a run's ``env=`` stays out of reprs, and the notebook/DBC credential check catches the usual
+ways of pasting a credential.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 
+import leakcheck
+import tfnb
 from components import need
+from s3server import put_tree
 from tfnb.monitor import tensorboard as tbp
+from tfnb._task import warm as _warm
 from tools import dbc
-from tfnb.errors import ConfigError, UnsafePathError
+from tfnb._private import private_dir
+from tfnb.errors import ConfigError, StorageError, UnsafePathError
 
 NOBODY = 65534
 
@@ -109,6 +119,55 @@ def test_a_fresh_folder_is_private(tmp_path, monkeypatch):
     assert tbp.instances() == []
     st = os.stat(tmp_path / f"tfnb-tensorboard-{os.getuid()}")
     assert (st.st_uid, st.st_mode & 0o777) == (os.getuid(), 0o700)
+
+
+def _pid(ctx):
+    import os as _os
+
+    return _os.getpid()
+
+
+def test_another_users_standby_and_run_log_folders_are_not_used_by_a_run(spark, tmp_path, caplog, monkeypatch):
+    # TFNB_STATE_DIR is this test process's own (conftest.py): here its folders change hands for a run
+    need_root()
+    monkeypatch.setenv("TFNB_PREIMPORT", "json")
+    warm, runs = private_dir("warm"), private_dir("runs")
+    planted, path = socket.socket(socket.AF_UNIX), os.path.join(warm, "0" * 20 + "-1-1.sock")
+    planted.bind(path)  # a standby as another user would plant it: the run's payload and env= would go to it
+    planted.listen(8)
+    planted.setblocking(False)
+    before, run_logs = {p.pid for p in leakcheck.processes()}, sorted(os.listdir(runs))
+    try:
+        for folder in (warm, runs):
+            os.chown(folder, NOBODY, NOBODY)
+        with pytest.raises(UnsafePathError, match=rf"{warm} is owned by uid {NOBODY}.*remove it .*\(TFNB_STATE_DIR\)"):
+            list(_warm.claim("0" * 20))
+        with caplog.at_level(logging.WARNING, logger="tfnb"):
+            tfnb.run(_pid, num_workers=2, spark=spark, display=False, env={"SECRET": "s3cr3t"})
+        with pytest.raises(BlockingIOError):
+            planted.accept()                   # nothing connected to it
+    finally:
+        for folder in (warm, runs):
+            os.chown(folder, os.getuid(), os.getgid())
+        planted.close()
+        os.unlink(path)
+    assert not [p for p in leakcheck.processes() if p.kind == leakcheck.STANDBY and p.pid not in before], \
+        "a standby was left in another user's folder"
+    assert re.search(rf"no log file for this run: {runs} is owned by uid {NOBODY}, not by this user .*"
+                     r"so tfnb will not trust what is in it; remove it .*\(TFNB_STATE_DIR\)", caplog.text), caplog.text
+    assert sorted(os.listdir(runs)) == run_logs
+
+
+def test_a_staged_key_that_climbs_out_of_dest_dir_is_refused(moto_s3, tmp_path):
+    # S3 keys are names, not paths: "data/../escaped.bin" is one object, listed under data/
+    bucket = f"dotdot-{uuid.uuid4().hex[:8]}"
+    put_tree(moto_s3.client(), bucket, {"data/ok.bin": b"fine", "data/../escaped.bin": b"planted"})
+    dest = tmp_path / "staged" / "train"
+    with pytest.raises(StorageError, match=rf"^s3://{bucket}/data/\.\./escaped\.bin would be written outside "
+                                           r"dest \('\.\.' in its key\); rename the object or stage a prefix"):
+        tfnb.stage(f"s3://{bucket}/data", dest, endpoint_url=moto_s3.endpoint_url,
+                   storage_options={"key": moto_s3.access_key, "secret": moto_s3.secret_key, "region": "us-east-1"})
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
 # ---------------------------------------------------------------- planted or tampered entries
@@ -233,10 +292,15 @@ def test_a_planted_url_is_not_shown(info, tmp_path, fake_tensorboard):
         assert tbp.instances() == [], url
         assert not planted.exists()
         assert proc.poll() is None, "a wrong URL removes the entry; it kills nothing"
-    # ensure_tensorboard starts its own (stopped at once here: timeout) instead of showing the planted URL.
+    # ensure_tensorboard starts its own instead of showing the planted URL (stopped at once by the short
+    # timeout, unless it was serving by then)
     entry(info, proc.pid, log_dir, port=port, proc_start=start, url="https://attacker.example/")
     outcome = tbp.ensure_tensorboard(log_dir, timeout=0.5)
-    assert isinstance(outcome, tbp.TimedOut), outcome
+    if isinstance(outcome, tbp.Launched):
+        tbp.stop(outcome)
+        assert outcome.url == f"http://127.0.0.1:{outcome.port}/" and outcome.pid != proc.pid, outcome
+    else:
+        assert isinstance(outcome, tbp.TimedOut), outcome
 
 
 # ---------------------------------------------------------------- TensorBoard on the network
@@ -247,7 +311,7 @@ def test_tensorboard_reachable_from_the_network_warns(info, tmp_path, fake_tenso
     log_dir.mkdir()
     proc, port = fake_tensorboard(log_dir, host="0.0.0.0")
     entry(info, proc.pid, log_dir, port=port, host="0.0.0.0", proc_start=tbp._proc_start(proc.pid))
-    with caplog.at_level(logging.WARNING, logger="tfnb._tb_process"):
+    with caplog.at_level(logging.WARNING, logger="tfnb.monitor.tensorboard"):
         outcome = tbp.ensure_tensorboard(log_dir, host="0.0.0.0")
     assert isinstance(outcome, tbp.Reused), outcome
     assert outcome.warning.startswith(f"TensorBoard listens on 0.0.0.0 port {port}, reachable from the network")
@@ -257,7 +321,7 @@ def test_tensorboard_reachable_from_the_network_warns(info, tmp_path, fake_tenso
 
 @pytest.mark.slow
 def test_a_launched_network_tensorboard_warns(info, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="tfnb._tb_process"):
+    with caplog.at_level(logging.WARNING, logger="tfnb.monitor.tensorboard"):
         outcome = tbp.ensure_tensorboard(tmp_path, host="0.0.0.0")
     try:
         assert isinstance(outcome, tbp.Launched), outcome

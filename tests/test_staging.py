@@ -216,7 +216,7 @@ def test_interrupted_staging_cleans_up_and_reruns(s3, tmp_path):
 
 KILL_CHILD = r"""
 import json, sys
-from tfnb.staging import stage
+from tfnb.data.staging import stage
 url, dest, endpoint = sys.argv[1:4]
 stage(url, dest, index=0, count=2, endpoint_url=endpoint, chunk_size=1 << 20)
 
@@ -383,7 +383,7 @@ def test_importable_without_boto3(tmp_path):
     """Blocking boto3: the module imports, local staging works, S3 says what to install."""
     code = (
         "import sys; sys.modules['boto3'] = None\n"
-        "import tfnb.staging as s\n"
+        "import tfnb.data.staging as s\n"
         f"r = s.stage({str(tmp_path / 'src')!r}, {str(tmp_path / 'dst')!r}); print(r.files)\n"
         "try:\n    s.stage('s3://b/p', '/tmp/never')\n"
         "except s.MissingDependencyError as e:\n    print(e)\n")
@@ -431,13 +431,13 @@ def test_progress_bar_goes_to_stderr(s3, tmp_path, capsys):
 
 def test_command_line(s3, tmp_path):
     env = dict(os.environ, **s3.env())
-    ok = subprocess.run([sys.executable, "-m", "tfnb.staging", f"s3://{BUCKET}/{PREFIX}", str(tmp_path),
+    ok = subprocess.run([sys.executable, "-m", "tfnb", "stage", f"s3://{BUCKET}/{PREFIX}", str(tmp_path),
                          "--index", "1", "--count", "2", "--chunk-size", str(MiB)],
                         capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith(f"shard 1/2 of s3://{BUCKET}/{PREFIX}: ") and "MB/s" in ok.stdout
     assert ok.stderr == ""                                           # no bar: not a terminal
-    bad = subprocess.run([sys.executable, "-m", "tfnb.staging", f"s3://{BUCKET}/nothing", str(tmp_path)],
+    bad = subprocess.run([sys.executable, "-m", "tfnb", "stage", f"s3://{BUCKET}/nothing", str(tmp_path)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1
     assert bad.stderr.startswith("tfnb stage: s3://tfnb-data/nothing has no files")

@@ -2,15 +2,18 @@
 (``rclone serve s3``) and fsspec's memory filesystem; then its error mapping and URL/option rules."""
 from __future__ import annotations
 
+import hashlib
 import os
-import socket
+import re
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tfnb.storage import PART, normalize, open_store
+from components import free_port
+from tfnb.storage.base import PART, normalize
+from tfnb.storage import open_store
 from tfnb.errors import ConfigError, MissingDependencyError, StorageError
 
 BACKENDS = ["local", "s3", "memory"]
@@ -26,8 +29,8 @@ def s3_options(server) -> dict:
 def store(request, tmp_path):
     if request.param == "local":
         s = open_store(str(tmp_path / "root"))
-    elif request.param == "s3":
-        server = request.getfixturevalue("rclone_s3")
+    elif request.param in ("s3", "s3-moto"):
+        server = request.getfixturevalue("rclone_s3" if request.param == "s3" else "moto_s3")
         bucket = f"contract-{uuid.uuid4().hex[:10]}"
         server.client().create_bucket(Bucket=bucket)
         s = open_store(f"s3://{bucket}/root", s3_options(server))
@@ -93,34 +96,58 @@ def test_put_write_and_put_dir_replace_whole_files(store, tmp_path):
     assert {r: store.read(f"tree/{r}") for r in store.list("tree")} == {"one": b"1" * 1000, "sub/two": b"2"}
 
 
+# S3 on moto, not rclone: rclone's local backend rewrites an object in place, so a GET racing a PUT can
+# return mixed bytes of the right length there. moto builds a new object per PUT, as S3 does: what this
+# test then checks is tfnb, not the server.
+@pytest.mark.parametrize("store", ["local", "s3-moto", "memory"], indirect=True)
 def test_a_reader_never_sees_a_partial_file_under_the_final_name(store):
-    """Every read returns one whole version. (rclone's local backend rewrites an object in place, so a
-    GET racing a PUT there can fail, as a StorageError; it never returns mixed bytes.)"""
-    versions = {b"A" * (1 << 20), b"B" * (2 << 20)}
-    store.write("big", b"A" * (1 << 20))
-    stop, seen, errors = threading.Event(), set(), []
+    """Every read racing the writes returns one whole version, by checksum, and none fails."""
+    versions = [os.urandom(1 << 20), os.urandom(2 << 20)]
+    digests = {hashlib.sha256(v).hexdigest() for v in versions}
+    store.write("big", versions[0])
+    started = done = 0                        # writes begun and finished, counted by the writer
+    overlapped, reads, errors, stop = [], [], [], threading.Event()
+    read_done = threading.Condition()
 
     def reader():
         while not stop.is_set():
+            before = done
             try:
-                seen.add(store.read("big"))
+                digest = hashlib.sha256(store.read("big")).hexdigest()
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(e)
+                stop.set()
+                digest = None
+            with read_done:
+                reads.append(digest)
+                if started > before:          # a write was under way at some point during this read
+                    overlapped.append(digest)
+                read_done.notify_all()
 
-    t = threading.Thread(target=reader)
+    t = threading.Thread(target=reader, daemon=True)
     t.start()
     try:
-        for i in range(6):
-            store.write("big", b"B" * (2 << 20) if i % 2 == 0 else b"A" * (1 << 20))
+        # Write on until reads have raced writes a few times; after each write wait for two more reads
+        # (the second begins after the write), so both versions are read back whatever the scheduling.
+        for i in range(500):
+            if len(overlapped) >= 5 and i >= 6 or stop.is_set():
+                break
+            started += 1
+            store.write("big", versions[(i + 1) % 2])
+            done += 1
+            with read_done:
+                n = len(reads)
+                assert read_done.wait_for(lambda: len(reads) >= n + 2 or stop.is_set(), 60)
     finally:
         stop.set()
-        t.join()
-    assert seen <= versions and seen and all(isinstance(e, StorageError) for e in errors)
-    assert not errors or store.root.startswith("s3://")
+        t.join(60)
+    assert not errors, f"a read racing the writes failed: {errors[0]!r}"
+    assert len(overlapped) >= 5, f"only {len(overlapped)} of {len(reads)} reads raced a write"
+    assert set(reads) == digests, "a read returned bytes that are neither the old nor the new object"
     assert not [rel for rel in store.list() if PART in rel]
     with pytest.raises(StorageError):                     # a failed upload leaves the old content
         store.put("big", "/nonexistent/file")
-    assert store.read("big") in versions
+    assert hashlib.sha256(store.read("big")).hexdigest() in digests
 
 
 def test_append_where_the_backend_can(store):
@@ -152,11 +179,8 @@ def test_s3_errors_name_the_url_and_the_fix(rclone_s3, tmp_path):
         open_store("s3://no-such-bucket/x", good).list()
     with pytest.raises(StorageError, match=r"rejected the credentials for s3://b/x/f .*AWS_ACCESS_KEY_ID"):
         open_store("s3://b/x", dict(good, key="tfnbwrongkey1", secret="wrong-secret-77")).read("f")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with pytest.raises(StorageError, match=r"cannot connect to the S3 endpoint for s3://b/x/f .*endpoint_url"):
-        open_store("s3://b/x", dict(good, endpoint_url=f"http://127.0.0.1:{port}",
+        open_store("s3://b/x", dict(good, endpoint_url=f"http://127.0.0.1:{free_port()}",
                                     config={"retries": {"max_attempts": 1}})).read("f")
     with pytest.raises(ConfigError, match=r"storage option 'password' is not understood.*key, secret"):
         open_store("s3://b/x", {"password": "x"})
@@ -233,10 +257,12 @@ def _plant(root: Path, folder_key: str, record: str, uid: int | None, mode: int 
     return entry / "m.keras"
 
 
-@pytest.mark.parametrize("uid, mode", [(65534, None), (None, 0o777)], ids=["other-owner", "world-writable"])
-def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, uid, mode):
-    import hashlib
+@pytest.mark.parametrize("uid, mode, why", [(65534, None, "is owned by uid 65534, not by this user"),
+                                            (None, 0o777, r"is writable by other users \(mode 777\)")],
+                         ids=["other-owner", "world-writable"])
+def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, monkeypatch, caplog, uid, mode, why):
     import json
+    import logging
 
     from tfnb.data import inference
 
@@ -248,11 +274,16 @@ def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, uid, mode):
     source, version, files = inference._locate(url, options)
     key = hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24]
     record = json.dumps({"url": url, "version": version, "files": files})
-    planted = _plant(tmp_path / f"tfnb-model-cache-{os.getuid()}", key, record, uid, mode)
-    got = inference._fetch(source, version, files, options, str(tmp_path))
+    monkeypatch.setenv("TFNB_STATE_DIR", str(tmp_path))    # where the cache goes without TFNB_MODEL_CACHE_DIR
+    cache = tmp_path / f"tfnb-model-cache-{os.getuid()}"
+    planted = _plant(cache, key, record, uid, mode)
+    with caplog.at_level(logging.WARNING, logger="tfnb.data.inference"):
+        got = inference._fetch(source, version, files, options, "")
+    inference._fresh_cache.cache_clear()
     assert Path(got).read_bytes() == real and Path(got) != planted
     assert planted.read_bytes() == b"PLANTED" * 3          # nothing in the foreign folder touched
-    inference._fresh_cache.cache_clear()
+    assert re.search(rf"{cache} {why}.*so tfnb will not trust what is in it; remove it .*\(TFNB_STATE_DIR\); "
+                     rf"downloading models to {Path(got).parents[1]} instead", caplog.text), caplog.text
 
 
 def test_a_cached_model_that_does_not_match_the_source_is_fetched_again(rclone_s3, tmp_path):

@@ -133,14 +133,14 @@ def test_outside_a_notebook_the_url_is_printed(tb, log_dir, capsys):
     assert f"Reusing TensorBoard for {log_dir} at http://127.0.0.1:{tb.port}/ (pid {tb.pid})" in out
 
 
-def test_module_and_function_are_both_callable(tb, log_dir, capsys):
-    # Importing the submodule binds tfnb.tensorboard to the module; calling it must still work.
+def test_the_public_name_is_the_verb_whatever_was_imported(tb, log_dir, capsys):
+    # importing the display layer's module does not rebind tfnb.tensorboard: it stays the function
     import tfnb
     import tfnb.notebook.tensorboard as module
 
-    assert isinstance(module(log_dir, display=False), tbp.Reused)
+    assert tfnb.tensorboard is module.tensorboard
     assert isinstance(tfnb.tensorboard(log_dir, display=False), tbp.Reused)
-    assert capsys.readouterr().out.count(f"at {tb.url}") == 2
+    assert capsys.readouterr().out.count(f"at {tb.url}") == 1
 
 
 def test_panel_shows_status_link_buttons_and_iframe(tb, log_dir, monkeypatch):
@@ -379,7 +379,7 @@ def test_interrupting_the_start_leaves_no_process(tmp_path):
     log_dir = tmp_path / "logs3"
     log_dir.mkdir()
     env = dict(os.environ, TFNB_TENSORBOARD_DIR=str(tmp_path / "info"))
-    start = "import sys; from tfnb._tb_process import ensure_tensorboard; ensure_tensorboard(sys.argv[1])"
+    start = "import sys; from tfnb.monitor.tensorboard import ensure_tensorboard; ensure_tensorboard(sys.argv[1])"
     child = subprocess.Popen([sys.executable, "-c", start, str(log_dir)], env=env, stderr=subprocess.PIPE, text=True)
 
     def tensorboards():

@@ -11,8 +11,10 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m tfnb stage SRC_URL DEST_DIR [--index I --count N]\n"
-              "In a tfnb checkout: ./dev demo (train on digits on a local Spark), ./dev dbc (rebuild the DBC)")
+        # asked for: on stdout, exit 0; no command: a usage error, on stderr, exit 2 (as argparse does)
+        print("usage: python -m tfnb stage SRC DEST [--index I --count N]\n"
+              "In a tfnb checkout: ./dev demo (train on digits on a local Spark), ./dev dbc (rebuild the DBC)",
+              file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     if argv[0] == "stage":
         from .data.staging import main as stage

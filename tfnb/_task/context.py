@@ -72,19 +72,19 @@ class WorkerContext:
         """This worker's part of the DataFrame given as ``tfnb.run(..., data=df)``, as a tf.data.Dataset.
 
         Every worker gets the same number of batches, so MultiWorkerMirroredStrategy never hangs.
-        See :func:`tfnb._task.feed.worker_dataset` for the keyword arguments.
+        See :func:`tfnb._task.dataset.worker_dataset` for the keyword arguments.
 
         Example:
             >>> ds = ctx.dataset(batch_size=64, label_col="label", strategy=strategy)
             >>> model.fit(ds, epochs=3, steps_per_epoch=ctx.steps_per_epoch(64))
         """
-        from .feed import worker_dataset
+        from .dataset import worker_dataset
 
         return worker_dataset(self, batch_size, **kwargs)
 
     def steps_per_epoch(self, batch_size: int) -> int:
         """Batches per epoch that every worker can serve for ``batch_size`` (the same on all workers)."""
-        from .feed import steps_per_epoch
+        from .dataset import steps_per_epoch
 
         return steps_per_epoch(self, batch_size)
 

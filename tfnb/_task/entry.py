@@ -35,13 +35,14 @@ class TaskFailed(RuntimeError):
 BOOT_MARK = "tfnb-boot"  # <tfnb-boot>{json}</tfnb-boot>: why a task could not start, in Spark's job error
 
 
-def task_entry(spec_blob: bytes, version: str):
+def task_entry(spec_blob: bytes, version: str, package: str = __name__.split(".")[0]):
     """The run's ``mapInArrow`` function: ``run_task`` behind a bootstrap that Spark can always unpickle.
 
     The closure holds plain values and imports what it needs itself, so cloudpickle ships it by value:
     an executor whose Python lacks tfnb (or has another version) still runs it, and it fails with one
     line the driver finds in the job's error (tfnb.launcher.verdict reads it) instead of a ModuleNotFoundError
-    inside Spark's unpickling. ``spec_blob`` is the pickled TaskSpec; ``version`` the driver's tfnb version.
+    inside Spark's unpickling. ``spec_blob`` is the pickled TaskSpec; ``version`` the driver's tfnb version;
+    ``package`` the name the executor imports it by.
     """
     def tfnb_task(batches):
         info = None
@@ -49,7 +50,7 @@ def task_entry(spec_blob: bytes, version: str):
             import importlib
 
             # the executor's own tfnb, whatever its version; absolute names: this closure travels by value
-            installed = importlib.import_module("tfnb").__version__
+            installed = importlib.import_module(package).__version__
             if installed != version:
                 info = {"version": installed}
             else:

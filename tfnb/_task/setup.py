@@ -20,26 +20,6 @@ _TF_STARTUP_NOISE = re.compile(
 
 
 @dataclass(frozen=True)
-class TaskHooks:
-    """The task's part of :class:`tfnb.launcher.LaunchHooks`: plain values and the feeder, as tasks receive them.
-
-    Attributes:
-        feeder: replaces tfnb's feeding of ``data``: ``feeder.spill(batches, workdir)`` takes the task's whole
-            partition before train_fn starts (returns an object with ``rows``), ``feeder.finish(spilled,
-            rows_per_task)`` returns what ``ctx.feed`` holds.
-        all_results: every task returns its train_fn value, not only the chief.
-        keep_port: the train_fn process keeps its task's port reserved while train_fn runs
-            (``ctx.reserved_port()`` hands the socket over).
-        task_cwd: train_fn runs in the Spark task's working directory, not in a scratch folder.
-    """
-
-    feeder: Any = None
-    all_results: bool = False
-    keep_port: bool = False
-    task_cwd: bool = False
-
-
-@dataclass(frozen=True)
 class TaskSpec:
     """Everything a barrier task needs, as plain values the driver fixed before launch."""
 
@@ -61,12 +41,32 @@ class TaskSpec:
     profile_steps: tuple | None = None  # (first, last) steps each worker traces (tfnb._task.profiling)
     profile_run: str = ""  # the profile plugin's run folder for this attempt
     stop_grace: float = 5.0
-    hooks: TaskHooks = TaskHooks()  # what an add-on's LaunchHooks change in the task (tfnb.launcher.hooks)
+    hooks: TaskHooks = field(default_factory=lambda: TaskHooks())  # an add-on's LaunchHooks, task part
     settings: tuple = field(default=(), repr=False)  # the driver's TFNB_* settings, (name, value) pairs
     warm: bool = False  # hand the payload to a warm standby when one matches, leave one after success
     warm_idle: float = 600.0  # seconds an unclaimed standby waits before it exits
     linger: bool = False  # a finished train_fn process waits until every task's train_fn has returned
     first_rank: int = 0  # rank of partition 0: num_workers for the ps tasks' own job (tfnb.launcher.resources)
+
+
+@dataclass(frozen=True)
+class TaskHooks:
+    """The task's part of :class:`tfnb.launcher.LaunchHooks`: plain values and the feeder, as tasks receive them.
+
+    Attributes:
+        feeder: replaces tfnb's feeding of ``data``: ``feeder.spill(batches, workdir)`` takes the task's whole
+            partition before train_fn starts (returns an object with ``rows``), ``feeder.finish(spilled,
+            rows_per_task)`` returns what ``ctx.feed`` holds.
+        all_results: every task returns its train_fn value, not only the chief.
+        keep_port: the train_fn process keeps its task's port reserved while train_fn runs
+            (``ctx.reserved_port()`` hands the socket over).
+        task_cwd: train_fn runs in the Spark task's working directory, not in a scratch folder.
+    """
+
+    feeder: Any = None
+    all_results: bool = False
+    keep_port: bool = False
+    task_cwd: bool = False
 
 
 def is_startup_noise(line: str, min_log_level: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from .. import _protocol as events
 from .._protocol import EventKind, RunEvent
 from ..errors import ConfigError, RunTimeoutError, WorkerError, WorkerStalledError
-from ..monitor.progress import make_display
+from ..monitor.display import make_display
 from .attempt import _Attempt
 from .hooks import ArrowSpill, LaunchHooks, pickle_fn
 from .options import RunOptions

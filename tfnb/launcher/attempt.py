@@ -23,7 +23,7 @@ from ..errors import (
     RunTimeoutError,
     TaskFailure,
 )
-from ..monitor.progress import show
+from ..monitor.display import show
 from .resources import Ask, Placement, refused_by_spark
 from .spark import _driver_host
 from .verdict import (

@@ -36,10 +36,11 @@ def _int(name: str, value: Any, low: int, fix: str) -> int:
 
 
 def _seconds(name: str, value: Any, *, zero_is_off: bool = False) -> float | None:
+    """A number of seconds given as a keyword (an int or float, not text), or parsed from a TFNB_* setting."""
     if value is None:
         return None
     try:
-        seconds = float(value)
+        seconds = float(value) if not isinstance(value, str) or name.startswith("TFNB_") else -1.0
     except (TypeError, ValueError):
         seconds = -1.0
     if isinstance(value, bool) or not (seconds >= 0 if zero_is_off else seconds > 0):
@@ -54,8 +55,8 @@ def _stall_timeout(value) -> float | None:
         raw = os.environ.get("TFNB_STALL_TIMEOUT")
         if raw is None:
             return _STALL_DEFAULT
-        return _seconds(f"TFNB_STALL_TIMEOUT={raw!r}; TFNB_STALL_TIMEOUT",
-                        None if raw.strip().lower() in ("", "none", "off") else raw, zero_is_off=True)
+        return _seconds("TFNB_STALL_TIMEOUT", None if raw.strip().lower() in ("", "none", "off") else raw,
+                        zero_is_off=True)
     return _seconds("stall_timeout", value, zero_is_off=True)
 
 
@@ -200,6 +201,9 @@ class RunOptions:
 
         check_option(given.get("mlflow"))  # a bad value or a missing MLflow fails here, before Spark starts
         env = given.get("env")
+        env = env if isinstance(env, tuple) else _check_env(env, legacy_keras)
+        # the train_fn processes resolve settings as the driver does, a TFNB_* given in env= winning
+        settings = tuple(sorted({**dict(driver_settings()), **{k: v for k, v in env if k.startswith("TFNB_")}}.items()))
         return cls(
             num_workers=num_workers, args=tuple(args), kwargs=dict(kwargs), num_ps=num_ps, spark=given.get("spark"),
             use_gpu=use_gpu, gpus_per_worker=gpus, cpus_per_worker=cpus, ps_placement=ps_placement,
@@ -209,11 +213,11 @@ class RunOptions:
             max_attempts=_int("max_attempts", setting("max_attempts", given.get("max_attempts"), 2, int), 1,
                               "1 = never relaunch"),
             stall_timeout=_stall_timeout(given.get("stall_timeout", "auto")),
-            env=env if isinstance(env, tuple) else _check_env(env, legacy_keras), legacy_keras=legacy_keras,
+            env=env, legacy_keras=legacy_keras,
             preimport=tuple(preimport), warm=setting("warm", given.get("warm"), True, bool),
             display=given.get("display"), profile_steps=check_profile_steps(given.get("profile_steps"), given.get("log_dir")),
             mlflow=given.get("mlflow"), failure_grace=grace, warm_idle=setting("warm_idle", None, 600.0, float),
-            settings=driver_settings())
+            settings=settings)
 
     @property
     def num_tasks(self) -> int:

@@ -1,17 +1,9 @@
-"""What a run's events mean on the driver, and the console display.
+"""What a run's events mean on the driver: the run model every display renders and tests inspect.
 
-``tfnb.run`` hands every :class:`tfnb.RunEvent` to a *display*: any callable taking a
-RunEvent, with an optional ``close()`` called once when the run ends (see :class:`Display`). This
-module is core: it never imports the notebook layer. It holds
-
-* :class:`RunProgress` (one :class:`WorkerProgress` per task): the plain-data state of a run that
-  every display renders and tests inspect; above :data:`SUMMARY_ABOVE` tasks its summary (counts by
-  state, slowest/fastest task, stragglers, total examples/s) replaces the per-task view;
-* :class:`ConsoleDisplay`: prefixed log lines plus a tqdm status line on a terminal, or a plain
-  progress line at a modest rate when output goes to a file or CI log;
-* :func:`make_display`: the display ``tfnb.run`` uses. Display modes are a registry:
-  ``console`` and ``none`` are built in; ``tfnb.notebook`` registers ``widget`` when it is imported
-  (``import tfnb`` does that inside an IPython kernel), and ``auto`` picks the widget in a notebook.
+:class:`RunProgress` (one :class:`WorkerProgress` per task) folds the run's :class:`tfnb.RunEvent`\ s into
+plain data; above :data:`SUMMARY_ABOVE` tasks its summary (counts by state, slowest/fastest task,
+stragglers, total examples/s) replaces the per-task view. The displays that render it live in the display
+layer (:mod:`tfnb.notebook`); how a display is chosen is :mod:`tfnb.monitor.display`.
 
 The numbers come from ``ctx.report(...)`` or the Keras callback of :mod:`tfnb._task.callbacks`
 (``ctx.progress_callback()``), which run in the train_fn processes and reach the driver over the
@@ -20,21 +12,17 @@ run's authenticated channel.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any
 
 from .. import _protocol as events
-from .._config import setting
 from .._protocol import RunEvent
 from .._protocol import number as _number
-from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-DISPLAY_MODES = ("auto", "widget", "console", "none")
 
 # Progress fields with a column of their own; every other number is shown as a metric.
 _CORE_FIELDS = frozenset({"epoch", "epochs", "step", "steps", "global_step", "steps_per_sec",
@@ -45,29 +33,6 @@ SUMMARY_ABOVE = 16  # tasks; more than this and displays show a summary with the
 CHART_TASKS = 16    # tasks with a curve (chief and workers 1..15): more lines than that read as noise
 CHART_POINTS = 512  # points kept per curve; past that every other one goes, so a long fit keeps its shape
 STATES = ("pending", "starting", "training", "serving", "stalled", "done", "stopped", "failed")
-
-
-class Display(Protocol):
-    """What ``tfnb.run(display=...)`` accepts: called with every RunEvent on the driver's main thread.
-
-    A display may also have ``batch(events)``: the driver then hands it the events of one pass over
-    its inbox (up to thousands at scale) in one call instead of one call each, so it can fold them
-    and redraw once. And ``close()``, called once when the run ends (also on failure or Ctrl-C).
-    """
-
-    def __call__(self, event: RunEvent) -> None: ...
-
-
-def show(display: Display, batch: list) -> None:
-    """Hand ``batch`` (RunEvents, in order) to ``display``: one ``batch()`` call when it has one."""
-    if not batch:
-        return
-    handle = getattr(display, "batch", None)
-    if handle is not None:
-        handle(batch)
-    else:
-        for event in batch:
-            display(event)
 
 
 # ---------------------------------------------------------------- plain-data model
@@ -523,102 +488,6 @@ def format_metrics(data: dict) -> str:
 # ---------------------------------------------------------------- console
 
 
-class _NoDisplay:
-    """TFNB_DISPLAY=none: events are dropped (failures still raise from ``tfnb.run``)."""
-
-    def __call__(self, event: RunEvent) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 # ---------------------------------------------------------------- choosing a display
 
 
-def in_notebook() -> bool:
-    """True inside a Jupyter (ipykernel) or Databricks notebook kernel."""
-    ip = sys.modules.get("IPython")
-    if ip is None:
-        return False
-    shell = ip.get_ipython() if hasattr(ip, "get_ipython") else None
-    if shell is None:
-        return False
-    return any(c.__name__ in ("ZMQInteractiveShell", "DatabricksShell") for c in type(shell).__mro__)
-
-
-# mode -> factory(num_workers=, num_ps=, max_attempts=) -> display; the display layer (tfnb.notebook, which
-# ``import tfnb`` loads with the first public verb) adds "console" and "widget"
-_FACTORIES: dict = {"none": lambda num_workers, num_ps, max_attempts: _NoDisplay()}
-
-
-def register_display(mode: str, factory: Callable[..., Display]) -> None:
-    """Add (or replace) a display mode for ``TFNB_DISPLAY=mode``; how the notebook layer plugs in.
-
-    Args:
-        mode: the name users give in ``TFNB_DISPLAY``.
-        factory: called as ``factory(num_workers=, num_ps=, max_attempts=)``; returns a display.
-
-    Example:
-        >>> register_display("widget", ProgressWidget.for_run)   # done by tfnb.notebook
-    """
-    _FACTORIES[mode] = factory
-
-
-def auto_display(num_workers: int, num_ps: int = 0, *, mode: str | None = None,
-                 max_attempts: int | None = None) -> Display:
-    """The display ``tfnb.run`` uses when none is given: a live widget in notebooks, console otherwise.
-
-    Args:
-        num_workers: chief + worker tasks of the run.
-        num_ps: parameter-server tasks of the run.
-        mode: ``"auto"``, ``"widget"``, ``"console"`` or ``"none"``. Env: TFNB_DISPLAY. Default auto.
-        max_attempts: launches the run may make (shown as "attempt n/N").
-
-    Returns:
-        A callable taking each RunEvent, with a ``close()`` to call when the run ends.
-
-    Raises:
-        ConfigError: an unknown mode, or ``widget`` while the notebook layer is not loaded.
-
-    Example:
-        >>> import os
-        >>> os.environ["TFNB_DISPLAY"] = "console"     # plain output even in a notebook
-        >>> tfnb.run(train_fn, num_workers=2)
-    """
-    chosen = setting("display", mode, "auto", str).strip().lower()
-    if chosen not in DISPLAY_MODES and chosen not in _FACTORIES:
-        raise ConfigError(
-            f"display mode {chosen!r} (TFNB_DISPLAY or mode=) is not one of {', '.join(DISPLAY_MODES)}; "
-            "set TFNB_DISPLAY=widget, console or none, or unset it")
-    if chosen == "auto":
-        chosen = next(m for m in ("widget" if in_notebook() else "", "console", "none") if m in _FACTORIES)
-    factory = _FACTORIES.get(chosen)
-    if factory is None:
-        raise ConfigError(f"TFNB_DISPLAY={chosen} needs the display layer: run `import tfnb.notebook` first "
-                          "(`import tfnb` loads it with the first verb you use), or set TFNB_DISPLAY=none")
-    return factory(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
-
-
-def make_display(display: Display | bool | None, num_workers: int, num_ps: int = 0,
-                 max_attempts: int | None = None) -> Display:
-    """The display for ``tfnb.run(display=...)``: the launcher surface add-ons (tfnb.compat) use too.
-
-    Args:
-        display: a callable taking RunEvents (used as is), False for none, None/True for the
-            default (:func:`auto_display`).
-        num_workers: chief + worker tasks of the run.
-        num_ps: parameter-server tasks.
-        max_attempts: launches the run may make, when known.
-
-    Returns:
-        A display; call its ``close()`` (when it has one) once the run ends.
-
-    Example:
-        >>> sink = make_display(None, num_workers=2)
-    """
-    if display is False:
-        return _NoDisplay()
-    if callable(display):
-        return display
-    return auto_display(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .. import _protocol as events
 from ..errors import ConfigError
 from .._protocol import RunEvent
-from .progress import show
+from .display import show
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class Tracker:
         self._observe(event)
 
     def batch(self, batch: list) -> None:
-        """A drain's events: the display gets them as one batch (see ``tfnb.monitor.progress.show``)."""
+        """A drain's events: the display gets them as one batch (see ``tfnb.monitor.display.show``)."""
         show(self.display, batch)
         for event in batch:
             self._observe(event)

@@ -14,7 +14,7 @@ Example:
 """
 from __future__ import annotations
 
-from ..monitor.progress import register_display
+from ..monitor.display import register_display
 from .console import ConsoleDisplay
 from .magics import load_ipython_extension
 from .progress import ProgressWidget

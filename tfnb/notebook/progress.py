@@ -13,7 +13,8 @@ import time
 from ..errors import ConfigError
 from .._protocol import RunEvent
 from ..monitor.charts import LiveChart, matplotlib_missing
-from ..monitor.progress import SUMMARY_ABOVE, RunProgress, _num, _of, _short, _sort_key, in_notebook
+from ..monitor.display import in_notebook
+from ..monitor.progress import SUMMARY_ABOVE, RunProgress, _num, _of, _short, _sort_key
 from .._protocol import number as _number
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._deps import require
 from ..errors import ConfigError
-from ..monitor.progress import in_notebook
+from ..monitor.display import in_notebook
 from ..monitor.tensorboard import (
     Failed,
     Launched,

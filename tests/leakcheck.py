@@ -1,0 +1,297 @@
+"""Leak checks, on for every test: a test fails when a process it started is still running after it.
+
+A pytest plugin: conftest.py loads it for the suite, ``pytest -p leakcheck`` loads it into any run
+(tests/test_leaks.py runs it that way on tests that leak on purpose).
+
+After each test, the processes of the kinds in :data:`KINDS` that appeared during the test and are
+still running ``LEAKCHECK_GRACE`` seconds later (default 30; waited for with pidfds, woken as each
+ends, so only a real leak costs the wait) fail the test at teardown, one line each (kind, pid,
+command line), and are then killed.
+
+Not leaks:
+
+* idle warm standbys (a ``tfnb._task.warm`` nanny and its unclaimed ``tfnb._task.child --standby``), left on
+  purpose for the next run: counted in the test's report and, at the end of the session, required
+  to end with the Spark session (conftest.py gives them an idle timeout for the suite too);
+* the pyspark gateway JVM (one per test process, for its whole life) and, while a SparkContext is
+  active, the shared session's JVMs and Python workers below it;
+* processes started while a module- or session-scoped fixture was set up (S3 and MLflow servers),
+  and the processes below them.
+
+At the end of the session every process of those kinds but the gateway JVM must be gone; what is
+left is reported the same way and fails the run.
+
+Only this test process's processes count, so parallel runs (pytest-xdist workers, other people's
+runs on the same machine) never see each other's: a process counts when its chain of parents
+(``/proc/PID/stat``) leads here, or, for one orphaned on the way (its parent exited and init adopted
+it), when its environment carries this process's token in ``LEAKCHECK_OWNERS``, which everything
+started from here inherits.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+TRAIN_FN, STANDBY, SPARK_JVM, SPARK_PYTHON = "train_fn child", "idle warm standby", "Spark JVM", "Spark Python worker"
+TENSORBOARD, RCLONE, MLFLOW, MOTO = "TensorBoard", "rclone", "MLflow server", "moto server"
+KINDS = (TRAIN_FN, SPARK_JVM, SPARK_PYTHON, TENSORBOARD, RCLONE, MLFLOW, MOTO)
+OWNERS = "LEAKCHECK_OWNERS"  # not TFNB_*: tests start subprocesses with environments stripped of those
+GRACE = float(os.environ.get("LEAKCHECK_GRACE", "30"))  # seconds a process may take to end after its test
+
+_TOKEN = f"{os.getpid()}-{secrets.token_hex(4)}"
+_TENSORBOARD = re.compile(r"(^|/)tensorboard(\.main)?$")
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process of one of the checked kinds. ``state`` of a standby: warm, importing or starting."""
+
+    pid: int
+    ppid: int
+    start: int  # clock ticks after boot: with the pid, names one process even once the pid is reused
+    argv: tuple[str, ...]
+    kind: str
+    state: str = ""
+
+    def __str__(self) -> str:
+        cmd = " ".join(self.argv).replace("\n", "\\n")
+        return f"{self.kind:<19} pid {self.pid:<7} {cmd[:400]}{' ...' if len(cmd) > 400 else ''}"
+
+
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state letter, start time) of a process, None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        return int(fields[1]), fields[0].decode(), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _argv(pid: int) -> tuple[str, ...]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(a.decode(errors="replace") for a in raw.split(b"\0")[:-1])
+
+
+def _kind(argv: tuple[str, ...]) -> str | None:
+    if not argv:
+        return None
+    joined = " ".join(argv)
+    if "tfnb._task.warm" in argv:
+        return "nanny"
+    if "tfnb._task.child" in joined:  # python -c "...import tfnb._task.child..." WORKDIR, or -m tfnb._task.child --standby
+        return TRAIN_FN
+    if "pyspark.daemon" in argv or "pyspark.worker" in argv:
+        return SPARK_PYTHON
+    if os.path.basename(argv[0]).startswith("java") and "org.apache.spark" in joined:
+        return SPARK_JVM
+    if os.path.basename(argv[0]) == "rclone":
+        return RCLONE
+    if "moto.server" in argv:
+        return MOTO
+    if "mlflow" in (os.path.basename(a) for a in argv[:3]) or "mlflow.server" in joined:
+        return MLFLOW
+    if any(_TENSORBOARD.search(a) for a in argv[:3]):
+        return TENSORBOARD
+    return None
+
+
+def _standby_state(nanny: tuple[str, ...]) -> str | None:
+    """warm / importing while the nanny's socket is there (see tfnb/_warm.py), None once claimed."""
+    path = nanny[nanny.index("tfnb._task.warm") + 1]
+    return "warm" if os.path.exists(path) else "importing" if os.path.exists(path + ".part") else None
+
+
+def _carries_token(pid: int) -> bool:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    prefix = OWNERS.encode() + b"="
+    return any(e.startswith(prefix) and _TOKEN.encode() in e[len(prefix):].split(b",") for e in env)
+
+
+def _table() -> dict[int, tuple[int, str, int]]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None and st[1] not in "ZX":
+            out[int(name)] = st
+    return out
+
+
+def _ancestors(pid: int, table: dict) -> list[int]:
+    chain = []
+    while pid in table and pid > 1 and len(chain) < 256:
+        pid = table[pid][0]
+        chain.append(pid)
+    return chain
+
+
+def processes() -> list[Proc]:
+    """This test process's processes of the checked kinds, idle standbys included (:data:`STANDBY`)."""
+    me, table = os.getpid(), _table()
+    found: dict[int, Proc] = {}
+    for pid, (ppid, _state, start) in table.items():
+        kind = _kind(argv := _argv(pid)) if pid != me else None
+        if kind and (me in _ancestors(pid, table) or _carries_token(pid)):
+            found[pid] = Proc(pid, ppid, start, argv, kind)
+    children = {p[0] for p in table.values()}
+    for pid, p in list(found.items()):
+        if p.kind == "nanny":
+            # Claimed: no socket, its train_fn process below it. Not yet listening: no socket, no child.
+            state = _standby_state(p.argv) or (None if pid in children else "starting")
+            found[pid] = Proc(pid, p.ppid, p.start, p.argv, STANDBY if state else TRAIN_FN, state or "")
+    for pid, p in list(found.items()):
+        nanny = found.get(p.ppid)
+        if "--standby" in p.argv and nanny is not None and nanny.kind == STANDBY:
+            found[pid] = Proc(pid, p.ppid, p.start, p.argv, STANDBY, nanny.state)
+    return list(found.values())
+
+
+def wait_gone(procs, timeout: float) -> list[Proc]:
+    """Those of ``procs`` still running after up to ``timeout`` seconds; wakes as each one ends (pidfds)."""
+    fds: dict[int, Proc] = {}
+    for p in procs:
+        try:
+            fd = os.pidfd_open(p.pid)
+        except ProcessLookupError:
+            continue
+        st = _stat(p.pid)
+        if st is None or st[2] != p.start or st[1] in "ZX":  # ended, or the pid now names another process
+            os.close(fd)
+        else:
+            fds[fd] = p
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)  # a pidfd turns readable when its process ends
+    deadline = time.monotonic() + timeout
+    try:
+        while fds and (left := deadline - time.monotonic()) > 0:
+            for fd, _ in poller.poll(left * 1000):
+                poller.unregister(fd)
+                os.close(fd)
+                del fds[fd]
+        return list(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _kill(procs) -> None:
+    for p in procs:
+        st = _stat(p.pid)
+        if st is not None and st[2] == p.start:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    wait_gone(procs, 10)
+
+
+def report(what: str, procs) -> str:
+    lines = "\n".join(f"  {p}" for p in sorted(procs, key=lambda p: (p.kind, p.pid)))
+    return (f"{what} left {len(procs)} process(es) running (ended now with SIGKILL):\n{lines}\n"
+            "Stop what a test starts before it ends, or start it in a module- or session-scoped fixture "
+            "(tests/leakcheck.py).")
+
+
+# ---------------------------------------------------------------- what may outlive a test
+
+_by_fixture: dict[tuple[int, int], str] = {}  # (pid, start) of processes wider-scoped fixtures started
+_standbys_seen: set[tuple[int, int]] = set()
+
+
+def _spark() -> tuple[int | None, bool]:
+    """The pyspark gateway JVM's pid, and whether a SparkContext is active."""
+    if "pyspark" not in sys.modules:
+        return None, False
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    return getattr(proc, "pid", None), SparkContext._active_spark_context is not None
+
+
+def _allowed(p: Proc, table: dict, gateway: int | None, active: bool) -> bool:
+    if p.kind == TRAIN_FN:
+        return False
+    if p.pid == gateway or (active and gateway in _ancestors(p.pid, table)):
+        return True
+    lineage = [p.pid, *_ancestors(p.pid, table)]
+    return any((pid, table[pid][2]) in _by_fixture for pid in lineage if pid in table)
+
+
+def pytest_configure(config):
+    # In the hook, not at import: Spark's Python workers import this module too (through conftest.py)
+    os.environ[OWNERS] = ",".join(filter(None, [os.environ.get(OWNERS), _TOKEN]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.scope == "function":
+        return (yield)
+    me, before = os.getpid(), set(_table())
+    try:
+        return (yield)
+    finally:
+        table = _table()
+        for pid in set(table) - before:
+            if me in _ancestors(pid, table):
+                _by_fixture[(pid, table[pid][2])] = fixturedef.argname
+
+
+@pytest.fixture(autouse=True)
+def leak_check(request):
+    """Fails the test (at teardown) when a process it started outlives it; see the module docstring."""
+    before = {(p.pid, p.start) for p in processes()}
+    yield
+    now = processes()
+    table, (gateway, active) = _table(), _spark()
+    suspects = [p for p in now if (p.pid, p.start) not in before and p.kind != STANDBY
+                and not _allowed(p, table, gateway, active)]
+    if suspects:
+        still = {p.pid for p in wait_gone(suspects, GRACE)}
+        # a standby's nanny is briefly neither listening nor claimed: judge what is left as it is now
+        now = processes()
+        suspects = [p for p in now if p.pid in still and p.kind != STANDBY]
+    standbys = [p for p in now if p.kind == STANDBY and (p.pid, p.start) not in before]
+    if standbys:
+        _standbys_seen.update((p.pid, p.start) for p in standbys if "tfnb._task.warm" in p.argv)
+        request.node.add_report_section("teardown", "leakcheck", "idle warm standbys left for the next run "
+                                        "(by design; checked at the end of the session):\n"
+                                        + "\n".join(f"  {p} [{p.state}]" for p in standbys))
+    if suspects:
+        _kill(suspects)
+        pytest.fail(report(request.node.nodeid, suspects), pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)  # after conftest.py's, which stops the shared Spark session
+def pytest_sessionfinish(session, exitstatus):
+    gateway, _ = _spark()
+    wait_gone([p for p in processes() if p.pid != gateway], GRACE)
+    left = [p for p in processes() if p.pid != gateway]
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    write = tr.write_line if tr is not None else print
+    if (_standbys_seen or left) and tr is not None:
+        tr.write("\n")  # after the progress dots
+    if _standbys_seen:
+        write(f"leakcheck: {len(_standbys_seen)} idle warm standby(s) were left between tests (by design); "
+              + ("some outlived the session, see below" if any(p.kind == STANDBY for p in left)
+                 else "all ended with the Spark session"))
+    if left:
+        write(report("the session", left))
+        for p in left:
+            if fixture := _by_fixture.get((p.pid, p.start)):
+                write(f"  (pid {p.pid} was started while fixture {fixture!r} was set up)")
+        _kill(left)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
