@@ -171,3 +171,9 @@ def test_public_surface_exports_what_the_api_returns_and_keeps_dev_tools_out():
                and getattr(node.test, "id", "") == "TYPE_CHECKING"
                for stmt in node.body if isinstance(stmt, ast.ImportFrom) for a in stmt.names}
     assert set(tfnb.__all__) <= checked, set(tfnb.__all__) - checked
+
+
+def test_every_folder_of_the_package_ships():
+    # setup.cfg's find: takes regular packages only: a folder without __init__.py would be left out of the wheel
+    folders = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    assert [str(f.relative_to(PACKAGE.parent)) for f in sorted(folders) if not (f / "__init__.py").is_file()] == []
