@@ -289,3 +289,16 @@ def test_driver_settings_travel_with_the_task(spark, monkeypatch):
     monkeypatch.setenv("TFNB_PREIMPORT", "")
     # resolved once on the driver, carried in the task's context: not copied into the process environment
     assert tfnb.run(read_setting, num_workers=2, spark=spark, display=False) == ("http://127.0.0.1:9", None)
+
+
+def test_options_resolve_once_and_are_reused_with_keywords_over_them(monkeypatch):
+    monkeypatch.setenv("TFNB_MAX_ATTEMPTS", "3")
+    monkeypatch.delenv("TFNB_PREIMPORT", raising=False)
+    base = tfnb.RunOptions.resolve(num_workers=2, timeout=60, env={"DATA": "s3://b/p"},
+                                   storage_options={"secret": "hunter2-not-shown"})
+    assert (base.max_attempts, base.timeout, base.preimport) == (3, 60.0, ("tensorflow",))  # env, then defaults
+    again = tfnb.RunOptions.resolve(base, args=(5,), timeout=120)  # what tfnb.run(fn, base, ...) does
+    assert (again.num_workers, again.args, again.timeout, again.env) == (2, (5,), 120.0, (("DATA", "s3://b/p"),))
+    assert "hunter2" not in repr(again) and "s3://b/p" not in repr(again)  # env= and storage_options: credentials
+    with pytest.raises(tfnb.ConfigError, match="unknown option.*num_worker; the options are"):
+        tfnb.RunOptions.resolve(num_worker=2)

@@ -9,7 +9,7 @@ the driver's other ``TFNB_*`` settings (:attr:`RunOptions.settings`), so tfnb ca
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from .._config import setting
@@ -222,7 +222,3 @@ class RunOptions:
     @property
     def num_tasks(self) -> int:
         return self.num_workers + self.num_ps
-
-    def but(self, **changes: Any) -> "RunOptions":
-        """A copy with ``changes`` (already resolved values)."""
-        return replace(self, **changes)
