@@ -316,7 +316,7 @@ data = {f"data/part-{i}.bin": bytes([i]) * (1000 + i) for i in range(4)}
 for k, v in data.items():
     admin.put_object(Bucket=bucket, Key=k, Body=v)
 import tfnb
-from tfnb import inference
+from tfnb.data import inference
 
 staged = tfnb.stage(f"s3://{bucket}/data", f"{work}/staged")
 assert {os.path.basename(p): open(p, "rb").read() for p in staged.paths} == {k[5:]: v for k, v in data.items()}
