@@ -16,7 +16,8 @@ direction derived from the secret and both nonces and a sequence number counted 
 forged, altered, replayed, reordered or dropped frame fails the check and the connection is closed.
 Frames are authenticated, not encrypted (logs and tracebacks are readable on the wire; see README).
 
-**Messages** are JSON objects whose ``kind`` is one of :class:`Kind`. **Events** (:class:`RunEvent`)
+**Messages** are JSON objects with a ``kind`` (log, event, state, failed, stack, addr, feed from a task;
+cluster, stop, end, dump from the driver). **Events** (:class:`RunEvent`)
 are what the driver's display, run log and MLflow tracking receive; train_fn sends them with
 ``ctx.report`` and the Keras callback, through the events pipe of :mod:`tfnb._task.events`.
 """
@@ -118,29 +119,6 @@ def _recv_body(sock: socket.socket, limit: int) -> bytes | None:
 
 
 VERSION = "0.1.0"  # tfnb's version (tfnb.__version__): the driver's and each executor's must be the same
-
-
-# ---------------------------------------------------------------- message kinds
-
-
-class Kind:
-    """Message kinds on the channel (the ``kind`` field), both directions."""
-
-    # task -> driver
-    BATCH = "batch"          # {"items": [...]}: what a task gathered over one send window
-    LOG = "log"              # {"stream", "lines": [...]} or {"stream", "line", "partial"}
-    EVENT = "event"          # {"event": progress/..., "data": {...}}: from train_fn
-    STATE = "state"          # {"state": starting/training/serving/done/stopped/failed, ...}
-    FAILED = "failed"        # {"failure": TaskFailure fields}
-    STACK = "stack"          # {"text"}: the Python stacks the driver asked for
-    ADDR = "addr"            # {"addr", "rows"}: this task's TensorFlow address
-    FEED = "feed"            # {"rows", "done"}: rows received of the fed partition
-    DISCONNECTED = "disconnected"  # made by the driver's channel when a task hangs up
-    # driver -> task
-    CLUSTER = "cluster"      # {"tasks": [{"addr", "rows"}, ...]}: every task's address, in rank order
-    STOP = "stop"            # stop train_fn (the run failed, was cancelled, or the coordinator is done)
-    END = "end"              # every train_fn returned: lingering processes may exit
-    DUMP = "dump"            # send the train_fn process' stacks (stall watchdog)
 
 
 # ---------------------------------------------------------------- events of a run
