@@ -187,10 +187,13 @@ class EventSync:
             ``src`` and ``dest`` overlapping.
 
     Example:
-        >>> # inside train_fn, on the chief: worker disk -> persistent storage
+        Inside train_fn, on the chief (worker disk -> persistent storage):
+
         >>> with tfnb.EventSync(local_logs, ctx.log_dir, interval=10):
         ...     model.fit(ds, callbacks=[tf.keras.callbacks.TensorBoard(local_logs)])
-        >>> # in the notebook: persistent storage -> the directory TensorBoard reads
+
+        In the notebook (persistent storage -> the directory TensorBoard reads):
+
         >>> sync = tfnb.EventSync("s3://bucket/run1/logs", "/tmp/tb/run1").start()
         >>> sync.stop()
     """
