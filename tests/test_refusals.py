@@ -6,7 +6,7 @@ how long the refusal took; the table of times is printed at the end of the modul
 no Spark never start it; Spark cases share the local[2] session and come last, the stopped-session
 case at the very end (it stops the shared session).
 
-``python tests/test_refusals.py`` prints the catalogue as the README's markdown table.
+``python tests/test_refusals.py`` prints the catalogue as docs/refusals.md's markdown table.
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ from tfnb.monitor.tensorboard import Failed
 class Case:
     name: str
     area: str
-    given: str          # the bad input, as the README shows it
+    given: str          # the bad input, as the catalogue page shows it
     raises: type        # error type (or Failed, TensorBoard's outcome)
     needles: tuple      # substrings the message must hold: the offending value, then the fix
-    says: str           # the fix, in short, for the README
+    says: str           # the fix, in short, for the catalogue page
     fn: Callable
     spark: bool = False
     xfail: str | None = None
@@ -1110,9 +1110,9 @@ _AREAS = ["launcher", "cluster", "data", "staging", "sync", "evaluator", "tensor
           "predict"]
 
 
-def test_readme_lists_the_catalogue():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert readme_table() in readme, "README is out of date: paste the output of python tests/test_refusals.py"
+def test_the_docs_list_the_catalogue():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "refusals.md").read_text()
+    assert readme_table() in page, "docs/refusals.md is out of date: paste the output of python tests/test_refusals.py"
 
 
 if __name__ == "__main__":
