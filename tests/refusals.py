@@ -195,7 +195,7 @@ class Refusals:
 
         ARTIFACTS.mkdir(exist_ok=True)  # every message in full, for reading them side by side
         (ARTIFACTS / f"refusals-{module.removeprefix('test_refuse_')}.txt").write_text("".join(
-            f"{name} ({seconds:.3f} s): {MESSAGES[name]}\n\n" for name, seconds in times.items()))
+            f"{name} ({seconds:.3f} s): {MESSAGES[name]}\n\n" for name, seconds in times.items() if name in MESSAGES))
 
     def test_refusal(self, c: Case, tmp_path, monkeypatch, capsys):
         for var in ("TFNB_TIMEOUT", "TFNB_MAX_ATTEMPTS", "TFNB_SYNC_INTERVAL", "TFNB_DISPLAY", "TFNB_EVAL_INTERVAL",
