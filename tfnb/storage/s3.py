@@ -128,7 +128,8 @@ class S3Store(Store):
         self._client = self._manager = self._parts = None
         self._lock = threading.RLock()
         self.native = _native_store(bucket, options)
-        self.ranges = True     # the server answers a ranged GET with 206, as obstore requires
+        self.ranges: bool | None = None  # does the server answer a range with 206, as obstore requires?
+        self._probe = threading.Lock()
         if self.native is None:
             self.client  # noqa: B018 - built now: bad options fail here, as they always have
         self.endpoint = endpoint_url(options.get("endpoint_url"))
@@ -245,18 +246,15 @@ class S3Store(Store):
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
         on_bytes = on_bytes or (lambda n: None)
         with landing(self.url(rel), local_path, size) as tmp:
-            for _ in range(2 if self.native is not None and size is not None else 0):
+            if self.native is not None and size is not None:
                 sent = []
                 try:
                     return self._get_native(rel, tmp, size, version, lambda n: (sent.append(n), on_bytes(n)),
                                             cancel)
                 except StorageError:
                     raise
-                except Exception as e:   # noqa: BLE001 - boto3 fetches it again and names any failure
+                except Exception:   # noqa: BLE001 - boto3 fetches it again and names any failure
                     on_bytes(-sum(sent))
-                    if "NotPartial" not in str(e) or not self.ranges:
-                        break
-                    self.ranges = False   # the server answers a range with 200 (rclone): whole GETs
             if size is not None and size > self.chunk_size:
                 self._get_big(rel, tmp, size, version, on_bytes, cancel)
             else:
@@ -292,6 +290,18 @@ class S3Store(Store):
 
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
+            first = 0
+            if size > self.chunk_size and self.ranges is None:
+                # the first big file finds out alone, so the others spend no request on it
+                with self._probe:
+                    if self.ranges is None:
+                        try:
+                            part(fd, 0, self.chunk_size)
+                            self.ranges, first = True, self.chunk_size
+                        except Exception as e:   # noqa: BLE001
+                            if "NotPartial" not in str(e):
+                                raise
+                            self.ranges = False   # 200 to a range (rclone): one GET per object
             if size <= self.chunk_size or not self.ranges:
                 part(fd, 0, size)
                 return
@@ -299,7 +309,7 @@ class S3Store(Store):
                 if self._parts is None:
                     self._parts = ThreadPoolExecutor(self.concurrency, thread_name_prefix="tfnb-s3-part")
             futures = [self._parts.submit(part, fd, start, min(start + self.chunk_size, size))
-                       for start in range(0, size, self.chunk_size)]
+                       for start in range(first, size, self.chunk_size)]
             try:
                 for f in futures:
                     f.result()
