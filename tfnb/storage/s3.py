@@ -9,7 +9,6 @@ botocore understands (``config``, ``client_kwargs``) or TFNB_S3_NATIVE=0 keep a 
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import threading
@@ -187,8 +186,10 @@ class S3Store(Store):
         base = self._key(rel)
         base = base + "/" if base else ""
         if self.native is not None and recursive:
-            with contextlib.suppress(Exception):   # boto3 below lists again and names the failure
+            try:
                 return self._list_native(base)
+            except Exception:   # noqa: BLE001 - boto3 below lists again and names the failure
+                self.native = None   # (a region obstore cannot follow, an odd key): boto3 from now on
         args = {"Bucket": self.bucket, "Prefix": base, **({} if recursive else {"Delimiter": "/"})}
         out: dict[str, Entry] = {}
         for page in self.client.get_paginator("list_objects_v2").paginate(**args):
@@ -206,7 +207,7 @@ class S3Store(Store):
         for page in obstore.list(self.native, base.rstrip("/") or None, chunk_size=1000):
             for obj in page:
                 sub = obj["path"][len(base):]
-                if sub and not is_temp(sub):
+                if sub and not sub.endswith("/") and not is_temp(sub):
                     out[sub] = Entry(sub, int(obj["size"]), obj["last_modified"].timestamp(),
                                      (obj.get("e_tag") or "").strip('"'))
         return out
@@ -246,21 +247,23 @@ class S3Store(Store):
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
         on_bytes = on_bytes or (lambda n: None)
         with landing(self.url(rel), local_path, size) as tmp:
-            if self.native is not None and size is not None:
+            native = self.native
+            if native is not None and size is not None:
                 sent = []
                 try:
-                    return self._get_native(rel, tmp, size, version, lambda n: (sent.append(n), on_bytes(n)),
-                                            cancel)
+                    return self._get_native(native, rel, tmp, size, version,
+                                            lambda n: (sent.append(n), on_bytes(n)), cancel)
                 except StorageError:
                     raise
                 except Exception:   # noqa: BLE001 - boto3 fetches it again and names any failure
                     on_bytes(-sum(sent))
+                    self.native = None   # and the rest too: one failure must not cost one per file
             if size is not None and size > self.chunk_size:
                 self._get_big(rel, tmp, size, version, on_bytes, cancel)
             else:
                 self._get_small(rel, tmp, version, on_bytes, cancel)
 
-    def _get_native(self, rel, tmp, size, version, on_bytes, cancel) -> None:
+    def _get_native(self, native, rel, tmp, size, version, on_bytes, cancel) -> None:
         """``size`` bytes into ``tmp``: one GET up to ``chunk_size`` (or when the server cannot answer
         ranges), else ranged GETs of that size on the store's part threads (``concurrency`` of them,
         shared by every file)."""
@@ -272,7 +275,7 @@ class S3Store(Store):
 
         def part(fh, start: int, end: int) -> None:
             try:
-                got = obstore.get(self.native, self._key(rel), options=dict(options, range=(start, end))
+                got = obstore.get(native, self._key(rel), options=dict(options, range=(start, end))
                                   if end - start < size else options)
             except PreconditionError as e:
                 raise StorageError(f"{url} changed since it was listed; run again") from e
