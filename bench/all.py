@@ -35,7 +35,7 @@ BENCHES = {
     "launch": ["--repeats", "2"],
     "rerun": ["--rounds", "3"],
     "feeding": ["--repeat", "1"],
-    "staging": ["--repeat", "1"],
+    "staging": ["--repeat", "3"],
     "inference": ["--repeats", "2"],
     "evaluator": ["--checkpoints", "8"],
     "sync": ["--minutes", "0.5", "--interval", "5"],

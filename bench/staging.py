@@ -7,7 +7,9 @@ Anchors measured in the same run, on the same shards and server (``rclone serve 
 
 Each worker is its own process, as on a cluster; the figure is the shard bytes of all workers over the
 wall time from the first worker's start to the last one's end (Python imports excluded; tfnb's time
-includes its listing). Best of ``--repeat`` runs. Goals: tfnb >= 0.9 x s5cmd, >= 3 x sequential boto3.
+includes its listing). ``--repeat`` rounds each run every method once, interleaved; each ratio is the
+median of the rounds' ratios, shown with its lowest and highest. Goals: tfnb >= 0.9 x s5cmd and >= 1 x
+sequential boto3 in every cell. The last line, ``RESULT {json}``, is what bench/all.py reads.
 
 ``--rtt-ms 0 20`` also measures with 20 ms added round-trip time. This kernel has no sch_netem
 (``tc qdisc add ... netem`` fails with "Specified qdisc kind is unknown"), so a small delay proxy in
@@ -18,7 +20,7 @@ Two workloads by default: 16 x 32 MiB (big objects: ranged parallel GETs) and 25
 small objects: per-request cost and latency), each at 0 and 20 ms added RTT.
 
 Usage:
-    .venv/bin/python bench/staging.py [--workloads 16x32 256x1] [--rtt-ms 0 20] [--repeat 2]
+    .venv/bin/python bench/staging.py [--workloads 16x32 256x1] [--rtt-ms 0 20] [--repeat 3]
 """
 from __future__ import annotations
 
@@ -32,11 +34,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 BUCKET = "bench"
+METHODS = ("tfnb.stage", "s5cmd", "boto3 sequential")
+GOALS = {"s5cmd": 0.9, "boto3 loop": 1.0}
 
 
 # ---------------------------------------------------------------- worker processes
@@ -242,14 +247,18 @@ class _DelayProxy:
             self.proc.stdout.close()
 
 
-def _measure(a, server, work: Path, prefix: str, keys, rtt: int) -> dict[str, float]:
-    """Best MB/s of each method for one workload at one added RTT, methods interleaved."""
+def _measure(a, server, work: Path, prefix: str, keys, rtt: int) -> dict[str, list[float]]:
+    """MB/s of each method in each of ``--repeat`` rounds for one workload at one added RTT.
+
+    Every round runs all three methods one after another (the order rotating), so a burst of load
+    from elsewhere on the machine hits a round's tfnb run and its anchors alike.
+    """
     shards = _shards(keys, a.workers)
     total = sum(size for _, size in keys)
-    best: dict[str, float] = {}
+    runs: dict[str, list[float]] = {m: [] for m in METHODS}
     with _DelayProxy(rtt, server, a.window_kib * 1024) as endpoint:
-        for _ in range(a.repeat):
-            for method in ("tfnb.stage", "s5cmd", "boto3 sequential"):
+        for r in range(a.repeat):
+            for method in METHODS[r % 3:] + METHODS[:r % 3]:
                 dests = [work / f"dest-{i}" for i in range(a.workers)]
                 for d in dests:
                     shutil.rmtree(d, ignore_errors=True)
@@ -260,8 +269,8 @@ def _measure(a, server, work: Path, prefix: str, keys, rtt: int) -> dict[str, fl
                                             endpoint, prefix, dests, shards, a.concurrency)
                 if got != total:
                     raise RuntimeError(f"{method} fetched {got} bytes, expected {total}")
-                best[method] = max(best.get(method, 0.0), total / wall / 1e6)
-    return best
+                runs[method].append(total / wall / 1e6)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", nargs="+", default=["16x32", "256x1"],
                    help="FILESxMIB sets to stage, e.g. 16x32 (big objects) 256x1 (many small ones)")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=2, help="runs per method; the best is reported")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="rounds; each figure is the median over them (at least 3 for a median worth having)")
     p.add_argument("--rtt-ms", type=int, nargs="+", default=[0, 20],
                    help="added round-trip times to measure, e.g. 0 20")
     p.add_argument("--window-kib", type=int, default=4096,
@@ -290,20 +300,27 @@ def main(argv: list[str] | None = None) -> int:
             prefix = f"w{files}x{mib}"
             sets.append((spec, prefix, _make_data(work / "srv", prefix, int(files),
                                                   int(float(mib) * 1024 * 1024))))
-        print(f"{a.workers} workers, each its own process; best of {a.repeat}; MB/s = 10**6 bytes/s",
-              flush=True)
+        print(f"{a.workers} workers, each its own process; MB/s = 10**6 bytes/s; each figure the median of "
+              f"{a.repeat} rounds, a ratio the median of the rounds' ratios [lowest-highest]", flush=True)
+        ratios: dict[str, float] = {}
         # A long dir cache keeps rclone's MD5 ETags computed by the warm-up listing, as S3 keeps ETags.
         with start_rclone(work / "srv", extra_args=("--dir-cache-time", "1h")) as server:
             server.client().list_objects_v2(Bucket=BUCKET)
             print(f"\n{'files x MiB':<12}{'RTT ms':>7}{'tfnb.stage':>12}{'s5cmd':>9}{'boto3 seq':>11}"
-                  f"{'tfnb/s5cmd':>12}{'tfnb/boto3':>12}")
+                  f"{'tfnb/s5cmd':>24}{'tfnb/boto3':>24}")
             for spec, prefix, keys in sets:
                 for rtt in a.rtt_ms:
-                    b = _measure(a, server, work, prefix, keys, rtt)
-                    t = b["tfnb.stage"]
-                    print(f"{spec:<12}{rtt:>7}{t:>12.1f}{b['s5cmd']:>9.1f}{b['boto3 sequential']:>11.1f}"
-                          f"{t / b['s5cmd']:>12.2f}{t / b['boto3 sequential']:>12.2f}", flush=True)
-            print("\ngoals: tfnb/s5cmd >= 0.9, tfnb/boto3 sequential >= 3")
+                    runs = _measure(a, server, work, prefix, keys, rtt)
+                    row = f"{spec:<12}{rtt:>7}" + "".join(
+                        f"{median(runs[m]):>{w}.1f}" for m, w in zip(METHODS, (12, 9, 11)))
+                    for anchor, name in zip(METHODS[1:], GOALS):
+                        per_round = [t / x for t, x in zip(runs["tfnb.stage"], runs[anchor])]
+                        ratios[f"staging {spec} MiB, {rtt} ms vs {name}"] = round(median(per_round), 3)
+                        row += f"{median(per_round):>10.2f} [{min(per_round):.2f}-{max(per_round):.2f}]"
+                    print(row, flush=True)
+            print(f"\ngoals: tfnb/s5cmd >= {GOALS['s5cmd']}, tfnb/boto3 sequential >= {GOALS['boto3 loop']}")
+            print("RESULT " + json.dumps({"ratios": ratios, "goals": {
+                name: GOALS[name.rsplit(" vs ", 1)[1]] for name in ratios}}), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

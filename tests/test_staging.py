@@ -96,6 +96,22 @@ def test_stages_everything_with_paths_kept(s3, tmp_path):
     assert all(a.bytes_done <= b.bytes_done for a, b in zip(seen, seen[1:]))
 
 
+@pytest.mark.parametrize("client", ["boto3", "native, 206 ranges (moto)"])
+def test_every_s3_client_stages_the_same_files(s3, moto_s3, tmp_path, monkeypatch, client):  # noqa: F811
+    """boto3 alone (TFNB_S3_NATIVE=0), and obstore against a server that answers ranges with 206;
+    the test above is obstore against rclone, which answers them with 200 (one GET per object)."""
+    server = s3
+    if client == "boto3":
+        monkeypatch.setenv("TFNB_S3_NATIVE", "0")
+    else:
+        pytest.importorskip("obstore")
+        server = moto_s3
+        put_tree(server.client(), BUCKET, {f"{PREFIX}/{k}": v for k, v in TREE.items()})
+    r = s3_stage(server, tmp_path)
+    assert read_tree(tmp_path) == TREE and leftovers(tmp_path) == []
+    assert r.downloaded_bytes == sum(map(len, TREE.values()))
+
+
 def test_rerun_downloads_nothing(s3, tmp_path):
     first = s3_stage(s3, tmp_path)
     mtimes = {p: os.stat(p).st_mtime_ns for p in first.paths}

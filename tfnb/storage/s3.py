@@ -1,8 +1,18 @@
-"""``s3://`` through boto3 and s3transfer (s3fs is not used: it pins an old botocore)."""
+"""``s3://`` through boto3 and s3transfer (s3fs is not used: it pins an old botocore).
+
+With the ``s3-native`` extra (obstore, Rust's object_store) a store lists and downloads through it:
+no botocore client to build (~0.1 CPU-s per process), and a fraction of boto3's CPU per request, which
+is what limits many small objects on a worker's few cores. boto3 still resolves the credentials (the
+same chain: options, environment, profile, instance role), does every other operation, and names
+every failure: a native listing or download that fails is repeated through boto3. Options only
+botocore understands (``config``, ``client_kwargs``) or TFNB_S3_NATIVE=0 keep a store on boto3.
+"""
 from __future__ import annotations
 
+import datetime
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Mapping
 
 from .._config import setting
@@ -17,6 +27,10 @@ _CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "I
                                "ExpiredToken", "InvalidClientTokenId", "TokenRefreshRequired"})
 _DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "403", "Forbidden"})
 _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+# the options a native store can honour exactly; any other keeps the store on boto3
+_NATIVE_OPTIONS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "region_name",
+                             "endpoint_url", "profile", "anon"})
+_CREDENTIAL_TTL = 300      # seconds a native store keeps credentials before asking botocore again
 
 
 def endpoint_url(explicit: str | None = None) -> str | None:
@@ -109,10 +123,26 @@ class S3Store(Store):
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.root = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.concurrency, self.chunk_size = concurrency, chunk_size
-        # small objects (callers' threads) and big ones (s3transfer) may each have `concurrency` in flight
-        self.client, self.endpoint = s3_client(url, options, purpose, pool=2 * concurrency + 4)
-        self._manager = None
-        self._lock = threading.Lock()
+        self._url, self._options, self._purpose = url, options, purpose
+        self._client = self._manager = self._parts = None
+        self._lock = threading.RLock()
+        self.native = _native_store(bucket, options)
+        self.ranges: bool | None = None  # does the server answer a range with 206, as obstore requires?
+        self._probe = threading.Lock()
+        if self.native is None:
+            self.client  # noqa: B018 - built now: bad options fail here, as they always have
+        self.endpoint = endpoint_url(options.get("endpoint_url"))
+
+    @property
+    def client(self):
+        """The boto3 client, built on first use (a native store may never need it)."""
+        with self._lock:
+            if self._client is None:
+                # small objects (callers' threads) and big ones (s3transfer) may each have
+                # `concurrency` in flight
+                self._client, _ = s3_client(self._url, self._options, self._purpose,
+                                            pool=2 * self.concurrency + 4)
+            return self._client
 
     def _key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix and rel else self.prefix or rel
@@ -155,6 +185,11 @@ class S3Store(Store):
     def list(self, rel: str = "", recursive: bool = True) -> dict[str, Entry]:
         base = self._key(rel)
         base = base + "/" if base else ""
+        if self.native is not None and recursive:
+            try:
+                return self._list_native(base)
+            except Exception:   # noqa: BLE001 - boto3 below lists again and names the failure
+                self.native = None   # (a region obstore cannot follow, an odd key): boto3 from now on
         args = {"Bucket": self.bucket, "Prefix": base, **({} if recursive else {"Delimiter": "/"})}
         out: dict[str, Entry] = {}
         for page in self.client.get_paginator("list_objects_v2").paginate(**args):
@@ -163,6 +198,18 @@ class S3Store(Store):
                 if sub and not sub.endswith("/") and not is_temp(sub):
                     out[sub] = Entry(sub, int(obj["Size"]), obj["LastModified"].timestamp(),
                                      str(obj.get("ETag", "")).strip('"'))
+        return out
+
+    def _list_native(self, base: str) -> dict[str, Entry]:
+        import obstore
+
+        out: dict[str, Entry] = {}
+        for page in obstore.list(self.native, base.rstrip("/") or None, chunk_size=1000):
+            for obj in page:
+                sub = obj["path"][len(base):]
+                if sub and not sub.endswith("/") and not is_temp(sub):
+                    out[sub] = Entry(sub, int(obj["size"]), obj["last_modified"].timestamp(),
+                                     (obj.get("e_tag") or "").strip('"'))
         return out
 
     @guarded("reading")
@@ -200,10 +247,81 @@ class S3Store(Store):
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
         on_bytes = on_bytes or (lambda n: None)
         with landing(self.url(rel), local_path, size) as tmp:
+            native = self.native
+            if native is not None and size is not None:
+                sent = []
+                try:
+                    return self._get_native(native, rel, tmp, size, version,
+                                            lambda n: (sent.append(n), on_bytes(n)), cancel)
+                except StorageError:
+                    raise
+                except Exception:   # noqa: BLE001 - boto3 fetches it again and names any failure
+                    on_bytes(-sum(sent))
+                    self.native = None   # and the rest too: one failure must not cost one per file
             if size is not None and size > self.chunk_size:
                 self._get_big(rel, tmp, size, version, on_bytes, cancel)
             else:
                 self._get_small(rel, tmp, version, on_bytes, cancel)
+
+    def _get_native(self, native, rel, tmp, size, version, on_bytes, cancel) -> None:
+        """``size`` bytes into ``tmp``: one GET up to ``chunk_size`` (or when the server cannot answer
+        ranges), else ranged GETs of that size on the store's part threads (``concurrency`` of them,
+        shared by every file)."""
+        import obstore
+        from obstore.exceptions import PreconditionError
+
+        url = self.url(rel)
+        options = {"if_match": f'"{version}"'} if version else {}
+
+        def part(fh, start: int, end: int) -> None:
+            try:
+                got = obstore.get(native, self._key(rel), options=dict(options, range=(start, end))
+                                  if end - start < size else options)
+            except PreconditionError as e:
+                raise StorageError(f"{url} changed since it was listed; run again") from e
+            etag = (got.meta.get("e_tag") or "").strip('"')
+            if version and etag != version:   # servers that ignore If-Match
+                raise StorageError(f"{url} changed since it was listed; run again")
+            at = start
+            for block in got.stream(min_chunk_size=_IO_CHUNK):
+                check_cancel(cancel, url)
+                view = memoryview(block)
+                while view:
+                    n = os.pwrite(fh, view, at)
+                    at, view = at + n, view[n:]
+                on_bytes(len(block))
+
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            first = 0
+            if size > self.chunk_size and self.ranges is None:
+                # the first big file finds out alone, so the others spend no request on it
+                with self._probe:
+                    if self.ranges is None:
+                        try:
+                            part(fd, 0, self.chunk_size)
+                            self.ranges, first = True, self.chunk_size
+                        except Exception as e:   # noqa: BLE001
+                            if "NotPartial" not in str(e):
+                                raise
+                            self.ranges = False   # 200 to a range (rclone): one GET per object
+            if size <= self.chunk_size or not self.ranges:
+                part(fd, 0, size)
+                return
+            with self._lock:
+                if self._parts is None:
+                    self._parts = ThreadPoolExecutor(self.concurrency, thread_name_prefix="tfnb-s3-part")
+            futures = [self._parts.submit(part, fd, start, min(start + self.chunk_size, size))
+                       for start in range(first, size, self.chunk_size)]
+            try:
+                for f in futures:
+                    f.result()
+            finally:
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+        finally:
+            os.close(fd)
 
     def _get_small(self, rel, tmp, version, on_bytes, cancel) -> None:
         # One GET: s3transfer's per-transfer machinery costs about as much CPU as the request itself.
@@ -278,5 +396,69 @@ class S3Store(Store):
     def close(self) -> None:
         with self._lock:
             manager, self._manager = self._manager, None
+            parts, self._parts = self._parts, None
         if manager is not None:
             manager.shutdown()
+        if parts is not None:
+            parts.shutdown(wait=True, cancel_futures=True)
+
+
+def _native_store(bucket: str, options: Mapping[str, Any]):
+    """An obstore S3Store for ``bucket`` with boto3's credentials, or None to stay on boto3.
+
+    None when TFNB_S3_NATIVE=0, obstore is not installed, an option is one only botocore
+    understands, or botocore finds no credentials (boto3 then says what to set).
+    """
+    if not setting("s3_native", None, True):
+        return None
+    given = {S3_OPTIONS.get(k, k): v for k, v in options.items()}
+    if not set(given) <= _NATIVE_OPTIONS:
+        return None
+    try:
+        from obstore.store import S3Store as NativeStore
+    except ImportError:
+        return None
+    try:
+        session = _botocore_session()
+        if given.get("profile"):
+            session.set_config_variable("profile", given["profile"])
+        region = given.get("region_name") or session.get_config_variable("region") or "us-east-1"
+        endpoint = endpoint_url(given.get("endpoint_url"))
+        config: dict[str, Any] = {"region": region, **({"endpoint": endpoint} if endpoint else {})}
+        provider = None
+        if given.get("anon"):
+            config["skip_signature"] = True
+        elif given.get("aws_access_key_id") or given.get("aws_secret_access_key"):
+            if not (given.get("aws_access_key_id") and given.get("aws_secret_access_key")):
+                return None   # boto3 reports the half-given pair
+            config.update(access_key_id=given["aws_access_key_id"],
+                          secret_access_key=given["aws_secret_access_key"],
+                          **({"token": given["aws_session_token"]} if given.get("aws_session_token") else {}))
+        else:
+            credentials = session.get_credentials()
+            if credentials is None:
+                return None
+            provider = _CredentialProvider(credentials)
+        return NativeStore(bucket, config=config, credential_provider=provider,
+                           client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                                           "timeout": "600s", "connect_timeout": "10s"},
+                           retry_config={"max_retries": _GET_ATTEMPTS - 1,
+                                         "retry_timeout": datetime.timedelta(seconds=60)})
+    except Exception:  # noqa: BLE001 - a profile or config boto3 reads differently: boto3 handles it
+        return None
+
+
+class _CredentialProvider:
+    """botocore's credentials (refreshed as botocore refreshes them) for obstore; never logged."""
+
+    def __init__(self, credentials):
+        self.credentials = credentials
+
+    def __call__(self) -> dict:
+        frozen = self.credentials.get_frozen_credentials()
+        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
+                "token": frozen.token, "expires_at": datetime.datetime.now(datetime.timezone.utc)
+                + datetime.timedelta(seconds=_CREDENTIAL_TTL)}
+
+    def __repr__(self) -> str:
+        return "_CredentialProvider(<hidden>)"
