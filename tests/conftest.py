@@ -10,9 +10,11 @@ restart the session) and starts the longest work first."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +66,21 @@ def spark_session(master: str = "local[2]", **conf):
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     _current.update(master=key, session=session)
+    if m := re.fullmatch(r"local-cluster\[\s*(\d+)\s*,.*\]", master):
+        _wait_for_executors(session, int(m.group(1)))
     return session
+
+
+def _wait_for_executors(session, count: int, limit: float = 300.0) -> None:
+    """Until ``count`` executors registered: on a busy machine their JVMs take longer than tfnb's slot wait
+    (TFNB_SLOT_WAIT, 30 s), and a test would meet a cluster still starting instead of the one it asked for."""
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus  # the driver's block manager counts too
+    end = time.monotonic() + limit
+    while status().size() - 1 < count:
+        if time.monotonic() > end:
+            raise TimeoutError(f"{count} executors of {session.conf.get('spark.master')} did not register "
+                               f"within {limit:g} s")
+        time.sleep(0.1)  # nothing in pyspark to block on until an executor registers
 
 
 @pytest.fixture

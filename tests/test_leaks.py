@@ -74,12 +74,14 @@ def running(pid: int) -> bool:
 def test_leaked_servers_fail_their_test_and_a_standby_that_outlives_the_session_fails_the_run(tmp_path, workers):
     done = run_pytest(tmp_path, LEAKY, workers, LEAKCHECK_GRACE="3")  # these never end by themselves: waiting is moot
     out = done.stdout
-    pids = {k: int(v) for k, v in re.findall(r"^(FORGOTTEN|ORPHANED|STANDBY) (\d+)$", (tmp_path / "pids").read_text(), re.M)}
+    noted = (tmp_path / "pids").read_text()
+    pids = {k: int(v) for k, v in re.findall(r"^(FORGOTTEN|ORPHANED|STANDBY) (\d+)$", noted, re.M)}
     assert done.returncode == 1 and set(pids) == {"FORGOTTEN", "ORPHANED", "STANDBY"}, out + done.stderr
     assert re.search(r"3 passed, 2 errors", out), out
     for test, pid in (("test_forgets_its_server", pids["FORGOTTEN"]), ("test_orphans_a_server", pids["ORPHANED"])):
-        assert re.search(rf"ERROR at teardown of {test} _+\n(\[gw\d\] .*\n)?test_inner.py::{test} left 1 process\(es\) running "
-                         rf"\(ended now with SIGKILL\):\n  rclone +pid {pid} +\S+/rclone serve s3 ", out), out
+        assert re.search(rf"ERROR at teardown of {test} _+\n(\[gw\d\] .*\n)?"  # the worker's line, under xdist
+                         rf"test_inner.py::{test} left 1 process\(es\) running \(ended now with SIGKILL\):\n"
+                         rf"  rclone +pid {pid} +\S+/rclone serve s3 ", out), out
     nanny = rf"  idle warm standby +pid {pids['STANDBY']} +\S+ -m tfnb\._task\.warm \S+/s\.sock 600 "
     assert re.search(r"the session( \(worker gw[01]\))? left [12] process\(es\) running \(ended now with SIGKILL\):\n"
                      rf"(  idle warm standby .*\n)?{nanny}", out), out  # and its tfnb._task.child, once it started
