@@ -286,14 +286,13 @@ def pytest_testnodedown(node, error):
         _from_workers.append(out)
 
 
-def _session_end() -> dict:
+def _session_end(worker: str | None) -> dict:
     """This test process's check at the end of the session: what is left is reported, then killed."""
     gateway, _ = _spark()
     wait_gone([p for p in processes() if p.pid != gateway], GRACE)
     left = [p for p in processes() if p.pid != gateway]
     lines = []
     if left:
-        worker = os.environ.get("PYTEST_XDIST_WORKER")
         lines.append(report(f"the session (worker {worker})" if worker else "the session", left))
         lines += [f"  (pid {p.pid} was started while fixture {fixture!r} was set up)"
                   for p in left if (fixture := _by_fixture.get((p.pid, p.start)))]
@@ -307,7 +306,8 @@ def pytest_sessionfinish(session, exitstatus):
     if config.pluginmanager.has_plugin("dsession"):
         ends = _from_workers  # the pytest-xdist controller runs no test: each worker checked its own
     else:
-        ends = [_session_end()]
+        # the worker's id from xdist, not PYTEST_XDIST_WORKER: a pytest started by a test inherits that
+        ends = [_session_end(getattr(config, "workerinput", {}).get("workerid"))]
         if hasattr(config, "workeroutput"):  # a pytest-xdist worker: the controller reports and fails the run
             config.workeroutput["leakcheck"] = ends[0]
             return
