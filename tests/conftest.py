@@ -1,11 +1,20 @@
 """Shared fixtures: a real SparkSession, an artifacts folder; leak checks on every test (leakcheck.py);
-under CI, a skip for a missing real component is a failure (see components.py)."""
+under CI, a skip for a missing real component is a failure (see components.py).
+
+The suite runs on pytest-xdist workers (setup.cfg: ``-n auto --dist loadgroup``): most tests wait on a JVM,
+TensorFlow or a server starting. Each worker is a test process of its own, with its own Spark session, tfnb
+state folder (warm standbys, TensorBoard bookkeeping, model cache, run logs), S3 and MLflow servers and
+leak checks; ports come from ``components.free_port``. :func:`pytest_xdist_auto_num_workers` picks how many
+workers; :func:`pytest_collection_modifyitems` keeps each file on one worker (module fixtures, tests that
+restart the session) and starts the longest work first."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -57,7 +66,24 @@ def spark_session(master: str = "local[2]", **conf):
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     _current.update(master=key, session=session)
+    if m := re.fullmatch(r"local-cluster\[\s*(\d+)\s*,.*\]", master):
+        _wait_for_executors(session, int(m.group(1)))
+    elif master.startswith("spark://") and {"spark.cores.max", "spark.executor.cores"} <= conf.keys():
+        _wait_for_executors(session, int(conf["spark.cores.max"]) // int(conf["spark.executor.cores"]))
     return session
+
+
+def _wait_for_executors(session, count: int, limit: float = 300.0) -> None:
+    """Until ``count`` executors registered (the master string's, or spark.cores.max / spark.executor.cores): on a
+    busy machine their JVMs take longer than tfnb's slot wait (TFNB_SLOT_WAIT, 30 s), and a test would meet a
+    cluster still starting instead of the one it asked for."""
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus  # the driver's block manager counts too
+    end = time.monotonic() + limit
+    while status().size() - 1 < count:
+        if time.monotonic() > end:
+            raise TimeoutError(f"{count} executors of {session.conf.get('spark.master')} did not register "
+                               f"within {limit:g} s")
+        time.sleep(0.1)  # nothing in pyspark to block on until an executor registers
 
 
 @pytest.fixture
@@ -128,6 +154,84 @@ def pytest_make_collect_report(collector):
     report = yield
     _fail_in_ci(report)
     return report
+
+
+# ---------------------------------------------------------------- parallel workers (pytest-xdist)
+
+# Two cores: a third worker fills the time the other two wait on a JVM, a download or a server; a fourth
+# only slows every start-up (measured on a subset, see README "Tests").
+WORKERS = 3
+# Work units (a file, or one test of a file in SPLIT), longest first, from a run's --durations: they are
+# handed out in this order, so the last ones to finish are short.
+LONGEST_FIRST = (  # seconds in a 3-worker run on a machine with load ~20 (2026-11-25): 783, 585, 511, 335, ...
+    "tests/test_databricks.py::test_spark_4_runtime_without_tensorflow_needs_a_volume_then_runs_all",
+    "tests/test_resources.py", "tests/test_databricks.py::test_runtime_15_4_ml_import_attach_run_all",
+    "tests/test_masters.py", "tests/test_recovery.py", "tests/test_dbsim.py", "tests/test_storage.py",
+    "tests/test_front_door.py", "tests/test_mirrored.py", "tests/test_runtime_sim.py", "tests/test_inference.py",
+    "tests/test_compat.py", "tests/test_progress.py", "tests/test_mlflow.py", "tests/test_notebooks.py",
+    "tests/test_cli.py", "tests/test_tensorboard.py", "tests/test_browser_tensorboard.py", "tests/test_launcher.py",
+    "tests/test_feeding.py", "tests/test_staging.py", "tests/test_training.py", "tests/test_monitoring.py",
+    "tests/test_security.py", "tests/test_profile.py", "tests/test_evaluator.py", "tests/test_leaks.py",
+    "tests/test_warm.py", "tests/test_refus",
+)
+# Files whose tests share nothing (no module fixture, no order between them): each test is a unit.
+SPLIT = ("tests/test_databricks.py",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (CPU count)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (setup.cfg): WORKERS (TFNB_TEST_WORKERS overrides), but no more than the test files named
+    on the command line, and none for a single file (``pytest tests/test_cli.py -k demo`` runs in this
+    process). PYTEST_XDIST_AUTO_NUM_WORKERS, xdist's own setting, wins over both."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    workers = int(os.environ.get("TFNB_TEST_WORKERS", WORKERS))
+    named = {a.split("::")[0] for a in config.args}
+    if named and all(n.endswith(".py") for n in named):
+        return min(workers, len(named)) if len(named) > 1 else 0
+    return workers
+
+
+def unit(nodeid: str) -> str:
+    """The work unit of a test: its file, so module fixtures are set up once and tests that restart or stop
+    the shared Spark session keep their order; one test for SPLIT files; every tests/test_refus* file in one
+    unit (the refusals stop the shared session on purpose)."""
+    path = nodeid.split("::")[0]
+    if os.path.basename(path).startswith("test_refus"):
+        return "tests/test_refus"
+    return nodeid.split("[")[0] if path in SPLIT else path
+
+
+def _rank(scope: str) -> int:
+    return next((i for i, u in enumerate(LONGEST_FIRST) if scope.startswith(u)), len(LONGEST_FIRST))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own loadfile scheduler
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (setup.cfg), refined: work units as :func:`unit` says, handed out longest first
+    (LONGEST_FIRST), one at a time (a worker gets the next unit when it starts the last test of its current
+    one, not two tests before, so the last units go to whichever worker is free)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return unit(nodeid)
+
+        def _assign_work_unit(self, node):
+            self.workqueue.move_to_end(min(self.workqueue, key=_rank), last=False)  # min: the first of equals
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node):
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return Units(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -25,7 +25,9 @@ Only this test process's processes count, so parallel runs (pytest-xdist workers
 runs on the same machine) never see each other's: a process counts when its chain of parents
 (``/proc/PID/stat``) leads here, or, for one orphaned on the way (its parent exited and init adopted
 it), when its environment carries this process's token in ``LEAKCHECK_OWNERS``, which everything
-started from here inherits.
+started from here inherits. Under pytest-xdist each worker checks its own tests and its own end of
+session and sends that end to the controller (``workeroutput``), which reports it and fails the run;
+the controller starts nothing and checks nothing (the workers are its children: it would see theirs).
 """
 from __future__ import annotations
 
@@ -275,23 +277,50 @@ def leak_check(request):
         pytest.fail(report(request.node.nodeid, suspects), pytrace=False)
 
 
-@pytest.hookimpl(trylast=True)  # after conftest.py's, which stops the shared Spark session
-def pytest_sessionfinish(session, exitstatus):
+_from_workers: list[dict] = []  # under pytest-xdist, in the controller: each worker's end of session
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    if out := getattr(node, "workeroutput", {}).get("leakcheck"):
+        _from_workers.append(out)
+
+
+def _session_end(worker: str | None) -> dict:
+    """This test process's check at the end of the session: what is left is reported, then killed."""
     gateway, _ = _spark()
     wait_gone([p for p in processes() if p.pid != gateway], GRACE)
     left = [p for p in processes() if p.pid != gateway]
-    tr = session.config.pluginmanager.get_plugin("terminalreporter")
-    write = tr.write_line if tr is not None else print
-    if (_standbys_seen or left) and tr is not None:
-        tr.write("\n")  # after the progress dots
-    if _standbys_seen:
-        write(f"leakcheck: {len(_standbys_seen)} idle warm standby(s) were left between tests (by design); "
-              + ("some outlived the session, see below" if any(p.kind == STANDBY for p in left)
-                 else "all ended with the Spark session"))
+    lines = []
     if left:
-        write(report("the session", left))
-        for p in left:
-            if fixture := _by_fixture.get((p.pid, p.start)):
-                write(f"  (pid {p.pid} was started while fixture {fixture!r} was set up)")
+        lines.append(report(f"the session (worker {worker})" if worker else "the session", left))
+        lines += [f"  (pid {p.pid} was started while fixture {fixture!r} was set up)"
+                  for p in left if (fixture := _by_fixture.get((p.pid, p.start)))]
         _kill(left)
+    return {"standbys": len(_standbys_seen), "outlived": any(p.kind == STANDBY for p in left), "left": lines}
+
+
+@pytest.hookimpl(trylast=True)  # after conftest.py's, which stops the shared Spark session
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if config.pluginmanager.has_plugin("dsession"):
+        ends = _from_workers  # the pytest-xdist controller runs no test: each worker checked its own
+    else:
+        # the worker's id from xdist, not PYTEST_XDIST_WORKER: a pytest started by a test inherits that
+        ends = [_session_end(getattr(config, "workerinput", {}).get("workerid"))]
+        if hasattr(config, "workeroutput"):  # a pytest-xdist worker: the controller reports and fails the run
+            config.workeroutput["leakcheck"] = ends[0]
+            return
+    standbys, left = sum(e["standbys"] for e in ends), [line for e in ends for line in e["left"]]
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    write = tr.write_line if tr is not None else print
+    if (standbys or left) and tr is not None:
+        tr.write("\n")  # after the progress dots
+    if standbys:
+        write(f"leakcheck: {standbys} idle warm standby(s) were left between tests (by design); "
+              + ("some outlived the session, see below" if any(e["outlived"] for e in ends)
+                 else "all ended with the Spark session"))
+    for line in left:
+        write(line)
+    if left:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

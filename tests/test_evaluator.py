@@ -301,7 +301,7 @@ def test_checkpoint_manager_layout_and_saved_step(tmp_path):
         reference.evaluate(val_dataset(), return_dict=True, verbose=0)["loss"], rel=1e-4)
 
 
-def test_s3_checkpoints_and_s3_log_dir(tmp_path, checkpoints, rclone_s3):
+def test_s3_checkpoints_and_s3_log_dir(tmp_path, checkpoints, rclone_s3, monkeypatch):
     """Checkpoints and status on S3, eval summaries and best model written to S3, read back locally."""
     client = rclone_s3.client()
     client.create_bucket(Bucket="evalrun")
@@ -310,7 +310,9 @@ def test_s3_checkpoints_and_s3_log_dir(tmp_path, checkpoints, rclone_s3):
     client.put_object(Bucket="evalrun", Key="model/tfnb_status.json", Body=b'{"state": "succeeded"}')
     options = {"endpoint_url": rclone_s3.endpoint_url, "aws_access_key_id": rclone_s3.access_key,
                "aws_secret_access_key": rclone_s3.secret_key, "region_name": "us-east-1"}
-    temp_before = set(Path(tempfile.gettempdir()).glob("tfnb-eval-*"))
+    temp = tmp_path / "temp"  # this test's own temp folder: other tests' downloads do not land there
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     # mode="max" on a falling loss: only the first checkpoint is best, one SavedModel export
     ev = Evaluator(build_model, val_dataset, "s3://evalrun/model", "s3://evalrun/logs", interval=0.1,
                    best_metric="loss", mode="max", storage_options=options)
@@ -321,7 +323,7 @@ def test_s3_checkpoints_and_s3_log_dir(tmp_path, checkpoints, rclone_s3):
     assert "logs/best.json" in keys and "logs/best/saved_model.pb" in keys
     best = json.loads(client.get_object(Bucket="evalrun", Key="logs/best.json")["Body"].read())
     assert best["step"] == 0 and best["format"] == "savedmodel"
-    assert set(Path(tempfile.gettempdir()).glob("tfnb-eval-*")) <= temp_before   # downloads cleaned up
+    assert not list(temp.glob("tfnb-eval-*"))   # downloads cleaned up
     local = tmp_path / "tb"
     EventSync("s3://evalrun/logs", str(local), storage_options=options).stop()  # one pass: S3 -> local
     assert sorted(scalars(local / "eval")["epoch_accuracy"]) == [0, 1, 2]

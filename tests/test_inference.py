@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import uuid
 import warnings
 import zipfile
@@ -15,6 +14,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
+from components import free_port
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before tensorflow is imported anywhere in this process
 
@@ -338,9 +339,7 @@ def test_predict_on_spark_connect(models, digits):
     from pyspark.sql import SparkSession
 
     x, _ = digits
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     token = uuid.uuid4().hex
     spark_session("local[2]", **{"spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
                                  "spark.connect.grpc.binding.address": "127.0.0.1",

@@ -63,16 +63,16 @@ def test_reruns_get_fresh_processes(spark, tmp_path):
 
 
 def chief_returns_at_once(ctx, out_dir):
-    """The chief returns at once; worker 1 checks a second later that the chief's process still runs."""
+    """The chief returns at once; worker 1, once the driver has heard that the chief's train_fn returned,
+    checks that the chief's process still runs."""
     pid_file = os.path.join(out_dir, "chief.pid")
     if ctx.is_chief:
         with open(pid_file + ".part", "w") as f:
             f.write(str(os.getpid()))
         os.replace(pid_file + ".part", pid_file)
         return "chief done"
-    while not os.path.exists(pid_file):
+    while not os.path.exists(os.path.join(out_dir, "chief-done")):  # touched by the driver's display
         time.sleep(0.05)
-    time.sleep(1.0)  # what a last collective of a slower peer takes: the chief's process must be there
     pid = int(open(pid_file).read())
     with open(f"/proc/{pid}/stat") as f:
         state = f.read().rsplit(")", 1)[1].split()[0]
@@ -84,8 +84,12 @@ def chief_returns_at_once(ctx, out_dir):
 def test_a_finished_process_stays_up_until_every_train_fn_returned(spark, tmp_path, no_orphans):
     # MultiWorkerMirroredStrategy: a peer's last all-reduce may still need this process' TensorFlow
     # server; exiting at once aborts it ("Socket closed"). Finished processes wait for the others.
+    def display(event):  # the chief's task says "done" once its train_fn returned, its process kept
+        if (event.kind, event.job_name, event.data.get("state")) == ("state", "chief", "done"):
+            (tmp_path / "chief-done").touch()
+
     assert tfnb.run(chief_returns_at_once, num_workers=2, args=(str(tmp_path),), spark=spark,
-                    display=False, max_attempts=1) == "chief done"
+                    display=display, max_attempts=1, timeout=300) == "chief done"
 
 
 def print_then_wait(ctx, flag_dir):
@@ -128,15 +132,13 @@ def fail_on_worker_1(ctx):
 
 
 def test_worker_exception_reaches_driver_and_stops_others(spark, no_orphans):
-    start = time.monotonic()
-    with pytest.raises(WorkerError) as info:
+    with pytest.raises(WorkerError) as info:  # not RunTimeoutError: the sleeping chief was stopped, not waited for
         tfnb.run(fail_on_worker_1, num_workers=2, spark=spark, display=False, timeout=300)
     err = info.value
     assert err.task_index == 1 and err.job_name == "worker"
     assert err.exc_type == "ValueError" and "bad shard 7 on purpose" in str(err)
     assert "fail_on_worker_1" in err.worker_traceback and "raise ValueError" in err.worker_traceback
     assert "Py4J" not in str(err) and "at org.apache" not in str(err)
-    assert time.monotonic() - start < 300  # the sleeping chief was stopped, not waited for
 
 
 def test_process_crash_without_exception_is_reported(spark):
@@ -165,12 +167,11 @@ def test_bad_arguments_fail_fast(spark, kwargs, needle):
 
 
 def test_more_tasks_than_slots_fails_fast(spark):
-    start = time.monotonic()
+    # refused before launch: a barrier job "waiting for reservations" would end in RunTimeoutError instead
     with pytest.raises(ClusterError) as info:
-        tfnb.run(describe, num_workers=3, spark=spark, display=False)
+        tfnb.run(describe, num_workers=3, spark=spark, display=False, timeout=120)
     msg = str(info.value)
     assert "needs 3 task slots" in msg and "has 2" in msg and "spark.executor.instances" in msg
-    assert time.monotonic() - start < 10  # immediate, not "waiting for reservations"
 
 
 def test_unpicklable_train_fn_fails_fast(spark):
@@ -217,10 +218,12 @@ def test_timeout_cancels_and_cleans_up(spark, no_orphans):
 
 
 def test_keyboard_interrupt_cancels_the_job(spark, no_orphans):
-    def display(event):
-        if event.kind == "log" and event.data.get("line") == "sleeping":
-            # what the notebook's stop button does: SIGINT to the kernel's main thread
-            threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+    pressed = []
+
+    def display(event):  # called on the thread that called tfnb.run
+        if event.kind == "log" and event.data.get("line") == "sleeping" and not pressed:
+            pressed.append(event)
+            os.kill(os.getpid(), signal.SIGINT)  # what the notebook's stop button does: SIGINT to the kernel
 
     with pytest.raises(KeyboardInterrupt) as info:
         tfnb.run(sleep_forever, num_workers=2, spark=spark, display=display, timeout=300)

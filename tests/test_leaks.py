@@ -9,24 +9,30 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 LEAKY = '''
 import os, subprocess, sys
 import s3server
 
+def note(what, pid):  # in a file, not on stdout: a pytest-xdist worker's output is not shown
+    with open("pids", "a") as f:
+        f.write(f"{what} {pid}\\n")
+
 def test_forgets_its_server(tmp_path):
     server = s3server.start_rclone(tmp_path)
-    print(f"FORGOTTEN {server.proc.pid}")
+    note("FORGOTTEN", server.proc.pid)
 
 def test_orphans_a_server(tmp_path):
     # through a shell that exits at once: by the time the test ends, the server's parent is init
     cmd = f'"{s3server.rclone_binary()}" serve s3 --addr 127.0.0.1:0 "{tmp_path}" >/dev/null 2>&1 & echo $!'
     pid = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout.strip()
-    print(f"ORPHANED {pid}")
+    note("ORPHANED", pid)
 
 def test_leaves_a_standby_that_outlives_the_session(tmp_path):
     # watching this pytest process instead of a Spark Python daemon, it cannot end with the session
     nanny = subprocess.Popen([sys.executable, "-m", "tfnb._task.warm", str(tmp_path / "s.sock"), "600", str(os.getpid())])
-    print(f"STANDBY {nanny.pid}")
+    note("STANDBY", nanny.pid)
 '''
 
 CLEAN = '''
@@ -45,11 +51,16 @@ def test_leaves_a_standby_that_ends_with_its_daemon(tmp_path):
 '''
 
 
-def run_pytest(folder: Path, source: str, **env: str) -> subprocess.CompletedProcess:
+# in this process, and on two pytest-xdist workers (each checks its own; the controller reports and fails)
+WORKERS = pytest.mark.parametrize("workers", ["0", "2"])
+
+
+def run_pytest(folder: Path, source: str, workers: str, **env: str) -> subprocess.CompletedProcess:
     (folder / "test_inner.py").write_text(textwrap.dedent(source))
     env = dict(os.environ, TFNB_PREIMPORT="json", **env)  # what the standby imports does not matter
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-s",
-                           "-q", "test_inner.py"], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+                           "-q", "-n", workers, "test_inner.py"], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def running(pid: int) -> bool:
@@ -59,24 +70,28 @@ def running(pid: int) -> bool:
         return False
 
 
-def test_leaked_servers_fail_their_test_and_a_standby_that_outlives_the_session_fails_the_run(tmp_path):
-    done = run_pytest(tmp_path, LEAKY, LEAKCHECK_GRACE="3")  # these never end by themselves: waiting is moot
+@WORKERS
+def test_leaked_servers_fail_their_test_and_a_standby_that_outlives_the_session_fails_the_run(tmp_path, workers):
+    done = run_pytest(tmp_path, LEAKY, workers, LEAKCHECK_GRACE="3")  # these never end by themselves: waiting is moot
     out = done.stdout
-    pids = {k: int(v) for k, v in re.findall(r"^.*?(FORGOTTEN|ORPHANED|STANDBY) (\d+)$", out, re.M)}
+    noted = (tmp_path / "pids").read_text()
+    pids = {k: int(v) for k, v in re.findall(r"^(FORGOTTEN|ORPHANED|STANDBY) (\d+)$", noted, re.M)}
     assert done.returncode == 1 and set(pids) == {"FORGOTTEN", "ORPHANED", "STANDBY"}, out + done.stderr
     assert re.search(r"3 passed, 2 errors", out), out
     for test, pid in (("test_forgets_its_server", pids["FORGOTTEN"]), ("test_orphans_a_server", pids["ORPHANED"])):
-        assert re.search(rf"ERROR at teardown of {test} _+\ntest_inner.py::{test} left 1 process\(es\) running "
-                         rf"\(ended now with SIGKILL\):\n  rclone +pid {pid} +\S+/rclone serve s3 ", out), out
+        assert re.search(rf"ERROR at teardown of {test} _+\n(\[gw\d\] .*\n)?"  # the worker's line, under xdist
+                         rf"test_inner.py::{test} left 1 process\(es\) running \(ended now with SIGKILL\):\n"
+                         rf"  rclone +pid {pid} +\S+/rclone serve s3 ", out), out
     nanny = rf"  idle warm standby +pid {pids['STANDBY']} +\S+ -m tfnb\._task\.warm \S+/s\.sock 600 "
-    assert re.search(r"the session left [12] process\(es\) running \(ended now with SIGKILL\):\n"
+    assert re.search(r"the session( \(worker gw[01]\))? left [12] process\(es\) running \(ended now with SIGKILL\):\n"
                      rf"(  idle warm standby .*\n)?{nanny}", out), out  # and its tfnb._task.child, once it started
     assert "some outlived the session" in out
     assert not [name for name, pid in pids.items() if running(pid)], "the checker killed what it reported"
 
 
-def test_a_run_that_stops_what_it_starts_passes_and_its_standby_is_counted(tmp_path):
-    done = run_pytest(tmp_path, CLEAN)
+@WORKERS
+def test_a_run_that_stops_what_it_starts_passes_and_its_standby_is_counted(tmp_path, workers):
+    done = run_pytest(tmp_path, CLEAN, workers)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "leakcheck: 1 idle warm standby(s) were left between tests (by design); all ended with the Spark " \
            "session" in done.stdout

@@ -200,9 +200,9 @@ def test_gpus_per_worker_change_between_runs_without_a_restart(gpu_session, tmp_
     assert [t["gpus"] for t in none] == [[], []] and [t["cuda"] for t in none] == ["", ""]
 
 
+@pytest.mark.timeout(300)  # were tfnb to wait TFNB_SLOT_WAIT for room, this fails the test
 def test_an_impossible_request_is_refused_at_once_with_the_arithmetic(gpu_session, monkeypatch):
-    monkeypatch.setenv("TFNB_SLOT_WAIT", "600")  # were tfnb to wait for room, this test would take minutes
-    started = time.monotonic()
+    monkeypatch.setenv("TFNB_SLOT_WAIT", "600")
     with pytest.raises(ClusterError) as info:
         tfnb.run(one, num_workers=3, spark=gpu_session, gpus_per_worker=2, display=False)
     text = str(info.value)
@@ -214,9 +214,6 @@ def test_an_impossible_request_is_refused_at_once_with_the_arithmetic(gpu_sessio
         tfnb.run(one, num_workers=2, num_ps=1, spark=gpu_session, gpus_per_worker=2, cpus_per_worker=2,
                  display=False)
     print(ps.value)
-    elapsed = time.monotonic() - started
-    print(f"two refusals in {elapsed:.2f} s")
-    assert elapsed < 300  # far below TFNB_SLOT_WAIT: refused without waiting for room
 
 
 class States:

@@ -9,7 +9,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from components import free_port
 from s3server import moto_enforce_iam, put_tree  # fixtures rclone_s3 and moto_s3 come from conftest
 from tfnb.errors import ConfigError, MissingDependencyError, StorageError
 from tfnb.data.staging import MANIFEST_NAME, PART_SUFFIX, RemoteFile, StageResult, assign_shard, stage
@@ -349,9 +349,7 @@ def test_no_credentials(s3, tmp_path, monkeypatch):
 def test_unreachable_endpoint(tmp_path):
     from botocore.config import Config
 
-    with socket.socket() as s:       # a port that was just free: nothing listens there
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there, and no other test is handed it
     with pytest.raises(StorageError, match=r"cannot connect to the S3 endpoint for s3://b/p .*endpoint_url"):
         stage("s3://b/p", tmp_path, endpoint_url=f"http://127.0.0.1:{port}",
               storage_options={"aws_access_key_id": "k", "aws_secret_access_key": "s",
