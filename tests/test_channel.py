@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from tfnb._protocol import _MAC, _MAX_FRAME
+from tfnb._protocol import _MAC, _MAX_FRAME, PIPE_KINDS, EventKind, Msg
 from tfnb.launcher.channel import DriverChannel
 from tfnb._task.channel import TaskChannel
 
@@ -95,6 +95,55 @@ def test_messages_flow_both_ways_in_batches(driver):
         assert stops.get(timeout=10) == {"kind": "stop"}
     finally:
         task.close()
+
+
+def test_every_kind_round_trips_both_ways_and_an_unknown_one_is_refused(driver):
+    heard = queue.Queue()
+    task = _task(driver, on_message=heard.put, window=None)
+    kinds = [k for k in Msg if k is not Msg.BATCH]  # a batch is how post() sends several: below
+    try:
+        for k in kinds:
+            task.send(k, n=1)
+        assert [driver.got.next()[1] for _ in kinds] == [{"kind": k.value, "n": 1} for k in kinds]
+        for k in EventKind:
+            task.post(Msg.EVENT, event=k, data={})
+        task.flush()
+        assert [driver.got.next()[1] for _ in EventKind] == [{"kind": "event", "event": k.value, "data": {}}
+                                                           for k in EventKind]
+        for k in Msg:
+            driver.broadcast({"kind": k, "items": []} if k is Msg.BATCH else {"kind": k, "n": 2})
+        assert [heard.get(timeout=10) for _ in Msg] == [{"kind": k.value, "items": []} if k is Msg.BATCH
+                                                          else {"kind": k.value, "n": 2} for k in Msg]
+        with pytest.raises(ValueError, match="kind 'progres' is not one of tfnb._protocol.Msg"):
+            task.send("progres", n=3)
+        with pytest.raises(ValueError, match="kind 'halt' is not one of"):
+            driver.broadcast({"kind": "halt"})
+        with pytest.raises(ValueError, match="kind 'lgo' is not one of"):
+            task.post(Msg.LOG, stream="stdout", line="kept")
+            task.post("lgo", line="x")
+            task.flush()  # a batch is checked item by item
+        task.send(Msg.STATE, state="done")  # the connection survived the refusals
+        assert driver.got.next()[1] == {"kind": "state", "state": "done"}
+    finally:
+        task.close()
+
+
+def test_the_events_pipe_carries_every_event_kind_and_refuses_others(monkeypatch):
+    from tfnb._task import events
+
+    read, write = os.pipe()
+    monkeypatch.setenv("TFNB_EVENT_FD", str(write))
+    monkeypatch.setattr(events, "_stream", None)
+    with os.fdopen(read) as received:
+        try:
+            for k in sorted(PIPE_KINDS):
+                events.emit(k, n=1)
+            with pytest.raises(ValueError, match="event kind 'epoch' is not one of tfnb._protocol.EventKind"):
+                events.emit("epoch", n=1)
+        finally:
+            events._stream.close()  # not its descriptor (closefd=False): that one ends the pipe
+            os.close(write)
+        assert [json.loads(line)["kind"] for line in received] == sorted(PIPE_KINDS)
 
 
 def test_a_run_of_lines_travels_as_one_item_in_order_with_the_rest(driver):

@@ -177,3 +177,62 @@ def test_every_folder_of_the_package_ships():
     # setup.cfg's find: takes regular packages only: a folder without __init__.py would be left out of the wheel
     folders = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
     assert [str(f.relative_to(PACKAGE.parent)) for f in sorted(folders) if not (f / "__init__.py").is_file()] == []
+
+
+def _kind_literals(tree: ast.AST):
+    """``(line, value)`` of each string literal written where a message or event kind goes: a ``"kind"`` or
+    ``"event"`` entry of a dict, a comparison with ``kind`` / ``.kind`` / ``msg.get("kind")`` /
+    ``msg["kind"]``, a default of ``msg.get("kind", ...)``, or the first argument of a sender."""
+    from tfnb._protocol import FINISHED, EventKind, Msg
+
+    kinds = {k.value for k in Msg} | {k.value for k in EventKind} | {FINISHED}
+    keys, senders = ("kind", "event"), {"send", "send_apart", "post", "emit", "RunEvent"}
+
+    def literal(node):
+        return isinstance(node, ast.Constant) and node.value in kinds
+
+    def kindish(node):
+        return (isinstance(node, ast.Name) and node.id == "kind" or isinstance(node, ast.Attribute) and node.attr == "kind"
+                or isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in keys
+                or isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop")
+                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in keys)
+
+    for node in ast.walk(tree):
+        found = []
+        if isinstance(node, ast.Dict):
+            found = [v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value in keys]
+        elif isinstance(node, ast.Compare) and any(kindish(n) for n in [node.left, *node.comparators]):
+            for n in [node.left, *node.comparators]:
+                found += n.elts if isinstance(n, (ast.Tuple, ast.List, ast.Set)) else [n]
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in senders or kindish(node):
+                found = node.args[1:] if kindish(node) else node.args[:1]
+            found += [k.value for k in node.keywords if k.arg in keys]
+        elif isinstance(node, ast.Assign) and any(kindish(t) for t in node.targets):
+            found = [node.value]
+        yield from ((n.lineno, n.value) for n in found if literal(n))
+
+
+def test_message_and_event_kinds_come_from_the_protocol_module():
+    offending = [f"{path.relative_to(PACKAGE.parent)}:{line} writes the kind {value!r} as a string"
+                 for module, path in _modules().items() if module != "tfnb._protocol"
+                 for line, value in _kind_literals(ast.parse(path.read_text(), str(path)))]
+    assert not offending, "use tfnb._protocol.Msg / EventKind for kinds:\n" + "\n".join(offending)
+
+
+def test_the_kind_scan_sees_every_way_of_writing_a_kind():
+    code = '''
+chan.send("state", state="done")
+x = {"kind": "stop"}
+if msg.get("kind") == "log": pass
+if kind in ("batch", "feed"): pass
+if event.kind == "progress": pass
+y = msg.get("event", "progress")
+emit("finished")
+RunEvent("attempt", "driver", 0)
+z = {"kind": Msg.STOP, "state": "failed"}
+if kind == "VectorUDT" or msg.get("state") == "failed": pass
+'''
+    assert [v for _, v in sorted(_kind_literals(ast.parse(code)))] == [
+        "state", "stop", "log", "batch", "feed", "progress", "progress", "finished", "attempt"]

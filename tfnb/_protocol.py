@@ -16,10 +16,12 @@ direction derived from the secret and both nonces and a sequence number counted 
 forged, altered, replayed, reordered or dropped frame fails the check and the connection is closed.
 Frames are authenticated, not encrypted (logs and tracebacks are readable on the wire; see README).
 
-**Messages** are JSON objects with a ``kind`` (log, event, state, failed, stack, addr, feed from a task;
-cluster, stop, end, dump from the driver). **Events** (:class:`RunEvent`)
-are what the driver's display, run log and MLflow tracking receive; train_fn sends them with
-``ctx.report`` and the Keras callback, through the events pipe of :mod:`tfnb._task.events`.
+**Messages** are JSON objects with a ``kind``, one of :class:`Msg` (log, event, state, failed, stack, addr,
+feed from a task; welcome, cluster, stop, end, dump, feed from the driver; batch either way): both ends
+write the kinds from :class:`Msg` only, and :meth:`_Sealer.seal` refuses any other. **Events**
+(:class:`RunEvent`, kinds :class:`EventKind`) are what the driver's display, run log and MLflow tracking
+receive; train_fn sends them with ``ctx.report`` and the Keras callback, through the events pipe of
+:mod:`tfnb._task.events`, and they cross the channel as ``event`` messages.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Mapping
 
 _MAX_FRAME = 16 << 20    # an authenticated frame (a batch, a long traceback)
@@ -81,6 +84,7 @@ class _Sealer:
         return o.digest()
 
     def seal(self, msg) -> bytes:
+        _check_kinds(msg)
         payload = json.dumps(msg, default=str, separators=(",", ":")).encode()
         mac = self.mac(payload)
         self.seq += 1
@@ -91,6 +95,44 @@ class _Sealer:
             raise ConnectionError("a frame failed its authentication check")
         self.seq += 1
         return json.loads(str(body[_MAC:], "utf-8"))  # from str: json.loads(bytes) guesses the encoding first
+
+
+class Msg(str, Enum):
+    """The ``kind`` of a channel message. A ``str`` enum: a member equals, hashes, prints and serialises as
+    its value, so the frames are the same JSON whichever end (or version) wrote them."""
+
+    __str__, __repr__ = str.__str__, str.__repr__
+
+    # task -> driver
+    LOG = "log"              # stream, then line (partial: a progress bar's latest state) or lines
+    EVENT = "event"          # event (an EventKind), data
+    STATE = "state"          # state (starting, training, serving, done, stopped), pid, gpus
+    FAILED = "failed"        # failure: the TaskFailure fields
+    STACK = "stack"          # text: the train_fn process's thread stacks, answering DUMP
+    ADDR = "addr"            # addr, rows: where this task's TensorFlow server listens, the rows it was fed
+    FEED = "feed"            # rows, done; from the driver: counts or safe (tfnb.data.feeding)
+    # driver -> task
+    WELCOME = "welcome"      # auth: the handshake's last step (unsealed)
+    CLUSTER = "cluster"      # tasks: every task's addr and rows
+    STOP = "stop"
+    END = "end"              # every train_fn returned: lingering train_fn processes may exit
+    DUMP = "dump"            # send your stacks (the stall watchdog)
+    # either way
+    BATCH = "batch"          # items: messages gathered into one frame
+    DISCONNECTED = "disconnected"  # never sent: what the driver's channel hands on when a task hangs up
+
+
+_KINDS = frozenset(Msg)
+
+
+def _check_kinds(msg) -> None:
+    kind = msg.get("kind")
+    if kind not in _KINDS:
+        raise ValueError(f"channel message kind {kind!r} is not one of tfnb._protocol.Msg "
+                         f"({', '.join(k.value for k in Msg)}); add it there")
+    if kind == Msg.BATCH:
+        for item in msg["items"]:
+            _check_kinds(item)
 
 
 def _plain(msg: dict) -> bytes:
@@ -125,18 +167,23 @@ VERSION = "0.1.0"  # tfnb's version (tfnb.__version__): the driver's and each ex
 
 
 ENV_FD = "TFNB_EVENT_FD"
-# kinds of RunEvent
-LOG = "log"            # data: stream ("stdout"/"stderr"), line
-PROGRESS = "progress"  # data: whatever train_fn reported (epoch, step, loss, examples_per_sec, ...)
-STATE = "state"        # data: state ("starting", "training", "done", "stopped", "failed")
-FAILED = "failed"      # data: the TaskFailure fields
-ATTEMPT = "attempt"    # data: attempt, max_attempts, reason (driver-side, job_name "driver")
 
 
-class EventKind:
-    """The kinds of :class:`RunEvent`, for displays and add-ons: ``event.kind == EventKind.STATE``."""
+class EventKind(str, Enum):
+    """The kinds of :class:`RunEvent`, for displays and add-ons: ``event.kind == EventKind.STATE``. A ``str``
+    enum, like :class:`Msg`: ``EventKind.STATE == "state"``."""
 
-    LOG, PROGRESS, STATE, FAILED, ATTEMPT = LOG, PROGRESS, STATE, FAILED, ATTEMPT
+    __str__, __repr__ = str.__str__, str.__repr__
+
+    LOG = "log"            # data: stream ("stdout"/"stderr"), line
+    PROGRESS = "progress"  # data: whatever train_fn reported (epoch, step, loss, examples_per_sec, ...)
+    STATE = "state"        # data: state ("starting", "training", "done", "stopped", "failed")
+    FAILED = "failed"      # data: the TaskFailure fields
+    ATTEMPT = "attempt"    # data: attempt, max_attempts, reason (driver-side, job_name "driver")
+
+
+LOG, PROGRESS, STATE, FAILED, ATTEMPT = (EventKind.LOG, EventKind.PROGRESS, EventKind.STATE, EventKind.FAILED,
+                                         EventKind.ATTEMPT)  # short names: events.STATE
 
 
 @dataclass(frozen=True)
@@ -180,4 +227,5 @@ ENV_PREIMPORT = "TFNB_PREIMPORT"
 GO = b"go\n"
 END = b"end\n"  # after train_fn returned (payload "linger"): every peer's train_fn has returned too
 FINISHED = "finished"  # the event this process sends when train_fn returned and it waits for END
+PIPE_KINDS = frozenset(EventKind) | {FINISHED}  # what the events pipe carries
 ENV_KEPT_PORT_FD = "TFNB_KEPT_PORT_FD"

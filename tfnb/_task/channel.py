@@ -16,6 +16,7 @@ from .._protocol import (
     _key,
     _plain,
     _proof,
+    Msg,
     _recv_body,
     _Sealer,
 )
@@ -74,7 +75,7 @@ class TaskChannel:
         self._sock.sendall(_plain({"auth": _proof(token, "task", sn, tn), "nonce": tn, "peer": peer}))
         body = _recv_body(self._sock, _MAX_HELLO)
         welcome = json.loads(body) if body else None
-        if not isinstance(welcome, dict) or welcome.get("kind") != "welcome":
+        if not isinstance(welcome, dict) or welcome.get("kind") != Msg.WELCOME:
             raise ConnectionError("the tfnb driver channel refused this task (wrong run secret?)")
         if not hmac.compare_digest(str(welcome.get("auth", "")), _proof(token, "driver", tn, sn)):
             raise ConnectionError(f"the server at {self._sock.getpeername()} could not prove it knows the "
@@ -98,7 +99,7 @@ class TaskChannel:
     def _write(self, msgs: list) -> bool:
         if not msgs:
             return True
-        msg = msgs[0] if len(msgs) == 1 else {"kind": "batch", "items": msgs}
+        msg = msgs[0] if len(msgs) == 1 else {"kind": Msg.BATCH, "items": msgs}
         try:
             self._sock.sendall(self._tx.seal(msg))  # callers hold self._lock
             return True
@@ -110,17 +111,17 @@ class TaskChannel:
             msgs, self._pending, self._merged, self._pending_bytes = self._pending, [], {}, 0
             return msgs
 
-    def send(self, kind: str, **fields) -> bool:
+    def send(self, kind: Msg, **fields) -> bool:
         """Send one message now (after what was posted before it); False when the driver is gone."""
         with self._lock:  # nothing posted later can overtake it
             return self._write(self._take() + [{"kind": kind, **fields}])
 
-    def send_apart(self, kind: str, **fields) -> bool:
+    def send_apart(self, kind: Msg, **fields) -> bool:
         """Send one message now in a frame of its own, ahead of what waits for the next batch."""
         with self._lock:
             return self._write([{"kind": kind, **fields}])
 
-    def post(self, kind: str, merge: str | None = None, **fields) -> None:
+    def post(self, kind: Msg, merge: str | None = None, **fields) -> None:
         """Queue one message for the next batch.
 
         A message with a ``merge`` key replaces the waiting one with the same key (its ``data`` is
@@ -154,7 +155,7 @@ class TaskChannel:
                 self._pending_bytes += len(line) + 8
                 full = self._pending_bytes >= _BATCH_BYTES
             else:
-                full = self._append({"kind": "log", "stream": stream, "lines": [line]}, None, len(line))
+                full = self._append({"kind": Msg.LOG, "stream": stream, "lines": [line]}, None, len(line))
         if full:
             self.flush()
 

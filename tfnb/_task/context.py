@@ -90,9 +90,10 @@ class WorkerContext:
 
     def report(self, **metrics: Any) -> None:
         """Send metrics (e.g. ``step=, loss=``) to the driver's live progress display."""
+        from .._protocol import EventKind
         from .events import emit
 
-        emit("progress", **metrics)
+        emit(EventKind.PROGRESS, **metrics)
 
     def progress_callback(self, **kwargs: Any):
         """A Keras callback that reports epoch/step, loss and examples/s to the driver's progress display.

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from typing import Iterator
 
-from .._protocol import RESULT
+from .._protocol import RESULT, Msg
 from .context import WorkerContext
 from .setup import (
     TaskSpec,
@@ -117,7 +117,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         )
         sup = holder["sup"] = _Supervisor(spec, chan, workdir)
         gpus = assigned_gpus(resources, spec.use_gpu, job_name)
-        chan.send("state", state="starting", pid=os.getpid(), gpus=list(gpus))
+        chan.send(Msg.STATE, state="starting", pid=os.getpid(), gpus=list(gpus))
         mode = "serve" if spec.num_ps > 0 and job_name != "chief" else "train"
         held = reserve_port()
         port = held.getsockname()[1]
@@ -131,10 +131,10 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
                 pass
         # Every task's address through the driver, which answers once all of them reported: Spark's
         # allGather answers at its next one-second poll, a second of every launch and rerun.
-        chan.send("addr", addr=f"{host}:{port}", rows=fed.rows if fed is not None else 0)
+        chan.send(Msg.ADDR, addr=f"{host}:{port}", rows=fed.rows if fed is not None else 0)
         sup.gathered.wait()
         if sup.tasks is None:  # stopped first
-            chan.send("state", state="stopped")
+            chan.send(Msg.STATE, state="stopped")
             return
         gathered = sup.tasks
         cluster = build_cluster([g["addr"] for g in gathered], spec.num_workers, spec.num_ps)
@@ -159,28 +159,28 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         )
         sup.release(ctx, mode)
         if stream is not None:
-            stream.pump(batches, lambda rows, done: chan.send_apart("feed", rows=rows, done=done))
+            stream.pump(batches, lambda rows, done: chan.send_apart(Msg.FEED, rows=rows, done=done))
         code = sup.wait()
         done_sent = code is None
         if code is None:  # train_fn returned; its TensorFlow server stays up for the peers' last collectives
-            chan.send("state", state="done")
+            chan.send(Msg.STATE, state="done")
             sup.released.wait()  # the driver says "end" once every task is done, "stop" if one failed
             code = sup.end()
         if sup.stop_requested.is_set() and code != 0:
-            chan.send("state", state="stopped")
+            chan.send(Msg.STATE, state="stopped")
             return
         if code == 0 and mode == "train" and not os.path.exists(os.path.join(workdir, RESULT)):
             code = None  # os._exit(0) before train_fn returned: a death, not a success
         if code != 0:
             failure = _failure_from_child(workdir, code, "TensorFlow server process" if mode == "serve" else
                                           "train_fn process")
-            if chan.send("failed", failure=failure):
+            if chan.send(Msg.FAILED, failure=failure):
                 # The driver has the details and stops the other tasks; ending quietly spares the
                 # executor log a second, longer copy of the same traceback.
                 return
             raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
         if not done_sent:
-            chan.send("state", state="done")
+            chan.send(Msg.STATE, state="done")
         if mode == "train":
             warm_after = (gpus, sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered))
         if rank == 0 or spec.hooks.all_results:
@@ -196,7 +196,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         if chan is not None:
             import traceback
 
-            chan.send("failed", failure={"exc_type": type(e).__name__, "message": str(e),
+            chan.send(Msg.FAILED, failure={"exc_type": type(e).__name__, "message": str(e),
                                          "traceback": traceback.format_exc()})
         raise
     finally:

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from .._protocol import ENV_FD
+from .._protocol import ENV_FD, PIPE_KINDS
 
 _lock = threading.Lock()
 _stream = None  # opened at the first emit, not at import: a warm standby gets ENV_FD once claimed
@@ -20,10 +20,14 @@ def emit(kind: str, **data: Any) -> None:
     """Send one event (``kind`` plus JSON-serialisable fields) to the driver; no-op outside a tfnb task.
 
     Example:
+        >>> from tfnb._protocol import EventKind
         >>> from tfnb._task.events import emit
-        >>> emit("progress", epoch=1, step=100, loss=0.25)
+        >>> emit(EventKind.PROGRESS, epoch=1, step=100, loss=0.25)
     """
     global _stream
+    if kind not in PIPE_KINDS:
+        raise ValueError(f"event kind {kind!r} is not one of tfnb._protocol.EventKind "
+                         f"({', '.join(sorted(PIPE_KINDS))}); add it there")
     if _stream is None:
         fd = os.environ.get(ENV_FD)
         if not fd:

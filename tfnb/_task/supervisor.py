@@ -23,6 +23,7 @@ from .._protocol import (
     FINISHED,
     GO,
     PAYLOAD,
+    Msg,
     STACKS,
 )
 from .context import WorkerContext
@@ -125,17 +126,18 @@ class _Supervisor:
 
     # messages from the driver
     def on_driver(self, msg: dict) -> None:
-        if msg.get("kind") == "stop":
+        kind = msg.get("kind")
+        if kind == Msg.STOP:
             self.stop()
-        elif msg.get("kind") == "end":
+        elif kind == Msg.END:
             self.released.set()
-        elif msg.get("kind") == "cluster":
+        elif kind == Msg.CLUSTER:
             self.tasks = msg.get("tasks")
             self.counts = msg.get("counts")  # every worker's rows, when the driver counted them before launch
             self.gathered.set()
-        elif msg.get("kind") == "feed" and self.feed is not None:
+        elif kind == Msg.FEED and self.feed is not None:
             self.feed.heard(msg)
-        elif msg.get("kind") == "dump":
+        elif kind == Msg.DUMP:
             # off the channel's reader thread: a stop may follow while the dump is being written
             threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
 
@@ -147,7 +149,7 @@ class _Supervisor:
             os.kill(p.pid, DUMP_SIGNAL)
             os.kill(p.pid, signal.SIGCONT)  # a stopped process handles the signal only once continued
         except (AttributeError, ProcessLookupError):
-            self.chan.send("stack", text="(the train_fn process is not running)")
+            self.chan.send(Msg.STACK, text="(the train_fn process is not running)")
             return
         # faulthandler writes from its signal handler without buffering: done once the file stops growing
         size, end = before, time.monotonic() + 3.0
@@ -163,7 +165,7 @@ class _Supervisor:
                 text = f.read()
         except OSError:
             text = ""
-        self.chan.send("stack", text=text[-_MAX_STACK:] or "(the train_fn process did not answer)")
+        self.chan.send(Msg.STACK, text=text[-_MAX_STACK:] or "(the train_fn process did not answer)")
 
     def on_driver_lost(self) -> None:
         # The notebook went away: nobody will read the result, so don't train on.
@@ -264,7 +266,7 @@ class _Supervisor:
         def forward(stream):
             def send(line, partial=False):
                 if partial:  # a progress bar's latest state: replaces the one still waiting to be sent
-                    self.chan.post("log", merge=stream, stream=stream, line=line, partial=True)
+                    self.chan.post(Msg.LOG, merge=stream, stream=stream, line=line, partial=True)
                 elif not is_startup_noise(line, level):
                     self.chan.post_line(stream, line)
             return send
@@ -288,7 +290,7 @@ class _Supervisor:
             self.proc.stdin.flush()
         except OSError:
             pass  # the child is already gone; wait() reports how it ended
-        self.chan.send("state", state="training" if mode == "train" else "serving", pid=self.proc.pid)
+        self.chan.send(Msg.STATE, state="training" if mode == "train" else "serving", pid=self.proc.pid)
 
     def _forward_event(self, line: str) -> None:
         try:
@@ -301,7 +303,7 @@ class _Supervisor:
             return
         # progress: only the latest values matter, merged while a batch gathers; an epoch's end is kept
         merge = "progress" if kind == events.PROGRESS and not msg.get("epoch_end") else None
-        self.chan.post("event", merge=merge, event=kind, data=msg)
+        self.chan.post(Msg.EVENT, merge=merge, event=kind, data=msg)
 
     def wait(self) -> int | None:
         """The child's exit code; None when train_fn returned and the child lingers until :meth:`end`."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .._protocol import Msg
 from .._task.feed import _NUMERIC, FeedColumn, FeedSpec
 from .._config import setting
 from ..errors import ConfigError
@@ -227,7 +228,7 @@ def agree_counts(reports: dict[int, tuple[int, bool]], num_workers: int) -> dict
     if any(r is None for r in mine):
         return None
     if all(done for _, done in mine):
-        return {"kind": "feed", "counts": [rows for rows, _ in mine]}
-    return {"kind": "feed", "safe": min(rows for rows, _ in mine)}
+        return {"kind": Msg.FEED, "counts": [rows for rows, _ in mine]}
+    return {"kind": Msg.FEED, "safe": min(rows for rows, _ in mine)}
 
 

@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 from .. import _protocol as events
-from .._protocol import RunEvent
+from .._protocol import Msg, RunEvent
 from ..errors import (
     KERAS3_MWMS,
     STALLED,
@@ -106,13 +106,13 @@ class _Attempt:
 
     def _on_message(self, peer: dict, msg: dict) -> None:
         kind = msg.get("kind")
-        if kind == "feed":  # answered here, in milliseconds: train_fn waits for these rows
+        if kind == Msg.FEED:  # answered here, in milliseconds: train_fn waits for these rows
             self._on_feed(peer, msg)
             return
-        if kind == "addr":  # likewise: every task waits for the others' addresses to start train_fn
+        if kind == Msg.ADDR:  # likewise: every task waits for the others' addresses to start train_fn
             self._addrs[int(peer.get("rank", -1))] = {"addr": msg.get("addr"), "rows": msg.get("rows", 0)}
             if len(self._addrs) == self.num_tasks and all(r in self._addrs for r in range(self.num_tasks)):
-                self.channel.broadcast({"kind": "cluster", "tasks": [self._addrs[r] for r in range(self.num_tasks)],
+                self.channel.broadcast({"kind": Msg.CLUSTER, "tasks": [self._addrs[r] for r in range(self.num_tasks)],
                                         "counts": self._counts})
             return
         # the channel thread: the file gets every line even while the display is behind
@@ -170,32 +170,32 @@ class _Attempt:
         self._note(peer, msg)
         kind = msg.get("kind")
         job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
-        if kind == "batch":  # what a task gathered over a short window, handled as one unit
+        if kind == Msg.BATCH:  # what a task gathered over a short window, handled as one unit
             for m in msg.get("items") or ():
-                if isinstance(m, dict) and m.get("kind") == "log":
+                if isinstance(m, dict) and m.get("kind") == Msg.LOG:
                     self._log(job, idx, m)
                 elif isinstance(m, dict):
                     self._handle(peer, m)
-        elif kind == "log":
+        elif kind == Msg.LOG:
             self._log(job, idx, msg)
-        elif kind == "event":
+        elif kind == Msg.EVENT:
             self._show(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
-        elif kind == "state":
+        elif kind == Msg.STATE:
             self._show(RunEvent(events.STATE, job, idx, {k: v for k, v in msg.items() if k != "kind"}))
             if msg.get("state") == "done" and job == "chief" and self.num_ps > 0:
                 # ps and worker tasks serve until the coordinator is finished
-                self.channel.broadcast({"kind": "stop"})
+                self.channel.broadcast({"kind": Msg.STOP})
             if msg.get("state") == "done":
                 self.done_ranks.add(int(peer.get("rank", -1)))
                 if self.daemon_ranks and \
                         len(self.done_ranks - self.daemon_ranks) == self.num_tasks - len(self.daemon_ranks):
                     # daemon tasks (tfnb.compat's ps/evaluator) serve until every other task is done
-                    self.channel.broadcast({"kind": "stop"})
+                    self.channel.broadcast({"kind": Msg.STOP})
                 elif len(self.done_ranks) == self.num_tasks and self.spec_kwargs.get("linger"):
                     # finished train_fn processes kept their TensorFlow servers up for the peers' last
                     # collectives; now that every task is done they may exit
-                    self.channel.broadcast({"kind": "end"})
-        elif kind == "failed":
+                    self.channel.broadcast({"kind": Msg.END})
+        elif kind == Msg.FAILED:
             f = msg.get("failure") or {}
             failure = TaskFailure(job_name=job, task_index=idx, exc_type=f.get("exc_type", "Error"),
                                   message=f.get("message", ""), traceback=f.get("traceback", ""),
@@ -233,11 +233,11 @@ class _Attempt:
         from .jobs import died_message
 
         peer = {"job_name": "ps", "task_index": rank - (self.num_tasks - self.num_ps), "rank": rank, "host": "driver"}
-        self.q.put_message(peer, {"kind": "failed", "failure": {
+        self.q.put_message(peer, {"kind": Msg.FAILED, "failure": {
             "exc_type": "ProcessDied", "message": died_message(code, err), "traceback": err, "exit_code": code}})
 
     def _stop_everything(self, job: threading.Thread) -> None:
-        self.channel.broadcast({"kind": "stop"})
+        self.channel.broadcast({"kind": Msg.STOP})
         self._cancel()
         end = time.monotonic() + _CANCEL_WAIT
         while job.is_alive() and time.monotonic() < end:
@@ -348,7 +348,7 @@ class _Attempt:
             life = self.lives[rank] = _Life(peer.get("job_name", "?"), int(peer.get("task_index", -1)),
                                             peer.get("host", ""))
         kind = msg.get("kind")
-        if kind == "disconnected":
+        if kind == Msg.DISCONNECTED:
             if not life.final and not self.decided and self.job_error is None and \
                     not any(not f.retryable for f in self.failures):
                 # Gone without a word: its executor or Python worker died. (After the job failed, or
@@ -362,26 +362,26 @@ class _Attempt:
             life.final = True
             return
         life.seen = time.monotonic()
-        if kind == "batch":  # its other items come back through _handle, its log lines do not
+        if kind == Msg.BATCH:  # its other items come back through _handle, its log lines do not
             for m in reversed(msg.get("items") or ()):
-                if isinstance(m, dict) and m.get("kind") == "log":
+                if isinstance(m, dict) and m.get("kind") == Msg.LOG:
                     life.line = _last_line(m)
                     break
-        elif kind == "log":
+        elif kind == Msg.LOG:
             life.line = _last_line(msg)
-        elif kind == "event" and msg.get("event", events.PROGRESS) == events.PROGRESS:
+        elif kind == Msg.EVENT and msg.get("event", events.PROGRESS) == events.PROGRESS:
             data = msg.get("data") or {}
             step = {k: data[k] for k in ("epoch", "step") if data.get(k) is not None}
             if step:
                 life.step = step
                 if life.first_epoch is None and isinstance(step.get("epoch"), int):
                     life.first_epoch = step["epoch"]
-        elif kind == "state":
+        elif kind == Msg.STATE:
             life.state = str(msg.get("state", ""))
             life.final = life.final or life.state in ("done", "stopped")
-        elif kind == "failed":
+        elif kind == Msg.FAILED:
             life.final = True
-        elif kind == "stack":
+        elif kind == Msg.STACK:
             life.stack = str(msg.get("text", ""))
 
     def _lost_in_spark(self, text: str, first: str) -> TaskFailure:
@@ -488,7 +488,7 @@ class _Attempt:
         running = [l for l in self.lives.values() if not l.final]
         for life in running:
             life.stack = None
-        self.channel.broadcast({"kind": "dump"})
+        self.channel.broadcast({"kind": Msg.DUMP})
         end = now + _STACK_WAIT
         while any(l.stack is None for l in running) and time.monotonic() < end:
             self._drain(0.1)

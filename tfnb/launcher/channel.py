@@ -21,6 +21,8 @@ from .._protocol import (
     _MAX_FRAME,
     _MAX_HELLO,
     _SEND_TIMEOUT,
+    EventKind,
+    Msg,
     _key,
     _plain,
     _proof,
@@ -191,7 +193,7 @@ class DriverChannel:
             raise ConnectionError("it failed authentication (not this run's secret)")
         c.rx = _Sealer(_key(self.token, "task", c.nonce, task_nonce))
         c.tx = _Sealer(_key(self.token, "driver", c.nonce, task_nonce))
-        c.sock.sendall(_plain({"kind": "welcome", "auth": _proof(self.token, "driver", task_nonce, c.nonce)}))
+        c.sock.sendall(_plain({"kind": Msg.WELCOME, "auth": _proof(self.token, "driver", task_nonce, c.nonce)}))
         peer = hello.get("peer")
         c.peer = dict(peer) if isinstance(peer, dict) else {}
         del self._pending[c.sock]
@@ -212,7 +214,7 @@ class DriverChannel:
             pass
         if was_open:
             try:
-                self._on_message(c.peer, {"kind": "disconnected"})
+                self._on_message(c.peer, {"kind": Msg.DISCONNECTED})
             finally:
                 with self._lock:
                     self._all_gone.notify_all()
@@ -252,7 +254,7 @@ class DriverChannel:
 
 def _merges(msg: dict) -> bool:
     # A progress report the next one may replace; an epoch's last report is kept (the console prints it).
-    return (msg.get("kind") == "event" and msg.get("event", "progress") == "progress"
+    return (msg.get("kind") == Msg.EVENT and msg.get("event", EventKind.PROGRESS) == EventKind.PROGRESS
             and not (msg.get("data") or {}).get("epoch_end"))
 
 
@@ -297,7 +299,7 @@ class Inbox:
             self._cv.notify_all()
 
     def put_message(self, peer: dict, msg: dict) -> None:
-        items = msg.get("items") if msg.get("kind") == "batch" else [msg]
+        items = msg.get("items") if msg.get("kind") == Msg.BATCH else [msg]
         keep, progress, n = [], [], 0  # n: messages kept, a run of lines counting a message per line
         for m in items if isinstance(items, list) else ():
             if not isinstance(m, dict):
@@ -311,7 +313,7 @@ class Inbox:
         if n and len(keep) == len(items):
             keep = msg  # as it came (most batches: lines only, or one message)
         elif n:
-            keep = keep[0] if len(keep) == 1 else {"kind": "batch", "items": keep}
+            keep = keep[0] if len(keep) == 1 else {"kind": Msg.BATCH, "items": keep}
         with self._cv:
             was_empty = not self._items
             if was_empty:

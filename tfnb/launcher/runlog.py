@@ -16,6 +16,8 @@ import shutil
 import threading
 import time
 
+from .._protocol import Msg
+
 log = logging.getLogger(__name__)
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # s3://, gs://, dbfs:/, hdfs://... (not C:/)
@@ -82,22 +84,22 @@ class RunLog:
         """Record one channel message (or batch) from the task ``peer``."""
         if self._file is None:
             return
-        items = msg.get("items") if msg.get("kind") == "batch" else (msg,)
+        items = msg.get("items") if msg.get("kind") == Msg.BATCH else (msg,)
         out = []
         for m in items if isinstance(items, (list, tuple)) else ():
             kind = m.get("kind") if isinstance(m, dict) else None
-            if kind == "log" and "lines" in m:
+            if kind == Msg.LOG and "lines" in m:
                 stream = m.get("stream", "")
                 out.extend(f"{stream}: {line}" for line in m["lines"] or ())
-            elif kind == "log" and not m.get("partial"):
+            elif kind == Msg.LOG and not m.get("partial"):
                 out.append(f"{m.get('stream', '')}: {m.get('line', '')}")
-            elif kind == "state":
+            elif kind == Msg.STATE:
                 out.append(f"state: {m.get('state', '')}")
-            elif kind == "failed":
+            elif kind == Msg.FAILED:
                 f = m.get("failure") or {}
                 out.append(f"FAILED {f.get('exc_type', 'Error')}: {f.get('message', '')}")
                 out.extend(f"traceback: {t}" for t in str(f.get("traceback") or "").rstrip("\n").splitlines())
-            elif kind == "event" and (m.get("data") or {}).get("epoch_end"):
+            elif kind == Msg.EVENT and (m.get("data") or {}).get("epoch_end"):
                 fields = " ".join(f"{k}={v}" for k, v in m["data"].items() if k not in ("epoch_end", "time"))
                 out.append(f"epoch end: {fields}")
         if out:

@@ -3,7 +3,7 @@
 One class, :class:`EventSync`, used at both ends of a run: on the chief, inside ``train_fn``, from
 the task's local ``log_dir`` to persistent storage (``/dbfs``, ``/Volumes``, ``s3://``, any fsspec URL
 or a plain path); on the driver, from persistent storage to a local directory TensorBoard reads. Both
-ends go through tfnb's storage layer, with the options of the README's "Storage URLs and options".
+ends go through tfnb's storage layer, with the options of docs/data.md, "Storage URLs and options".
 
 Event files are append-only TFRecord streams (each record: 8-byte little-endian length, 4-byte
 masked CRC-32C of the length, the data, 4-byte masked CRC-32C of the data). The sync remembers,
@@ -180,17 +180,20 @@ class EventSync:
         mode: "auto" (append on local disks, parts on object stores and /dbfs, /Volumes),
             "append" or "parts"; see the module docstring.
         storage_options: options for the remote side(s): ``key``, ``secret``, ``token``,
-            ``endpoint_url``, ``region``, ... (README, "Storage URLs and options").
+            ``endpoint_url``, ``region``, ... (docs/data.md, "Storage URLs and options").
 
     Raises:
         ConfigError: bad interval or mode, ``mode="append"`` on a store that cannot append, or
             ``src`` and ``dest`` overlapping.
 
     Example:
-        >>> # inside train_fn, on the chief: worker disk -> persistent storage
+        Inside train_fn, on the chief (worker disk -> persistent storage):
+
         >>> with tfnb.EventSync(local_logs, ctx.log_dir, interval=10):
         ...     model.fit(ds, callbacks=[tf.keras.callbacks.TensorBoard(local_logs)])
-        >>> # in the notebook: persistent storage -> the directory TensorBoard reads
+
+        In the notebook (persistent storage -> the directory TensorBoard reads):
+
         >>> sync = tfnb.EventSync("s3://bucket/run1/logs", "/tmp/tb/run1").start()
         >>> sync.stop()
     """

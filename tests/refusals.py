@@ -1,0 +1,263 @@
+"""The catalogue of bad inputs tfnb refuses: one clear error naming the offending value and the fix, fast.
+
+The cases live in ``tests/test_refuse_<area>.py``, one file per area; this module is what they share.
+Every case is a call a user could make, registered with :func:`case`. Each file's ``TestRefusals``
+(a :class:`Refusals`) runs the file's cases: it asserts the error type (or, for TensorBoard, the
+``Failed`` outcome it returns), that the message names the offending value and the fix, and records
+how long the refusal took; the file's table of times is printed after its cases.
+
+Any file runs alone, in any order, in any pytest-xdist worker: a case with ``spark=True`` uses the test
+process's shared local[2] session (conftest.spark_session), and a case that needs a session of another
+configuration, or stops one, declares ``own_session=`` and runs in a Python process of its own with its
+own session (:func:`_in_own_process`), so the shared one is never changed.
+
+The catalogue writes docs/refusals.md; from the repository root::
+
+    python tests/refusals.py
+
+(tests/test_refuse_catalogue.py fails while the file differs from what this writes.)
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+DOC = TESTS.parent / "docs" / "refusals.md"
+if __name__ == "__main__":  # run as a script: find tfnb in this checkout
+    sys.path.insert(0, str(TESTS.parent))
+from tfnb import WorkerError  # noqa: E402
+from tfnb.monitor.tensorboard import Failed  # noqa: E402
+
+AREAS = ["launcher", "cluster", "data", "staging", "sync", "evaluator", "tensorboard", "progress", "dbc", "compat",
+         "predict"]
+
+
+@dataclass
+class Case:
+    name: str
+    area: str
+    given: str          # the bad input, as docs/refusals.md shows it
+    raises: type        # error type (or Failed, TensorBoard's outcome)
+    needles: tuple      # substrings the message must hold: the offending value, then the fix
+    says: str           # the fix, in short, for docs/refusals.md
+    fn: Callable
+    spark: bool = False
+    xfail: str | None = None
+    own_session: dict | None = None  # Spark conf of a session of the case's own, in its own process
+
+
+CASES: dict[str, Case] = {}  # by name, from every test_refuse_*.py imported so far
+
+
+def case(area: str, given: str, raises: type, *needles: str, says: str, spark: bool = False,
+         xfail: str | None = None, own_session: dict | None = None):
+    def register(fn):
+        if fn.__name__ in CASES:
+            raise ValueError(f"two refusal cases named {fn.__name__!r}: rename one")
+        CASES[fn.__name__] = Case(fn.__name__, area, given, raises, needles, says, fn, spark or own_session is not None,
+                                  xfail, own_session)
+        return fn
+    return register
+
+
+class Env:
+    """What a case gets: a scratch folder, environment patching, and a Spark session on demand (the
+    shared local[2] one, or in a case's own process the session its ``own_session`` conf describes)."""
+
+    def __init__(self, tmp: Path, monkeypatch, conf: dict | None = None):
+        self.tmp = tmp
+        self.monkeypatch = monkeypatch
+        self.conf = conf or {}
+
+    @property
+    def spark(self):
+        from conftest import spark_session
+
+        return spark_session("local[2]", **self.conf)
+
+    def setenv(self, name: str, value: str) -> None:
+        self.monkeypatch.setenv(name, value)
+
+
+def one(ctx):
+    return 1
+
+
+def nothing(args, ctx):
+    return None
+
+
+# ---------------------------------------------------------------- cases with a session of their own
+
+
+def _in_own_process(c: Case, tmp: Path):
+    """Case ``c`` as a generator: a child Python process (:func:`_child`) starts the case's own session
+    and runs the set-up, then, once resumed, the bad call; what that raised is raised here."""
+    proc = subprocess.Popen([sys.executable, "-c", "import refusals; refusals._child()"], cwd=TESTS,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        pickle.dump((c.fn.__module__, c.name, str(tmp)), proc.stdin)
+        proc.stdin.flush()
+        pickle.load(proc.stdout)  # set up
+        yield
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        raised, outcome = pickle.load(proc.stdout)
+    finally:
+        proc.stdin.close()
+        proc.wait()
+    if raised:
+        raise outcome
+    return outcome
+
+
+def _child() -> None:
+    """The child side of :func:`_in_own_process`: the protocol on the stdout it was given (everything
+    else printed, the Spark JVM's output too, goes to stderr); ends its JVM before it returns."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    module, name, tmp = pickle.load(sys.stdin.buffer)
+    importlib.import_module(module)
+    c, patch = CASES[name], pytest.MonkeyPatch()
+    steps = c.fn(Env(Path(tmp), patch, c.own_session))
+    try:
+        next(steps)
+        pickle.dump("set up", out)
+        out.flush()
+        sys.stdin.buffer.readline()
+        try:
+            outcome = (False, next(steps, None))
+        except Exception as e:  # noqa: BLE001 - the refusal under test, sent back to be checked
+            outcome = (True, e)
+        pickle.dump(outcome, out)
+        out.flush()
+    finally:
+        patch.undo()
+        from pyspark import SparkContext
+
+        if SparkContext._gateway is not None:
+            if SparkContext._active_spark_context is not None:
+                SparkContext._active_spark_context.stop()
+            SparkContext._gateway.proc.stdin.close()  # the JVM ends when its stdin does
+            SparkContext._gateway.proc.wait()
+
+
+# ---------------------------------------------------------------- running a file's cases
+
+
+TIMES: dict[str, float] = {}
+MESSAGES: dict[str, str] = {}
+
+
+def _message(outcome) -> str:
+    if isinstance(outcome, Failed):
+        return f"{outcome.error}; {outcome.fix}"
+    return str(outcome)
+
+
+class Refusals:
+    """Runs the cases of the test file that subclasses it (``class TestRefusals(Refusals)``)."""
+
+    def pytest_generate_tests(self, metafunc):
+        cases = [c for c in CASES.values() if c.fn.__module__ == metafunc.module.__name__]
+        metafunc.parametrize("c", [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=c.xfail)]
+                                                if c.xfail else []) for c in cases])
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def time_table(cls, request):
+        yield
+        module = request.module.__name__
+        times = {c.name: TIMES[c.name] for c in CASES.values() if c.fn.__module__ == module and c.name in TIMES}
+        if not times:
+            return
+        lines = ["", f"refusal times, {module} ({len(times)} cases, {sum(times.values()):.2f} s in all)",
+                 f"{'area':<12} {'case':<34} {'error':<15} {'seconds':>8}"]
+        for name, seconds in times.items():
+            c = CASES[name]
+            lines.append(f"{c.area:<12} {name:<34} {c.raises.__name__:<15} {seconds:>8.3f}")
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print("\n".join(lines), flush=True)
+        from conftest import ARTIFACTS
+
+        ARTIFACTS.mkdir(exist_ok=True)  # every message in full, for reading them side by side
+        (ARTIFACTS / f"refusals-{module.removeprefix('test_refuse_')}.txt").write_text("".join(
+            f"{name} ({seconds:.3f} s): {MESSAGES[name]}\n\n" for name, seconds in times.items() if name in MESSAGES))
+
+    def test_refusal(self, c: Case, tmp_path, monkeypatch, capsys):
+        for var in ("TFNB_TIMEOUT", "TFNB_MAX_ATTEMPTS", "TFNB_SYNC_INTERVAL", "TFNB_DISPLAY", "TFNB_EVAL_INTERVAL",
+                    "TFNB_TENSORBOARD_TIMEOUT"):
+            monkeypatch.delenv(var, raising=False)
+        env = Env(tmp_path, monkeypatch)
+        if c.spark and c.own_session is None:
+            env.spark  # start (or reuse) the session outside the timed call
+        call = lambda: c.fn(env)  # noqa: E731
+        if c.own_session is not None or inspect.isgeneratorfunction(c.fn):
+            steps = _in_own_process(c, tmp_path) if c.own_session is not None else c.fn(env)
+            next(steps)  # the set-up before the bad call is not timed
+            call = lambda: next(steps, None)  # noqa: E731
+        start = time.perf_counter()
+        if c.raises is Failed:
+            outcome = call()
+            TIMES[c.name] = time.perf_counter() - start
+            assert isinstance(outcome, Failed), outcome
+            assert c.needles[0] in capsys.readouterr().err  # what the user sees printed
+        else:
+            with pytest.raises(Exception) as info:
+                call()
+            TIMES[c.name] = time.perf_counter() - start
+            outcome = info.value
+            assert isinstance(outcome, c.raises), f"{type(outcome).__name__}: {outcome}"
+            assert not isinstance(outcome, (WorkerError, AttributeError)), outcome
+        text = _message(outcome)
+        MESSAGES[c.name] = text
+        for needle in c.needles:
+            assert needle in text, f"{needle!r} not in: {text}"
+
+
+# ---------------------------------------------------------------- docs/refusals.md
+
+
+def catalogue() -> list[Case]:
+    """Every case, from every tests/test_refuse_*.py (imported here if pytest has not yet)."""
+    for path in sorted(TESTS.glob("test_refuse_*.py")):
+        importlib.import_module(path.stem)
+    return list(CASES.values())
+
+
+def document() -> str:
+    """docs/refusals.md: the catalogue as tables, one per area."""
+    cases = catalogue()
+    out = ["# Refusals catalogue", "", textwrap.fill(
+           "Bad input gets one error, raised before anything is launched where the driver can tell, naming the "
+           "offending value and the fix. Every row below is a test (`tests/test_refuse_<area>.py`): it makes the "
+           "call, asserts the error type and that the message holds the value and the fix, and records how long "
+           "the refusal took (milliseconds once the session exists). Errors from train_fn itself arrive as "
+           "`WorkerError` with the worker's traceback. Generated by `python tests/refusals.py`; do not edit by hand.", 110)]
+    for area in AREAS:
+        rows = [c for c in cases if c.area == area]
+        out += ["", f"## {area}", "", "| Input | Error | What it says to do |", "|---|---|---|"]
+        for c in rows:
+            error = "returns `Failed`" if c.raises is Failed else f"`{c.raises.__name__}`"
+            out.append(f"| {c.given} | {error} | {c.says} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    import refusals  # the module the test files register with (this script runs as __main__)
+
+    refusals.DOC.write_text(refusals.document())
+    print(f"wrote {refusals.DOC} ({len(refusals.CASES)} cases)")
