@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
+from queue import Queue
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -284,6 +285,24 @@ class FeedStream:
         """The run is being stopped: :meth:`pump` stops waiting for the final counts."""
         self._final.set()
 
+    def _write_all(self, queue: Queue, spill: ArrowSpill, tell: Callable[[int, bool], Any],
+                   failed: list) -> None:
+        """The writer thread: each queued batch into the file, then the new state for train_fn."""
+        told = None
+        while (item := queue.get()) is not None:
+            if failed:
+                continue  # drain: the receiving thread stops at its next batch
+            try:
+                _write(spill, item[0])
+                with self._lock:
+                    self._state.update(end=spill.end, rows=spill.rows, lengths=item[1])
+                    self._publish()
+                if told is None or time.monotonic() - told >= _TELL_EVERY:
+                    tell(spill.rows, False)
+                    told = time.monotonic()
+            except BaseException as e:  # noqa: BLE001 - raised by pump() in the receiving thread
+                failed.append(e)
+
     def pump(self, batches: Iterable, tell: Callable[[int, bool], Any]) -> list[int] | None:
         """Write the partition and agree on the counts; returns the rows per worker (None: stopped).
 
@@ -296,22 +315,28 @@ class FeedStream:
         start = time.perf_counter()
         spill = ArrowSpill(self.info.path, _arrow_schema(self.spec))
         lengths: dict[str, int] = {}
-        first = told = None
+        first = None
+        # A writer thread writes and publishes while this one takes the next batch from Spark (file
+        # writes release the GIL); the queue bounds what waits in memory to a few batches.
+        queue: Queue = Queue(maxsize=4)
+        failed: list[BaseException] = []
+        writer = threading.Thread(target=self._write_all, args=(queue, spill, tell, failed),
+                                  name="tfnb-feed-writer", daemon=True)
+        writer.start()
         try:
             try:
                 for batch in batches:
-                    if not batch.num_rows:
-                        continue
-                    first = first or time.time()
-                    _write(spill, _prepare(self.spec, batch, lengths))
-                    with self._lock:
-                        self._state.update(end=spill.end, rows=spill.rows, lengths=lengths)
-                        self._publish()
-                    if told is None or time.monotonic() - told >= _TELL_EVERY:
-                        tell(spill.rows, False)
-                        told = time.monotonic()
+                    if failed:
+                        break
+                    if batch.num_rows:
+                        first = first or time.time()
+                        queue.put((_prepare(self.spec, batch, lengths), dict(lengths)))
             finally:
+                queue.put(None)
+                writer.join()
                 nbytes = _write(spill, None)
+            if failed:
+                raise failed[0]
             last = time.time()
             tell(spill.rows, True)
             self._final.wait()
