@@ -153,6 +153,7 @@ def run_tfnb(spark, df, rows: int, workers: int = 2) -> tuple[float, float, dict
     split_for_workers(df, workers)
     check = time.perf_counter() - start
     outdir = tempfile.mkdtemp(prefix="tfnb-bench-feed-")
+    standbys_ready(workers)
     try:
         start = time.perf_counter()
         tfnb.run(tfnb_consume, num_workers=workers, args=(time.time(), outdir), data=df, spark=spark,
@@ -179,10 +180,23 @@ def run_tfnb(spark, df, rows: int, workers: int = 2) -> tuple[float, float, dict
     return check + moving, wall, details
 
 
+def standbys_ready(workers: int, timeout: float = 120.0) -> None:
+    """Wait until the last run's warm standbys have imported TensorFlow, so every timed run starts alike."""
+    from tfnb._task.warm import _sockets
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = [p for p in _sockets() if p.endswith(".sock")]
+        if len(ready) >= workers and len(ready) == len(_sockets()):
+            return
+        time.sleep(0.2)
+
+
 def run_bare(spark, workers: int) -> float:
     """Wall seconds of the same tfnb.run without data=: what a run costs before any row moves."""
     import tfnb
 
+    standbys_ready(workers)
     start = time.perf_counter()
     tfnb.run(_nothing, num_workers=workers, spark=spark, display=False)
     return time.perf_counter() - start
