@@ -34,7 +34,7 @@ BENCHES = {
     "fanin": ["--tasks", "2048", "--lines", "20", "--seconds", "10"],
     "launch": ["--repeats", "2"],
     "rerun": ["--rounds", "3"],
-    "feeding": ["--repeat", "1"],
+    "feeding": ["--rounds", "3"],
     "staging": ["--repeat", "3"],
     "inference": ["--repeats", "3"],
     "evaluator": ["--checkpoints", "8"],
@@ -166,6 +166,12 @@ def write_markdown(path: str, outcomes: list[Outcome], argv: list[str]) -> None:
         goal = ("≥ " if r.higher_is_better else "≤ ") + f"{r.goal:g}"
         met = {True: "yes", False: "**no**", None: "n/a"}[r.met]
         lines.append(f"| {r.bench} | {r.name} | {_fmt(r.value)} | {goal} | {met} |")
+    for o in outcomes:
+        for title, table in ((_result_line(o.output) or {}).get("tables") or {}).items():
+            lines += ["", f"## {title}", "", "| " + " | ".join(map(str, table[0])) + " |",
+                      "|" + "---|" * len(table[0])] + ["| " + " | ".join(map(str, row)) + " |" for row in table[1:]]
+        if any(c.get("rows") for c in (_result_line(o.output) or {}).get("curve") or ()):
+            lines += ["", f"![{o.bench}: seconds per 100k rows by size](results-{o.bench}.png)"]
     lines += ["", "## Runs", "", "| bench | command | exit | seconds |", "|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.bench} | `{' '.join(['python'] + o.command[1:])}` | {o.code} | {o.seconds:.0f} |")
@@ -215,6 +221,38 @@ def write_picture(path: str, outcomes: list[Outcome]) -> None:
     plt.close(fig)
 
 
+def write_curves(folder: str, outcomes: list[Outcome]) -> None:
+    """One line chart per bench that printed a curve: seconds per 100k rows by size, tfnb and its ceiling,
+    one pair of lines per worker count (log-log), so a regression in the curve shows, not only a point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for o in outcomes:
+        curve = (_result_line(o.output) or {}).get("curve") or []
+        if not curve:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for i, workers in enumerate(sorted({c["workers"] for c in curve})):
+            pts = sorted((c for c in curve if c["workers"] == workers), key=lambda c: c["rows"])
+            rows = [c["rows"] for c in pts]
+            color = f"C{i}"
+            ax.plot(rows, [c["tfnb_per_100k"] for c in pts], "o-", color=color, label=f"tfnb, {workers} workers")
+            ax.plot(rows, [c["ceiling_per_100k"] for c in pts], "s--", color=color, alpha=0.6,
+                    label=f"mapInArrow ceiling, {workers} workers")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("rows fed (256 B each)")
+        ax.set_ylabel("seconds per 100k rows (lower is better)")
+        ax.set_title(f"{o.bench}: cost per row as the data grows (medians)", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(folder, f"results-{o.bench}.png"), dpi=110)
+        plt.close(fig)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", choices=sorted(BENCHES), help="run these benches only")
@@ -228,6 +266,7 @@ def main() -> int:
             f.write(f"===== {' '.join(['python'] + o.command[1:])} (exit {o.code}, {o.seconds:.0f} s)\n{o.output}\n")
     try:
         write_picture(png, outcomes)
+        write_curves(a.out, outcomes)
     except ImportError as e:
         print(f"[all] no picture: {e}; install matplotlib (pip install 'tfnb[bench]')", file=sys.stderr)
     print(open(md).read())

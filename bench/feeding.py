@@ -1,29 +1,32 @@
 """Feeding throughput: a cached DataFrame into a consuming tf.data loop, against Spark's own Arrow path.
 
-    ./dev bench feeding [--rows 200000] [--big-rows 2000000] [--workers 1,2,4] [--repeat 1] [--no-tfos]
+    ./dev bench feeding [--rows 200000 2000000 10000000] [--workers 2 4] [--rounds 3] [--no-tfos]
 
 The DataFrame: ``rows`` x one array<float> column of 64 elements (256 B a row), cached, one
-partition per worker (``df.repartition(n).cache()``, as the README recommends). Three ways, on ``--master`` (default local-cluster[2,1,2048]):
+partition per worker (``df.repartition(n).cache()``, as the docs recommend), on
+``local-cluster[workers,1,...]`` with executors large enough to cache the largest size. Ways:
 
   ceiling  a no-op ``df.mapInArrow(count, barrier=True)``: Spark's own Arrow path into Python tasks.
-  tfnb     ``tfnb.run(consume, num_workers=2, data=df)``; each train_fn process iterates
+  tfnb     ``tfnb.run(consume, num_workers=n, data=df)``; each train_fn process iterates
            ``ctx.dataset(1000)`` with a Python for-loop, twice (the first epoch streams while the
-           task receives the partition, the second reads the local file).
+           task receives the partition, the second reads the local copy).
+  bare     the same ``tfnb.run`` without ``data=``: the run's own cost, for the marginal below.
   tfos     TensorFlowOnSpark 2.2.5, InputMode.SPARK: ``cluster.train(rdd)``, each node consuming a
-           tf.data generator over ``DataFeed.next_batch(1000)`` (its fastest documented pattern).
+           tf.data generator over ``DataFeed.next_batch(1000)`` (its fastest documented pattern),
+           at the first size with 2 workers.
 
-Timed while rows move ("stream"): the ceiling's tasks from first to last batch; for tfnb the split
-check (read from the cached plan; a DataFrame split some other way costs one counting job over the
-cache, printed separately) + the first epoch from the moment both ends are ready (the
-task has its first batch and train_fn has built ``ctx.dataset``) to train_fn's last batch;
-TensorFlowOnSpark's whole ``train()`` call. ``import tensorflow`` and job launch are not counted
-(tfnb overlaps them with the transfer: the task receives while train_fn imports TensorFlow); the
-end-to-end wall times are printed too. Also printed: peak RSS of the task and train_fn processes
-at ``--rows`` and ``--big-rows`` (bounded: it must not grow with the rows), and how the stream time
-grows with the rows and with the workers (``--workers``, on local-cluster[4,1,1024]).
+Two ratios per size, each the median of ``--rounds`` rounds that interleave the ways:
 
-The last line is ``RESULT {json}`` for bench/all.py. On a shared machine compare the ratios of one
-run, not absolute figures.
+- **tfnb / ceiling** (rows while they move, "stream"): the ceiling's tasks from first to last batch;
+  for tfnb the split check + the first epoch from the moment both ends are ready (the task has its
+  first batch and train_fn has built ``ctx.dataset``) to train_fn's last batch. Unchanged definition,
+  so ratios stay comparable between runs.
+- **data= marginal / mapInArrow pass** (end to end): the wall time of the mapInArrow job against what
+  ``data=`` adds to a run (the run with data minus the bare run).
+
+Also printed: peak RSS of the task and train_fn processes (bounded: it must not grow with the rows)
+and the scaling curve, seconds per 100k rows of tfnb and the ceiling at every size and worker count,
+which ``bench/all.py`` copies into results.md and draws.
 
 TensorFlowOnSpark is not a tfnb dependency; install it for this bench only (or put it on PYTHONPATH):
 
@@ -40,12 +43,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+from harness import median, report, session, spread, use_checkout
+
+use_checkout()
 
 WIDTH = 64
 BATCH = 1000
@@ -139,8 +139,12 @@ def run_ceiling(df) -> tuple[float, float]:
     return max(r["stream"] for r in out), wall
 
 
+def _nothing(ctx) -> None:
+    return None
+
+
 def run_tfnb(spark, df, rows: int, workers: int = 2) -> tuple[float, float, dict]:
-    """(stream seconds, wall seconds, details) of feeding ``df`` to ``workers`` train_fn processes."""
+    """(stream seconds, wall seconds of the tfnb.run call, details) of feeding ``df`` to ``workers`` train_fns."""
     import tfnb
     from tfnb.data.feeding import split_for_workers
 
@@ -149,9 +153,12 @@ def run_tfnb(spark, df, rows: int, workers: int = 2) -> tuple[float, float, dict
     split_for_workers(df, workers)
     check = time.perf_counter() - start
     outdir = tempfile.mkdtemp(prefix="tfnb-bench-feed-")
+    standbys_ready(workers)
     try:
+        start = time.perf_counter()
         tfnb.run(tfnb_consume, num_workers=workers, args=(time.time(), outdir), data=df, spark=spark,
                  display=False)
+        wall = time.perf_counter() - start
         reports = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(outdir, "tfnb-*.json")))]
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
@@ -170,7 +177,29 @@ def run_tfnb(spark, df, rows: int, workers: int = 2) -> tuple[float, float, dict
                "first_read_before_last_received": all(r["first_read"] < r["received_last"] for r in reports),
                "rss_task": max(r["rss_task"] for r in reports),
                "rss_train_fn": max(r["rss_train_fn"] for r in reports)}
-    return check + moving, max(r["wall"] for r in reports), details
+    return check + moving, wall, details
+
+
+def standbys_ready(workers: int, timeout: float = 120.0) -> None:
+    """Wait until the last run's warm standbys have imported TensorFlow, so every timed run starts alike."""
+    from tfnb._task.warm import _sockets
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = [p for p in _sockets() if p.endswith(".sock")]
+        if len(ready) >= workers and len(ready) == len(_sockets()):
+            return
+        time.sleep(0.2)
+
+
+def run_bare(spark, workers: int) -> float:
+    """Wall seconds of the same tfnb.run without data=: what a run costs before any row moves."""
+    import tfnb
+
+    standbys_ready(workers)
+    start = time.perf_counter()
+    tfnb.run(_nothing, num_workers=workers, spark=spark, display=False)
+    return time.perf_counter() - start
 
 
 def start_tfos(spark):
@@ -188,37 +217,48 @@ def run_tfos(cluster, df) -> float:
     return time.perf_counter() - start
 
 
-def _line(name: str, seconds: float, rows: int, wall: float | None = None) -> str:
-    text = (f"{name:8s} {rows / seconds:>12,.0f} rows/s {rows * ROW_BYTES / seconds / 1e6:>9.1f} MB/s"
-            f"   stream {seconds:6.2f} s")
-    return text + (f", end to end {wall:6.2f} s ({rows / wall:,.0f} rows/s)" if wall is not None else "")
-
-
-def _session(master: str, name: str):
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(master).appName(name)
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.executor.memory", "1g")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def _details(d: dict) -> str:
     return (f"check {d['check']:.2f} + moving {d['moving']:.2f} s (task receives in {d['receive']:.2f} s, "
             f"writes in {d['spill']:.2f} s; train_fn ready {d['ready_after_first_batch']:+.2f} s after the "
-            f"first batch with its dataset built in {d['build']:.2f} s, counts final {d['counts_wait']:.2f} s after that; later epoch {d['loop']:.2f} s) | peak RSS task {d['rss_task']:.0f} MB, "
-            f"train_fn {d['rss_train_fn']:.0f} MB")
+            f"first batch, counts final {d['counts_wait']:.2f} s after that; later epoch {d['loop']:.2f} s) | "
+            f"peak RSS task {d['rss_task']:.0f} MB, train_fn {d['rss_train_fn']:.0f} MB")
+
+
+def measure(spark, rows: int, workers: int, rounds: int, tfos_cluster=None) -> dict:
+    """Ceiling, tfnb and the bare run, interleaved round by round over one cached frame; medians."""
+    df = make_df(spark, rows, workers)
+    run_ceiling(df)       # the executors' Python workers start before anything is timed
+    run_bare(spark, workers)  # and tfnb's warm standbys
+    got: dict = {"ceiling": [], "tfnb": [], "wall": [], "bare": [], "ceiling_wall": [], "tfos": [], "details": []}
+    for i in range(rounds):
+        c, c_wall = run_ceiling(df)
+        t, t_wall, d = run_tfnb(spark, df, rows, workers)
+        bare = run_bare(spark, workers)
+        for key, value in (("ceiling", c), ("ceiling_wall", c_wall), ("tfnb", t), ("wall", t_wall), ("bare", bare),
+                           ("details", d)):
+            got[key].append(value)
+        if tfos_cluster is not None:
+            got["tfos"].append(run_tfos(tfos_cluster, df))
+        print(f"  {rows:>10,} rows, {workers} workers, round {i + 1}: ceiling {c:.2f} s | tfnb {t:.2f} s = "
+              f"{_details(d)} | data= marginal {t_wall - bare:.2f} s vs ceiling job {c_wall:.2f} s", flush=True)
+    df.unpersist()
+    stream = [c / t for c, t in zip(got["ceiling"], got["tfnb"])]
+    # the marginal from the medians of each way: a difference of two run times is noisier than either
+    added = median(got["wall"]) - median(got["bare"])
+    marginal = median(got["ceiling_wall"]) / max(added, 0.01)
+    middle = sorted(range(rounds), key=lambda i: stream[i])[rounds // 2]
+    return {"rows": rows, "workers": workers, "stream": stream, "marginal": marginal, "added": added,
+            "ceiling_wall": median(got["ceiling_wall"]),
+            "ceiling_per_100k": median(got["ceiling"]) / rows * 1e5, "tfnb_per_100k": median(got["tfnb"]) / rows * 1e5,
+            "details": got["details"][middle], "tfos": got["tfos"], "tfnb_rate": rows / median(got["tfnb"])}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument("--big-rows", type=int, default=2_000_000, help="second size for the scaling line; 0 skips")
-    p.add_argument("--workers", default="1,2,4", help="worker counts for the scaling line; '' skips")
-    p.add_argument("--master", default="local-cluster[2,1,2048]")
-    p.add_argument("--repeat", type=int, default=1, help="rounds at --rows; the best of each way is reported")
+    p.add_argument("--rows", type=int, nargs="+", default=[200_000, 2_000_000, 10_000_000],
+                   help="sizes for the scaling curve (the first also runs TensorFlowOnSpark)")
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--rounds", type=int, default=3, help="rounds per size; ratios are the medians")
     p.add_argument("--no-tfos", action="store_true", help="skip TensorFlowOnSpark")
     a = p.parse_args()
 
@@ -232,95 +272,46 @@ def main() -> None:
                   "(continuing without it)", file=sys.stderr)
             have_tfos = False
 
-    result: dict = {"bench": "feeding", "rows": a.rows, "master": a.master, "ratios": {}, "goals": {}}
-    spark = _session(a.master, "tfnb-bench-feeding")
-    try:
-        df = make_df(spark, a.rows)
-        run_ceiling(df)  # start the executors' Python workers before anything is timed
-        ceiling, tfnb_runs, tfos = [], [], []
-        cluster = start_tfos(spark) if have_tfos else None
-        for i in range(a.repeat):
-            ceiling.append(run_ceiling(df))
-            tfnb_runs.append(run_tfnb(spark, df, a.rows))
-            if cluster is not None:
-                tfos.append(run_tfos(cluster, df))
-            print(f"round {i + 1}: ceiling {ceiling[-1][0]:.2f} s (job {ceiling[-1][1]:.2f} s) | tfnb "
-                  f"{tfnb_runs[-1][0]:.2f} s = {_details(tfnb_runs[-1][2])} (end to end {tfnb_runs[-1][1]:.2f} s)"
-                  + (f" | tfos {tfos[-1]:.2f} s" if tfos else ""), flush=True)
-        if cluster is not None:
-            cluster.shutdown()
-        df.unpersist()
-
-        best_ceiling = min(ceiling)
-        best = min(tfnb_runs, key=lambda r: r[0])
-        d = best[2]
-        print(f"\nfeeding {a.rows:,} rows x {WIDTH} float32 ({a.rows * ROW_BYTES / 1e6:.1f} MB), {a.master}, "
-              f"best of {a.repeat}")
-        print(_line("ceiling", best_ceiling[0], a.rows, min(c[1] for c in ceiling)))
-        print(_line("tfnb", best[0], d["rows"], min(r[1] for r in tfnb_runs)))
-        print(_line("  receive", d["receive"], a.rows) + "   Spark -> task -> local Arrow file")
-        print(_line("  loop", d["loop"], d["rows"]) + "   local file -> tf.data loop (each later epoch)")
-        print(f"  first batch reached train_fn before the task had its last batch: "
-              f"{d['first_read_before_last_received']}")
-        tfnb_rate = d["rows"] / best[0]
-        ceiling_ratio = tfnb_rate / (a.rows / best_ceiling[0])
-        result["ratios"]["feeding vs ceiling"] = round(ceiling_ratio, 3)
-        result["goals"]["feeding vs ceiling"] = 0.8
-        if tfos:
-            print(_line("tfos", min(tfos), a.rows))
-            tfos_ratio = tfnb_rate / (a.rows / min(tfos))
-            print(f"tfnb / TensorFlowOnSpark: {tfos_ratio:6.1f} x   (goal >= 30)")
-            result["ratios"]["feeding vs TFoS"] = round(tfos_ratio, 2)
-            result["goals"]["feeding vs TFoS"] = 30
-        print(f"tfnb / ceiling:           {ceiling_ratio:6.2f} x   (goal >= 0.8)")
-        print(f"tfnb receive / ceiling:   {best_ceiling[0] / d['receive']:6.2f} x   (the Spark side alone)")
-        from tfnb.data.feeding import split_for_workers
-
-        counted = make_df(spark, a.rows, split=False)
-        start = time.perf_counter()
-        split_for_workers(counted, 2)
-        count_s = time.perf_counter() - start
-        counted.unpersist()
-        print(f"split check: {d['check']:.2f} s on the cached repartition(n) (read from its plan), {count_s:.2f} s "
-              "(one counting job) on a DataFrame cached in 2 partitions that only a count can vouch for")
-        result["check_seconds"] = {"repartition(n).cache()": round(d["check"], 3), "counted": round(count_s, 3)}
-        rows_line = [(a.rows, best_ceiling[0], best[0], d)]
-
-        if a.big_rows:
-            big = make_df(spark, a.big_rows)
-            run_ceiling(big)
-            c_big = run_ceiling(big)
-            t_big = run_tfnb(spark, big, a.big_rows)
-            big.unpersist()
-            rows_line.append((a.big_rows, c_big[0], t_big[0], t_big[2]))
-            print("\nrows scaling (2 workers): tfnb stream per 100k rows, ceiling per 100k rows, peak RSS")
-            for n, c, t, dd in rows_line:
-                print(f"  {n:>10,} rows: tfnb {t / n * 1e5:6.3f} s  ceiling {c / n * 1e5:6.3f} s  "
-                      f"ratio {c / t:5.2f} x | peak RSS task {dd['rss_task']:.0f} MB, train_fn {dd['rss_train_fn']:.0f} MB"
-                      f" | {_details(dd)}")
-            result["ratios"]["feeding vs ceiling, big"] = round(c_big[0] / t_big[0], 3)
-            result["goals"]["feeding vs ceiling, big"] = 0.8
-            result["rss_mb"] = {str(n): [round(dd["rss_task"]), round(dd["rss_train_fn"])] for n, _, _, dd in rows_line}
-    finally:
-        spark.stop()
-
-    counts = [int(w) for w in a.workers.split(",") if w.strip()]
-    if counts:
-        spark = _session(f"local-cluster[{max(counts)},1,1024]", "tfnb-bench-feeding-workers")
+    ratios, goals, curve = {}, {}, []
+    for workers in a.workers:
+        # executors big enough to cache the largest frame: 256 B a row, memory-backed spill beside it
+        mem = max(1536, 6144 // workers)
+        master = f"local-cluster[{workers},1,{mem + 512}]"
+        spark = session(master, f"tfnb-bench-feeding-{workers}", **{"spark.executor.memory": f"{mem}m"})
+        print(f"\n{workers} workers on {master} (executor memory {mem} MB):", flush=True)
         try:
-            print(f"\nworkers scaling ({a.rows:,} rows in all, local-cluster[{max(counts)},1,1024]):")
-            for n in counts:
-                df = make_df(spark, a.rows, n)
-                run_ceiling(df)
-                c = run_ceiling(df)
-                t = run_tfnb(spark, df, a.rows, n)
-                df.unpersist()
-                print(f"  {n} worker(s): tfnb {t[0]:6.2f} s  ceiling {c[0]:6.2f} s  ratio {c[0] / t[0]:5.2f} x"
-                      f" | {_details(t[2])}", flush=True)
-                result.setdefault("workers", {})[str(n)] = {"tfnb": round(t[0], 3), "ceiling": round(c[0], 3)}
+            for n, rows in enumerate(a.rows):
+                cluster = start_tfos(spark) if have_tfos and n == 0 and workers == 2 else None
+                m = measure(spark, rows, workers, a.rounds, cluster)
+                if cluster is not None:
+                    cluster.shutdown()
+                curve.append(m)
+                label = "" if n == 0 else (", big" if n == 1 else ", largest")
+                if workers != 2:
+                    label += f", {workers} workers"
+                ratios[f"feeding vs ceiling{label}"] = median(m["stream"])
+                goals[f"feeding vs ceiling{label}"] = 0.8
+                if n > 0:
+                    ratios[f"data= marginal vs mapInArrow pass{label}"] = m["marginal"]
+                    goals[f"data= marginal vs mapInArrow pass{label}"] = 0.9
+                if m["tfos"]:
+                    ratios["feeding vs TFoS"] = m["tfnb_rate"] / (rows / median(m["tfos"]))
+                    goals["feeding vs TFoS"] = 30
+                print(f"  {rows:>10,} rows: tfnb / ceiling {spread(m['stream'])}, data= marginal / mapInArrow pass "
+                      f"{m['marginal']:.2f} ({m['added']:.2f} s added vs {m['ceiling_wall']:.2f} s), per 100k rows tfnb {m['tfnb_per_100k']:.3f} s, ceiling "
+                      f"{m['ceiling_per_100k']:.3f} s | {_details(m['details'])}", flush=True)
         finally:
             spark.stop()
-    print("RESULT " + json.dumps(result))
+
+    table = [["workers", "rows", "tfnb s / 100k rows", "ceiling s / 100k rows", "tfnb / ceiling (median [range])",
+              "data= marginal / mapInArrow pass", "peak RSS task / train_fn MB"]]
+    for m in curve:
+        d = m["details"]
+        table.append([m["workers"], f"{m['rows']:,}", f"{m['tfnb_per_100k']:.3f}", f"{m['ceiling_per_100k']:.3f}",
+                      spread(m["stream"]), f"{m['marginal']:.2f}", f"{d['rss_task']:.0f} / {d['rss_train_fn']:.0f}"])
+    print("\nscaling: " + "\n".join(" | ".join(map(str, r)) for r in table))
+    report("feeding", ratios, goals, tables={"Feeding: the scaling curve": table},
+           curve=[{k: m[k] for k in ("rows", "workers", "tfnb_per_100k", "ceiling_per_100k")} for m in curve])
 
 
 if __name__ == "__main__":

@@ -93,11 +93,11 @@ def test_data_must_be_a_spark_dataframe(spark):
 
 def test_split_balances_a_skewed_dataframe(spark):
     one_partition = spark.range(0, 1001, 1, 1)
-    assert _partition_sizes(driver_feed.split_for_workers(one_partition, 2)) == [500, 501]
+    assert _partition_sizes(driver_feed.split_for_workers(one_partition, 2)[0]) == [500, 501]
     skewed = _skewed(spark).cache()
     try:
         assert _partition_sizes(skewed) == [100, 900]
-        assert _partition_sizes(driver_feed.split_for_workers(skewed, 2)) == [500, 500]
+        assert _partition_sizes(driver_feed.split_for_workers(skewed, 2)[0]) == [500, 500]
     finally:
         skewed.unpersist()
 
@@ -109,16 +109,17 @@ def test_split_feeds_a_cached_balanced_dataframe_as_it_is(spark):
     try:
         split.count(), even.count()
         sc.setJobGroup("tfnb-split-test", "split_for_workers")
-        assert driver_feed.split_for_workers(split, 2) is split
+        assert driver_feed.split_for_workers(split, 2) == (split, None)
         assert sc.statusTracker().getJobIdsForGroup("tfnb-split-test") == []  # no job: the plan says it
-        assert driver_feed.split_for_workers(even, 2) is even
-        assert len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test")) == 1  # one counting job
+        assert driver_feed.split_for_workers(even, 2) == (even, [500, 500])  # counted: train_fn knows them at once
+        counted = len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test"))
+        assert counted >= 1  # a counting job in the JVM (its shuffle stage may count as a job of its own)
         one = split.coalesce(1).cache()
-        assert driver_feed.split_for_workers(one, 1) is one  # one worker: one partition needs no count either
-        assert len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test")) == 1
+        assert driver_feed.split_for_workers(one, 1)[0] is one  # one worker: one partition needs no count either
+        assert len(sc.statusTracker().getJobIdsForGroup("tfnb-split-test")) == counted
         one.unpersist()
         # the same DataFrame for 3 workers must still be split into 3
-        assert _partition_sizes(driver_feed.split_for_workers(split, 3)) == [333, 333, 334]
+        assert _partition_sizes(driver_feed.split_for_workers(split, 3)[0]) == [333, 333, 334]
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         split.unpersist()
@@ -265,6 +266,59 @@ def test_train_fn_reads_rows_before_the_partition_is_complete(tmp_path):
     assert stream.info.rows == 8096 and stream.info.array_lengths == (("v", 64),)
 
 
+def test_counts_from_the_driver_are_known_before_the_rows_arrive(tmp_path):
+    import threading
+
+    stream = feeding.FeedStream(_V, str(tmp_path), 2, counts=[5000, 4096])
+    gate = threading.Event()
+    seen = {}
+
+    def source():
+        gate.wait(timeout=60)  # nothing arrives until train_fn has asked for its steps
+        yield from _id_batches(0, [3000, 2000])
+
+    def train_fn_side():
+        seen["steps"] = dataset.steps_per_epoch(_ctx(stream.info), 100)
+        seen["rows_so_far"] = stream.info.state(lambda s: True)["rows"]
+        gate.set()
+        seen["epoch"] = _read_epochs(stream.info, 100, 1)[0]
+
+    reader = threading.Thread(target=train_fn_side)
+    reader.start()
+    assert stream.pump(source(), lambda rows, done: None) == [5000, 4096]
+    reader.join(60)
+    assert seen["steps"] == 40 and seen["rows_so_far"] == 0  # the smallest worker's 4096 rows: 40 batches
+    assert seen["epoch"] == list(range(4000))
+
+
+def test_the_spill_goes_to_memory_when_the_host_has_room_and_is_removed(tmp_path):
+    spec = feeding.FeedSpec(_V.columns, nbytes=64 << 20, memory_share=0.25)
+    stream = feeding.FeedStream(spec, str(tmp_path), 2, counts=[300, 300])
+    where = os.path.dirname(stream.info.path)
+    assert where.startswith("/dev/shm/tfnb-feed-") and stream.pump(_id_batches(0, [300]), lambda r, d: None) == [300, 300]
+    assert _read_epochs(stream.info, 100, 1) == [list(range(300))]
+    # a task killed before its clean-up leaves its folder; the next spill on the host removes it
+    dead = where.replace(f"-{os.getpid()}-", "-999999999-")
+    os.mkdir(dead)
+    stream.remove()
+    assert not os.path.exists(where)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "e").mkdir()
+    disk = feeding.FeedStream(feeding.FeedSpec(_V.columns, nbytes=64 << 20, memory_share=0.0), str(tmp_path / "d"), 2)
+    assert os.path.dirname(disk.info.path) == str(tmp_path / "d")  # TFNB_SPILL_MEMORY=0: Spark's local disk
+    again = feeding.FeedStream(spec, str(tmp_path / "e"), 2)
+    assert not os.path.exists(dead)
+    again.remove()
+
+
+def test_a_spill_larger_than_the_free_disk_is_refused_before_writing(tmp_path):
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    spec = feeding.FeedSpec(_V.columns, nbytes=4 * free, memory_share=0.25)
+    with pytest.raises(ConfigError, match=r"needs about .* GiB of local disk on this host for its 1 worker\(s\) but "
+                                          r".* free; point Spark's local dirs \(spark.local.dir / SPARK_LOCAL_DIRS\)"):
+        feeding.FeedStream(spec, str(tmp_path), 2)
+
+
 def test_streamed_workers_serve_equal_batches(tmp_path, monkeypatch):
     import threading
 
@@ -334,11 +388,17 @@ def _feed_report(ctx):
         too_big = f"{type(e).__name__}: {e}"
     return {"rows": ctx.feed.rows, "rows_per_worker": list(ctx.feed.rows_per_worker),
             "min_rows": ctx.feed.min_rows, "file_rows": table.num_rows, "lengths": dict(ctx.feed.array_lengths),
-            "steps": ctx.steps_per_epoch(32), "too_big": too_big}
+            "steps": ctx.steps_per_epoch(32), "too_big": too_big, "path": ctx.feed.path}
 
 
 def test_run_spills_each_workers_part(spark, no_orphans):
-    out = tfnb.run(_feed_report, num_workers=2, data=_skewed(spark), spark=spark, display=False)
+    df = _skewed(spark).cache()  # cached: its size is known, so the parts go to memory-backed /dev/shm
+    df.count()
+    try:
+        out = tfnb.run(_feed_report, num_workers=2, data=df, spark=spark, display=False)
+    finally:
+        df.unpersist()
+    assert out["path"].startswith("/dev/shm/tfnb-feed-") and not os.path.exists(os.path.dirname(out["path"]))
     assert sorted(out["rows_per_worker"]) == [500, 500] and out["file_rows"] == out["rows"] == 500
     assert out["min_rows"] == 500 and out["steps"] == 500 // 32 and out["lengths"] == {"arr": 2}
     assert out["too_big"].startswith("ConfigError: batch_size=10000 but the smallest worker's part of the data "

@@ -2,6 +2,8 @@
 as the task builds it); the DataFrame checks use the shared local[2] session."""
 from __future__ import annotations
 
+import os
+
 import tfnb
 from tfnb import ConfigError
 
@@ -128,6 +130,22 @@ def data_duplicate_columns(env):
       says="select the feature and label columns", spark=True)
 def data_no_columns(env):
     tfnb.run(one, num_workers=2, data=env.spark.range(4).select(), display=False)
+
+
+@case("data", "`TFNB_SPILL_MEMORY=2`", ConfigError, "TFNB_SPILL_MEMORY=2.0", "between 0 and 1",
+      says="a share of free memory between 0 and 1 (0: local disk)", spark=True)
+def data_spill_memory(env):
+    env.setenv("TFNB_SPILL_MEMORY", "2")
+    tfnb.run(one, num_workers=2, data=env.spark.createDataFrame([(1.0,)], "x double"), display=False)
+
+
+@case("data", "a fed part larger than the free local disk", ConfigError, "of local disk on this host",
+      "spark.local.dir / SPARK_LOCAL_DIRS", says="point Spark's local dirs at a larger disk")
+def data_spill_larger_than_disk(env):
+    from tfnb._task.feed import FeedColumn, FeedSpec, FeedStream
+
+    st = os.statvfs(env.tmp)
+    FeedStream(FeedSpec((FeedColumn("x", "float64", False),), nbytes=4 * st.f_bavail * st.f_frsize), str(env.tmp), 2)
 
 
 @case("data", "`data=` with `num_ps=1`", ConfigError, "num_ps=1", "tfnb.stage",

@@ -84,11 +84,16 @@ class _Plan:
         Before that, whole batches of the rows every worker already has, which is never more than the
         final number (the smallest part only grows, and the final number is whole batches of it).
         """
-        final = st["final"]
-        if final is None:
+        counts = _counts(st)
+        if counts is None:
             return st["safe"] // self.batch_size * self.batch_size
-        steps = _steps_for(final["rows_per_worker"], self.batch_size, self.drop_remainder)
-        return min(min(final["rows_per_worker"]), steps * self.batch_size)
+        steps = _steps_for(counts, self.batch_size, self.drop_remainder)
+        return min(min(counts), steps * self.batch_size)
+
+
+def _counts(st: dict) -> list[int] | None:
+    """Every worker's rows, once known: counted on the driver before launch, or when every part is whole."""
+    return st.get("counts") or (st["final"] or {}).get("rows_per_worker")
 
 
 def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remainder: bool) -> _Plan:
@@ -116,8 +121,8 @@ def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remaind
     lengths = dict(st["lengths"] or {})
     features = tuple(spec.column(c) for c in feature_cols)
     label = spec.column(label_col) if label_col is not None else None
-    if st["final"] is not None:
-        _steps_for(st["final"]["rows_per_worker"], batch_size, drop_remainder)
+    if _counts(st) is not None:
+        _steps_for(_counts(st), batch_size, drop_remainder)
     width = sum(lengths[c.name] if c.is_array else 1 for c in features)
     label_width = lengths[label.name] if label is not None and label.is_array else None
     return _Plan(features, label, tuple(sorted(lengths.items())), width, label_width, batch_size, drop_remainder)
@@ -388,8 +393,8 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
 
     # Batch sizes of one epoch, cycled by rebatch, so a short last batch ends every epoch; that
     # needs the final counts, which whole batches (drop_remainder) do not wait for.
-    st = part.info.state(lambda s: drop_remainder)
-    final = st["final"] is not None
+    st = part.info.state(lambda s: drop_remainder or _counts(s) is not None)
+    final = _counts(st) is not None
     full, rest = divmod(plan.bound(st), rows) if final else (0, 0)
     sizes = rows if rest == 0 else [rows] * full + [rest]
     ds = tf.data.Dataset.from_generator(generate, output_signature=signature)

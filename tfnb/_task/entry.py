@@ -144,7 +144,9 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
             from .feed import FeedStream
 
             # Streamed: train_fn starts now and reads the partition while this task receives it.
-            stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers)
+            stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers,
+                                           tasks_here=sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered),
+                                           counts=sup.counts)
             if sup.stop_requested.is_set():
                 stream.abort()
             feed_info = stream.info
@@ -200,6 +202,8 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
     finally:
         if sup is not None:
             sup.kill()
+            if sup.feed is not None:
+                sup.feed.remove()
         if held is not None:
             held.close()
         if chan is not None:

@@ -9,12 +9,17 @@ rows than every worker is known to have; later epochs read the finished file.
 """
 from __future__ import annotations
 
+import errno
 import functools
+import glob
 import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
+from queue import Queue
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -50,6 +55,8 @@ class FeedSpec:
     """The columns ``tfnb.run(data=df)`` feeds, fixed on the driver from ``df.schema``."""
 
     columns: tuple[FeedColumn, ...]
+    nbytes: int | None = None  # the whole DataFrame's size in Spark's cache, when the driver knows it
+    memory_share: float = 0.0  # share of a host's free memory the spill may take (TFNB_SPILL_MEMORY)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -220,10 +227,12 @@ class FeedStream:
     counting job before launch.
     """
 
-    def __init__(self, spec: FeedSpec, workdir: str, num_workers: int):
+    def __init__(self, spec: FeedSpec, workdir: str, num_workers: int, tasks_here: int = 1,
+                 counts: Sequence[int] | None = None):
         self.spec = spec
         self.num_workers = num_workers
         self._dir = workdir
+        self._spill_dir = spill_dir(spec, workdir, num_workers, tasks_here)
         fifo = os.path.join(workdir, WAKE_FIFO)
         os.mkfifo(fifo, 0o600)
         # Read-write: opening never blocks, and the pipe has a writer until pump() ends.
@@ -231,9 +240,19 @@ class FeedStream:
         self._lock = threading.Lock()  # the state: pump's thread and the channel's reader both change it
         self._final = threading.Event()
         self._counts: list[int] | None = None
-        self._state: dict = {"end": 0, "rows": 0, "safe": 0, "lengths": None, "final": None, "error": None}
+        self._state: dict = {"end": 0, "rows": 0, "safe": 0, "lengths": None, "final": None, "error": None,
+                             "counts": None}
+        if counts is not None:  # counted on the driver before launch: known to train_fn at once
+            self._counts = [int(r) for r in counts][:num_workers]
+            self._state.update(counts=self._counts, safe=min(self._counts, default=0))
+            self._final.set()
         self._publish()
-        self.info = FeedInfo(path=os.path.join(workdir, SPILL_FILE), spec=spec)
+        self.info = FeedInfo(path=os.path.join(self._spill_dir, SPILL_FILE), spec=spec, state_dir=workdir)
+
+    def remove(self) -> None:
+        """Delete the spill when it lives outside the task's folder (memory-backed); the task's folder goes anyway."""
+        if self._spill_dir != self._dir:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
 
     def _publish(self) -> None:  # callers hold self._lock (or own the stream alone)
         path = os.path.join(self._dir, STATE_FILE)
@@ -255,6 +274,9 @@ class FeedStream:
             if isinstance(msg.get("counts"), list):
                 self._counts = [int(r) for r in msg["counts"]][: self.num_workers]
                 self._final.set()
+                if self._state["counts"] is None:
+                    self._state.update(counts=self._counts, safe=min(self._counts, default=0))
+                    self._publish()
             elif int(msg.get("safe", 0)) > self._state["safe"]:
                 self._state["safe"] = int(msg["safe"])
                 self._publish()
@@ -262,6 +284,24 @@ class FeedStream:
     def abort(self) -> None:
         """The run is being stopped: :meth:`pump` stops waiting for the final counts."""
         self._final.set()
+
+    def _write_all(self, queue: Queue, spill: ArrowSpill, tell: Callable[[int, bool], Any],
+                   failed: list) -> None:
+        """The writer thread: each queued batch into the file, then the new state for train_fn."""
+        told = None
+        while (item := queue.get()) is not None:
+            if failed:
+                continue  # drain: the receiving thread stops at its next batch
+            try:
+                _write(spill, item[0])
+                with self._lock:
+                    self._state.update(end=spill.end, rows=spill.rows, lengths=item[1])
+                    self._publish()
+                if told is None or time.monotonic() - told >= _TELL_EVERY:
+                    tell(spill.rows, False)
+                    told = time.monotonic()
+            except BaseException as e:  # noqa: BLE001 - raised by pump() in the receiving thread
+                failed.append(e)
 
     def pump(self, batches: Iterable, tell: Callable[[int, bool], Any]) -> list[int] | None:
         """Write the partition and agree on the counts; returns the rows per worker (None: stopped).
@@ -275,22 +315,28 @@ class FeedStream:
         start = time.perf_counter()
         spill = ArrowSpill(self.info.path, _arrow_schema(self.spec))
         lengths: dict[str, int] = {}
-        first = told = None
+        first = None
+        # A writer thread writes and publishes while this one takes the next batch from Spark (file
+        # writes release the GIL); the queue bounds what waits in memory to a few batches.
+        queue: Queue = Queue(maxsize=4)
+        failed: list[BaseException] = []
+        writer = threading.Thread(target=self._write_all, args=(queue, spill, tell, failed),
+                                  name="tfnb-feed-writer", daemon=True)
+        writer.start()
         try:
             try:
                 for batch in batches:
-                    if not batch.num_rows:
-                        continue
-                    first = first or time.time()
-                    spill.write(_prepare(self.spec, batch, lengths))
-                    with self._lock:
-                        self._state.update(end=spill.end, rows=spill.rows, lengths=lengths)
-                        self._publish()
-                    if told is None or time.monotonic() - told >= _TELL_EVERY:
-                        tell(spill.rows, False)
-                        told = time.monotonic()
+                    if failed:
+                        break
+                    if batch.num_rows:
+                        first = first or time.time()
+                        queue.put((_prepare(self.spec, batch, lengths), dict(lengths)))
             finally:
-                nbytes = spill.close()
+                queue.put(None)
+                writer.join()
+                nbytes = _write(spill, None)
+            if failed:
+                raise failed[0]
             last = time.time()
             tell(spill.rows, True)
             self._final.wait()
@@ -316,6 +362,83 @@ class FeedStream:
         return rows
 
 
+_SHM = "/dev/shm"
+
+
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def spill_dir(spec: FeedSpec, workdir: str, num_workers: int, tasks_here: int) -> str:
+    """Where this task writes its partition: memory-backed ``/dev/shm`` when the host has room, else ``workdir``.
+
+    Room means this host's expected spill (the size of the DataFrame in Spark's cache, split over the
+    workers, plus a quarter) fits in ``spec.memory_share`` of the host's free memory and of the tmpfs. Otherwise,
+    and when the size is unknown (an uncached DataFrame), the partition goes to Spark's local disk,
+    whose free space is checked first.
+
+    Raises:
+        ConfigError: the local disk has less free space than the expected spill.
+    """
+    expected = None if not spec.nbytes else spec.nbytes * tasks_here // max(1, num_workers)
+    if expected and spec.memory_share > 0 and os.path.isdir(_SHM):
+        room = min(_free_bytes(_SHM), _mem_available()) * spec.memory_share
+        if expected * 5 // 4 <= room:
+            _sweep_shm()
+            return tempfile.mkdtemp(prefix=f"tfnb-feed-{os.getuid()}-{os.getpid()}-", dir=_SHM)
+    if expected and _free_bytes(workdir) < expected:
+        raise ConfigError(
+            f"the fed DataFrame needs about {_gb(expected)} of local disk on this host for its "
+            f"{tasks_here} worker(s) but {workdir} has {_gb(_free_bytes(workdir))} free; point Spark's local "
+            "dirs (spark.local.dir / SPARK_LOCAL_DIRS) at a larger disk, or spread the workers over more hosts")
+    return workdir
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _sweep_shm() -> None:
+    """Remove memory-backed spills of tasks that died before their clean-up (their pid is gone)."""
+    for path in glob.glob(os.path.join(_SHM, f"tfnb-feed-{os.getuid()}-*-*")):
+        try:
+            os.kill(int(os.path.basename(path).split("-")[3]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            pass
+
+
+def _write(spill: ArrowSpill, batch) -> int:
+    """Write ``batch`` (None: close the file, returning its size); a full disk says how to make room."""
+    try:
+        if batch is None:
+            return spill.close()
+        spill.write(batch)
+        return 0
+    except OSError as e:
+        if e.errno != errno.ENOSPC and "No space left" not in str(e):
+            raise
+        where = os.path.dirname(spill.path)
+        raise ConfigError(
+            f"no space left on {where} while writing this worker's part of the data ({_gb(spill.end)} written); "
+            + ("set TFNB_SPILL_MEMORY=0 to write it to Spark's local disk instead" if where.startswith(_SHM) else
+               "point Spark's local dirs (spark.local.dir / SPARK_LOCAL_DIRS) at a larger disk, or spread the "
+               "workers over more hosts")) from e
+
+
 @dataclass(frozen=True)
 class FeedInfo:
     """This worker's part of the fed DataFrame, as ``ctx.feed`` (read it with ``ctx.dataset``).
@@ -324,15 +447,16 @@ class FeedInfo:
     whole partition; reading them waits until then. ``ctx.dataset`` does not wait for them.
     """
 
-    path: str  # an Arrow IPC file, whole (footer included) once the counts are known
+    path: str  # an Arrow IPC file, whole (footer included) once the part is final
     spec: FeedSpec
     known: dict | None = None  # the final state, when the part was complete before train_fn started
+    state_dir: str | None = None  # where the task publishes its state (default: the file's folder)
 
     def state(self, ready: Callable[[dict], bool] = lambda st: False) -> dict:
-        """The task's published state once ``ready(state)`` holds or the counts are final."""
+        """The task's published state once ``ready(state)`` holds or the part is final."""
         if self.known is not None:
             return self.known
-        return _live(os.path.dirname(self.path)).wait(ready)
+        return _live(self.state_dir or os.path.dirname(self.path)).wait(ready)
 
     @property
     def rows(self) -> int:
@@ -340,7 +464,9 @@ class FeedInfo:
 
     @property
     def rows_per_worker(self) -> tuple[int, ...]:
-        return tuple(self.state()["final"]["rows_per_worker"])
+        """Rows of every worker: known before the part is whole when the driver counted them before launch."""
+        st = self.state(lambda s: s.get("counts") is not None)
+        return tuple(st.get("counts") or st["final"]["rows_per_worker"])
 
     @property
     def min_rows(self) -> int:
@@ -368,7 +494,7 @@ def finish_feed(spec: FeedSpec, spilled: Spilled, rows_per_worker: Sequence[int]
     """
     rows = [int(r) for r in rows_per_worker]
     return FeedInfo(path=spilled.path, spec=spec, known={
-        "end": spilled.end, "rows": spilled.rows, "safe": min(rows, default=0),
+        "end": spilled.end, "rows": spilled.rows, "safe": min(rows, default=0), "counts": rows,
         "lengths": dict(spilled.array_lengths), "error": None,
         "final": {"rows_per_worker": rows, "nbytes": spilled.nbytes, "seconds": spilled.seconds}})
 

@@ -119,6 +119,7 @@ class _Supervisor:
         self.released = threading.Event()  # the driver's "end" (every train_fn returned) or a stop
         self.feed = None  # the FeedStream that hears the driver's row counts (tfnb.run(data=df))
         self.tasks: list | None = None  # every task's address and rows, from the driver
+        self.counts: list | None = None
         self.gathered = threading.Event()  # set with tasks, or by a stop
         self._code: int | None = None
         self._waiter: threading.Thread | None = None
@@ -132,6 +133,7 @@ class _Supervisor:
             self.released.set()
         elif kind == Msg.CLUSTER:
             self.tasks = msg.get("tasks")
+            self.counts = msg.get("counts")  # every worker's rows, when the driver counted them before launch
             self.gathered.set()
         elif kind == Msg.FEED and self.feed is not None:
             self.feed.heard(msg)

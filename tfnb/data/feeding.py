@@ -19,10 +19,11 @@ is known to have.
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from typing import Any
 
 from .._protocol import Msg
 from .._task.feed import _NUMERIC, FeedColumn, FeedSpec
+from .._config import setting
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 # so little that equalising the batches drops at most this share of the rows; anything less even
 # is worth a shuffle.
 _MAX_IMBALANCE = 0.01
+# The fed partitions go to memory-backed /dev/shm when they fit in this share of a host's free memory
+# (TFNB_SPILL_MEMORY; 0 writes them to Spark's local disk).
+_SPILL_MEMORY = 0.5
 
 
 # ---------------------------------------------------------------- driver side
@@ -101,15 +105,11 @@ def feed_spec(df) -> FeedSpec:
             "tfnb feeds numeric columns and fixed-length arrays of numbers; these columns are neither: "
             + "; ".join(bad) + ". Cast them (F.col(c).cast('double')) or drop them "
             "(df.drop(...) or df.select(feature_and_label_columns)) before tfnb.run(data=df)")
-    return FeedSpec(tuple(columns))
-
-
-def _count_rows(batches: Iterator) -> Iterator:
-    """``mapInArrow`` body: one row with this partition's row count, empty partitions included."""
-    import pyarrow as pa
-
-    n = sum(b.num_rows for b in batches)
-    yield pa.RecordBatch.from_pydict({"rows": [n]}, schema=pa.schema([("rows", pa.int64())]))
+    share = setting("spill_memory", None, _SPILL_MEMORY, float)
+    if not 0 <= share <= 1:
+        raise ConfigError(f"TFNB_SPILL_MEMORY={share} but it must be a share of free memory between 0 and 1 "
+                          "(0 writes the fed data to Spark's local disk); fix or unset TFNB_SPILL_MEMORY")
+    return FeedSpec(tuple(columns), nbytes=cached_nbytes(df), memory_share=share)
 
 
 def _is_cached(df) -> bool:
@@ -122,10 +122,31 @@ def _is_cached(df) -> bool:
 
 
 def _cached_partition_rows(df) -> list[int]:
-    """Rows in each partition of a cached ``df``; reads the cache's row counts, no column values."""
+    """Rows in each partition of a cached ``df``: one job in the JVM over the cache, no column values."""
     from pyspark.sql import functions as F
 
-    return [int(r["rows"]) for r in df.select(F.lit(0).alias("_")).mapInArrow(_count_rows, "rows long").collect()]
+    n = df.rdd.getNumPartitions() if hasattr(df, "rdd") and _classic(df) else None
+    found = {int(r["p"]): int(r["n"]) for r in
+             df.select(F.spark_partition_id().alias("p")).groupBy("p").agg(F.count(F.lit(1)).alias("n")).collect()}
+    n = n if n is not None else max(found, default=-1) + 1
+    return [found.get(i, 0) for i in range(n)]
+
+
+def _classic(df) -> bool:
+    return hasattr(df, "_jdf")
+
+
+def cached_nbytes(df) -> int | None:
+    """The size of a cached, materialised ``df`` in Spark's cache (classic sessions), else None."""
+    try:
+        rel = df._jdf.queryExecution().optimizedPlan()
+        if rel.getClass().getSimpleName() != "InMemoryRelation" or not rel.cacheBuilder().isCachedColumnBuffersLoaded():
+            return None
+        size = rel.computeStats().sizeInBytes()  # a Scala BigInt: an int through Py4J, or its object
+        return int(size if isinstance(size, int) else size.toString()) or None
+    except Exception as e:  # noqa: BLE001 - Spark Connect, or a plan this Spark shapes differently
+        log.debug("cached size not readable: %s", e)
+        return None
 
 
 def _split_evenly(df, n: int) -> bool:
@@ -153,7 +174,7 @@ def _split_evenly(df, n: int) -> bool:
         return False
 
 
-def split_for_workers(df, num_workers: int, num_ps: int = 0):
+def split_for_workers(df, num_workers: int, num_ps: int = 0) -> tuple[Any, list[int] | None]:
     """``df`` as exactly ``num_workers + num_ps`` balanced partitions; partition i feeds task i.
 
     A cached DataFrame that already has that many partitions with (nearly) equal row counts, say
@@ -170,25 +191,27 @@ def split_for_workers(df, num_workers: int, num_ps: int = 0):
         num_ps: parameter-server tasks (0 when feeding data).
 
     Returns:
-        A DataFrame with ``num_workers + num_ps`` partitions.
+        ``(part, counts)``: a DataFrame with ``num_workers + num_ps`` partitions, and the rows of each
+        when a counting job gave them (train_fn then knows its steps per epoch before its rows arrive),
+        else None.
 
     Example:
-        >>> part = split_for_workers(df, 2)
+        >>> part, counts = split_for_workers(df, 2)
         >>> part.mapInArrow(run_task, schema, barrier=True)
     """
     n = num_workers + num_ps
     if _is_cached(df) and _split_evenly(df, n):
         log.debug("feeding the cached even split into %d partitions as it is", n)
-        return df
+        return df, None
     if _is_cached(df):
         # Counting an uncached DataFrame would compute it twice; a cached one is cheap to count.
         counts = _cached_partition_rows(df)
         total = sum(counts)
         if len(counts) == n and total and total - n * min(counts) <= _MAX_IMBALANCE * total:
             log.debug("feeding the cached DataFrame's %d partitions as they are: %s rows", n, counts)
-            return df
+            return df, counts
         log.debug("repartitioning %d rows in partitions of %s rows into %d", total, counts, n)
-    return df.repartition(n)
+    return df.repartition(n), None
 
 
 # ---------------------------------------------------------------- task side (no TensorFlow here)

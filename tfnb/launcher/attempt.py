@@ -95,6 +95,7 @@ class _Attempt:
         self._feed: dict[int, tuple[int, bool]] = {}  # rank -> (rows so far, whole) while data= streams
         self._addrs: dict[int, dict] = {}  # rank -> its TensorFlow server's address and rows, as tasks report
         self._feed_told = 0.0
+        self._counts: list[int] | None = None  # rows per worker, when counted before launch
 
     def _show(self, event: RunEvent) -> None:
         # inside _drain the display gets the pass's events as one batch (one redraw, one write)
@@ -111,7 +112,8 @@ class _Attempt:
         if kind == Msg.ADDR:  # likewise: every task waits for the others' addresses to start train_fn
             self._addrs[int(peer.get("rank", -1))] = {"addr": msg.get("addr"), "rows": msg.get("rows", 0)}
             if len(self._addrs) == self.num_tasks and all(r in self._addrs for r in range(self.num_tasks)):
-                self.channel.broadcast({"kind": Msg.CLUSTER, "tasks": [self._addrs[r] for r in range(self.num_tasks)]})
+                self.channel.broadcast({"kind": Msg.CLUSTER, "tasks": [self._addrs[r] for r in range(self.num_tasks)],
+                                        "counts": self._counts})
             return
         # the channel thread: the file gets every line even while the display is behind
         self.runlog.message(peer, msg)
@@ -149,7 +151,7 @@ class _Attempt:
         elif self.data is not None:
             from ..data.feeding import split_for_workers
 
-            source = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
+            source, self._counts = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
         else:
             p = self.placement
             n = self.num_tasks - self.num_ps if p.ps is not None or p.ps_on_driver else self.num_tasks
