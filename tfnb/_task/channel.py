@@ -13,10 +13,10 @@ from typing import Callable
 from .._protocol import (
     _MAX_FRAME,
     _MAX_HELLO,
+    Msg,
     _key,
     _plain,
     _proof,
-    Msg,
     _recv_body,
     _Sealer,
 )

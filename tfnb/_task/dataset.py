@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
-from .feed import _BLOCK_BYTES, _MAGIC_BYTES, FeedColumn, FeedInfo, _no_rows_message
+from .feed import _BLOCK_BYTES, FeedColumn, FeedInfo, _no_rows_message
+from .spill import _MAGIC_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -9,21 +9,19 @@ rows than every worker is known to have; later epochs read the finished file.
 """
 from __future__ import annotations
 
-import errno
 import functools
-import glob
 import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
-from queue import Queue
 from dataclasses import dataclass
+from queue import Queue
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError
+from .spill import ArrowSpill, _write, spill_dir
 
 log = logging.getLogger(__name__)
 
@@ -74,45 +72,6 @@ WAKE_FIFO = "tfnb-feed.wake"   # one byte per state change, so train_fn waits wi
 # A task tells the driver its row count at most this often while it receives (and once at the end);
 # the driver answers with the smallest count, the rows train_fn may already serve.
 _TELL_EVERY = 0.05
-_MAGIC_BYTES = 8  # "ARROW1" and padding before the first message of an Arrow IPC file
-
-
-class ArrowSpill:
-    """An Arrow IPC file written batch by batch that a reader may follow while it grows.
-
-    Both tfnb's feed and tfnb.compat's write their partition through it. ``end`` is the offset just
-    past the last whole batch: a reader may parse messages up to there (see ``_arrow_batches``).
-    """
-
-    def __init__(self, path: str, empty_schema):
-        self.path = path
-        self._empty_schema = empty_schema  # the file's schema when no batch comes
-        self._sink = self._writer = None
-        self.rows = self.batches = self.end = 0
-
-    def _open(self, schema) -> None:
-        import pyarrow as pa
-
-        self._sink = pa.OSFile(self.path, "wb")
-        self._writer = pa.ipc.new_file(self._sink, schema)
-
-    def write(self, batch) -> None:
-        if self._writer is None:
-            self._open(batch.schema)
-        self._writer.write_batch(batch)
-        self.rows += batch.num_rows
-        self.batches += 1
-        self.end = self._sink.tell()
-
-    def close(self) -> int:
-        """Write the footer; returns the file's size."""
-        if self._writer is None:
-            self._open(self._empty_schema)
-        try:
-            self._writer.close()
-        finally:
-            self._sink.close()
-        return os.path.getsize(self.path)
 
 
 @dataclass(frozen=True)
@@ -232,7 +191,7 @@ class FeedStream:
         self.spec = spec
         self.num_workers = num_workers
         self._dir = workdir
-        self._spill_dir = spill_dir(spec, workdir, num_workers, tasks_here)
+        self._spill_dir = spill_dir(spec.nbytes, spec.memory_share, workdir, num_workers, tasks_here)
         fifo = os.path.join(workdir, WAKE_FIFO)
         os.mkfifo(fifo, 0o600)
         # Read-write: opening never blocks, and the pipe has a writer until pump() ends.
@@ -360,83 +319,6 @@ class FeedStream:
                 os.close(self._wake)
                 self._wake = None
         return rows
-
-
-_SHM = "/dev/shm"
-
-
-def _mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _free_bytes(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def spill_dir(spec: FeedSpec, workdir: str, num_workers: int, tasks_here: int) -> str:
-    """Where this task writes its partition: memory-backed ``/dev/shm`` when the host has room, else ``workdir``.
-
-    Room means this host's expected spill (the size of the DataFrame in Spark's cache, split over the
-    workers, plus a quarter) fits in ``spec.memory_share`` of the host's free memory and of the tmpfs. Otherwise,
-    and when the size is unknown (an uncached DataFrame), the partition goes to Spark's local disk,
-    whose free space is checked first.
-
-    Raises:
-        ConfigError: the local disk has less free space than the expected spill.
-    """
-    expected = None if not spec.nbytes else spec.nbytes * tasks_here // max(1, num_workers)
-    if expected and spec.memory_share > 0 and os.path.isdir(_SHM):
-        room = min(_free_bytes(_SHM), _mem_available()) * spec.memory_share
-        if expected * 5 // 4 <= room:
-            _sweep_shm()
-            return tempfile.mkdtemp(prefix=f"tfnb-feed-{os.getuid()}-{os.getpid()}-", dir=_SHM)
-    if expected and _free_bytes(workdir) < expected:
-        raise ConfigError(
-            f"the fed DataFrame needs about {_gb(expected)} of local disk on this host for its "
-            f"{tasks_here} worker(s) but {workdir} has {_gb(_free_bytes(workdir))} free; point Spark's local "
-            "dirs (spark.local.dir / SPARK_LOCAL_DIRS) at a larger disk, or spread the workers over more hosts")
-    return workdir
-
-
-def _gb(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def _sweep_shm() -> None:
-    """Remove memory-backed spills of tasks that died before their clean-up (their pid is gone)."""
-    for path in glob.glob(os.path.join(_SHM, f"tfnb-feed-{os.getuid()}-*-*")):
-        try:
-            os.kill(int(os.path.basename(path).split("-")[3]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, IndexError, PermissionError):
-            pass
-
-
-def _write(spill: ArrowSpill, batch) -> int:
-    """Write ``batch`` (None: close the file, returning its size); a full disk says how to make room."""
-    try:
-        if batch is None:
-            return spill.close()
-        spill.write(batch)
-        return 0
-    except OSError as e:
-        if e.errno != errno.ENOSPC and "No space left" not in str(e):
-            raise
-        where = os.path.dirname(spill.path)
-        raise ConfigError(
-            f"no space left on {where} while writing this worker's part of the data ({_gb(spill.end)} written); "
-            + ("set TFNB_SPILL_MEMORY=0 to write it to Spark's local disk instead" if where.startswith(_SHM) else
-               "point Spark's local dirs (spark.local.dir / SPARK_LOCAL_DIRS) at a larger disk, or spread the "
-               "workers over more hosts")) from e
 
 
 @dataclass(frozen=True)

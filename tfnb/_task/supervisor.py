@@ -23,8 +23,8 @@ from .._protocol import (
     FINISHED,
     GO,
     PAYLOAD,
-    Msg,
     STACKS,
+    Msg,
 )
 from .context import WorkerContext
 from .setup import TaskSpec, child_env, is_startup_noise

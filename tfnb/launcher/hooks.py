@@ -11,8 +11,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .._task.feed import ArrowSpill
 from .._task.setup import TaskHooks
+from .._task.spill import ArrowSpill
 from ..errors import ConfigError
 
 __all__ = ["LaunchHooks", "ArrowSpill", "pickle_fn"]
