@@ -7,9 +7,9 @@ minutes, reads its ratios, and writes ``bench/results.md`` (ratios first, then t
 and the machine) ``bench/results.png`` (one bar per ratio, its goal drawn across it) and ``bench/results.log`` (every
 bench's full output).
 
-Convention: a bench may end with one line ``RESULT {json}`` holding ``{"ratios": {name: value},
-"goals": {name: goal}}`` (bench/feeding.py and bench/launch.py do); for the others the ratios are
-read from the text they print. A ratio a bench did not print shows as "n/a"; a bench that fails
+Convention: a bench ends with one line ``RESULT {json}`` holding ``{"ratios": {name: value},
+"goals": {name: goal}}`` (``bench/harness.py``'s ``report``); staging's ratios are still read from
+the text it prints. A ratio a bench did not print shows as "n/a"; a bench that fails
 is listed with its exit code and the end of its output.
 """
 from __future__ import annotations
@@ -68,11 +68,6 @@ class Outcome:
     ratios: list[Ratio] = field(default_factory=list)
 
 
-def _num(pattern: str, text: str) -> float | None:
-    m = re.findall(pattern, text, re.MULTILINE)
-    return float(m[-1]) if m else None
-
-
 def _result_line(text: str) -> dict | None:
     lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
     if not lines:
@@ -104,15 +99,6 @@ def parse(bench: str, text: str) -> list[Ratio]:
             out.append(Ratio(bench, f"staging {spec} MiB, {rtt} ms vs s5cmd", float(s5), 0.9))
             out.append(Ratio(bench, f"staging {spec} MiB, {rtt} ms vs boto3 loop", float(seq), 1.0))
         return out or [Ratio(bench, "staging vs s5cmd", None, 0.9)]
-    if bench == "evaluator":
-        return [Ratio(bench, "evaluator p95 lag vs goal", _num(r"p95 / anchor = ([\d.]+)", text), 1.0, False)]
-    if bench == "sync":
-        return [Ratio(bench, "sync: naive bytes / EventSync bytes",
-                      _num(r"naive S3 sends ([\d.]+)x the bytes", text), 1.0)]
-    if bench == "overhead":
-        return [Ratio(bench, "steps/s vs by hand", _num(r"ratio tfnb / by hand: ([\d.]+)", text), 0.97)]
-    if bench == "launch":
-        return [Ratio(bench, "launch vs floor", _num(r"ratio to floor: ([\d.]+)", text), 1.0, False)]
     return []
 
 

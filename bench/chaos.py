@@ -18,19 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+from harness import ROOT, median, session, use_checkout
+
+use_checkout()
 # the executors import the trial functions from tests/ (they pickle by reference)
-os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])
-os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+TESTS = os.path.join(ROOT, "tests")
+sys.path.insert(1, TESTS)
+os.environ["PYTHONPATH"] = os.pathsep.join([TESTS, os.environ["PYTHONPATH"]])
 os.environ["TFNB_WARM"] = "0"  # measure recovery itself, not whether a standby happened to be waiting
 
 POINTS = [0, "mid", "ckpt", 1, 2]  # where in the step the task dies, rotated over the trials
@@ -102,12 +101,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--kinds", default="executor,process", help="comma-separated: executor, process, keras")
     args = parser.parse_args()
-    from conftest import spark_session
     from test_masters import STANDALONE_CONF, standalone
 
     results = []
     with tempfile.TemporaryDirectory(prefix="tfnb-chaos-cluster-") as folder, standalone(Path(folder)) as url:
-        spark = spark_session(url, **STANDALONE_CONF)
+        spark = session(url, "tfnb-bench-chaos", **STANDALONE_CONF)
         try:
             for kind in args.kinds.split(","):
                 for i in range(args.trials):
@@ -122,7 +120,7 @@ def main() -> None:
         rs = [r for r in results if r["kind"] == kind]
         ok = [r for r in rs if r["recovered"]]
         secs = [r["recover_s"] for r in ok if "recover_s" in r]
-        timing = f"{statistics.median(secs):.1f}/{max(secs):.1f}" if secs else "-"
+        timing = f"{median(secs):.1f}/{max(secs):.1f}" if secs else "-"
         rerun = max((r["rerun"] for r in ok), default=0)
         print(f"{kind:10} {len(ok):>4}/{len(rs):<5} {timing:>24} {rerun:>20} {sum(r['left'] for r in rs):>5}")
 

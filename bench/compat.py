@@ -31,12 +31,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+from harness import session, use_checkout
+
+use_checkout()
 
 WIDTH = 64
 BATCH = 1000
@@ -124,12 +121,7 @@ def main() -> None:
                   "(continuing without it)", file=sys.stderr)
             have_tfos = False
 
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(a.master).appName("tfnb-bench-compat")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.executor.memory", "1g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session(a.master, "tfnb-bench-compat", **{"spark.executor.memory": "1g"})
     sc = spark.sparkContext
     out = tempfile.mkdtemp(prefix="tfnb-bench-compat-")
     try:

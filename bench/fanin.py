@@ -32,12 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
+from harness import report, use_checkout
 
-from tfnb.monitor.display import show
+use_checkout()
+
+from tfnb.monitor.display import show  # noqa: E402 - after use_checkout, which puts this checkout first
 
 SENDERS = 8
 WARMUP = 3.0
@@ -281,9 +281,8 @@ def main() -> None:
                   f"| {r['peak_queue']:,} | {r['rss_mb']:.0f} MB |", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     if last is not None:  # the largest configuration, held to the goal
-        print("RESULT " + json.dumps({"bench": "fanin", "ratios": {
-            "fan-in driver CPU s/s": round(last["cpu"], 3), "fan-in lag p99 vs 500 ms": round(last["p99"] / 500, 3)},
-            "goals": {"fan-in driver CPU s/s": 0.5, "fan-in lag p99 vs 500 ms": 1.0}}))
+        report("fanin", {"fan-in driver CPU s/s": last["cpu"], "fan-in lag p99 vs 500 ms": last["p99"] / 500},
+               {"fan-in driver CPU s/s": 0.5, "fan-in lag p99 vs 500 ms": 1.0})
 
 
 if __name__ == "__main__":

@@ -9,14 +9,14 @@ The last line is ``RESULT {json}`` for bench/all.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import median, report, session, use_checkout
+
+use_checkout()
 
 
 def one_step(strategy):
@@ -99,12 +99,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(f"local[{args.workers}]").appName("bench-launch")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session(f"local[{args.workers}]", "bench-launch")
     measure_empty_barrier(spark, args.workers)  # warm the JVM and Python workers
     measure_import_tf()
     barrier, imports, runs = [], [], []
@@ -113,20 +108,19 @@ def main():
         imports.append(measure_import_tf())
         runs.append(measure_tfnb(spark, args.workers))
     spark.stop()
-    floor = statistics.median(barrier) + statistics.median(imports)
-    total = statistics.median(r["first step done"] for r in runs)
+    floor = median(barrier) + median(imports)
+    total = median(r["first step done"] for r in runs)
     print(f"\nbench/launch: {args.workers} workers, local[{args.workers}], median of {args.repeats}")
-    print(f"  floor: empty barrier job {statistics.median(barrier):.2f} s + import tensorflow "
-          f"{statistics.median(imports):.2f} s = {floor:.2f} s")
+    print(f"  floor: empty barrier job {median(barrier):.2f} s + import tensorflow "
+          f"{median(imports):.2f} s = {floor:.2f} s")
     print("  tfnb phases (seconds since tfnb.run was called, chief, median):")
     for name in runs[0]:
         vals = [r[name] for r in runs if name in r]
-        print(f"    {name:<22} {statistics.median(vals):6.2f}")
+        print(f"    {name:<22} {median(vals):6.2f}")
     print(f"  call -> first step: {total:.2f} s")
     print(f"  ratio to floor: {total / floor:.2f}  (goal <= 1.0)")
-    print("RESULT " + json.dumps({"bench": "launch", "ratios": {"launch vs floor": round(total / floor, 3)},
-                                  "goals": {"launch vs floor": 1.0}, "seconds": round(total, 2),
-                                  "floor": round(floor, 2)}))
+    report("launch", {"launch vs floor": total / floor}, {"launch vs floor": 1.0}, seconds=round(total, 2),
+           floor=round(floor, 2))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import median, report, session, use_checkout
+
+use_checkout()
 
 WARMUP = 20
 
@@ -87,26 +88,23 @@ def main():
     if args.worker:
         print(program(args.steps), flush=True)
         return
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     import tfnb
 
-    spark = (SparkSession.builder.master(f"local[{args.workers}]").appName("bench-overhead")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session(f"local[{args.workers}]", "bench-overhead")
     hand, launched = [], []
     for _ in range(args.repeats):  # interleaved, so drift in machine load hits both alike
         hand.append(by_hand(args.steps, args.workers))
         launched.append(tfnb.run(tfnb_train_fn, num_workers=args.workers, args=(args.steps,), spark=spark,
                                  display=False))
     spark.stop()
-    h, t = statistics.median(hand), statistics.median(launched)
+    h, t = median(hand), median(launched)
     print(f"\nbench/overhead: {args.workers}-worker MWMS, {args.steps} steps after {WARMUP} warm-up, "
           f"median of {args.repeats}")
     print(f"  by hand (processes + TF_CONFIG): {h:8.1f} steps/s   {['%.1f' % v for v in hand]}")
     print(f"  tfnb.run                       : {t:8.1f} steps/s   {['%.1f' % v for v in launched]}")
     print(f"  ratio tfnb / by hand: {t / h:.3f}  (goal >= 0.97)")
+    report("overhead", {"steps/s vs by hand": t / h}, {"steps/s vs by hand": 0.97},
+           by_hand=round(h, 1), tfnb=round(t, 1))
 
 
 if __name__ == "__main__":

@@ -9,18 +9,19 @@ Goals: tfnb rerun <= 0.8 x the peer's rerun and <= 1.5 s; first run <= 1.0 x flo
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 
 import cloudpickle
 
 import launch
+from harness import median, report, session, use_checkout
 from launch import first_step, measure_empty_barrier, measure_import_tf, one_step
 
-# Spark's Python workers and train_fn processes cannot import bench/: ship its functions by value
+use_checkout()
+
+# ship bench/'s functions by value, as a notebook's own functions travel
 cloudpickle.register_pickle_by_value(launch)
 
 
@@ -40,17 +41,14 @@ def main():
         sys.exit("bench/rerun compares with spark-tensorflow-distributor: "
                  "pip install spark-tensorflow-distributor (bench only)")
     # the peer trains inside Spark's Python workers, which inherit this environment
-    os.environ.update(PYSPARK_PYTHON=sys.executable, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    os.environ.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     from pyspark import cloudpickle as spark_cloudpickle
-    from pyspark.sql import SparkSession
 
     import tfnb
 
     spark_cloudpickle.register_pickle_by_value(launch)
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench-rerun")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session("local[2]", "bench-rerun")
     measure_empty_barrier(spark, 2)
     floor = measure_empty_barrier(spark, 2) + measure_import_tf()
     rows = {"tfnb": [], "spark-tensorflow-distributor": []}
@@ -66,11 +64,12 @@ def main():
     print(f"  {'':<30}" + "".join(f"{f'run {i + 1}':>9}" for i in range(args.rounds)))
     for name, values in rows.items():
         print(f"  {name:<30}" + "".join(f"{v:9.2f}" for v in values))
-    ours, peer = statistics.median(rows["tfnb"][1:]), statistics.median(rows["spark-tensorflow-distributor"][1:])
+    ours, peer = median(rows["tfnb"][1:]), median(rows["spark-tensorflow-distributor"][1:])
     print(f"  first run / floor {rows['tfnb'][0] / floor:.2f} (goal <= 1.0); rerun {ours:.2f} s "
           f"(goal <= 1.5 s) = {ours / peer:.2f} x the peer's rerun {peer:.2f} s (goal <= 0.8)")
-    print("RESULT " + json.dumps({"ratios": {"rerun vs the peer's rerun": ours / peer, "rerun seconds": ours},
-                                  "goals": {"rerun vs the peer's rerun": 0.8, "rerun seconds": 1.5}}))
+    report("rerun", {"rerun vs the peer's rerun": ours / peer, "rerun seconds": ours},
+           {"rerun vs the peer's rerun": 0.8, "rerun seconds": 1.5},
+           first_run_vs_floor=round(rows["tfnb"][0] / floor, 3))
 
 
 if __name__ == "__main__":

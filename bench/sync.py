@@ -34,9 +34,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from harness import ROOT, report, use_checkout
+
+use_checkout()
+sys.path.insert(1, os.path.join(ROOT, "tests"))  # s3server, on the driver only
 
 BUCKET = "benchsync"
 PROBE_EVERY = 0.2
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(sent[k] / produced <= 1.05 and _pct(lags[k], 95) <= bound and complete[k] for k in syncs)
     ratio = sent["naive S3"] / max(1, sent["EventSync S3"])
     print(f"  naive S3 sends {ratio:.1f}x the bytes of EventSync S3;  goal met: {ok}")
+    report("sync", {"sync: naive bytes / EventSync bytes": ratio}, {"sync: naive bytes / EventSync bytes": 1.0},
+           produced=produced, goal_met=ok)
     return 0
 
 
