@@ -56,8 +56,9 @@ def _processes_left(model_dir: Path) -> int:
 
 
 def trial(spark, kind: str, i: int) -> dict:
-    import tfnb
     from test_recovery import chaos_fit, keras_fit_losing_an_executor
+
+    import tfnb
 
     model_dir = Path(tempfile.mkdtemp(prefix=f"tfnb-chaos-{kind}-"))
     marks = {}

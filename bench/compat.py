@@ -27,11 +27,10 @@ import glob
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-from harness import session, use_checkout
+from harness import session, tfos_available, use_checkout
 
 use_checkout()
 
@@ -111,15 +110,7 @@ def main() -> None:
     p.add_argument("--no-tfos", action="store_true", help="skip TensorFlowOnSpark")
     a = p.parse_args()
 
-    have_tfos = not a.no_tfos
-    if have_tfos:
-        try:
-            import tensorflowonspark  # noqa: F401
-        except ImportError:
-            print("TensorFlowOnSpark is not installed; for the comparison run\n"
-                  "    .venv/bin/pip install tensorflowonspark==2.2.5 --no-deps\n"
-                  "(continuing without it)", file=sys.stderr)
-            have_tfos = False
+    have_tfos = tfos_available(a.no_tfos)
 
     spark = session(a.master, "tfnb-bench-compat", **{"spark.executor.memory": "1g"})
     sc = spark.sparkContext

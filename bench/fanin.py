@@ -48,8 +48,8 @@ TICK = 0.05
 
 
 def sender(address: str, token: str, first: int, count: int, lines_per_s: float, seconds: float) -> None:
-    from tfnb._task.channel import TaskChannel
     from tfnb._protocol import batch_window
+    from tfnb._task.channel import TaskChannel
 
     # the tasks of a real run are on other machines: give the driver the first claim on these cores
     os.nice(10)
@@ -170,8 +170,8 @@ def replay(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict
 
 
 def driver(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict:
-    from tfnb.launcher.channel import DriverChannel
     from tfnb.launcher.attempt import _Attempt
+    from tfnb.launcher.channel import DriverChannel
 
     shown = Lag(_display(display, tasks))
     with tempfile.TemporaryDirectory() as model_dir:

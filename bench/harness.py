@@ -40,6 +40,20 @@ def session(master: str, name: str, **conf):
     return spark
 
 
+def tfos_available(skip: bool) -> bool:
+    """Whether TensorFlowOnSpark, the comparison some benches keep, can run; when not, say how to install it."""
+    if skip:
+        return False
+    try:
+        import tensorflowonspark  # noqa: F401
+    except ImportError:
+        print("TensorFlowOnSpark is not installed; for the comparison run\n"
+              "    .venv/bin/pip install tensorflowonspark==2.2.5 --no-deps\n"
+              "(continuing without it)", file=sys.stderr)
+        return False
+    return True
+
+
 def median(values) -> float:
     return statistics.median(values)
 

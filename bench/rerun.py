@@ -14,7 +14,6 @@ import sys
 import time
 
 import cloudpickle
-
 import launch
 from harness import median, report, session, use_checkout
 from launch import first_step, measure_empty_barrier, measure_import_tf, one_step
