@@ -102,6 +102,14 @@ def table(area: str, raises: type, call: Callable, rows: list[tuple], **options)
         case(area, given, raises, *needles, says=says, **options)(fn)
 
 
+def on_stopped_session(env: Env, call: Callable):
+    """For a case with ``own_session=``, as ``yield from on_stopped_session(env, call)``: stops the case's
+    session (the set-up), then ``call(session)`` is the bad call."""
+    session = env.spark
+    session.stop()
+    yield
+    call(session)
+
 def one(ctx):
     return 1
 

@@ -41,10 +41,8 @@ table("launcher", ConfigError, _run, [
      "gpus_per_worker=0 for a run without GPUs, or leave use_gpu out"),
     ("run_ps_placement_unknown", dict(num_ps=1, ps_placement="gpu"),
      "`ps_placement='gpu'`", ("ps_placement='gpu'", "'executors'", "'driver'"), "'executors' (default) or 'driver'"),
-    ("run_args_not_tuple", dict(args=5),
-     "`args=5`", ("got int", "args=(value,)"), "a tuple: args=(value,)"),
-    ("run_timeout_zero", dict(timeout=0),
-     "`timeout=0`", ("timeout=0", "None for no limit"), "seconds > 0, or None"),
+    ("run_args_not_tuple", dict(args=5), "`args=5`", ("got int", "args=(value,)"), "a tuple: args=(value,)"),
+    ("run_timeout_zero", dict(timeout=0), "`timeout=0`", ("timeout=0", "None for no limit"), "seconds > 0, or None"),
     ("run_timeout_env_not_a_number", dict(environ={"TFNB_TIMEOUT": "soon"}),
      "`TFNB_TIMEOUT=soon`", ("TFNB_TIMEOUT='soon'", "fix or unset TFNB_TIMEOUT"), "fix or unset the variable"),
     ("run_timeout_str", dict(timeout="10"),
@@ -70,8 +68,7 @@ table("launcher", ConfigError, _run, [
      "`mlflow=1`", ("mlflow=1", "mlflow='my-training'"), "True, an experiment name or None"),
     ("run_env_not_str", dict(env={"SEED": 1}),
      "`env={'SEED': 1}`", ("'SEED': 'int'", "str()"), "str -> str; convert with str()"),
-    ("run_env_not_mapping", dict(env=["SEED=1"]),
-     "`env=['SEED=1']`", ("not list", "str()"), "a dict of str -> str"),
+    ("run_env_not_mapping", dict(env=["SEED=1"]), "`env=['SEED=1']`", ("not list", "str()"), "a dict of str -> str"),
 ])
 
 
