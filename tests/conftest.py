@@ -86,9 +86,9 @@ def stub_gpus(folder: Path, count: int) -> str:
 def gpu_local_cluster(folder: Path, gpus: int):
     """The session on local-cluster[2,1,1024] (two executor JVMs) with ``gpus`` stub GPUs per executor, all of
     them asked for by each task."""
-    amount = str(gpus)
+    amount, script = str(gpus), stub_gpus(folder, gpus)
     return spark_session("local-cluster[2,1,1024]", **{
-        "spark.worker.resource.gpu.amount": amount, "spark.worker.resource.gpu.discoveryScript": stub_gpus(folder, gpus),
+        "spark.worker.resource.gpu.amount": amount, "spark.worker.resource.gpu.discoveryScript": script,
         "spark.executor.resource.gpu.amount": amount, "spark.task.resource.gpu.amount": amount})
 
 
@@ -140,6 +140,7 @@ def no_aws_credentials(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
 
 @pytest.fixture
 def no_gcsfs(monkeypatch):

@@ -20,8 +20,8 @@ The catalogue writes docs/refusals.md; from the repository root::
 """
 from __future__ import annotations
 
-import importlib
 import functools
+import importlib
 import inspect
 import os
 import pickle
@@ -109,6 +109,7 @@ def on_stopped_session(env: Env, call: Callable):
     session.stop()
     yield
     call(session)
+
 
 def one(ctx):
     return 1

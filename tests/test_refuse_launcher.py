@@ -10,8 +10,9 @@ from tfnb import ConfigError
 from refusals import Refusals, case, one, table
 
 
-def _run(env, train_fn=one, environ: dict | None = None, **kwargs):
-    """tfnb.run(train_fn, num_workers=2, **kwargs) with the TFNB_* ``environ`` set, and no display."""
+def _run(env, /, train_fn=one, environ: dict | None = None, **kwargs):
+    """tfnb.run(train_fn, num_workers=2, **kwargs) with the TFNB_* ``environ`` set, and no display (``env``
+    positional-only: tfnb.run has an ``env=`` of its own)."""
     for name, value in (environ or {}).items():
         env.setenv(name, value)
     tfnb.run(train_fn, **{"num_workers": 2, **kwargs}, display=False)
