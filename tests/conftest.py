@@ -73,6 +73,25 @@ def spark_session(master: str = "local[2]", **conf):
     return session
 
 
+def stub_gpus(folder: Path, count: int) -> str:
+    """A Spark GPU discovery script (written in ``folder``) that reports ``count`` GPUs, "0" on: stubs, for
+    Spark's GPU scheduling without GPUs."""
+    script = folder / f"discover_{count}_gpus.sh"
+    addresses = ", ".join(f'"{i}"' for i in range(count))
+    script.write_text(f"#!/bin/sh\necho '{{\"name\": \"gpu\", \"addresses\": [{addresses}]}}'\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def gpu_local_cluster(folder: Path, gpus: int):
+    """The session on local-cluster[2,1,1024] (two executor JVMs) with ``gpus`` stub GPUs per executor, all of
+    them asked for by each task."""
+    amount, script = str(gpus), stub_gpus(folder, gpus)
+    return spark_session("local-cluster[2,1,1024]", **{
+        "spark.worker.resource.gpu.amount": amount, "spark.worker.resource.gpu.discoveryScript": script,
+        "spark.executor.resource.gpu.amount": amount, "spark.task.resource.gpu.amount": amount})
+
+
 def _wait_for_executors(session, count: int, limit: float = 300.0) -> None:
     """Until ``count`` executors registered (the master string's, or spark.cores.max / spark.executor.cores): on a
     busy machine their JVMs take longer than tfnb's slot wait (TFNB_SLOT_WAIT, 30 s), and a test would meet a
@@ -109,6 +128,18 @@ def child_processes() -> list[str]:
 def no_orphans(leak_check):
     """Kept for the tests that ask for it: every test is now checked for processes it leaves behind
     (leak_check, tests/leakcheck.py), train_fn processes among them."""
+
+
+@pytest.fixture
+def no_aws_credentials(tmp_path, monkeypatch):
+    """This process with no AWS credentials anywhere boto3 looks: no AWS_* variables, no credentials or
+    config file, no instance metadata."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 @pytest.fixture

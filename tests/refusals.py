@@ -1,7 +1,8 @@
 """The catalogue of bad inputs tfnb refuses: one clear error naming the offending value and the fix, fast.
 
 The cases live in ``tests/test_refuse_<area>.py``, one file per area; this module is what they share.
-Every case is a call a user could make, registered with :func:`case`. Each file's ``TestRefusals``
+Every case is a call a user could make, registered with :func:`case` (or, for cases that differ only in
+the keyword arguments of one call, as rows of :func:`table`). Each file's ``TestRefusals``
 (a :class:`Refusals`) runs the file's cases: it asserts the error type (or, for TensorBoard, the
 ``Failed`` outcome it returns), that the message names the offending value and the fix, and records
 how long the refusal took; the file's table of times is printed after its cases.
@@ -19,6 +20,7 @@ The catalogue writes docs/refusals.md; from the repository root::
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -89,6 +91,24 @@ class Env:
 
     def setenv(self, name: str, value: str) -> None:
         self.monkeypatch.setenv(name, value)
+
+
+def table(area: str, raises: type, call: Callable, rows: list[tuple], **options) -> None:
+    """A case per row ``(name, kwargs, given, needles, says)``, in row order: ``call(env, **kwargs)``, with
+    :func:`case`'s ``options``. For cases that differ only in the keyword arguments of one call."""
+    for name, kwargs, given, needles, says in rows:
+        fn = functools.partial(call, **kwargs)  # a generator function stays one (inspect sees through partial)
+        fn.__name__, fn.__module__ = name, call.__module__
+        case(area, given, raises, *needles, says=says, **options)(fn)
+
+
+def on_stopped_session(env: Env, call: Callable):
+    """For a case with ``own_session=``, as ``yield from on_stopped_session(env, call)``: stops the case's
+    session (the set-up), then ``call(session)`` is the bad call."""
+    session = env.spark
+    session.stop()
+    yield
+    call(session)
 
 
 def one(ctx):

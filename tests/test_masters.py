@@ -45,21 +45,10 @@ def report_placement(ctx, out_dir):
     return info
 
 
-@pytest.fixture
-def gpu_script(tmp_path):
-    script = tmp_path / "discover_gpus.sh"
-    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0"]}\'\n')
-    script.chmod(0o755)
-    return str(script)
+def test_local_cluster_separate_executors_with_stub_gpus(tmp_path, no_orphans):
+    from conftest import gpu_local_cluster
 
-
-def test_local_cluster_separate_executors_with_stub_gpus(tmp_path, gpu_script, no_orphans):
-    from conftest import spark_session
-
-    session = spark_session(
-        "local-cluster[2,1,1024]",
-        **{"spark.worker.resource.gpu.amount": "1", "spark.worker.resource.gpu.discoveryScript": gpu_script,
-           "spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "1"})
+    session = gpu_local_cluster(tmp_path, 1)
     chief = tfnb.run(report_placement, num_workers=2, args=(str(tmp_path),), spark=session, display=False,
                      timeout=300)
     worker = json.loads((tmp_path / "1.json").read_text())

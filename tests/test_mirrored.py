@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import tfnb
+from components import cnn_model
 from tfnb.compat import MirroredStrategyRunner
 from tfnb.compat.mirrored import gpus_per_task
 from tfnb.errors import ClusterError
@@ -31,26 +32,11 @@ def example_train(data_path):
         dataset = dataset.repeat().shuffle(BUFFER_SIZE).batch(BATCH_SIZE)
         return dataset
 
-    def build_and_compile_cnn_model():
-        model = tf.keras.Sequential([
-            tf.keras.layers.Conv2D(32, 3, activation='relu', input_shape=(28, 28, 1)),
-            tf.keras.layers.MaxPooling2D(),
-            tf.keras.layers.Flatten(),
-            tf.keras.layers.Dense(64, activation='relu'),
-            tf.keras.layers.Dense(10, activation='softmax'),
-        ])
-        model.compile(
-            loss=tf.keras.losses.sparse_categorical_crossentropy,
-            optimizer=tf.keras.optimizers.SGD(learning_rate=0.001),
-            metrics=['accuracy'],
-        )
-        return model
-
     train_datasets = make_datasets()
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     train_datasets = train_datasets.with_options(options)
-    multi_worker_model = build_and_compile_cnn_model()
+    multi_worker_model = cnn_model(28, 32, 64, tf.keras.optimizers.SGD(learning_rate=0.001))
     history = multi_worker_model.fit(x=train_datasets, epochs=3, steps_per_epoch=5)
     return {"epochs": len(history.history["loss"]),
             "multi_worker": isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy)}
@@ -143,23 +129,12 @@ def count_gpus(out_dir):
     return rank
 
 
-@pytest.fixture
-def four_gpu_script(tmp_path):
-    script = tmp_path / "discover_4_gpus.sh"
-    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2", "3"]}\'\n')
-    script.chmod(0o755)
-    return str(script)
-
-
-def test_equal_gpu_allocation(tmp_path, four_gpu_script, monkeypatch, no_orphans):
+def test_equal_gpu_allocation(tmp_path, monkeypatch, no_orphans):
     """The original's test_equal_gpu_allocation: 2 executors with 4 (stub) GPUs, 4 GPUs per task."""
-    from conftest import spark_session
+    from conftest import gpu_local_cluster
 
     monkeypatch.setenv("TFNB_PREIMPORT", "")
-    session = spark_session(
-        "local-cluster[2,1,1024]",
-        **{"spark.worker.resource.gpu.amount": "4", "spark.worker.resource.gpu.discoveryScript": four_gpu_script,
-           "spark.executor.resource.gpu.amount": "4", "spark.task.resource.gpu.amount": "4"})
+    session = gpu_local_cluster(tmp_path, 4)
     for num_slots, expected in [(2, [2]), (4, [4]), (6, [3, 3]), (8, [4, 4])]:
         out = tmp_path / f"slots{num_slots}"
         out.mkdir()
@@ -176,11 +151,11 @@ def visible_devices():
 
 
 @pytest.mark.parametrize("old_cuda_state", [None, "10,11,12,13"])
-def test_local_mode_uses_the_drivers_gpus_and_restores_the_env(tmp_path, four_gpu_script, monkeypatch, old_cuda_state):
-    from conftest import spark_session
+def test_local_mode_uses_the_drivers_gpus_and_restores_the_env(tmp_path, monkeypatch, old_cuda_state):
+    from conftest import spark_session, stub_gpus
 
     session = spark_session("local[2]", **{"spark.driver.resource.gpu.amount": "4",
-                                           "spark.driver.resource.gpu.discoveryScript": four_gpu_script})
+                                           "spark.driver.resource.gpu.discoveryScript": stub_gpus(tmp_path, 4)})
     if old_cuda_state is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tfnb
 from tfnb import ClusterError, ConfigError
 
-from refusals import Refusals, case, one
+from refusals import Refusals, case, on_stopped_session, one
 
 
 @case("cluster", "`num_workers=3` on 2 task slots", ClusterError, "needs 3 task slots", "has 2",
@@ -54,10 +54,7 @@ def run_gpu_conf_without_gpus(env):
 @case("cluster", "stopped SparkSession", ConfigError, "stopped SparkSession", "SparkSession.builder.getOrCreate()",
       says="start a new session (or leave spark= out)", own_session={})
 def run_stopped_session(env):
-    session = env.spark
-    session.stop()
-    yield
-    tfnb.run(one, num_workers=2, spark=session, display=False)
+    yield from on_stopped_session(env, lambda session: tfnb.run(one, num_workers=2, spark=session, display=False))
 
 
 class TestRefusals(Refusals):

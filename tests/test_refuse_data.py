@@ -7,7 +7,7 @@ import os
 import tfnb
 from tfnb import ConfigError
 
-from refusals import Refusals, case, one
+from refusals import Refusals, case, one, table
 
 
 def _fed_ctx(env, rows: int = 10, width: int = 4, null: bool = False, ragged: bool = False):
@@ -42,63 +42,40 @@ def dataset_batch_size_zero(env):
     ctx.steps_per_epoch(0)
 
 
-@case("data", "`batch_size` above the smallest worker's rows", ConfigError, "batch_size=64",
-      "lower batch_size to at most 10", says="lower batch_size, feed more rows, or drop_remainder=False")
-def dataset_batch_larger_than_rows(env):
+def _dataset(env, **kwargs):
+    """``ctx.dataset(**kwargs)`` in a fed run, its context built before the (timed) call."""
     ctx = _fed_ctx(env)
     yield
-    ctx.dataset(64, label_col="y")
+    ctx.dataset(**kwargs)
 
 
-@case("data", "`label_col` not a fed column", ConfigError, "label_col='label'", "the columns are ['x', 'y']",
-      says="choose one of the fed columns (listed)")
-def dataset_unknown_label(env):
-    ctx = _fed_ctx(env)
-    yield
-    ctx.dataset(2, label_col="label")
-
-
-@case("data", "`feature_cols` with an unknown column", ConfigError, "['z']", "choose from those",
-      says="choose from the fed columns, or add the column to data=")
-def dataset_unknown_feature(env):
-    ctx = _fed_ctx(env)
-    yield
-    ctx.dataset(2, feature_cols=["x", "z"], label_col="y")
-
-
-@case("data", "`label_col` also in `feature_cols`", ConfigError, "label_col='y'", "take it out of feature_cols",
-      says="take the label out of feature_cols")
-def dataset_label_in_features(env):
-    ctx = _fed_ctx(env)
-    yield
-    ctx.dataset(2, feature_cols=["x", "y"], label_col="y")
-
-
-@case("data", "`epochs=0`", ConfigError, "epochs=0", "'auto'", says="an int >= 1, None (repeat) or 'auto'")
-def dataset_epochs_zero(env):
-    ctx = _fed_ctx(env)
-    yield
-    ctx.dataset(2, label_col="y", epochs=0)
-
-
-@case("data", "`drop_remainder=False` with `strategy=`", ConfigError, "drop_remainder=False",
-      "leave drop_remainder=True", says="leave drop_remainder=True with a strategy")
-def dataset_remainder_with_strategy(env):
-    ctx = _fed_ctx(env)
-    yield
-    ctx.dataset(2, label_col="y", strategy=object(), drop_remainder=False)
-
-
-@case("data", "null values in a fed column", ConfigError, "column 'y' has null values", "df.na.fill(0, ['y'])",
-      says="fill them (df.na.fill) or drop those rows (df.dropna)")
-def feed_nulls(env):
-    _fed_ctx(env, null=True)
-
-
-@case("data", "arrays of different lengths", ConfigError, "column 'x'", "pad or cut them to one length",
-      says="pad or cut the arrays to one length (F.slice/F.concat)")
-def feed_ragged_arrays(env):
-    _fed_ctx(env, ragged=True)
+table("data", ConfigError, _dataset, [
+    ("dataset_batch_larger_than_rows", dict(batch_size=64, label_col="y"),
+     "`batch_size` above the smallest worker's rows", ("batch_size=64", "lower batch_size to at most 10"),
+     "lower batch_size, feed more rows, or drop_remainder=False"),
+    ("dataset_unknown_label", dict(batch_size=2, label_col="label"),
+     "`label_col` not a fed column", ("label_col='label'", "the columns are ['x', 'y']"),
+     "choose one of the fed columns (listed)"),
+    ("dataset_unknown_feature", dict(batch_size=2, feature_cols=["x", "z"], label_col="y"),
+     "`feature_cols` with an unknown column", ("['z']", "choose from those"),
+     "choose from the fed columns, or add the column to data="),
+    ("dataset_label_in_features", dict(batch_size=2, feature_cols=["x", "y"], label_col="y"),
+     "`label_col` also in `feature_cols`", ("label_col='y'", "take it out of feature_cols"),
+     "take the label out of feature_cols"),
+    ("dataset_epochs_zero", dict(batch_size=2, label_col="y", epochs=0),
+     "`epochs=0`", ("epochs=0", "'auto'"), "an int >= 1, None (repeat) or 'auto'"),
+    ("dataset_remainder_with_strategy", dict(batch_size=2, label_col="y", strategy=object(), drop_remainder=False),
+     "`drop_remainder=False` with `strategy=`", ("drop_remainder=False", "leave drop_remainder=True"),
+     "leave drop_remainder=True with a strategy"),
+])
+table("data", ConfigError, _fed_ctx, [
+    ("feed_nulls", dict(null=True),
+     "null values in a fed column", ("column 'y' has null values", "df.na.fill(0, ['y'])"),
+     "fill them (df.na.fill) or drop those rows (df.dropna)"),
+    ("feed_ragged_arrays", dict(ragged=True),
+     "arrays of different lengths", ("column 'x'", "pad or cut them to one length"),
+     "pad or cut the arrays to one length (F.slice/F.concat)"),
+])
 
 
 @case("data", "`data=<pandas DataFrame>`", ConfigError, "got DataFrame", "spark.createDataFrame",

@@ -334,13 +334,7 @@ def test_rejected_credentials(s3, tmp_path, caplog):
     assert "wrong-secret-77" not in caplog.text
 
 
-def test_no_credentials(s3, tmp_path, monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("AWS_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_no_credentials(s3, tmp_path, no_aws_credentials):
     with pytest.raises(StorageError, match=r"no AWS credentials for s3://tfnb-data/train: set "
                                            r"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.*instance profile"):
         stage(f"s3://{BUCKET}/{PREFIX}", tmp_path, endpoint_url=s3.endpoint_url)

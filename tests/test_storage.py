@@ -188,13 +188,7 @@ def test_s3_errors_name_the_url_and_the_fix(rclone_s3, tmp_path):
         open_store("s3:///x")
 
 
-def test_s3_without_credentials(rclone_s3, tmp_path, monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("AWS_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_s3_without_credentials(rclone_s3, no_aws_credentials):
     with pytest.raises(StorageError, match=r"no AWS credentials for s3://b/x: set AWS_ACCESS_KEY_ID"):
         open_store("s3://b/x", {"endpoint_url": rclone_s3.endpoint_url}).list()
 
