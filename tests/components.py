@@ -118,20 +118,3 @@ def free_port() -> int:
             accepted.close()  # this side closes first: the port's end goes to TIME_WAIT
             client.recv(1)
     return port
-
-
-def cnn_model(input_size: int, filters: int, dense: int, optimizer):
-    """The Keras CNN of the TensorFlowOnSpark and spark-tensorflow-distributor MNIST examples (conv, max-pool,
-    two dense layers, 10 classes), for ``input_size`` square images of one channel, compiled with ``optimizer``
-    for integer labels; built under the caller's strategy scope, if any."""
-    import tensorflow as tf
-
-    model = tf.keras.Sequential([
-        tf.keras.layers.Conv2D(filters, 3, activation='relu', input_shape=(input_size, input_size, 1)),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(dense, activation='relu'),
-        tf.keras.layers.Dense(10, activation='softmax'),
-    ])
-    model.compile(loss=tf.keras.losses.sparse_categorical_crossentropy, optimizer=optimizer, metrics=['accuracy'])
-    return model

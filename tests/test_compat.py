@@ -17,7 +17,6 @@ import urllib.request
 
 import pytest
 
-from components import cnn_model
 from tfnb.compat import TFCluster, TFNode
 from tfnb.notebook.console import ConsoleDisplay
 from tfnb.errors import ClusterError, ConfigError, RunTimeoutError, WorkerError
@@ -391,6 +390,18 @@ def mnist_tf_main_fun(args, ctx):
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     train_datasets_unbatched = datasets.with_options(options).repeat().shuffle(args["buffer_size"], seed=1)
 
+    def build_and_compile_cnn_model():
+        model = tf.keras.Sequential([
+            tf.keras.layers.Conv2D(8, 3, activation='relu', input_shape=(8, 8, 1)),
+            tf.keras.layers.MaxPooling2D(),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(32, activation='relu'),
+            tf.keras.layers.Dense(10, activation='softmax')
+        ])
+        model.compile(loss=tf.keras.losses.sparse_categorical_crossentropy,
+                      optimizer=tf.keras.optimizers.Adam(learning_rate=0.01), metrics=['accuracy'])
+        return model
+
     GLOBAL_BATCH_SIZE = BATCH_SIZE * NUM_WORKERS
     train_datasets = train_datasets_unbatched.batch(GLOBAL_BATCH_SIZE)
     model_dir = ctx.absolute_path(args["model_dir"])
@@ -398,7 +409,7 @@ def mnist_tf_main_fun(args, ctx):
     callbacks = [tf.keras.callbacks.ModelCheckpoint(filepath=model_dir + "/weights-{epoch:04d}",
                                                     save_weights_only=True)]
     with strategy.scope():
-        multi_worker_model = cnn_model(8, 8, 32, tf.keras.optimizers.Adam(learning_rate=0.01))
+        multi_worker_model = build_and_compile_cnn_model()
     history = multi_worker_model.fit(x=train_datasets, epochs=args["epochs"], steps_per_epoch=args["steps_per_epoch"],
                                      callbacks=callbacks, verbose=args.get("verbose", 0))
     from tfnb import compat
@@ -432,6 +443,18 @@ def mnist_spark_main_fun(args, ctx):
 
     strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
 
+    def build_and_compile_cnn_model():
+        model = tf.keras.Sequential([
+            tf.keras.layers.Conv2D(8, 3, activation='relu', input_shape=(8, 8, 1)),
+            tf.keras.layers.MaxPooling2D(),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(32, activation='relu'),
+            tf.keras.layers.Dense(10, activation='softmax')
+        ])
+        model.compile(loss=tf.keras.losses.sparse_categorical_crossentropy,
+                      optimizer=tf.keras.optimizers.Adam(learning_rate=0.01), metrics=['accuracy'])
+        return model
+
     tf_feed = TFNode.DataFeed(ctx.mgr, False)
     fed = []
 
@@ -458,7 +481,7 @@ def mnist_spark_main_fun(args, ctx):
     callbacks = [tf.keras.callbacks.ModelCheckpoint(filepath=filepath, verbose=0, save_weights_only=True)]
 
     with strategy.scope():
-        multi_worker_model = cnn_model(8, 8, 32, tf.keras.optimizers.Adam(learning_rate=0.01))
+        multi_worker_model = build_and_compile_cnn_model()
 
     # As in the example: stop at 90% of the steps the fed data allows.
     steps_per_epoch = 1797 / args["batch_size"]

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 import tfnb
-from components import cnn_model
 from tfnb.compat import MirroredStrategyRunner
 from tfnb.compat.mirrored import gpus_per_task
 from tfnb.errors import ClusterError
@@ -32,11 +31,26 @@ def example_train(data_path):
         dataset = dataset.repeat().shuffle(BUFFER_SIZE).batch(BATCH_SIZE)
         return dataset
 
+    def build_and_compile_cnn_model():
+        model = tf.keras.Sequential([
+            tf.keras.layers.Conv2D(32, 3, activation='relu', input_shape=(28, 28, 1)),
+            tf.keras.layers.MaxPooling2D(),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(64, activation='relu'),
+            tf.keras.layers.Dense(10, activation='softmax'),
+        ])
+        model.compile(
+            loss=tf.keras.losses.sparse_categorical_crossentropy,
+            optimizer=tf.keras.optimizers.SGD(learning_rate=0.001),
+            metrics=['accuracy'],
+        )
+        return model
+
     train_datasets = make_datasets()
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     train_datasets = train_datasets.with_options(options)
-    multi_worker_model = cnn_model(28, 32, 64, tf.keras.optimizers.SGD(learning_rate=0.001))
+    multi_worker_model = build_and_compile_cnn_model()
     history = multi_worker_model.fit(x=train_datasets, epochs=3, steps_per_epoch=5)
     return {"epochs": len(history.history["loss"]),
             "multi_worker": isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy)}
