@@ -44,19 +44,17 @@ def one_step(strategy):
 
 
 def first_step(ctx):
-    """MWMS init + one training step; reports a timestamp after each phase."""
+    """MWMS init + one training step; reports a timestamp after each phase (``ctx.report``)."""
     import time as _t
 
-    from tfnb._task.events import emit
-
-    emit("phase", name="train_fn entered", t=_t.time())
+    ctx.report(phase="train_fn entered", t=_t.time())
     import tensorflow as tf
 
-    emit("phase", name="tensorflow imported", t=_t.time())
+    ctx.report(phase="tensorflow imported", t=_t.time())
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    emit("phase", name="strategy ready", t=_t.time())
+    ctx.report(phase="strategy ready", t=_t.time())
     done = one_step(strategy)
-    emit("phase", name="first step done", t=done)
+    ctx.report(phase="first step done", t=done)
     return done
 
 
@@ -70,8 +68,8 @@ def measure_tfnb(spark, workers):
             return
         if event.kind == "state" and event.data.get("state") in ("starting", "training"):
             marks.setdefault("task " + event.data["state"], event.time)
-        elif event.kind == "phase":
-            marks.setdefault(event.data["name"], event.data["t"])
+        elif event.kind == "progress" and "phase" in event.data:
+            marks.setdefault(event.data["phase"], event.data["t"])
 
     t0 = time.time()
     # a first run: a fresh process per task (bench/rerun measures reruns with warm standbys)
