@@ -1,6 +1,6 @@
 """Every bench in one command: a table of ratios against their goals and a picture of it.
 
-    ./dev bench all [--only feeding launch] [--out bench]
+    ./dev bench all [--only feeding launch [--keep]] [--out bench]
 
 Runs each bench under bench/ in its own process at a size that keeps the whole run to a few
 minutes, reads its ratios, and writes ``bench/results.md`` (ratios first, then the command lines
@@ -239,12 +239,28 @@ def write_curves(folder: str, outcomes: list[Outcome]) -> None:
         plt.close(fig)
 
 
+def _previous(log: str) -> dict[str, Outcome]:
+    """The outcomes a results.log holds, by bench (its ``=====`` header line, then the bench's output)."""
+    found: dict[str, Outcome] = {}
+    if not os.path.exists(log):
+        return found
+    parts = re.split(r"^===== (python bench/(\w+)\.py.*?) \(exit (-?\d+), (\d+) s\)\n", open(log).read(), flags=re.M)
+    for command, bench, code, seconds, output in zip(*[iter(parts[1:])] * 5):
+        argv = [sys.executable] + command.split()[1:]
+        found[bench] = Outcome(bench, argv, float(seconds), int(code), output.rstrip("\n"), parse(bench, output))
+    return found
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", choices=sorted(BENCHES), help="run these benches only")
     p.add_argument("--out", default=HERE, help="folder for results.md and results.png")
+    p.add_argument("--keep", action="store_true",
+                   help="with --only: keep the other benches' last outputs (from results.log) in the results")
     a = p.parse_args()
-    outcomes = [run(name, BENCHES[name]) for name in (a.only or list(BENCHES))]
+    fresh = {name: run(name, BENCHES[name]) for name in (a.only or list(BENCHES))}
+    kept = _previous(os.path.join(a.out, "results.log")) if a.keep else {}
+    outcomes = [fresh.get(name) or kept[name] for name in BENCHES if name in fresh or name in kept]
     md, png = os.path.join(a.out, "results.md"), os.path.join(a.out, "results.png")
     write_markdown(md, outcomes, ["./dev", "bench", "all"] + sys.argv[1:])
     with open(os.path.join(a.out, "results.log"), "w") as f:  # every bench's full output, for the details
