@@ -156,8 +156,6 @@ def write_markdown(path: str, outcomes: list[Outcome], argv: list[str]) -> None:
         for title, table in ((_result_line(o.output) or {}).get("tables") or {}).items():
             lines += ["", f"## {title}", "", "| " + " | ".join(map(str, table[0])) + " |",
                       "|" + "---|" * len(table[0])] + ["| " + " | ".join(map(str, row)) + " |" for row in table[1:]]
-        if any(c.get("rows") for c in (_result_line(o.output) or {}).get("curve") or ()):
-            lines += ["", f"![{o.bench}: seconds per 100k rows by size](results-{o.bench}.png)"]
     lines += ["", "## Runs", "", "| bench | command | exit | seconds |", "|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.bench} | `{' '.join(['python'] + o.command[1:])}` | {o.code} | {o.seconds:.0f} |")
