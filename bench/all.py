@@ -92,13 +92,6 @@ def parse(bench: str, text: str) -> list[Ratio]:
         goals = found.get("goals", {})
         return [Ratio(bench, name, value, goals.get(name, float("nan")), name not in _LOWER_IS_BETTER)
                 for name, value in found.get("ratios", {}).items()]
-    if bench == "staging":
-        out = []
-        rows = re.findall(r"^(\d+x[\d.]+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s+([\d.]+)\s*$", text, re.M)
-        for spec, rtt, s5, seq in rows:
-            out.append(Ratio(bench, f"staging {spec} MiB, {rtt} ms vs s5cmd", float(s5), 0.9))
-            out.append(Ratio(bench, f"staging {spec} MiB, {rtt} ms vs boto3 loop", float(seq), 1.0))
-        return out or [Ratio(bench, "staging vs s5cmd", None, 0.9)]
     return []
 
 

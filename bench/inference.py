@@ -69,6 +69,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import report
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -347,7 +349,7 @@ def main() -> None:
     finally:
         spark.stop()
     goals = {name: (0.35 if "overhead" in name else 0.9) for name in ratios}
-    print("RESULT " + json.dumps({"ratios": ratios, "goals": goals}))
+    report("inference", ratios, goals)
 
 
 if __name__ == "__main__":

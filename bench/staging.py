@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from statistics import median
 
+from harness import report
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
@@ -319,8 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                         row += f"{median(per_round):>10.2f} [{min(per_round):.2f}-{max(per_round):.2f}]"
                     print(row, flush=True)
             print(f"\ngoals: tfnb/s5cmd >= {GOALS['s5cmd']}, tfnb/boto3 sequential >= {GOALS['boto3 loop']}")
-            print("RESULT " + json.dumps({"ratios": ratios, "goals": {
-                name: GOALS[name.rsplit(" vs ", 1)[1]] for name in ratios}}), flush=True)
+            report("staging", ratios, {name: GOALS[name.rsplit(" vs ", 1)[1]] for name in ratios})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
