@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
-from .feed import _BLOCK_BYTES, FeedColumn, FeedInfo, _no_rows_message
+from .feed import _BLOCK_BYTES, FeedColumn, FeedInfo, _no_rows_message, known_counts
 from .spill import _MAGIC_BYTES
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,9 @@ def _steps_for(rows_per_worker: Sequence[int], batch_size: int, drop_remainder: 
 def steps_per_epoch(ctx, batch_size: int, *, drop_remainder: bool = True) -> int:
     """Batches per epoch that ``ctx.dataset(batch_size)`` yields on every worker (the same on all).
 
-    It is ``min_rows // batch_size``, ``min_rows`` being the smallest worker's row count, so it
-    waits until every task has received its whole partition (train_fn's set-up runs meanwhile).
+    It is ``min_rows // batch_size``, ``min_rows`` being the smallest worker's row count: known at once
+    when the driver counted the partitions before launch, else once every task has received its whole
+    partition (train_fn's set-up runs meanwhile).
 
     Raises:
         ConfigError: the run has no ``data=``, or a worker has fewer than ``batch_size`` rows.
@@ -85,16 +86,11 @@ class _Plan:
         Before that, whole batches of the rows every worker already has, which is never more than the
         final number (the smallest part only grows, and the final number is whole batches of it).
         """
-        counts = _counts(st)
+        counts = known_counts(st)
         if counts is None:
             return st["safe"] // self.batch_size * self.batch_size
         steps = _steps_for(counts, self.batch_size, self.drop_remainder)
         return min(min(counts), steps * self.batch_size)
-
-
-def _counts(st: dict) -> list[int] | None:
-    """Every worker's rows, once known: counted on the driver before launch, or when every part is whole."""
-    return st.get("counts") or (st["final"] or {}).get("rows_per_worker")
 
 
 def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remainder: bool) -> _Plan:
@@ -122,8 +118,8 @@ def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remaind
     lengths = dict(st["lengths"] or {})
     features = tuple(spec.column(c) for c in feature_cols)
     label = spec.column(label_col) if label_col is not None else None
-    if _counts(st) is not None:
-        _steps_for(_counts(st), batch_size, drop_remainder)
+    if known_counts(st) is not None:
+        _steps_for(known_counts(st), batch_size, drop_remainder)
     width = sum(lengths[c.name] if c.is_array else 1 for c in features)
     label_width = lengths[label.name] if label is not None and label.is_array else None
     return _Plan(features, label, tuple(sorted(lengths.items())), width, label_width, batch_size, drop_remainder)
@@ -394,8 +390,8 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
 
     # Batch sizes of one epoch, cycled by rebatch, so a short last batch ends every epoch; that
     # needs the final counts, which whole batches (drop_remainder) do not wait for.
-    st = part.info.state(lambda s: drop_remainder or _counts(s) is not None)
-    final = _counts(st) is not None
+    st = part.info.state(lambda s: drop_remainder or known_counts(s) is not None)
+    final = known_counts(st) is not None
     full, rest = divmod(plan.bound(st), rows) if final else (0, 0)
     sizes = rows if rest == 0 else [rows] * full + [rest]
     ds = tf.data.Dataset.from_generator(generate, output_signature=signature)

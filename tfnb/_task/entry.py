@@ -137,6 +137,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
             chan.send(Msg.STATE, state="stopped")
             return
         gathered = sup.tasks
+        here = sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered)  # this run's tasks on this host
         cluster = build_cluster([g["addr"] for g in gathered], spec.num_workers, spec.num_ps)
         if spec.hooks.feeder is not None:
             feed_info = spec.hooks.feeder.finish(fed, [g["rows"] for g in gathered])
@@ -145,7 +146,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
 
             # Streamed: train_fn starts now and reads the partition while this task receives it.
             stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers,
-                                           tasks_here=sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered),
+                                           tasks_here=here,
                                            counts=sup.counts)
             if sup.stop_requested.is_set():
                 stream.abort()
@@ -182,7 +183,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         if not done_sent:
             chan.send(Msg.STATE, state="done")
         if mode == "train":
-            warm_after = (gpus, sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered))
+            warm_after = (gpus, here)
         if rank == 0 or spec.hooks.all_results:
             with open(os.path.join(workdir, RESULT), "rb") as f:
                 data = f.read()

@@ -321,6 +321,11 @@ class FeedStream:
         return rows
 
 
+def known_counts(st: dict) -> list[int] | None:
+    """Every worker's rows, once known: counted on the driver before launch, or when every part is whole."""
+    return st.get("counts") or (st["final"] or {}).get("rows_per_worker")
+
+
 @dataclass(frozen=True)
 class FeedInfo:
     """This worker's part of the fed DataFrame, as ``ctx.feed`` (read it with ``ctx.dataset``).
@@ -348,7 +353,7 @@ class FeedInfo:
     def rows_per_worker(self) -> tuple[int, ...]:
         """Rows of every worker: known before the part is whole when the driver counted them before launch."""
         st = self.state(lambda s: s.get("counts") is not None)
-        return tuple(st.get("counts") or st["final"]["rows_per_worker"])
+        return tuple(known_counts(st))
 
     @property
     def min_rows(self) -> int:

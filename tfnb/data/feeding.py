@@ -125,15 +125,11 @@ def _cached_partition_rows(df) -> list[int]:
     """Rows in each partition of a cached ``df``: one job in the JVM over the cache, no column values."""
     from pyspark.sql import functions as F
 
-    n = df.rdd.getNumPartitions() if hasattr(df, "rdd") and _classic(df) else None
+    n = df.rdd.getNumPartitions() if hasattr(df, "_jdf") else None  # Spark Connect: from the counts
     found = {int(r["p"]): int(r["n"]) for r in
              df.select(F.spark_partition_id().alias("p")).groupBy("p").agg(F.count(F.lit(1)).alias("n")).collect()}
     n = n if n is not None else max(found, default=-1) + 1
     return [found.get(i, 0) for i in range(n)]
-
-
-def _classic(df) -> bool:
-    return hasattr(df, "_jdf")
 
 
 def cached_nbytes(df) -> int | None:
