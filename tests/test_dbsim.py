@@ -113,7 +113,7 @@ def test_pip_install_of_a_wheel_on_a_volume_reaches_the_driver_and_the_executors
     assert "before: No module named 'dbsim_probe'" in installed.commands[0].stdout
     assert "Successfully installed dbsim-probe-0.1" in installed.command("%pip").stdout
     driver = installed.command("import dbsim_probe").stdout
-    assert driver.startswith("driver: from the volume /root/.cache/tfnb-runtime-sim/cluster-")
+    assert driver.startswith(f"driver: from the volume {dbsim.CLUSTERS}/cluster-")
     env_python = driver.split()[-1]
     executors = installed.command("print('executors:'").stdout
     assert executors.count(f"from the volume @ {env_python}") == 2, executors

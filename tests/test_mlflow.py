@@ -21,13 +21,12 @@ from pathlib import Path
 import pytest
 
 import tfnb
-from components import cached_venv, free_port, need
+from components import free_port, need
+from environments import MLFLOW_SERVER, mlflow_server_venv
 from test_training import random_binary_dataset
 
 mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny not installed: pip install 'tfnb[mlflow]'")
 
-SERVER = ["mlflow==3.17.2"]  # the server's own venv: full mlflow pins a pyarrow older than the test venv's
-CACHE = Path(os.environ.get("TFNB_MLFLOW_SERVER_CACHE", Path.home() / ".cache" / "tfnb-mlflow-server"))
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +34,9 @@ def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server on loopback, started (not yet waited for: see ``client``) and stopped with
     its whole process group at teardown. Yields (url, wait)."""
     try:
-        venv = cached_venv(CACHE, SERVER)
+        venv = mlflow_server_venv()
     except RuntimeError as e:
-        need("an MLflow tracking server", False, f"pip install {' '.join(SERVER)} into a virtualenv failed ({e})")
+        need("an MLflow tracking server", False, f"pip install {' '.join(MLFLOW_SERVER)} into a virtualenv failed ({e})")
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}

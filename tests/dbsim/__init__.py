@@ -26,7 +26,8 @@ What it models (each checked by tests/test_dbsim.py):
   mkdirs, rm, put, head, cp, mv) maps ``dbfs:/x`` and ``/x`` to ``/dbfs/x``. The driver has a ``/tmp`` of
   its own and each executor another (workers are other machines: a driver-local file is not on them).
   All of it lives in private mount namespaces of the cluster: nothing appears on the machine, and
-  everything goes with the cluster (:meth:`Cluster.host_path` finds a file while the cluster is up).
+  everything goes with the cluster (:meth:`Cluster.host_path` finds a file while the cluster is up). The
+  cluster's own folder is on memory-backed ``/dev/shm`` when it has room (``CLUSTERS``).
 * **The cluster**: one driver JVM started from the runtime's Spark with ``local-cluster[2,1,1024]``
   (separate executor JVMs) that every notebook's Python attaches to, as notebooks share a Databricks
   cluster's driver; each Python process gets its own SparkSession on the shared SparkContext. Executors'
@@ -47,7 +48,7 @@ What it models (each checked by tests/test_dbsim.py):
 
 What it cannot show: Databricks' own Spark (the runtime's Spark is pip's pyspark here: see
 ``dbsim.runtimes``), Spark Connect / shared access mode, UI rendering of ``display`` and widgets,
-``dbutils.notebook.run``, ``%run`` with arguments, cluster libraries, GPUs, several notebooks running at
+``dbutils.notebook.run``, ``%run`` with arguments, ``%pip`` byte-compiling what it installs (``PIP_NO_COMPILE``), cluster libraries, GPUs, several notebooks running at
 once on one cluster (runs are sequential), a REPL that lives on after Run All (background threads and
 processes a notebook leaves are killed when its Run All ends, and reported in ``leftovers``), credentials
 passthrough / Unity Catalog permissions beyond "writable inside a volume".
@@ -297,10 +298,29 @@ def _kill(pids: Iterable[int], timeout: float = 10.0) -> list[int]:
     return left
 
 
+def _clusters_dir() -> Path:
+    """Where clusters keep their folders (machines' disks, notebook environments): ``TFNB_DBSIM_DIR``, else
+    memory-backed ``/dev/shm`` when it has 8 GiB free, else the runtimes' cache folder. A notebook that
+    %pip-installs TensorFlow writes gigabytes that are gone when it ends; on a disk that throttles writes
+    (cloud VMs do, once ~0.5 GB is dirty) that alone took minutes."""
+    if os.environ.get("TFNB_DBSIM_DIR"):
+        return Path(os.environ["TFNB_DBSIM_DIR"])
+    try:
+        st = os.statvfs("/dev/shm")
+        if st.f_bavail * st.f_frsize >= 8 << 30:
+            return Path("/dev/shm") / f"tfnb-dbsim-{os.getuid()}"
+    except OSError:
+        pass
+    return CACHE
+
+
+CLUSTERS = _clusters_dir()
+
+
 def _reap_stale() -> None:
     """Remove cluster folders of test processes that died without cleaning up (their namespaces died
     with them: the agent exits when its stdin closes)."""
-    for stale in CACHE.glob("cluster-*"):
+    for stale in CLUSTERS.glob("cluster-*"):
         try:
             pid = int(stale.name.split("-")[1])
         except (IndexError, ValueError):
@@ -393,10 +413,10 @@ class Cluster:
         t0 = time.monotonic()
         base = self.runtime.venv()
         self.timings["runtime"] = time.monotonic() - t0
-        CACHE.mkdir(parents=True, exist_ok=True)
+        CLUSTERS.mkdir(parents=True, exist_ok=True)
         _reap_stale()
-        # in the runtimes' cache folder: a test process that dies leaves it to the next start's _reap_stale
-        self.dir = Path(tempfile.mkdtemp(prefix=f"cluster-{os.getpid()}-", dir=CACHE))
+        # a test process that dies leaves its folder to the next start's _reap_stale
+        self.dir = Path(tempfile.mkdtemp(prefix=f"cluster-{os.getpid()}-", dir=CLUSTERS))
         try:
             self._start(base)
         except BaseException:
@@ -545,6 +565,9 @@ class Cluster:
     def _base_env(self, python_env: Path | None) -> dict[str, str]:
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})  # this machine's index
+        # %pip writes no .pyc files (Python writes those it imports): TensorFlow's would cost ~10 s per install
+        # and change nothing a notebook sees
+        env["PIP_NO_COMPILE"] = "1"
         env.setdefault("HOME", str(Path.home()))
         env.setdefault("LANG", "C.UTF-8")
         env["JAVA_HOME"] = str(self.dir / "jdk")

@@ -191,41 +191,24 @@ class _Part:
         y = None if plan.label is None else self._values(plan.label, batch, _label_dtype(plan.label))
         return x, y
 
-    def _sequential(self, rows: int) -> Iterator:
-        import numpy as np
-
+    def _sequential(self) -> Iterator:
+        """The epoch in file order: each Arrow batch's rows as they are (no copy), up to what every worker has;
+        tf.data's ``rebatch`` cuts them into batches across pieces."""
         plan, info = self._plan, self.info
-        given = 0             # rows handed out this epoch
-        xs, ys, have = [], [], 0
+        given = 0  # rows handed out this epoch
         limit = plan.bound(info.state(lambda s: True))
-
-        def piece():
-            x = xs[0] if len(xs) == 1 else np.concatenate(xs)
-            y = ys[0] if len(ys) == 1 or ys[0] is None else np.concatenate(ys)
-            return x, y
-
         for batch in self._arrow_batches():
             x, y = self._convert(batch)
             at = 0
             while at < len(x):
-                if given + have >= limit:
-                    if have:  # hand out what every worker can match now, then wait for more
-                        yield piece()
-                        given, xs, ys, have = given + have, [], [], 0
+                if given >= limit:  # wait until every worker has more (or the counts are final)
                     limit = plan.bound(info.state(lambda s: plan.bound(s) > given))
                     if given >= limit:
                         return
-                    continue
-                n = min(len(x) - at, limit - given - have, rows - have)
-                xs.append(x[at:at + n])
-                ys.append(None if y is None else y[at:at + n])
-                have += n
+                n = min(len(x) - at, limit - given)
+                yield x[at:at + n], None if y is None else y[at:at + n]
+                given += n
                 at += n
-                if have == rows:
-                    yield piece()
-                    given, xs, ys, have = given + have, [], [], 0
-        if have:
-            yield piece()
 
     def _shuffled(self, rows: int, seed: int | None, epoch: int) -> Iterator:
         import numpy as np
@@ -244,14 +227,15 @@ class _Part:
             yield x[idx], None if y is None else y[idx]
 
     def epoch(self, rows: int, shuffle: bool, seed: int | None) -> Iterator:
-        """One epoch: every row this worker serves, as (features, label or None) pieces of at most ``rows`` rows.
+        """One epoch: every row this worker serves, as (features, label or None) pieces (of ``rows`` rows when
+        shuffled, else as they lie in the file).
 
         Each call is a new epoch: with ``shuffle`` and a ``seed``, epoch k draws order ``(seed, k)``.
         """
         self._passes += 1
         if shuffle:
             return self._shuffled(rows, seed, self._passes - 1)
-        return self._sequential(rows)
+        return self._sequential()
 
 
 def _epochs_arg(epochs, strategy):
@@ -327,7 +311,8 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
             return a distributed dataset that gives each worker's replicas this worker's rows.
 
     Returns:
-        A ``tf.data.Dataset`` of whole batches (known cardinality, auto-sharding off), or with
+        A ``tf.data.Dataset`` of whole batches (known cardinality, auto-sharding and tf.data autotuning
+        off; ``options.autotune.enabled = True`` in a later ``with_options`` turns autotuning on), or with
         ``strategy`` a ``tf.distribute.DistributedDataset``.
 
     Raises:
@@ -371,9 +356,9 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
              seed: int | None, drop_remainder: bool):
     """tf.data over ``part``: batches of ``rows`` rows, the same number of batches per epoch on every worker.
 
-    The generator hands over blocks of several batches (a few MB), which tf.data's ``rebatch``
-    cuts into batches in C++: one Python call per block instead of one per batch runs the loop
-    about 2.5x faster for small batches.
+    The generator hands over pieces of many batches (an Arrow batch of the file as it lies, without a
+    copy; shuffled, blocks of a few MB), which tf.data's ``rebatch`` cuts into batches in C++: one
+    Python call per piece instead of one per batch runs the loop about 2.5x faster for small batches.
     """
     block = rows * max(1, _BLOCK_BYTES // (rows * 4 * (plan.width + (plan.label_width or 1))))
     x_spec = tf.TensorSpec((None, plan.width), tf.float32)
@@ -403,4 +388,6 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
     options = tf.data.Options()
     # Each worker already holds only its own rows: sharding them again would drop most of them.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # No autotuning: its bookkeeping made the same loop take 1.3 or 2.6 s per 5M rows, at random
+    options.autotune.enabled = False
     return ds.with_options(options).prefetch(2)

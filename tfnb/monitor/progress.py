@@ -1,6 +1,6 @@
 """What a run's events mean on the driver: the run model every display renders and tests inspect.
 
-:class:`RunProgress` (one :class:`WorkerProgress` per task) folds the run's :class:`tfnb.RunEvent`\ s into
+:class:`RunProgress` (one :class:`WorkerProgress` per task) folds the run's :class:`tfnb.RunEvent` values into
 plain data; above :data:`SUMMARY_ABOVE` tasks its summary (counts by state, slowest/fastest task,
 stragglers, total examples/s) replaces the per-task view. The displays that render it live in the display
 layer (:mod:`tfnb.notebook`); how a display is chosen is :mod:`tfnb.monitor.display`.
