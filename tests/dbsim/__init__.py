@@ -607,6 +607,9 @@ class Cluster:
             "spark.databricks.clusterUsageTags.clusterId": f"dbsim-{self.dir.name}",
             **self.spark_conf,
         }
+        if os.environ.get("SPARK_SUBMIT_OPTS"):  # the test run's JVM options (tests/conftest.py), executors too
+            env["SPARK_SUBMIT_OPTS"] = os.environ["SPARK_SUBMIT_OPTS"]
+            conf.setdefault("spark.executor.extraJavaOptions", os.environ["SPARK_SUBMIT_OPTS"])
         cmd = [str(spark_home / "bin" / "spark-submit"), "--master", master, "--name", "Databricks Shell"]
         for k, v in conf.items():
             cmd += ["--conf", f"{k}={v}"]
