@@ -8,8 +8,8 @@ and the machine) ``bench/results.png`` (one bar per ratio, its goal drawn across
 bench's full output).
 
 Convention: a bench ends with one line ``RESULT {json}`` holding ``{"ratios": {name: value},
-"goals": {name: goal}}`` (``bench/harness.py``'s ``report``), the only output read. A ratio a bench did not print shows as "n/a"; a bench that fails
-is listed with its exit code and the end of its output.
+"goals": {name: goal}}`` (``bench/harness.py``'s ``report``), the only output read. A ratio a bench
+did not print shows as "n/a"; a bench that fails is listed with its exit code and the end of its output.
 """
 from __future__ import annotations
 

@@ -240,7 +240,8 @@ def measure(spark, rows: int, workers: int, rounds: int, tfos_cluster=None) -> d
         if tfos_cluster is not None:
             got["tfos"].append(run_tfos(tfos_cluster, df))
         print(f"  {rows:>10,} rows, {workers} workers, round {i + 1}: ceiling {c:.2f} s | tfnb {t:.2f} s = "
-              f"{_details(d)} | data= marginal {t_wall - bare - d['loop']:.2f} s vs ceiling job {c_wall:.2f} s", flush=True)
+              f"{_details(d)} | data= marginal {t_wall - bare - d['loop']:.2f} s vs ceiling job {c_wall:.2f} s",
+              flush=True)
     df.unpersist()
     stream = [c / t for c, t in zip(got["ceiling"], got["tfnb"])]
     # the marginal from the medians of each way (a difference of two run times is noisier than either), less

@@ -34,10 +34,10 @@ def main() -> int:
     start = time.monotonic()
     with ThreadPoolExecutor(len(builds)) as pool:  # downloads and unpacking: side by side
         futures = {name: pool.submit(build) for name, build in builds.items()}
-    failed = {name: f.exception() for name, f in futures.items() if f.exception()}
-    for name, error in failed.items():
-        print(f"tests/environments.py: {name} could not be built (the tests that need it will say so): {error}",
-              file=sys.stderr)
+    for name, future in futures.items():
+        if error := future.exception():
+            print(f"tests/environments.py: {name} could not be built (the tests that need it will say so): {error}",
+                  file=sys.stderr)
     print(f"cached environments ready in {time.monotonic() - start:.0f} s (not counted in the tests' time)",
           file=sys.stderr)
     return 0

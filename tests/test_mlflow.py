@@ -28,7 +28,6 @@ from test_training import random_binary_dataset
 mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny not installed: pip install 'tfnb[mlflow]'")
 
 
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server on loopback, started (not yet waited for: see ``client``) and stopped with
@@ -36,7 +35,8 @@ def mlflow_server(tmp_path_factory):
     try:
         venv = mlflow_server_venv()
     except RuntimeError as e:
-        need("an MLflow tracking server", False, f"pip install {' '.join(MLFLOW_SERVER)} into a virtualenv failed ({e})")
+        need("an MLflow tracking server", False,
+             f"pip install {' '.join(MLFLOW_SERVER)} into a virtualenv failed ({e})")
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
