@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from components import IN_CI, is_missing_component
+from environments import jvm_options
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -36,13 +37,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 # Idle standbys end with the Spark session (checked at the end of the session); this bounds them too.
 os.environ.setdefault("TFNB_WARM_IDLE", "120")
-# The JVMs tests start live for seconds and move little data: the client compiler alone and the serial
-# collector start a local-cluster session and run three small jobs in 14 s instead of 23 s on 2 cores. For
-# every driver (spark-submit: pyspark, the Spark Connect server, dbsim's clusters), the standalone daemons,
-# and the executors of the sessions below.
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_OPTIONS)
-os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", JVM_OPTIONS)
+# The tests' JVM options (tests/environments.py): for every driver (spark-submit: pyspark, the Spark Connect
+# server, dbsim's clusters), the standalone daemons, and the executors of the sessions below.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options("driver"))
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", jvm_options("driver"))
 
 pytest_plugins = ["s3server", "leakcheck"]
 
@@ -68,7 +66,7 @@ def spark_session(master: str = "local[2]", **conf):
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.executor.extraJavaOptions", JVM_OPTIONS))
+               .config("spark.executor.extraJavaOptions", jvm_options("executor")))
     for k, v in conf.items():
         builder = builder.config(k, v)
     session = builder.getOrCreate()

@@ -1,5 +1,6 @@
 """The cached environments the suite runs things in, built once and reused: the two simulated Databricks
-runtimes (tests/dbsim/runtimes.py) and the MLflow tracking server's virtualenv.
+runtimes (tests/dbsim/runtimes.py), the MLflow tracking server's virtualenv, and the class archives of the
+Spark JVMs the tests start.
 
 ``python tests/environments.py`` builds whichever are missing and says how long that took. ``./dev test``
 runs it before the whole suite, so a first run's minutes of downloads and installs are reported apart from
@@ -7,7 +8,11 @@ the tests' own time; a test that finds one missing still builds it (under the sa
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,11 +31,87 @@ def mlflow_server_venv() -> Path:
     return cached_venv(MLFLOW_CACHE, MLFLOW_SERVER)
 
 
+# The JVMs tests start live for seconds and move little data: the client compiler alone and the serial
+# collector start a local-cluster session and run three small jobs in 14 s instead of 23 s on 2 cores.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+JVM_CACHE = Path(os.environ.get("TFNB_JVM_ARCHIVE_CACHE", Path.home() / ".cache" / "tfnb-test-jvm"))
+# A JVM given an archive that does not match its class path (another Spark's jars: the simulated runtimes,
+# the Spark Connect server) loads its classes as usual; these keep it from saying so on stdout.
+_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+_ARCHIVE_JOB = """
+import sys
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local-cluster[1,1,1024]").config("spark.ui.enabled", "false")
+         .config("spark.executor.extraJavaOptions", sys.argv[1]).getOrCreate())
+df = spark.range(100000).selectExpr("id", "id % 10 AS k")
+df.groupBy("k").count().collect()
+df.repartition(1).mapInArrow(lambda batches: batches, df.schema, barrier=True).count()
+df.toPandas()
+spark.stop()
+"""
+
+
+def _jvm_archive_dir() -> Path:
+    """Where the archives for this pyspark's jars and this Java go (a JVM checks the jars did not change)."""
+    import importlib.util
+
+    spark_home = Path(importlib.util.find_spec("pyspark").submodule_search_locations[0])
+    jars = sorted((p.name, p.stat().st_size) for p in (spark_home / "jars").glob("*.jar"))
+    java = os.path.realpath(shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
+                            or shutil.which("java") or "java")
+    key = json.dumps([jars, str(spark_home), java, JVM_OPTIONS])
+    return JVM_CACHE / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def jvm_options(role: str) -> str:
+    """JVM_OPTIONS, with the class archive of ``role`` (``driver``, ``executor``) once it is built: a
+    local-cluster session starts with about a third less CPU (the classes come mapped, already verified)."""
+    archive = _jvm_archive_dir() / f"{role}.jsa"
+    return f"{JVM_OPTIONS} -XX:SharedArchiveFile={archive} {_QUIET}" if archive.exists() else JVM_OPTIONS
+
+
+def jvm_archives() -> Path:
+    """Dump the classes a local-cluster session's driver and executor load (built if missing)."""
+    done = _jvm_archive_dir()
+    if (done / "executor.jsa").exists():
+        return done
+    tmp = done.with_name(f"{done.name}.{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    env.update(SPARK_SUBMIT_OPTS=f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={tmp}/driver.jsa",
+               PYSPARK_PYTHON=sys.executable)
+    executor = f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={tmp}/executor.jsa"
+    try:
+        res = subprocess.run([sys.executable, "-c", _ARCHIVE_JOB, executor], env=env, capture_output=True, text=True,
+                             timeout=600)
+        if res.returncode != 0:
+            raise RuntimeError(f"the archive job failed: {res.stderr[-2000:]}")
+        deadline = time.monotonic() + 120  # the JVMs write their archives as they exit, after the job's Python
+        while _dumping(str(tmp)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not {"driver.jsa", "executor.jsa"} <= {p.name for p in tmp.iterdir()} or _dumping(str(tmp)):
+            raise RuntimeError(f"the JVMs wrote no archives in {tmp}")
+        os.rename(tmp, done)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone once renamed; or another build finished first
+    return done
+
+
+def _dumping(folder: str) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if folder.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def main() -> int:
     from dbsim.runtimes import RUNTIME_A, RUNTIME_B
 
     builds = {"Databricks runtime A": RUNTIME_A.venv, "Databricks runtime B": RUNTIME_B.venv,
-              "MLflow server": mlflow_server_venv}
+              "MLflow server": mlflow_server_venv, "Spark JVM class archives": jvm_archives}
     start = time.monotonic()
     with ThreadPoolExecutor(len(builds)) as pool:  # downloads and unpacking: side by side
         futures = {name: pool.submit(build) for name, build in builds.items()}

@@ -10,9 +10,10 @@ command line), and are then killed.
 
 Not leaks:
 
-* idle warm standbys (a ``tfnb._task.warm`` nanny and its unclaimed ``tfnb._task.child --standby``), left on
-  purpose for the next run: counted in the test's report and, at the end of the session, required
-  to end with the Spark session (conftest.py gives them an idle timeout for the suite too);
+* warm standbys (``python -m tfnb._task.warm``; the train_fn processes they fork, which carry the same command
+  line, are told apart by their parent and checked as train_fn processes), left on purpose for the next run:
+  counted in the test's report and, at the end of the session, required to end with the Spark session
+  (conftest.py gives them an idle timeout for the suite too);
 * the pyspark gateway JVM (one per test process, for its whole life) and, while a SparkContext is
   active, the shared session's JVMs and Python workers below it;
 * processes started while a module- or session-scoped fixture was set up (S3 and MLflow servers),
@@ -91,8 +92,8 @@ def _kind(argv: tuple[str, ...]) -> str | None:
         return None
     joined = " ".join(argv)
     if "tfnb._task.warm" in argv:
-        return "nanny"
-    if "tfnb._task.child" in joined:  # python -c "...import tfnb._task.child..." WORKDIR, or -m tfnb._task.child --standby
+        return "warm"
+    if "tfnb._task.child" in joined:  # python -c "...import tfnb._task.child..." WORKDIR
         return TRAIN_FN
     if "pyspark.daemon" in argv or "pyspark.worker" in argv:
         return SPARK_PYTHON
@@ -109,10 +110,10 @@ def _kind(argv: tuple[str, ...]) -> str | None:
     return None
 
 
-def _standby_state(nanny: tuple[str, ...]) -> str | None:
-    """warm / importing while the nanny's socket is there (see tfnb/_warm.py), None once claimed."""
-    path = nanny[nanny.index("tfnb._task.warm") + 1]
-    return "warm" if os.path.exists(path) else "importing" if os.path.exists(path + ".part") else None
+def _standby_state(argv: tuple[str, ...]) -> str:
+    """warm / importing while the standby's socket is there (see tfnb/_task/warm.py), else starting or ending."""
+    path = argv[argv.index("tfnb._task.warm") + 1]
+    return "warm" if os.path.exists(path) else "importing" if os.path.exists(path + ".part") else "starting/ending"
 
 
 def _carries_token(pid: int) -> bool:
@@ -148,16 +149,11 @@ def processes() -> list[Proc]:
         kind = _kind(argv := _argv(pid)) if pid != me else None
         if kind and (me in _ancestors(pid, table) or _carries_token(pid)):
             found[pid] = Proc(pid, ppid, start, argv, kind)
-    children = {p[0] for p in table.values()}
     for pid, p in list(found.items()):
-        if p.kind == "nanny":
-            # Claimed: no socket, its train_fn process below it. Not yet listening: no socket, no child.
-            state = _standby_state(p.argv) or (None if pid in children else "starting")
-            found[pid] = Proc(pid, p.ppid, p.start, p.argv, STANDBY if state else TRAIN_FN, state or "")
-    for pid, p in list(found.items()):
-        nanny = found.get(p.ppid)
-        if "--standby" in p.argv and nanny is not None and nanny.kind == STANDBY:
-            found[pid] = Proc(pid, p.ppid, p.start, p.argv, STANDBY, nanny.state)
+        if p.kind == "warm":  # the standby, or (its parent a standby) a train_fn process it forked
+            forked = "tfnb._task.warm" in _argv(p.ppid)
+            found[pid] = Proc(pid, p.ppid, p.start, p.argv, TRAIN_FN if forked else STANDBY,
+                              "" if forked else _standby_state(p.argv))
     return list(found.values())
 
 
@@ -263,7 +259,7 @@ def leak_check(request):
                 and not _allowed(p, table, gateway, active)]
     if suspects:
         still = {p.pid for p in wait_gone(suspects, GRACE)}
-        # a standby's nanny is briefly neither listening nor claimed: judge what is left as it is now
+        # judge what is left as it is now
         now = processes()
         suspects = [p for p in now if p.pid in still and p.kind != STANDBY]
     standbys = [p for p in now if p.kind == STANDBY and (p.pid, p.start) not in before]

@@ -21,8 +21,8 @@ from tfnb._task.supervisor import _MAX_LINE, _Lines
 from tfnb.launcher.attempt import _Attempt
 
 TASKS = 32
-LINES = 1500       # per task
-REPORTS = 600      # progress reports per task, one epoch end every 100
+LINES = 500        # per task
+REPORTS = 300      # progress reports per task, one epoch end every 100
 BOUND = 100        # the driver's queue bound for this test: far below what is sent
 
 

@@ -40,6 +40,8 @@ def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
+    # tracking only: not the server's job runners (six more processes, for MLflow's GenAI jobs)
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
     with open(root / "server.log", "wb") as out:
         proc = subprocess.Popen(
             [venv / "bin" / "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",

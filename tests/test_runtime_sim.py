@@ -4,8 +4,8 @@ the floor tfnb states, and the runtime's pyarrow, pandas, boto3, fsspec, ipywidg
 goes in with a plain `pip install`; the test checks that no preinstalled package changed version and that a
 2-worker MultiWorkerMirroredStrategy `tfnb.run` trains on that Spark 3.5. The runtime virtualenv is built once
 (a minute or two: TensorFlow and pyspark are large downloads) and cached under
-~/.cache/tfnb-runtime-sim/<hash of its requirements>; each run works on a hard-linked copy, so the cache stays
-as built. tests/test_dbsim.py runs notebooks on the same runtime through the Databricks simulator."""
+~/.cache/tfnb-runtime-sim/<hash of its requirements>; each run installs into a virtualenv of its own over it,
+so the cache stays as built. tests/test_dbsim.py runs notebooks on the same runtime through the Databricks simulator."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dbsim.runtimes import CACHE, RUNTIME_A
+from dbsim.runtimes import RUNTIME_A
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,15 +53,15 @@ def _runtime_env() -> Path:
 
 @pytest.fixture
 def runtime(tmp_path):
+    """A virtualenv over the cached runtime's, as Databricks makes one for a notebook's libraries: it sees the
+    runtime's packages, and pip installs into it, never into the cache."""
     base = _runtime_env()
-    for stale in CACHE.glob("run-*"):  # left by a test run that was killed
-        if not Path(f"/proc/{stale.name.split('-')[1]}").exists():
-            shutil.rmtree(stale, ignore_errors=True)
-    copy = CACHE / f"run-{os.getpid()}-{tmp_path.name}"
-    # Hard links: a second or two for ~3 GB; pip writes new files, so the cached copy stays untouched.
-    _run(["cp", "-al", base, copy])
-    yield copy / "bin" / "python"
-    shutil.rmtree(copy, ignore_errors=True)
+    env = tmp_path / "env"
+    _run([base / "bin" / "python", "-m", "venv", "--without-pip", env], env=_clean_env())
+    (site,) = env.glob("lib/python3*/site-packages")
+    (base_site,) = base.glob("lib/python3*/site-packages")
+    (site / "_runtime.pth").write_text(f"import site; site.addsitedir({str(base_site)!r})\n")
+    return env / "bin" / "python"
 
 
 def _wheel(out: Path) -> Path:

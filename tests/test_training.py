@@ -3,6 +3,7 @@ session) and ParameterServerStrategy with ps tasks. Relaunch and resume: tests/t
 from __future__ import annotations
 
 import os
+import sys
 
 import tfnb
 
@@ -38,9 +39,10 @@ def fit_small_model(ctx, epochs):
 
     backup = tf.keras.callbacks.BackupAndRestore(os.path.join(ctx.model_dir, "backup"))
     history = model.fit(ds, epochs=epochs, steps_per_epoch=4, callbacks=[backup, Record()], verbose=0)
+    generated = [m.__file__ for name, m in sys.modules.items() if name.startswith("__autograph_generated_file")]
     return {"keras": type(model).__module__, "attempt": ctx.attempt, "epochs_run": epochs_run,
             "loss": history.history["loss"], "mwms": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
-            "replicas": strategy.num_replicas_in_sync}
+            "replicas": strategy.num_replicas_in_sync, "generated": generated}
 
 
 def test_keras_fit_under_mwms_twice_in_one_session(spark, tmp_path, no_orphans):
@@ -52,6 +54,8 @@ def test_keras_fit_under_mwms_twice_in_one_session(spark, tmp_path, no_orphans):
         assert result["mwms"] and result["replicas"] == 2
         assert result["keras"].startswith("tf_keras")  # the Keras that trains under MWMS
         assert result["epochs_run"] == [0, 1] and len(result["loss"]) == 2
+        # the sources TensorFlow's autograph wrote to the temporary folder went with the process
+        assert result["generated"] and not [f for f in result["generated"] if os.path.exists(f)]
 
 
 def train_with_parameter_servers(ctx):

@@ -1,7 +1,7 @@
-"""Warm reruns: a standby process per task waits with its imports done; reruns hand it the payload.
+"""Warm reruns: a standby process per host waits with its imports done; each rerun's processes are forked from it.
 
-What a standby is doing is read from the socket tfnb/_warm.py keeps for it (``.sock.part`` while it
-imports, ``.sock`` once warm, gone once claimed), through the leak checker's view of this test
+What a standby is doing is read from the socket tfnb/_task/warm.py keeps for it (``.sock.part`` while it
+imports, ``.sock`` once warm, gone once it stops taking runs), through the leak checker's view of this test
 process's processes (tests/leakcheck.py); a standby's import lasts exactly as long as the test holds
 a lock, never a fixed time.
 """
@@ -17,23 +17,26 @@ import pytest
 
 import leakcheck
 import tfnb
+from tfnb.launcher import LaunchHooks
 from conftest import _current, spark_session
 
 
 def process_info(ctx):
     import os as _os
 
-    return {"pid": _os.getpid(), "value": _os.environ.get("VALUE")}
+    import numpy
+
+    return {"pid": _os.getpid(), "parent": _os.getppid(), "value": _os.environ.get("VALUE"),
+            "draw": float(numpy.random.random())}
 
 
 def standbys(state: str | None = None) -> set[int]:
-    """Pids of this test process's idle standbys' train_fn processes (``tfnb._task.child --standby``) in ``state``."""
-    return {p.pid for p in leakcheck.processes()
-            if p.kind == leakcheck.STANDBY and "--standby" in p.argv and state in (None, p.state)}
+    """Pids of this test process's standbys in ``state``."""
+    return {p.pid for p in standby_processes() if state in (None, p.state)}
 
 
 def standby_processes() -> list[leakcheck.Proc]:
-    """Every process of this test process's idle standbys, nannies included."""
+    """This test process's standbys (not the train_fn processes they forked)."""
     return [p for p in leakcheck.processes() if p.kind == leakcheck.STANDBY]
 
 
@@ -51,9 +54,17 @@ def at_least(n: int, state: str) -> set[int]:
     return wait_for(lambda: found if len(found := standbys(state)) >= n else set())
 
 
+def _queued(pids: set[int]) -> bool:
+    """Whether a task has connected to one of these standbys while they import: a connection on the socket
+    they bound (``/proc/net/unix`` lists it under the bound name, flags 0) besides the listener (flags 00010000)."""
+    paths = {p.argv[p.argv.index("tfnb._task.warm") + 1] + ".part" for p in standby_processes() if p.pid in pids}
+    rows = [f for line in Path("/proc/net/unix").read_text().splitlines()[1:] if len(f := line.split()) > 7]
+    return any(f[7] in paths and f[3] != "00010000" for f in rows)
+
+
 @pytest.fixture(autouse=True)
 def light_preimport(monkeypatch):
-    monkeypatch.setenv("TFNB_PREIMPORT", "json")  # what a standby imports does not matter here
+    monkeypatch.setenv("TFNB_PREIMPORT", "numpy.random")  # light, and with a random state a fork would share
 
 
 @pytest.fixture(scope="module")
@@ -69,24 +80,29 @@ def session():
     assert not left, f"standbys outlived their session: {left}"
 
 
-def test_a_rerun_uses_a_standby_and_a_changed_env_discards_it(session):
+def test_runs_fork_from_one_standby_and_a_changed_env_discards_it(session):
     opts = dict(num_workers=2, spark=session, display=False)
-    tfnb.run(process_info, env={"VALUE": "a"}, **opts)
-    warm = at_least(2, "warm")
-    assert warm, f"no standby was left after a successful run: {standby_processes()}"
-    second = tfnb.run(process_info, env={"VALUE": "a"}, **opts)
-    # a process per run, never reused after train_fn ran: the rerun's is a standby that was waiting
-    assert second["value"] == "a" and second["pid"] in warm
-    warm = at_least(2, "warm")
+    first = tfnb.run(process_info, env={"VALUE": "a"}, **opts, hooks=LaunchHooks(all_results=True))
+    warm = standbys("warm")
+    assert len(warm) == 1, f"not one standby for the host: {standby_processes()}"
+    assert {r["parent"] for r in first} == warm, "the first run's processes were not forked by the standby"
+    for _ in range(2):
+        again = tfnb.run(process_info, env={"VALUE": "a"}, **opts, hooks=LaunchHooks(all_results=True))
+        # a fresh process per task and run, forked by the standby, which stays for the next run
+        assert {r["parent"] for r in again} == warm and {r["value"] for r in again} == {"a"}, again
+        assert not {r["pid"] for r in again} & {r["pid"] for r in first}
+        assert len({r["draw"] for r in again + first}) == 4, "forked processes share numpy's random state"
+        assert standbys("warm") == warm, "the standby did not stay for the next run"
+        first = again
     discarded = [p for p in standby_processes() if p.pid in warm]
     third = tfnb.run(process_info, env={"VALUE": "b"}, **opts)
-    assert third["value"] == "b" and third["pid"] not in {p.pid for p in discarded}, "a standby with another env= ran"
-    assert not leakcheck.wait_gone(discarded, 30), "the standbys for env VALUE=a were not discarded"
+    assert third["value"] == "b" and third["parent"] not in warm, "a standby with another env= ran"
+    assert not leakcheck.wait_gone(discarded, 30), "the standby for env VALUE=a was not discarded"
 
 
 SLOW_IMPORT = """
 import fcntl, os, sys
-if "--standby" in sys.argv:  # a standby's import lasts until the test releases its lock on HOLD
+if sys.argv[0].endswith("warm.py"):  # a standby's import lasts until the test releases its lock on HOLD
     with open(os.environ["HOLD"]) as f:
         fcntl.flock(f, fcntl.LOCK_SH)
 """
@@ -98,31 +114,25 @@ def importing_then_info(ctx):
     return process_info(ctx)
 
 
-def test_a_rerun_claims_a_standby_that_is_still_importing(session, tmp_path):
-    # A notebook rerun right after a run: its standbys have not finished importing. Claiming one
-    # costs only the rest of its import; a fresh process would pay all of it.
+def test_a_run_waits_for_its_standby_to_finish_importing(session, tmp_path):
+    # The tasks claim the standby they started (or one a run just before started) while it still imports:
+    # they wait for the rest of that import, then get their processes forked from it.
     (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
-    hold, rerun_done = tmp_path / "hold", threading.Event()
+    hold, done = tmp_path / "hold", {}
     opts = dict(num_workers=2, spark=session, display=False, preimport=("slow_import",),
                 env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "HOLD": str(hold)})
     with open(hold, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        tfnb.run(importing_then_info, **opts)
-        importing = at_least(2, "importing")
-        assert importing, f"no standby began importing: {standby_processes()}"
-
-        def release_once_claimed():  # then the rerun, waiting on the claimed standbys, goes on
-            wait_for(lambda: rerun_done.is_set() or not importing & standbys(), 120)
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-        releaser = threading.Thread(target=release_once_claimed)
-        releaser.start()
+        run = threading.Thread(target=lambda: done.update(result=tfnb.run(importing_then_info, **opts)))
+        run.start()
         try:
-            second = tfnb.run(importing_then_info, **opts)
+            importing = at_least(1, "importing")
+            assert importing, f"no standby began importing: {standby_processes()}"
+            assert wait_for(lambda: _queued(importing), 120), "the run's tasks did not wait for the standby"
         finally:
-            rerun_done.set()
-            releaser.join()
-    assert second["pid"] in importing, "the rerun started new processes instead of the importing standbys"
+            fcntl.flock(lock, fcntl.LOCK_UN)  # the import ends: the run goes on
+            run.join(300)
+    assert done["result"]["parent"] in importing, "the run started new processes instead of waiting for the standby"
 
 
 def test_an_idle_standby_exits_after_the_idle_timeout(session, monkeypatch):
@@ -138,7 +148,7 @@ def test_warm_false_leaves_nothing(session):
     before = {p.pid for p in standby_processes()}
     tfnb.run(process_info, num_workers=2, spark=session, display=False, warm=False)
     assert not [p for p in standby_processes() if p.pid not in before]
-    # the same run with warm=True has left its standbys by the time it returns: the check above sees them
+    # the same run with warm=True has started a standby by the time it returns: the check above sees it
     tfnb.run(process_info, num_workers=2, spark=session, display=False)
     assert [p for p in standby_processes() if p.pid not in before]
 
@@ -182,11 +192,11 @@ def test_claiming_leaves_a_siblings_standby_and_discards_stale_ones(monkeypatch)
 
     try:
         assert wait_for(lambda: len(list(folder.glob("*.sock"))) == 3, 60), keys()
-        for conn in warm.claim(gpu1):  # the task on GPU 1 takes its own standby...
+        for conn in warm.claim(gpu1):  # the task on GPU 1 reaches its own standby (which stays)...
             conn.close()
         # ...discards the one with other settings, and leaves GPU 0's to the task on GPU 0
-        assert wait_for(lambda: keys() == [gpu0], 15), keys()
-        for conn in warm.claim(both):  # a run given both GPUs: GPU 0's standby can serve no one now
+        assert wait_for(lambda: keys() == sorted([gpu0, gpu1]), 15), keys()
+        for conn in warm.claim(both):  # a run given both GPUs: the others' standbys can serve no one now
             conn.close()
         assert wait_for(lambda: keys() == [] and not mine(), 15), (keys(), mine())
     finally:

@@ -11,6 +11,8 @@ What it models (each checked by tests/test_dbsim.py):
   first command. ``%pip`` (first-line magic, or ``get_ipython().run_line_magic("pip", ...)``) runs the
   runtime's ``python -m pip`` into the notebook's environment, which the executors' Python workers also
   use; a ``%pip`` while a ``%run`` is in progress fails the command (no ``%pip`` inside ``%run`` targets).
+  A notebook's first ``%pip install`` that repeats one already run on the cluster (same arguments, local
+  files unchanged) is replayed from the first one's result, same files and output (``kernel._PipReplay``).
   ``%sh``, ``%sql`` and ``%python`` first-line magics work; ``%scala``, ``%r``, ``%fs`` are refused.
 * **restartPython** (``dbutils.library.restartPython()``, ``%restart_python``) ends the command that called
   it, a ``%run`` in progress included; Run All goes on at the next top-level command in a new Python
@@ -49,10 +51,10 @@ What it models (each checked by tests/test_dbsim.py):
 What it cannot show: Databricks' own Spark (the runtime's Spark is pip's pyspark here: see
 ``dbsim.runtimes``), Spark Connect / shared access mode, UI rendering of ``display`` and widgets,
 ``dbutils.notebook.run``, ``%run`` with arguments, ``%pip`` byte-compiling what it installs
-(``PIP_NO_COMPILE``), cluster libraries, GPUs, several notebooks running at once on one cluster (runs are
-sequential), a REPL that lives on after Run All (background threads and processes a notebook leaves are killed
-when its Run All ends, and reported in ``leftovers``), credentials passthrough / Unity Catalog permissions
-beyond "writable inside a volume".
+(``PIP_NO_COMPILE``) and the time a repeated ``%pip`` takes, cluster libraries, GPUs, several notebooks
+running at once on one cluster (runs are sequential), a REPL that lives on after Run All (background threads
+and processes a notebook leaves are killed when its Run All ends, and reported in ``leftovers``), credentials
+passthrough / Unity Catalog permissions beyond "writable inside a volume".
 
 Needs root with CAP_SYS_ADMIN (``unshare --mount --pid``); :func:`need_simulator` skips (or fails, in CI)
 a test otherwise, naming the fix.

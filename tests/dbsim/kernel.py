@@ -1,7 +1,7 @@
 """The Python REPL of one simulated Databricks notebook, run by the runtime's own Python.
 
 The controller (``dbsim.Cluster``) copies this file out of the checkout and runs it with the Python of
-the notebook's environment (a hard-linked copy of the runtime), inside the cluster's namespaces::
+the notebook's environment (a virtualenv over the runtime's), inside the cluster's namespaces::
 
     <env>/bin/python dbsim_kernel.py SPEC.json              # Run All from SPEC["start"]
     <env>/bin/python dbsim_kernel.py --bootstrap SPEC.json  # create the cluster's SparkContext
@@ -36,6 +36,74 @@ import sys
 import threading
 import time
 import traceback
+
+
+# ---------------------------------------------------------------- %pip install, replayed
+
+
+class _PipReplay:
+    """A ``%pip install`` that repeats one already run on this cluster, with the same arguments (local files by
+    size and time), into a notebook environment that has nothing installed yet, gives the same files and
+    output: the first one's result is kept (hard links, under the cluster's ``pip-replay`` folder) and copied
+    in, instead of pip unpacking TensorFlow's gigabytes once per notebook. Scripts are copied with their first
+    line pointing at this environment's Python. A notebook's later %pip (which may replace what is there) runs."""
+
+    @classmethod
+    def of(cls, args: list[str]) -> _PipReplay | None:
+        import glob
+
+        if args[:1] != ["install"]:
+            return None
+        (site,) = glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages"))
+        return cls(args, site) if set(os.listdir(site)) <= {"_dbsim_runtime.pth", "__pycache__"} else None
+
+    def __init__(self, args: list[str], site: str):
+        import hashlib
+
+        self.site = site
+        self.before = set(os.listdir(self.site))
+        self.bins = set(os.listdir(os.path.join(sys.prefix, "bin")))
+        files = [(a, os.stat(a).st_size, os.stat(a).st_mtime_ns) for a in args if os.path.isfile(a)]
+        key = json.dumps([args, files, sorted(self.before), sorted(self.bins)])
+        env_dir = os.path.dirname(sys.prefix)  # <cluster>/envs
+        self.dir = os.path.join(os.path.dirname(env_dir), "pip-replay", hashlib.sha256(key.encode()).hexdigest()[:16])
+        self.output = ""
+
+    def apply(self) -> bool:
+        try:
+            with open(os.path.join(self.dir, "output.txt"), encoding="utf-8") as f:
+                self.output = f.read()
+            with open(os.path.join(self.dir, "prefix.txt"), encoding="utf-8") as f:
+                old_prefix = f.read()
+        except OSError:
+            return False
+        site = os.path.join(self.dir, "site")
+        for name in os.listdir(site):
+            subprocess.run(["cp", "-al", os.path.join(site, name), self.site], check=True)
+        for name in os.listdir(os.path.join(self.dir, "bin")):
+            with open(os.path.join(self.dir, "bin", name), "rb") as f:
+                data = f.read().replace(old_prefix.encode(), sys.prefix.encode())
+            target = os.path.join(sys.prefix, "bin", name)
+            with open(target, "wb") as f:
+                f.write(data)
+            os.chmod(target, 0o755)
+        return True
+
+    def record(self, output: str) -> None:
+        tmp = self.dir + f".{os.getpid()}"
+        os.makedirs(os.path.join(tmp, "site"))
+        os.makedirs(os.path.join(tmp, "bin"))
+        for name in set(os.listdir(self.site)) - self.before:
+            subprocess.run(["cp", "-al", os.path.join(self.site, name), os.path.join(tmp, "site")], check=True)
+        for name in set(os.listdir(os.path.join(sys.prefix, "bin"))) - self.bins:
+            shutil.copy(os.path.join(sys.prefix, "bin", name), os.path.join(tmp, "bin", name))
+        for name, text in (("prefix.txt", sys.prefix), ("output.txt", output)):
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        try:
+            os.rename(tmp, self.dir)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another notebook recorded it first
 
 
 # ---------------------------------------------------------------- events and output capture
@@ -535,8 +603,14 @@ class Kernel:
         cmd = [sys.executable, "-m", "pip", *args]
         if args and args[0] in ("install", "uninstall", "download", "wheel", "list", "freeze", "show"):
             cmd.insert(4, "--disable-pip-version-check")
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             stdin=subprocess.DEVNULL)
+        replay = _PipReplay.of(args)
+        if replay is not None and replay.apply():
+            res = subprocess.CompletedProcess(cmd, 0, replay.output)
+        else:
+            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 stdin=subprocess.DEVNULL)
+            if replay is not None and res.returncode == 0:
+                replay.record(res.stdout)
         print(res.stdout, end="")
         importlib.invalidate_caches()
         if res.returncode != 0:

@@ -4,10 +4,10 @@ A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark sessi
 configures collective ops once per process) and lets the supervising task capture its output and
 kill it as a group.
 
-Started by tfnb._task.supervisor only: ``python -c <_CHILD_MAIN> WORKDIR``, which calls :func:`main`, or
-``python -m tfnb._task.child --standby FD`` for a warm standby that a later task claims through its nanny
-(see tfnb._task.warm). The supervisor starts this process as soon as its task starts, so that importing
-TensorFlow (seconds) overlaps the tasks' address exchange. WORKDIR holds ``payload.pkl`` (train_fn,
+Started by tfnb._task.supervisor only: ``python -c <_CHILD_MAIN> WORKDIR``, which calls :func:`main`; or forked
+by a warm standby that a later task claims (see tfnb._task.warm), which calls :func:`run_claimed`. The supervisor
+starts this process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the tasks'
+address exchange. WORKDIR holds ``payload.pkl`` (train_fn,
 args, mode) from the start; once the cluster is known the supervisor writes ``ctx.pkl`` and sends
 ``go`` on stdin. This process then sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or
 ``error.json``; with ``linger`` in the payload it then sends a ``finished`` event and stays up (its
@@ -146,27 +146,33 @@ def _dump_stacks_on_signal(workdir: str):
     return stacks
 
 
-def main(argv: list[str]) -> int:
-    conn = None
+def prepare() -> None:
+    """What every train_fn process does before it imports anything: the Keras 3 guard (see _KerasWatch)."""
     if "keras" in sys.modules:
         _guard_keras3(sys.modules["keras"])
     else:
         sys.meta_path.insert(0, _KerasWatch())
-    if argv[0] == "--standby":
-        from .warm import serve
 
-        conn, workdir = serve(int(argv[1]), _preimport)
-        go, end = _watch_parent(conn.fileno())
-    else:
-        workdir = argv[0]
-        go, end = _watch_parent()
+
+def main(argv: list[str]) -> None:
+    """A fresh process: ``argv`` is ``[WORKDIR]``; go and end come on stdin."""
+    prepare()
+    _run(argv[0], *_watch_parent(), preimport=True)
+
+
+def run_claimed(conn, workdir: str) -> None:
+    """A process forked by a warm standby (already prepared and imported); go and end come on ``conn``."""
+    _run(workdir, *_watch_parent(conn.fileno()), preimport=False)
+
+
+def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: bool) -> None:
     _stacks = _dump_stacks_on_signal(workdir)  # noqa: F841 - must stay open for the process' lifetime
     try:
         import cloudpickle
 
         with open(os.path.join(workdir, PAYLOAD), "rb") as f:
             payload = cloudpickle.load(f)
-        if conn is None:
+        if preimport:
             _preimport()
         go.wait()
         with open(os.path.join(workdir, CONTEXT), "rb") as f:
@@ -203,8 +209,19 @@ def main(argv: list[str]) -> int:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    _remove_generated_sources()
     # TensorFlow leaves non-daemon threads behind that can block a normal interpreter exit.
     os._exit(code)
+
+
+def _remove_generated_sources() -> None:
+    """TensorFlow's autograph writes a temporary ``__autograph_generated_file*.py`` for each function it converts
+    and removes it at interpreter exit, which ``os._exit`` skips: without this, every run would leave them in
+    the executor's temporary folder."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("__autograph_generated_file"):
+            with contextlib.suppress(OSError, TypeError):
+                os.unlink(module.__file__)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from .setup import (
     assign_role,
     assigned_gpus,
     build_cluster,
-    child_env,
     reserve_port,
     tf_config_for,
 )
@@ -106,7 +105,6 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
     chan = None
     sup = None
     held = None
-    warm_after = None  # (gpus, tasks of this run on this host) once train_fn succeeded
     try:
         peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
         holder: dict = {}
@@ -182,8 +180,6 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
             raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
         if not done_sent:
             chan.send(Msg.STATE, state="done")
-        if mode == "train":
-            warm_after = (gpus, here)
         if rank == 0 or spec.hooks.all_results:
             with open(os.path.join(workdir, RESULT), "rb") as f:
                 data = f.read()
@@ -210,17 +206,4 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         if chan is not None:
             chan.close()
         shutil.rmtree(workdir, ignore_errors=True)
-        if spec.warm and warm_after is not None:
-            _leave_standby(spec, *warm_after)
 
-
-def _leave_standby(spec: TaskSpec, gpus: tuple, local_tasks: int) -> None:
-    """Keep one TensorFlow-imported process per task of this run on this host for the next run."""
-    from . import warm as _warm
-
-    try:
-        want = _warm.key(spec.preimport, spec.legacy_keras, spec.env, gpus)
-        if _warm.count(want) < local_tasks:
-            _warm.spawn(want, child_env(os.environ, spec, gpus), spec.warm_idle)
-    except OSError:
-        pass  # no standby: the next run starts its processes as usual

@@ -43,7 +43,7 @@ class TaskSpec:
     stop_grace: float = 5.0
     hooks: TaskHooks = field(default_factory=lambda: TaskHooks())  # an add-on's LaunchHooks, task part
     settings: tuple = field(default=(), repr=False)  # the driver's TFNB_* settings, (name, value) pairs
-    warm: bool = False  # hand the payload to a warm standby when one matches, leave one after success
+    warm: bool = False  # fork the train_fn process from this host's warm standby (started when none matches)
     warm_idle: float = 600.0  # seconds an unclaimed standby waits before it exits
     linger: bool = False  # a finished train_fn process waits until every task's train_fn has returned
     first_rank: int = 0  # rank of partition 0: num_workers for the ps tasks' own job (tfnb.launcher.resources)

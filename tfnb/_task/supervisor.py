@@ -213,8 +213,10 @@ class _Supervisor:
         from . import warm as _warm
 
         cwd = os.getcwd() if self.spec.hooks.task_cwd else self.workdir
+        want = _warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus)
         try:
-            for conn in _warm.claim(_warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus)):
+            _warm.ensure(want, env, self.spec.warm_idle)  # the first run on this host starts the standby
+            for conn in _warm.claim(want):
                 try:
                     return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno())
                 except OSError:
@@ -290,7 +292,11 @@ class _Supervisor:
             self.proc.stdin.flush()
         except OSError:
             pass  # the child is already gone; wait() reports how it ended
-        self.chan.send(Msg.STATE, state="training" if mode == "train" else "serving", pid=self.proc.pid)
+        try:
+            pid = self.proc.pid
+        except ProcessLookupError:
+            pid = None  # the standby ended before it forked: wait() reports it
+        self.chan.send(Msg.STATE, state="training" if mode == "train" else "serving", pid=pid)
 
     def _forward_event(self, line: str) -> None:
         try:

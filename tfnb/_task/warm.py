@@ -1,21 +1,26 @@
-"""Warm standbys: a train_fn process that already imported TensorFlow, waiting for the next run on this host.
+"""Warm standbys: a process that imported TensorFlow once and forks a train_fn process for each run of its executor.
 
-Every run still gets a fresh process (one per task and attempt, never reused after train_fn ran); a
-standby only moves the ``import tensorflow`` of the *next* run off its critical path. When a task of a
-successful run ends, it leaves a standby that imports the run's ``preimport`` modules and then waits on
-a Unix socket in this user's private folder. The next task whose settings match (same Python,
-``preimport``, legacy Keras, ``env=``, GPU addresses: a run given other GPUs gets a fresh process, as
-CUDA_VISIBLE_DEVICES must be set before TensorFlow is imported) connects, hands over the run's pipes,
-port and environment with SCM_RIGHTS, and from then on the process behaves exactly like a freshly
-started one: the connection is its parent-death watch and carries ``go`` and the exit code. A standby is
-claimable while it still imports (its socket is then named ``.sock.part``; warm ones are preferred), so
-a rerun right after a run waits only for the rest of that import instead of paying a whole one.
+Every run still gets a fresh process (one per task and attempt, never reused after train_fn ran): a copy of the
+standby made by ``fork``, which has TensorFlow imported but never used it (no eager context, no threads of its
+own, CUDA untouched), with a random state of its own. A task whose settings have no standby in its executor starts
+one, which imports the run's ``preimport`` modules and then waits on a Unix socket in this user's private
+folder, and claims it like any later task. A task whose settings match (same Python, ``preimport``, legacy Keras,
+``env=``, GPU addresses: a run given other GPUs gets a fresh process, as CUDA_VISIBLE_DEVICES must be set before
+TensorFlow is imported) connects and hands over the run's pipes, port and environment with SCM_RIGHTS; the
+standby forks, and from then on the copy behaves exactly like a freshly started process: the connection is
+its parent-death watch and carries ``go``, and the standby, its parent, sends its exit code on it. The
+standby stays for the next run, and serves every task of its executor at once (each executor keeps its own,
+so the processes stay in its process tree and container). It is claimable while it still
+imports (its socket is then named ``.sock.part``; warm ones are preferred): the task waits for the rest of
+that import only, as it would for a fresh process (the pid comes once the standby has forked).
 
-An unclaimed standby exits after ``TFNB_WARM_IDLE`` seconds (default 600), when the executor's Python
-daemon that its creator belonged to exits (session stopped, executor lost), or when a task with other
-settings, or GPUs that overlap its own, discards it (a sibling task's standby, on other GPUs of the
-host, is left alone). Spark kills idle Python workers after one minute, so tying a standby to the worker
-that made it would make it vanish before most reruns; the daemon lives as long as the executor.
+A standby stops taking runs after ``TFNB_WARM_IDLE`` seconds without one (default 600), when the executor's
+Python daemon that its creator belonged to exits (session stopped, executor lost), or when a task with other
+settings, or GPUs that overlap its own, discards it (a sibling task's standby, on other GPUs of the host, is
+left alone); it exits once the processes it forked have ended. Spark kills idle Python workers after one
+minute, so tying a standby to the worker that made it would make it vanish before most reruns; the daemon
+lives as long as the executor. A ``preimport`` module that starts threads makes forking it unsafe: leave
+such modules to train_fn, or set ``warm=False``.
 """
 from __future__ import annotations
 
@@ -29,7 +34,6 @@ import select
 import socket
 import subprocess
 import sys
-import threading
 import time
 from typing import Iterator
 
@@ -102,16 +106,17 @@ def _connect(path: str) -> socket.socket | None:
 
 
 def claim(want: str) -> Iterator[socket.socket]:
-    """Connections to the idle standbys with key ``want``, warm ones first; standbys with other keys
+    """Connections to this executor's standbys with key ``want``, warm ones first; standbys with other keys
     are told to exit when stale (other settings, or GPUs that overlap ours: see :func:`_stale`). A standby
-    serves one connection, and two tasks of a host may reach the same one at once (the second waits in
-    its listen queue until the first is taken): when handing the run over fails, the caller tries the next."""
+    serves every task of its executor, one connection each: when handing the run over fails, the caller tries
+    the next."""
     mine = []
     for path in _sockets():
-        name = os.path.basename(path)
-        if name.startswith(want + "-"):
-            mine.append(path)
-        elif _stale(want, name.split("-", 1)[0]) and (other := _connect(path)):
+        name, owner = _name_of(path)
+        if name == want:
+            if owner == _owner():  # another executor's, on this host, is left to it
+                mine.append(path)
+        elif _stale(want, name) and (other := _connect(path)):
             other.sendall(b'{"exit": true}\n')
             other.close()
     for path in mine:
@@ -119,15 +124,38 @@ def claim(want: str) -> Iterator[socket.socket]:
             yield conn
 
 
+def _owner() -> str:
+    """This executor: its Python daemon, the parent of the worker a task runs in. Each executor keeps standbys of
+    its own, so its tasks' processes stay in its process tree (and container), and end with it."""
+    return str(os.getppid())
+
+
+def _name_of(path: str) -> tuple[str, str]:
+    """(key, owner) of a standby's socket ``<key>-<owner>.sock[.part]``."""
+    key, _, owner = os.path.basename(path).split(".sock", 1)[0].partition("-")
+    return key, owner
+
+
 def count(want: str) -> int:
-    return sum(os.path.basename(p).startswith(want + "-") for p in _sockets())
+    return sum(_name_of(p) == (want, _owner()) for p in _sockets())
+
+
+def ensure(want: str, env: dict, idle: float, wait: float = 5.0) -> None:
+    """Start a standby with key ``want`` unless one is there, and wait (up to ``wait`` seconds) until it listens."""
+    if count(want):
+        return
+    spawn(want, env, idle)
+    deadline = time.monotonic() + wait
+    while not count(want) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def spawn(want: str, env: dict, idle: float) -> None:
-    """Start a standby with key ``want`` in the background (it lives in its own session)."""
-    path = os.path.join(private_dir(_FOLDER), f"{want}-{os.getpid()}-{time.monotonic_ns()}.sock")
+    """Start a standby with key ``want`` for this executor in the background (it lives in its own session); of
+    two started at once, one stays (the socket's name is the key and the executor)."""
+    path = os.path.join(private_dir(_FOLDER), f"{want}-{_owner()}.sock")
     subprocess.Popen(
-        [sys.executable, "-m", "tfnb._task.warm", path, str(idle), str(os.getppid())],
+        [sys.executable, "-m", "tfnb._task.warm", path, str(idle), _owner()],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=dict(env, PYTHONUNBUFFERED="1"), start_new_session=True, cwd=private_dir(_FOLDER))
 
@@ -153,7 +181,8 @@ def _readline(sock: socket.socket) -> bytes:
 
 
 class Claimed:
-    """A claimed standby seen through the small part of ``subprocess.Popen`` the supervisor uses."""
+    """The process a claimed standby forked, seen through the small part of ``subprocess.Popen`` the
+    supervisor uses."""
 
     def __init__(self, conn: socket.socket, workdir: str, cwd: str, env: dict, held_fd: int):
         out_r, out_w = os.pipe()
@@ -162,7 +191,6 @@ class Claimed:
         body = json.dumps({"workdir": workdir, "cwd": cwd, "env": env}).encode() + b"\n"
         try:
             socket.send_fds(conn, [body], [out_w, err_w, ev_w, held_fd])
-            self.pid = int(_readline(conn))
         except BaseException:
             for fd in (out_r, err_r, ev_r):
                 os.close(fd)
@@ -176,11 +204,25 @@ class Claimed:
         self.stderr = os.fdopen(err_r, "rb")
         self.events = ev_r
         self.returncode: int | None = None
+        self._pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        """The forked process' pid, which the standby sends once it has forked (after its imports: reading it
+        waits for them); ProcessLookupError when the standby went away first."""
+        if self._pid is None:
+            try:
+                self._pid = int(_readline(self.conn))
+            except (OSError, ValueError):
+                self.returncode = UNKNOWN_EXIT
+                raise ProcessLookupError("the warm standby ended before it forked this task's process") from None
+        return self._pid
 
     def wait(self) -> int:
         """The exit code the process sent before exiting, or UNKNOWN_EXIT when it died without one."""
         if self.returncode is None:
             try:
+                self.pid  # noqa: B018 - its line comes first
                 self.returncode = int(_readline(self.conn))
             except (ConnectionError, OSError, ValueError):
                 self.returncode = UNKNOWN_EXIT
@@ -188,111 +230,127 @@ class Claimed:
         return self.returncode
 
     def _reap(self) -> None:
-        # The process is not our child: wait until its pid is gone so "ended" means ended.
+        # The process is not our child (the standby reaps it, then sends its code): make "ended" mean ended.
         for _ in range(100):
-            if not _alive(self.pid):
+            if self._pid is None or not _alive(self._pid):
                 return
             time.sleep(0.02)
 
     def poll(self) -> int | None:
-        if self.returncode is None and not _alive(self.pid):
-            self.wait()
+        try:
+            if self.returncode is None and not _alive(self.pid):
+                self.wait()
+        except ProcessLookupError:
+            pass  # returncode says how it ended
         return self.returncode
 
 
 # ---------------------------------------------------------------- the standby's side
 
 
-def nanny(path: str, idle: float, watch_pid: int) -> None:
-    """The standby's parent: a small process that holds the socket, and once a task claims the standby,
-    relays ``go``, forwards the stack-dump signals and reports how the process exited, as a parent can."""
+def standby(path: str, idle: float, watch_pid: int):
+    """The standby: import, then fork one train_fn process per claim, and report each one's exit code as
+    its parent. Returns only in a forked process, as ``(connection to the task, workdir)``; the standby
+    itself exits once it stops taking claims (idle, stale, its creator's daemon gone) and its children ended."""
     import signal
 
-    inner_end, outer = socket.socketpair()
+    from . import child
+
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path + ".part")  # the name while it imports; path once warm
-    os.chmod(path + ".part", 0o600)
-    inner = subprocess.Popen([sys.executable, "-m", "tfnb._task.child", "--standby", str(inner_end.fileno())],
-                             pass_fds=[inner_end.fileno()], stdin=subprocess.DEVNULL)
-    inner_end.close()
-
-    def leave(*_):
-        _unlink(path, path + ".part")
-        inner.kill()
-        os._exit(0)
-
-    # Claimable from the start: a task that connects while the standby still imports hands over its
-    # payload at once and waits only for the rest of the import, never longer than a fresh process.
-    listener.listen(1)
-    deadline = time.monotonic() + idle
-    ready = False
-    while True:
-        if time.monotonic() > deadline or not _alive(watch_pid) or inner.poll() is not None:
-            leave()
-        readable, _, _ = select.select([listener] if ready else [listener, outer], [], [], 1.0)
-        if outer in readable:
-            if outer.recv(64) != b"ready\n":
-                leave()
-            ready = True
-            os.replace(path + ".part", path)  # warm: claimed before standbys still importing
-        if listener in readable:
-            conn, _ = listener.accept()
-            break
-    listener.close()
-    _unlink(path, path + ".part")
     try:
-        msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
-        if json.loads(msg.split(b"\n", 1)[0] or b"{}").get("exit") or len(fds) != 4:
-            leave()
-        socket.send_fds(outer, [msg], fds)
-    except (OSError, ValueError):
-        leave()
-    for fd in fds:
-        os.close(fd)
-    # Claimed. The supervisor signals this process group (SIGTERM, SIGKILL) and this pid (the stack dump).
-    for sig in (signal.SIGUSR1, signal.SIGCONT):
-        signal.signal(sig, lambda n, _f: os.kill(inner.pid, n))
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM reaches the process itself
-    conn.sendall(f"{os.getpid()}\n".encode())
-
-    def relay():
-        # "go" and the parent-death watch: the supervisor's end of the connection closing ends the process
-        with contextlib.suppress(OSError):
-            while chunk := conn.recv(1024):
-                outer.sendall(chunk)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-    threading.Thread(target=relay, daemon=True).start()
-    code = inner.wait()
-    with contextlib.suppress(OSError):
-        conn.sendall(f"{code}\n".encode())
+        listener.bind(path + ".part")  # the name while it imports; path once warm
+    except OSError:
+        os._exit(0)  # one with these settings is starting already
+    os.chmod(path + ".part", 0o600)
+    # Claimable from the start: a task that connects while this process still imports waits in the listen
+    # queue for the rest of the import only, never longer than a fresh process would take.
+    listener.listen(16)
+    child.prepare()
+    child._preimport()
+    try:
+        os.link(path + ".part", path)  # warm: claimed before standbys still importing
+    except FileExistsError:
+        _unlink(path + ".part")
+        os._exit(0)  # one with these settings became warm meanwhile; its tasks fall back to fresh processes
+    _unlink(path + ".part")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a child's end wakes the select below
+    running: dict[int, socket.socket] = {}  # pid -> its task's connection
+    deadline, open_ = time.monotonic() + idle, True
+    while open_ or running:
+        for pid in list(running):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                with contextlib.suppress(OSError):
+                    running[pid].sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                running.pop(pid).close()
+                deadline = time.monotonic() + idle
+        if open_ and (time.monotonic() > deadline and not running or not _alive(watch_pid)):
+            open_ = False
+            _unlink(path)
+            listener.close()
+        readable, _, _ = select.select([wake_r] + ([listener] if open_ else []), [], [], 1.0)
+        if wake_r in readable:
+            os.read(wake_r, 512)
+        if not open_ or listener not in readable:
+            continue
+        conn, _ = listener.accept()
+        try:
+            conn.settimeout(10.0)
+            msg, fds, _flags, _addr = socket.recv_fds(conn, _MAX_MSG, 4)
+            conn.settimeout(None)
+        except OSError:
+            conn.close()
+            continue
+        if json.loads(msg.split(b"\n", 1)[0] or b"{}").get("exit"):
+            open_ = False  # stale: no task of this host can use it any more
+            _unlink(path)
+            listener.close()
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (wake_r, wake_w, listener.fileno(), *(c.fileno() for c in running.values())):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            return conn, _take_over(json.loads(msg.split(b"\n", 1)[0]), fds)
+        for fd in fds:
+            os.close(fd)
+        try:
+            conn.sendall(f"{pid}\n".encode())
+        except OSError:
+            pass  # the task went away: the process sees its connection closed and ends
+        running[pid] = conn
     os._exit(0)
 
 
-def serve(fd: int, preimport) -> tuple[socket.socket, str]:
-    """The standby itself (in tfnb._child): import, then take over the run's fds and environment;
-    returns (connection to the nanny, workdir), or exits when the nanny goes away first."""
-    sock = socket.socket(fileno=fd)
-    preimport()
-    try:
-        sock.sendall(b"ready\n")
-        msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 4)
-    except OSError:
-        os._exit(0)
-    if len(fds) != 4:
-        os._exit(0)  # the nanny went away first
-    info = json.loads(msg.split(b"\n", 1)[0])
+def _take_over(info: dict, fds: list[int]) -> str:
+    """In the forked process: its own process group (the supervisor signals it as a group), the run's output
+    pipes, environment, port and folder; a random state of its own. Returns the workdir."""
+    os.setsid()
+    if "numpy.random" in sys.modules:  # Python's random reseeds itself in a forked child; numpy's global state does not
+        sys.modules["numpy.random"].seed()
     out_w, err_w, ev_w, held = fds
-    sys.stdout.flush()
-    sys.stderr.flush()
     for fd, std in ((out_w, 1), (err_w, 2)):
         os.dup2(fd, std)
         os.close(fd)
     os.environ.clear()
     os.environ.update(info["env"], TFNB_EVENT_FD=str(ev_w), TFNB_HELD_PORT_FD=str(held))
     os.chdir(info["cwd"])
-    return sock, info["workdir"]
+    return info["workdir"]
 
 
 if __name__ == "__main__":
-    nanny(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))
+    _conn, _workdir = standby(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))
+    from .child import run_claimed
+
+    run_claimed(_conn, _workdir)

@@ -99,9 +99,10 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
         preimport: modules each train_fn process imports while the tasks exchange addresses,
             hiding their import time (default ``("tensorflow",)``; ``()`` for train_fns without
             TensorFlow). Env: TFNB_PREIMPORT (comma-separated).
-        warm: after a successful run, leave per task a standby process with ``preimport`` already
-            imported, so a rerun with the same settings skips that import (default True; ~600 MB per
-            standby with TensorFlow; it exits after TFNB_WARM_IDLE seconds, default 600). Env: TFNB_WARM.
+        warm: keep per executor a standby process with ``preimport`` imported, from which this run and later
+            runs with the same settings fork their train_fn processes, so reruns skip that import (default
+            True; ~600 MB per standby with TensorFlow; it exits after TFNB_WARM_IDLE seconds without a run,
+            default 600). Env: TFNB_WARM.
         display: a callable receiving every RunEvent; False for none; default: a live widget in
             notebooks, prefixed log lines and a progress line on the console.
         profile_steps: ``(first, last)`` training steps (from 1, across epochs) each worker traces with
