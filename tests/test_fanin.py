@@ -36,8 +36,11 @@ def _burst_task(address, token, index, start):
             chan.post_line("stdout", f"task {index} line {i}")
         if i < REPORTS:
             end = (i + 1) % 100 == 0
-            chan.post("event", merge=None if end else "progress", event="progress",
-                      data={"step": i + 1, "loss": 1.0 / (i + 1), **({"epoch_end": True} if end else {})})
+            data = {"step": i + 1, "loss": 1.0 / (i + 1), **({"epoch_end": True} if end else {})}
+            if i == 0:  # as the supervisor sends a task's first report: at once, never merged away
+                chan.send("event", event="progress", data=data, first=True)
+            else:
+                chan.post("event", merge=None if end else "progress", event="progress", data=data)
     if index % 8 == 0:
         chan.send("failed", failure={"exc_type": "ValueError", "message": f"task {index} gave up", "traceback": ""})
     else:
@@ -91,7 +94,8 @@ def test_a_burst_far_above_the_drivers_rate_loses_no_line_state_or_failure(tmp_p
         else:
             assert states == ["training", "done"]
         reports = seen[("progress", i)]
-        # every epoch end arrives; reports in between may be merged, the latest value wins
+        # the first report and every epoch end arrive; reports in between may be merged, the latest value wins
+        assert reports[0]["step"] == 1
         assert [d["step"] for d in reports if d.get("epoch_end")] == list(range(100, REPORTS + 1, 100))
         assert reports[-1]["step"] == REPORTS and len(reports) <= REPORTS
     assert sum(len(seen[("progress", i)]) for i in range(TASKS)) + att.q.dropped <= TASKS * REPORTS

@@ -123,6 +123,7 @@ class _Supervisor:
         self.gathered = threading.Event()  # set with tasks, or by a stop
         self._code: int | None = None
         self._waiter: threading.Thread | None = None
+        self._progressed = False  # a progress report was sent
 
     # messages from the driver
     def on_driver(self, msg: dict) -> None:
@@ -307,7 +308,12 @@ class _Supervisor:
         if kind == FINISHED:
             self._settled.set()
             return
-        # progress: only the latest values matter, merged while a batch gathers; an epoch's end is kept
+        # progress: only the latest values matter, merged while a batch gathers; an epoch's end is kept, and so
+        # is the first report (the epoch this attempt began at: a relaunch's resumed_epoch)
+        if kind == events.PROGRESS and not self._progressed:
+            self._progressed = True
+            self.chan.send(Msg.EVENT, event=kind, data=msg, first=True)  # in order, and never merged away
+            return
         merge = "progress" if kind == events.PROGRESS and not msg.get("epoch_end") else None
         self.chan.post(Msg.EVENT, merge=merge, event=kind, data=msg)
 

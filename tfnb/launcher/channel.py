@@ -253,9 +253,10 @@ class DriverChannel:
 
 
 def _merges(msg: dict) -> bool:
-    # A progress report the next one may replace; an epoch's last report is kept (the console prints it).
+    # A progress report the next one may replace; an epoch's last report is kept (the console prints it), and
+    # so is a task's first (the epoch an attempt began at: a relaunch's resumed_epoch).
     return (msg.get("kind") == Msg.EVENT and msg.get("event", EventKind.PROGRESS) == EventKind.PROGRESS
-            and not (msg.get("data") or {}).get("epoch_end"))
+            and not (msg.get("data") or {}).get("epoch_end") and not msg.get("first"))
 
 
 _ENDS = ("done", "error", "closed")
