@@ -1,8 +1,8 @@
 """Warm standbys: a process that imported TensorFlow once and forks a train_fn process for each run of its executor.
 
 Every run still gets a fresh process (one per task and attempt, never reused after train_fn ran): a copy of the
-standby made by ``fork``, which has TensorFlow imported but never used it (no eager context, no threads of its
-own, CUDA untouched), with a random state of its own. A task whose settings have no standby in its executor starts
+standby made by ``fork``, which has TensorFlow imported but never used it (no eager context, no Python threads,
+CUDA untouched), with a random state of its own. A task whose settings have no standby in its executor starts
 one, which imports the run's ``preimport`` modules and then waits on a Unix socket in this user's private
 folder, and claims it like any later task. A task whose settings match (same Python, ``preimport``, legacy Keras,
 ``env=``, GPU addresses: a run given other GPUs gets a fresh process, as CUDA_VISIBLE_DEVICES must be set before
