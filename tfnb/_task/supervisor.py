@@ -216,7 +216,7 @@ class _Supervisor:
         cwd = os.getcwd() if self.spec.hooks.task_cwd else self.workdir
         want = _warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus)
         try:
-            _warm.ensure(want, env, self.spec.warm_idle)  # the first run on this host starts the standby
+            _warm.ensure(want, env, self.spec.warm_idle)  # the first run on this executor starts the standby
             for conn in _warm.claim(want):
                 try:
                     return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno())
