@@ -39,8 +39,9 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TFNB_WARM_IDLE", "120")
 # The tests' JVM options (tests/environments.py): for every driver (spark-submit: pyspark, the Spark Connect
 # server, dbsim's clusters), the standalone daemons, and the executors of the sessions below.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options("driver"))
-os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", jvm_options("driver"))
+_DRIVER_JVM = jvm_options("driver")  # once: it hashes pyspark's jars
+os.environ.setdefault("SPARK_SUBMIT_OPTS", _DRIVER_JVM)
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", _DRIVER_JVM)
 
 pytest_plugins = ["s3server", "leakcheck"]
 

@@ -55,13 +55,14 @@ class _PipReplay:
         if args[:1] != ["install"]:
             return None
         (site,) = glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages"))
-        return cls(args, site) if set(os.listdir(site)) <= {"_dbsim_runtime.pth", "__pycache__"} else None
+        before = set(os.listdir(site))
+        return cls(args, site, before) if before <= {"_dbsim_runtime.pth", "__pycache__"} else None
 
-    def __init__(self, args: list[str], site: str):
+    def __init__(self, args: list[str], site: str, before: set[str]):
         import hashlib
 
         self.site = site
-        self.before = set(os.listdir(self.site))
+        self.before = before
         self.bins = set(os.listdir(os.path.join(sys.prefix, "bin")))
         files = [(a, os.stat(a).st_size, os.stat(a).st_mtime_ns) for a in args if os.path.isfile(a)]
         key = json.dumps([args, files, sorted(self.before), sorted(self.bins)])

@@ -278,7 +278,7 @@ def standby(path: str, idle: float, watch_pid: int):
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a child's end wakes the select below
     running: dict[int, socket.socket] = {}  # pid -> its task's connection
-    deadline, open_ = time.monotonic() + idle, True
+    deadline, open_, stale = time.monotonic() + idle, True, False
     while open_ or running:
         for pid in list(running):
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -287,7 +287,7 @@ def standby(path: str, idle: float, watch_pid: int):
                     running[pid].sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 running.pop(pid).close()
                 deadline = time.monotonic() + idle
-        if open_ and (time.monotonic() > deadline and not running or not _alive(watch_pid)):
+        if open_ and (stale or time.monotonic() > deadline and not running or not _alive(watch_pid)):
             open_ = False
             _unlink(path)
             listener.close()
@@ -304,10 +304,8 @@ def standby(path: str, idle: float, watch_pid: int):
         except OSError:
             conn.close()
             continue
-        if json.loads(msg.split(b"\n", 1)[0] or b"{}").get("exit"):
-            open_ = False  # stale: no task of this host can use it any more
-            _unlink(path)
-            listener.close()
+        info = json.loads(msg.split(b"\n", 1)[0] or b"{}")
+        stale = stale or bool(info.get("exit"))  # a task of other settings: none of this executor can use it
         if len(fds) != 4:
             for fd in fds:
                 os.close(fd)
@@ -322,7 +320,7 @@ def standby(path: str, idle: float, watch_pid: int):
             for fd in (wake_r, wake_w, listener.fileno(), *(c.fileno() for c in running.values())):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            return conn, _take_over(json.loads(msg.split(b"\n", 1)[0]), fds)
+            return conn, _take_over(info, fds)
         for fd in fds:
             os.close(fd)
         try:
