@@ -316,6 +316,9 @@ class Inbox:
         elif n:
             keep = keep[0] if len(keep) == 1 else {"kind": Msg.BATCH, "items": keep}
         with self._cv:
+            while n and self._size >= self.bound:
+                self._cv.wait()
+            # after the wait: the main thread may have emptied the queue meanwhile and be waiting for news
             was_empty = not self._items
             if was_empty:
                 self._since = time.monotonic()
@@ -330,8 +333,6 @@ class Inbox:
                 self._items.append(("progress", peer, task))
                 self._size += 1
             if n:
-                while self._size >= self.bound:
-                    self._cv.wait()
                 self._items.append(("msg", peer, keep, n))
                 self._size += n
             self.peak = max(self.peak, self._size)
