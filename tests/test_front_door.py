@@ -222,7 +222,7 @@ def keras3(ctx, call):
 def test_keras3_under_mwms_names_the_fix(spark, call, no_orphans):
     seen: list = []
     with pytest.raises(WorkerError) as info:
-        tfnb.run(keras3, num_workers=2, args=(call,), spark=spark, display=seen.append, warm=False)
+        tfnb.run(keras3, num_workers=2, args=(call,), spark=spark, display=seen.append)
     text = str(info.value)
     print(text.split("\n\nWorker traceback")[0])
     assert KERAS3_MWMS in text.splitlines()[0] and len(info.value.attempts) == 1
