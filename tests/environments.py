@@ -1,6 +1,6 @@
 """The cached environments the suite runs things in, built once and reused: the two simulated Databricks
 runtimes (tests/dbsim/runtimes.py), the MLflow tracking server's virtualenv, and the class archives of the
-Spark JVMs the tests start.
+Spark JVMs the tests start (this environment's Spark and each runtime's).
 
 ``python tests/environments.py`` builds whichever are missing and says how long that took. ``./dev test``
 runs it before the whole suite, so a first run's minutes of downloads and installs are reported apart from
@@ -51,11 +51,18 @@ spark.stop()
 """
 
 
-def _jvm_archive_dir() -> Path:
-    """Where the archives for this pyspark's jars and this Java go (a JVM checks the jars did not change)."""
-    import importlib.util
+def _pyspark_of(python: str) -> Path:
+    """The pyspark folder (its SPARK_HOME) of ``python``'s environment."""
+    if python == sys.executable:
+        import importlib.util
 
-    spark_home = Path(importlib.util.find_spec("pyspark").submodule_search_locations[0])
+        return Path(importlib.util.find_spec("pyspark").submodule_search_locations[0])
+    (home,) = (Path(python).parent.parent).glob("lib/python3*/site-packages/pyspark")
+    return home
+
+
+def _jvm_archive_dir(spark_home: Path) -> Path:
+    """Where the archives for these jars and this Java go (a JVM checks the jars did not change)."""
     jars = sorted((p.name, p.stat().st_size) for p in (spark_home / "jars").glob("*.jar"))
     java = os.path.realpath(shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
                             or shutil.which("java") or "java")
@@ -63,26 +70,28 @@ def _jvm_archive_dir() -> Path:
     return JVM_CACHE / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def jvm_options(role: str) -> str:
-    """JVM_OPTIONS, with the class archive of ``role`` (``driver``, ``executor``) once it is built: a
-    local-cluster session starts with about a third less CPU (the classes come mapped, already verified)."""
-    archive = _jvm_archive_dir() / f"{role}.jsa"
+def jvm_options(role: str, spark_home: Path | None = None) -> str:
+    """JVM_OPTIONS, with the class archive of ``role`` (``driver``, ``executor``) for the Spark at ``spark_home``
+    (this environment's pyspark by default) once it is built: a local-cluster session starts with about a third
+    less CPU (the classes come mapped, already verified). The jars may be reached through symbolic links."""
+    archive = _jvm_archive_dir(spark_home or _pyspark_of(sys.executable)) / f"{role}.jsa"
     return f"{JVM_OPTIONS} -XX:SharedArchiveFile={archive} {_QUIET}" if archive.exists() else JVM_OPTIONS
 
 
-def jvm_archives() -> Path:
-    """Dump the classes a local-cluster session's driver and executor load (built if missing)."""
-    done = _jvm_archive_dir()
+def jvm_archives(python: str = sys.executable) -> Path:
+    """Dump the classes a local-cluster session's driver and executor load, for the Spark of ``python``'s
+    environment (built if missing)."""
+    done = _jvm_archive_dir(_pyspark_of(python))
     if (done / "executor.jsa").exists():
         return done
     tmp = done.with_name(f"{done.name}.{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYTHONPATH")}
     env.update(SPARK_SUBMIT_OPTS=f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={tmp}/driver.jsa",
-               PYSPARK_PYTHON=sys.executable)
+               PYSPARK_PYTHON=python)
     executor = f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={tmp}/executor.jsa"
     try:
-        res = subprocess.run([sys.executable, "-c", _ARCHIVE_JOB, executor], env=env, capture_output=True, text=True,
+        res = subprocess.run([python, "-c", _ARCHIVE_JOB, executor], env=env, capture_output=True, text=True,
                              timeout=600)
         if res.returncode != 0:
             raise RuntimeError(f"the archive job failed: {res.stderr[-2000:]}")
@@ -110,7 +119,10 @@ def _dumping(folder: str) -> bool:
 def main() -> int:
     from dbsim.runtimes import RUNTIME_A, RUNTIME_B
 
-    builds = {"Databricks runtime A": RUNTIME_A.venv, "Databricks runtime B": RUNTIME_B.venv,
+    def runtime(r):  # its virtualenv, then the class archives of its Spark's JVMs
+        return jvm_archives(str(r.python_path()))
+
+    builds = {"Databricks runtime A": lambda: runtime(RUNTIME_A), "Databricks runtime B": lambda: runtime(RUNTIME_B),
               "MLflow server": mlflow_server_venv, "Spark JVM class archives": jvm_archives}
     start = time.monotonic()
     with ThreadPoolExecutor(len(builds)) as pool:  # downloads and unpacking: side by side

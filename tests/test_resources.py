@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import threading
 import time
@@ -372,6 +373,7 @@ def test_spark_3_5_attaches_the_profile_through_the_rdd_api(tmp_path, no_orphans
     by tests/test_runtime_sim.py) runs the driver, and a standalone cluster started from its Spark the tasks."""
     import subprocess
 
+    from environments import jvm_options
     from test_masters import standalone
     from test_runtime_sim import _runtime_env
 
@@ -384,6 +386,11 @@ def test_spark_3_5_attaches_the_profile_through_the_rdd_api(tmp_path, no_orphans
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_DRIVER_PYTHON")}
     env.update(PYSPARK_PYTHON=str(python), PYTHONPATH=f"{root}{os.pathsep}{root / 'tests'}")
+    # the tests' JVM options with the class archives of this Spark's jars, executors too (a conf folder on the
+    # class path would make the JVMs ignore the archives)
+    driver, executor = jvm_options("driver", spark_home), jvm_options("executor", spark_home)
+    submit = shlex.join(["--conf", f"spark.executor.extraJavaOptions={executor}", "pyspark-shell"])
+    env.update(SPARK_SUBMIT_OPTS=driver, SPARK_DAEMON_JAVA_OPTS=driver, PYSPARK_SUBMIT_ARGS=submit)
     with standalone(tmp_path, workers=1, cores=4, memory="2g", properties=properties, spark_home=str(spark_home),
                     env=env) as url:
         res = subprocess.run([python, str(root / "tests" / "scripts" / "resources_35.py"), url], env=env,

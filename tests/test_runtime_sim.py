@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dbsim.runtimes import RUNTIME_A
+from environments import jvm_options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,7 +140,9 @@ def test_wheel_installs_into_a_runtime_without_changing_it_and_trains_on_spark_3
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     env = _clean_env()  # tfnb from the wheel
-    env.update(PYSPARK_PYTHON=str(runtime), PYSPARK_DRIVER_PYTHON=str(runtime), TF_CPP_MIN_LOG_LEVEL="2")
+    (spark_home,) = _runtime_env().glob("lib/python3*/site-packages/pyspark")
+    env.update(PYSPARK_PYTHON=str(runtime), PYSPARK_DRIVER_PYTHON=str(runtime), TF_CPP_MIN_LOG_LEVEL="2",
+               SPARK_SUBMIT_OPTS=jvm_options("driver", spark_home))  # the class archive of this Spark's jars
     res = _run([runtime, script], cwd=tmp_path, env=env, timeout=900)
     result = json.loads(res.stdout.split("RESULT ", 1)[1])
     assert result["pyspark"] == result["pyspark_worker"] == "3.5.0"

@@ -80,6 +80,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -436,6 +437,7 @@ class Cluster:
         shutil.copy(HERE / "kernel.py", d / "sim" / "dbsim_kernel.py")
         self._base = base
         (self._base_site,) = base.glob("lib/python3*/site-packages")
+        self._jvm_opts = self._jvm_options(self._base_site / "pyspark")
         self._shared = self._shared_under_home(base)
         self._write_java_wrapper()
         # The driver's home: what every machine shares bound into it first ("pre"), then it covers HOME.
@@ -472,6 +474,7 @@ class Cluster:
         wanted = [(self.dir, False), (base, True), (Path(res.stdout.strip()).resolve(), True),
                   (self.home / ".cache" / "pip", False), (self.home / ".config" / "pip", True),
                   (self.home / ".pip", True)]
+        wanted += [(Path(a).parent, True) for a in re.findall(r"-XX:SharedArchiveFile=(\S+)", " ".join(self._jvm_opts))]
         return [(p, ro) for p, ro in wanted if p.exists() and self.home in p.parents]
 
     def _notebook_env(self, name: str) -> Path:
@@ -499,6 +502,18 @@ class Cluster:
         thread = threading.Thread(target=_remove, args=(trash,), name="dbsim-discard", daemon=True)
         thread.start()
         self._discards.append(thread)
+
+    @staticmethod
+    def _jvm_options(spark_home: Path) -> tuple[str, str]:
+        """The driver's and the executors' JVM options when the test run sets some (``SPARK_SUBMIT_OPTS``, see
+        tests/conftest.py): tests/environments.py's, with the class archives of the runtime's own Spark."""
+        if not os.environ.get("SPARK_SUBMIT_OPTS"):
+            return "", ""
+        try:
+            from environments import jvm_options
+        except ImportError:  # the simulator on its own
+            return os.environ["SPARK_SUBMIT_OPTS"], os.environ["SPARK_SUBMIT_OPTS"]
+        return jvm_options("driver", spark_home), jvm_options("executor", spark_home)
 
     def _spark_home_of_cluster(self, base: Path) -> Path:
         """SPARK_HOME of the cluster's JVMs: the runtime's Spark through symbolic links, with a ``work``
@@ -610,9 +625,9 @@ class Cluster:
             "spark.databricks.clusterUsageTags.clusterId": f"dbsim-{self.dir.name}",
             **self.spark_conf,
         }
-        if os.environ.get("SPARK_SUBMIT_OPTS"):  # the test run's JVM options (tests/conftest.py), executors too
-            env["SPARK_SUBMIT_OPTS"] = os.environ["SPARK_SUBMIT_OPTS"]
-            conf.setdefault("spark.executor.extraJavaOptions", os.environ["SPARK_SUBMIT_OPTS"])
+        if self._jvm_opts[0]:  # the test run's JVM options, executors too
+            env["SPARK_SUBMIT_OPTS"] = self._jvm_opts[0]
+            conf.setdefault("spark.executor.extraJavaOptions", self._jvm_opts[1])
         cmd = [str(spark_home / "bin" / "spark-submit"), "--master", master, "--name", "Databricks Shell"]
         for k, v in conf.items():
             cmd += ["--conf", f"{k}={v}"]
