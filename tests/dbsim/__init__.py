@@ -11,8 +11,9 @@ What it models (each checked by tests/test_dbsim.py):
   first command. ``%pip`` (first-line magic, or ``get_ipython().run_line_magic("pip", ...)``) runs the
   runtime's ``python -m pip`` into the notebook's environment, which the executors' Python workers also
   use; a ``%pip`` while a ``%run`` is in progress fails the command (no ``%pip`` inside ``%run`` targets).
-  A notebook's first ``%pip install`` that repeats one already run on the cluster (same arguments, local
-  files unchanged) is replayed from the first one's result, same files and output (``kernel._PipReplay``).
+  A notebook's first ``%pip install`` that repeats one already run with this runtime (same arguments, local
+  files of the same content; in this or an earlier test run while ``CLUSTERS`` lasts) is replayed from the
+  first one's result, same files and output (``kernel._PipReplay``, kept in ``CLUSTERS/pip-replay``).
   ``%sh``, ``%sql`` and ``%python`` first-line magics work; ``%scala``, ``%r``, ``%fs`` are refused.
 * **restartPython** (``dbutils.library.restartPython()``, ``%restart_python``) ends the command that called
   it, a ``%run`` in progress included; Run All goes on at the next top-level command in a new Python
@@ -319,6 +320,7 @@ def _clusters_dir() -> Path:
 
 
 CLUSTERS = _clusters_dir()
+PIP_REPLAY = CLUSTERS / "pip-replay"  # %pip results kept for replay (kernel._PipReplay): on the envs' file system
 
 
 def _reap_stale() -> None:
@@ -417,7 +419,7 @@ class Cluster:
         t0 = time.monotonic()
         base = self.runtime.venv()
         self.timings["runtime"] = time.monotonic() - t0
-        CLUSTERS.mkdir(parents=True, exist_ok=True)
+        PIP_REPLAY.mkdir(parents=True, exist_ok=True)
         _reap_stale()
         # a test process that dies leaves its folder to the next start's _reap_stale
         self.dir = Path(tempfile.mkdtemp(prefix=f"cluster-{os.getpid()}-", dir=CLUSTERS))
@@ -473,7 +475,7 @@ class Cluster:
             raise ClusterError(f"the runtime's Python does not run: {res.stderr[-2000:]}")
         wanted = [(self.dir, False), (base, True), (Path(res.stdout.strip()).resolve(), True),
                   (self.home / ".cache" / "pip", False), (self.home / ".config" / "pip", True),
-                  (self.home / ".pip", True)]
+                  (self.home / ".pip", True), (PIP_REPLAY, False)]
         wanted += [(Path(a).parent, True) for a in re.findall(r"-XX:SharedArchiveFile=(\S+)", " ".join(self._jvm_opts))]
         return [(p, ro) for p, ro in wanted if p.exists() and self.home in p.parents]
 
@@ -692,7 +694,7 @@ class Cluster:
         python = str(python_env / "bin" / "python")
         port, secret = self._gateway
         env.update(PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python, PYSPARK_GATEWAY_PORT=str(port),
-                   PYSPARK_GATEWAY_SECRET=secret)
+                   PYSPARK_GATEWAY_SECRET=secret, DBSIM_PIP_REPLAY=str(PIP_REPLAY / self.runtime.version))
         return env
 
     def close(self) -> None:

@@ -42,11 +42,14 @@ import traceback
 
 
 class _PipReplay:
-    """A ``%pip install`` that repeats one already run on this cluster, with the same arguments (local files by
-    size and time), into a notebook environment that has nothing installed yet, gives the same files and
-    output: the first one's result is kept (hard links, under the cluster's ``pip-replay`` folder) and copied
-    in, instead of pip unpacking TensorFlow's gigabytes once per notebook. Scripts are copied with their first
-    line pointing at this environment's Python. A notebook's later %pip (which may replace what is there) runs."""
+    """A ``%pip install`` that repeats one already run with this runtime, with the same arguments (local files
+    by content), into a notebook environment that has nothing installed yet, gives the same files and output:
+    the first one's result is kept (hard links, under ``DBSIM_PIP_REPLAY``, which outlives the cluster: see
+    ``dbsim.PIP_REPLAY``) and copied in, instead of pip unpacking TensorFlow's gigabytes once per notebook.
+    Scripts are copied with their first line pointing at this environment's Python. A notebook's later %pip
+    (which may replace what is there) runs. The last ``_KEEP`` results are kept."""
+
+    _KEEP = 2  # a result with TensorFlow holds ~2 GB of memory-backed /dev/shm
 
     @classmethod
     def of(cls, args: list[str]) -> _PipReplay | None:
@@ -64,14 +67,20 @@ class _PipReplay:
         self.site = site
         self.before = before
         self.bins = set(os.listdir(os.path.join(sys.prefix, "bin")))
-        files = [(a, os.stat(a).st_size, os.stat(a).st_mtime_ns) for a in args if os.path.isfile(a)]
+        files = []
+        for a in args:
+            if os.path.isfile(a):
+                with open(a, "rb") as f:
+                    files.append((a, hashlib.sha256(f.read()).hexdigest()))
         key = json.dumps([args, files, sorted(self.before), sorted(self.bins)])
-        env_dir = os.path.dirname(sys.prefix)  # <cluster>/envs
-        self.dir = os.path.join(os.path.dirname(env_dir), "pip-replay", hashlib.sha256(key.encode()).hexdigest()[:16])
+        store = os.environ.get("DBSIM_PIP_REPLAY") or os.path.join(os.path.dirname(os.path.dirname(sys.prefix)),
+                                                                    "pip-replay")  # else <cluster>/pip-replay
+        self.dir = os.path.join(store, hashlib.sha256(key.encode()).hexdigest()[:16])
         self.output = ""
 
     def apply(self) -> bool:
         try:
+            os.utime(self.dir)  # recently used: kept
             with open(os.path.join(self.dir, "output.txt"), encoding="utf-8") as f:
                 self.output = f.read()
             with open(os.path.join(self.dir, "prefix.txt"), encoding="utf-8") as f:
@@ -105,6 +114,11 @@ class _PipReplay:
             os.rename(tmp, self.dir)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # another notebook recorded it first
+        store = os.path.dirname(self.dir)
+        kept = sorted((e for e in os.scandir(store) if e.is_dir() and "." not in e.name),
+                      key=lambda e: e.stat().st_mtime, reverse=True)
+        for old in kept[self._KEEP:]:
+            shutil.rmtree(old.path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- events and output capture
