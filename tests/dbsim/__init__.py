@@ -52,8 +52,8 @@ What it models (each checked by tests/test_dbsim.py):
 What it cannot show: Databricks' own Spark (the runtime's Spark is pip's pyspark here: see
 ``dbsim.runtimes``), Spark Connect / shared access mode, UI rendering of ``display`` and widgets,
 ``dbutils.notebook.run``, ``%run`` with arguments, ``%pip`` byte-compiling what it installs
-(``PIP_NO_COMPILE``) and the time a ``%pip`` takes once its result is kept (it is replayed), cluster libraries, GPUs, several notebooks
-running at once on one cluster (runs are sequential), a REPL that lives on after Run All (background threads
+(``PIP_NO_COMPILE``) and the time a ``%pip`` takes once its result is kept (it is replayed), cluster
+libraries, GPUs, several notebooks running at once on one cluster (runs are sequential), a REPL that lives on after Run All (background threads
 and processes a notebook leaves are killed when its Run All ends, and reported in ``leftovers``), credentials
 passthrough / Unity Catalog permissions beyond "writable inside a volume".
 
