@@ -53,9 +53,9 @@ What it cannot show: Databricks' own Spark (the runtime's Spark is pip's pyspark
 ``dbsim.runtimes``), Spark Connect / shared access mode, UI rendering of ``display`` and widgets,
 ``dbutils.notebook.run``, ``%run`` with arguments, ``%pip`` byte-compiling what it installs
 (``PIP_NO_COMPILE``) and the time a ``%pip`` takes once its result is kept (it is replayed), cluster
-libraries, GPUs, several notebooks running at once on one cluster (runs are sequential), a REPL that lives on after Run All (background threads
-and processes a notebook leaves are killed when its Run All ends, and reported in ``leftovers``), credentials
-passthrough / Unity Catalog permissions beyond "writable inside a volume".
+libraries, GPUs, several notebooks running at once on one cluster (runs are sequential), a REPL that lives on
+after Run All (background threads and processes a notebook leaves are killed when its Run All ends, and
+reported in ``leftovers``), credentials passthrough / Unity Catalog permissions beyond "writable inside a volume".
 
 Needs root with CAP_SYS_ADMIN (``unshare --mount --pid``); :func:`need_simulator` skips (or fails, in CI)
 a test otherwise, naming the fix.
