@@ -8,6 +8,8 @@ import sys
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
+import connect_lock  # noqa: E402,F401  (one remote("local...") server at a time on this machine)
+
 from pyspark.sql import SparkSession  # noqa: E402
 
 import tfnb  # noqa: E402

@@ -9,6 +9,8 @@ import time
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
+import connect_lock  # noqa: E402,F401  (one remote("local...") server at a time on this machine)
+
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
