@@ -1,11 +1,12 @@
 """Every bench in one command: a table of ratios against their goals and a picture of it.
 
-    ./dev bench all [--only feeding launch [--keep]] [--out bench]
+    ./dev bench all [--runs 3] [--only feeding launch [--keep]] [--out bench]
 
 Runs each bench under bench/ in its own process at a size that keeps the whole run to a few
 minutes, reads its ratios, and writes ``bench/results.md`` (ratios first, then the command lines
 and the machine) ``bench/results.png`` (one bar per ratio, its goal drawn across it) and ``bench/results.log`` (every
-bench's full output).
+bench's full output). With ``--runs N`` every bench runs N times, one whole round after another, and
+each ratio is the median of its N values (the table lists them all); tables and curves are the last run's.
 
 Convention: a bench ends with one line ``RESULT {json}`` holding ``{"ratios": {name: value},
 "goals": {name: goal}}`` (``bench/harness.py``'s ``report``), the only output read. A ratio a bench
@@ -18,6 +19,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -49,6 +51,7 @@ class Ratio:
     value: float | None
     goal: float
     higher_is_better: bool = True
+    runs: list[float] = field(default_factory=list)   # every run's value, when there were several
 
     @property
     def met(self) -> bool | None:
@@ -81,7 +84,8 @@ def _result_line(text: str) -> dict | None:
 _LOWER_IS_BETTER = {"launch vs floor", "evaluator p95 lag vs goal", "rerun vs the peer's rerun",
                     "rerun seconds", "fan-in driver CPU s/s", "fan-in lag p99 vs 500 ms",
                     "predict overhead vs predict_batch_udf overhead (mlp)",
-                    "predict overhead vs predict_batch_udf overhead (cnn)"}
+                    "predict overhead vs predict_batch_udf overhead (cnn)",
+                    "predict overhead vs predict_batch_udf overhead (cnn-bytes)"}
 
 
 def parse(bench: str, text: str) -> list[Ratio]:
@@ -107,6 +111,20 @@ def run(bench: str, args: list[str]) -> Outcome:
     shown = ", ".join(f"{r.name} {_fmt(r.value)}" for r in out.ratios) or "no ratio found"
     print(f"[all] {bench}: exit {proc.returncode} in {seconds:.0f} s: {shown}", flush=True)
     return out
+
+
+def median_of(outs: list[Outcome]) -> Outcome:
+    """One bench's runs as one outcome: each ratio the median of the runs that printed it."""
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    ratios = []
+    for r in last.ratios:
+        values = [x.value for o in outs for x in o.ratios if x.name == r.name and x.value is not None]
+        ratios.append(Ratio(r.bench, r.name, statistics.median(values) if values else None, r.goal,
+                            r.higher_is_better, values))
+    code = next((o.code for o in outs if o.code), 0)
+    return Outcome(last.bench, last.command, sum(o.seconds for o in outs), code, last.output, ratios)
 
 
 def _fmt(v: float | None) -> str:
@@ -139,16 +157,17 @@ def write_markdown(path: str, outcomes: list[Outcome], argv: list[str]) -> None:
     lines = ["# Benchmark results", "",
              f"`{' '.join(argv)}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Each ratio compares "
              "tfnb with an anchor measured in the same run; compare ratios, not absolute figures.", "",
-             "| bench | ratio | value | goal | met |", "|---|---|---|---|---|"]
+             "| bench | ratio | value | goal | met | runs |", "|---|---|---|---|---|---|"]
     for r in ratios:
         goal = ("≥ " if r.higher_is_better else "≤ ") + f"{r.goal:g}"
         met = {True: "yes", False: "**no**", None: "n/a"}[r.met]
-        lines.append(f"| {r.bench} | {r.name} | {_fmt(r.value)} | {goal} | {met} |")
+        runs = ", ".join(map(_fmt, r.runs)) if len(r.runs) > 1 else "1"
+        lines.append(f"| {r.bench} | {r.name} | {_fmt(r.value)} | {goal} | {met} | {runs} |")
     for o in outcomes:
         for title, table in ((_result_line(o.output) or {}).get("tables") or {}).items():
             lines += ["", f"## {title}", "", "| " + " | ".join(map(str, table[0])) + " |",
                       "|" + "---|" * len(table[0])] + ["| " + " | ".join(map(str, row)) + " |" for row in table[1:]]
-    lines += ["", "## Runs", "", "| bench | command | exit | seconds |", "|---|---|---|---|"]
+    lines += ["", "## Runs", "", "| bench | command | exit | seconds (all runs) |", "|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.bench} | `{' '.join(['python'] + o.command[1:])}` | {o.code} | {o.seconds:.0f} |")
     failed = [o for o in outcomes if o.code != 0]
@@ -229,15 +248,17 @@ def write_curves(folder: str, outcomes: list[Outcome]) -> None:
         plt.close(fig)
 
 
-def _previous(log: str) -> dict[str, Outcome]:
-    """The outcomes a results.log holds, by bench (its ``=====`` header line, then the bench's output)."""
-    found: dict[str, Outcome] = {}
+def _previous_runs(log: str) -> dict[str, list[Outcome]]:
+    """The outcomes a results.log holds, by bench (its ``=====`` header line, then the bench's output),
+    every run of a bench in order."""
+    found: dict[str, list[Outcome]] = {}
     if not os.path.exists(log):
-        return found
+        return {}
     parts = re.split(r"^===== (python bench/(\w+)\.py.*?) \(exit (-?\d+), (\d+) s\)\n", open(log).read(), flags=re.M)
     for command, bench, code, seconds, output in zip(*[iter(parts[1:])] * 5):
         argv = [sys.executable] + command.split()[1:]
-        found[bench] = Outcome(bench, argv, float(seconds), int(code), output.rstrip("\n"), parse(bench, output))
+        found.setdefault(bench, []).append(
+            Outcome(bench, argv, float(seconds), int(code), output.rstrip("\n"), parse(bench, output)))
     return found
 
 
@@ -247,14 +268,24 @@ def main() -> int:
     p.add_argument("--out", default=HERE, help="folder for results.md and results.png")
     p.add_argument("--keep", action="store_true",
                    help="with --only: keep the other benches' last outputs (from results.log) in the results")
+    p.add_argument("--runs", type=int, default=1, help="run every bench this many times; report medians")
     a = p.parse_args()
-    fresh = {name: run(name, BENCHES[name]) for name in (a.only or list(BENCHES))}
-    kept = _previous(os.path.join(a.out, "results.log")) if a.keep else {}
+    names = a.only or list(BENCHES)
+    rounds = []
+    for i in range(max(1, a.runs)):
+        if a.runs > 1:
+            print(f"[all] run {i + 1} of {a.runs}", flush=True)
+        rounds.append({name: run(name, BENCHES[name]) for name in names})
+    fresh = {name: median_of([r[name] for r in rounds]) for name in names}
+    kept_log = _previous_runs(os.path.join(a.out, "results.log")) if a.keep else {}
+    kept = {bench: median_of(outs) for bench, outs in kept_log.items()}
     outcomes = [fresh.get(name) or kept[name] for name in BENCHES if name in fresh or name in kept]
     md, png = os.path.join(a.out, "results.md"), os.path.join(a.out, "results.png")
     write_markdown(md, outcomes, ["./dev", "bench", "all"] + sys.argv[1:])
+    logged = [r[name] for r in rounds for name in names]
+    logged += [o for name, runs in kept_log.items() if name not in fresh for o in runs]
     with open(os.path.join(a.out, "results.log"), "w") as f:  # every bench's full output, for the details
-        for o in outcomes:
+        for o in logged:
             f.write(f"===== {' '.join(['python'] + o.command[1:])} (exit {o.code}, {o.seconds:.0f} s)\n{o.output}\n")
     try:
         write_picture(png, outcomes)

@@ -211,7 +211,10 @@ async def _proxy_main(upstream_port: int, delay_ms: float, window: int) -> None:
         except OSError:
             c_writer.close()
             return
-        await asyncio.gather(client_to_server(c_reader, s_writer), server_to_client(s_reader, c_writer))
+        try:
+            await asyncio.gather(client_to_server(c_reader, s_writer), server_to_client(s_reader, c_writer))
+        except asyncio.CancelledError:  # the proxy stopping with connections open: nothing to report
+            pass
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     print(server.sockets[0].getsockname()[1], flush=True)

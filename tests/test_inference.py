@@ -128,6 +128,20 @@ def test_savedmodel_from_array_and_scalar_columns(spark, df, models):
     _assert_matches(rows, expected, col="logits")
 
 
+def test_binary_columns_of_packed_values(spark, models, digits):
+    """Rows packed as bytes, float32 values or one uint8 per value (image pixels), predict the same as
+    the values they were packed from."""
+    path, expected = models["keras"]
+    x, _ = digits
+    pixels = np.round(x * 16).astype(np.uint8)
+    packed = spark.createDataFrame([(i, x[i].tobytes(), pixels[i].tobytes()) for i in range(len(x))],
+                                   "id long, f32 binary, u8 binary").repartition(3)
+    rows = inference.predict(packed, str(path), input_cols=["f32"], batch_size=100).select("id", "prediction")
+    _assert_matches(rows.collect(), expected)
+    rows = inference.predict(packed, str(path), input_cols=["u8"], output_col="p").select("id", "p").collect()
+    _assert_matches(rows, models["clf"].predict(pixels.astype("float32"), verbose=0), col="p")
+
+
 def test_single_unit_model_gives_a_float_column(spark, df, models):
     path, expected = models["h5"]
     preds = inference.predict(df, str(path), input_cols=["features"], batch_size=7)
@@ -274,6 +288,20 @@ def test_ragged_or_null_inputs_are_refused_with_the_fix(column, message):
     with pytest.raises(ConfigError) as e:
         inference._features([pa.array(column, pa.list_(pa.float64()))], ["f"], model)
     assert message in str(e.value) and "'f'" in str(e.value)
+
+
+@pytest.mark.parametrize("column, message", [
+    ([b"\0" * 10] * 2, "hold 10 bytes per row; the model's input (8, 8, 1) float32 needs 256 bytes of float32"
+                        " (pack rows with ndarray.astype('float32').tobytes()) or 64 bytes of uint8"),
+    ([b"\0" * 64, b"\0" * 63], "holds binary values of different lengths (63..64)"),
+])
+def test_packed_bytes_that_do_not_make_a_row_are_refused(column, message):
+    import pyarrow as pa
+
+    model = inference._Model(call=None, input_shape=[8, 8, 1], input_dtype="float32", output_shapes=[[10]])
+    with pytest.raises(ConfigError) as e:
+        inference._features([pa.array(column, pa.binary())], ["img"], model)
+    assert message in str(e.value) and "'img'" in str(e.value)
 
 
 # ------------------------------------------------------------------ bad arguments, caught on the driver

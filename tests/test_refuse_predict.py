@@ -51,7 +51,7 @@ def predict_missing_column(env):
 
 
 @case("predict", "a string input column", ConfigError, "'name' has type string", "numeric",
-      says="numeric columns or arrays of numbers", spark=True)
+      says="numeric columns, arrays of numbers or packed bytes (binary)", spark=True)
 def predict_string_column(env):
     df = env.spark.createDataFrame([("a",)], "name string")
     yield

@@ -57,6 +57,8 @@ def opts(server) -> dict:
 
 
 def s3_stage(server, dest, url=f"s3://{BUCKET}/{PREFIX}", **kw) -> StageResult:
+    # more connections than files, so the big file is fetched in ranges (fewer: one GET per file)
+    kw.setdefault("concurrency", 2 * len(TREE))
     return stage(url, dest, endpoint_url=server.endpoint_url, storage_options=opts(server),
                  chunk_size=MiB, **kw)
 

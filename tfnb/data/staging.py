@@ -4,8 +4,9 @@ The Databricks pattern: inside ``train_fn`` every worker stages a distinct subse
 files from object storage to its local disk, then ``tf.data`` reads local files (see :func:`stage`).
 The source is any URL or path of tfnb's storage layer (``s3://`` through obstore with the
 ``s3-native`` extra, else boto3: objects up to ``chunk_size`` are one GET each, many in flight, bigger
-ones parallel ranged GETs; the listing's size and ETag spare a HEAD per object; local paths such as
-``/dbfs/...``; other schemes through fsspec). Sharding: :func:`assign_shard`.
+ones too while ``concurrency`` files are unfinished, then parallel ranged GETs; the listing's size and
+ETag spare a HEAD per object; local paths such as ``/dbfs/...``; other schemes through fsspec).
+Sharding: :func:`assign_shard`.
 
 Staging is idempotent and resumable. A file is downloaded to a hidden temporary name
 (``.NAME.tfnb-part``, which ``*.tfrecord``-style globs do not match) and renamed when whole; the
@@ -325,8 +326,10 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
             then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL.
         concurrency: S3 GETs in flight at once, for small objects and for the parts of big ones
             each; fsspec file copies at once. Default 8. Env: TFNB_STAGE_CONCURRENCY.
-        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size,
-            smaller ones with one GET. Default 8 MiB, at least 1 MiB. Env: TFNB_STAGE_CHUNK_SIZE.
+        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size once
+            fewer than ``concurrency`` files are left unfinished (before that, one GET per file keeps
+            every connection busy); smaller ones with one GET. Default 8 MiB, at least 1 MiB.
+            Env: TFNB_STAGE_CHUNK_SIZE.
         storage_options: ``key``, ``secret``, ``token``, ``region``, ``profile``, ``anon``, ``config``
             (README, "Storage URLs and options"); for fsspec URLs, the filesystem's options. Never logged.
         progress: show a tqdm bar on stderr.
@@ -453,9 +456,12 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
 
     def fetch(f: RemoteFile) -> None:
         try:
-            # the listing's size and version make the GET conditional: a file replaced meanwhile fails
+            # the listing's size and version make the GET conditional: a file replaced meanwhile fails.
+            # While at least `concurrency` files are unfinished, one GET each keeps every connection busy;
+            # parallel ranges of one big file pay off only for the last ones (or a few big files).
             store.get(f.key, str(_part(_local(dest, f.rel))), size=f.size, version=f.version or None,
-                      on_bytes=lambda n: events.put(("bytes", f.rel, n)), cancel=cancel)
+                      on_bytes=lambda n: events.put(("bytes", f.rel, n)), cancel=cancel,
+                      whole=len(files) >= concurrency)
         except BaseException as e:  # noqa: BLE001 - handed to the calling thread
             events.put(("done", f.rel, e))
         else:

@@ -69,10 +69,11 @@ class Store:
       when it does not exist; temporary names skipped.
     * ``stat(rel="") -> Entry | None``: the file ``rel``, None when no file is there (a folder is not).
     * ``read(rel="", offset=0, length=None) -> bytes``: all of it, or a range.
-    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None)``: download
-      atomically (via ``.NAME.tfnb-part-*`` beside ``local_path``). ``size``/``version`` are what a
-      listing said: a file that no longer matches fails instead of arriving mixed or torn;
-      ``on_bytes(n)`` reports progress (negative when a retry restarts); a set ``cancel`` Event stops it.
+    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False)``:
+      download atomically (via ``.NAME.tfnb-part-*`` beside ``local_path``). ``size``/``version`` are
+      what a listing said: a file that no longer matches fails instead of arriving mixed or torn;
+      ``on_bytes(n)`` reports progress (negative when a retry restarts); a set ``cancel`` Event stops it;
+      ``whole`` asks for one request, not parallel ranges (the caller keeps enough requests in flight).
     * ``put(rel, local_path)``, ``write(rel, data)``: create or replace ``rel`` atomically.
     * ``append(rel, data)``: only where :attr:`appendable`. ``delete(rel)``: a missing file is fine.
     * ``put_dir(rel, local_dir)``: make ``rel`` a copy of ``local_dir``. ``close()``: release pools.

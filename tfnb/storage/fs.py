@@ -83,7 +83,7 @@ class FsspecStore(Store):
         return self.fs.cat_file(self._full(rel), start=offset or None, end=end)
 
     @guarded("downloading")
-    def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
+    def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False) -> None:
         from fsspec.callbacks import Callback
 
         url = self.url(rel)

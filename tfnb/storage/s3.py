@@ -244,29 +244,30 @@ class S3Store(Store):
         return body
 
     @guarded("downloading")
-    def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None) -> None:
+    def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False) -> None:
         on_bytes = on_bytes or (lambda n: None)
+        split = size is not None and size > self.chunk_size and not whole
         with landing(self.url(rel), local_path, size) as tmp:
             native = self.native
             if native is not None and size is not None:
                 sent = []
                 try:
                     return self._get_native(native, rel, tmp, size, version,
-                                            lambda n: (sent.append(n), on_bytes(n)), cancel)
+                                            lambda n: (sent.append(n), on_bytes(n)), cancel, split)
                 except StorageError:
                     raise
                 except Exception:   # noqa: BLE001 - boto3 fetches it again and names any failure
                     on_bytes(-sum(sent))
                     self.native = None   # and the rest too: one failure must not cost one per file
-            if size is not None and size > self.chunk_size:
+            if split:
                 self._get_big(rel, tmp, size, version, on_bytes, cancel)
             else:
                 self._get_small(rel, tmp, version, on_bytes, cancel)
 
-    def _get_native(self, native, rel, tmp, size, version, on_bytes, cancel) -> None:
-        """``size`` bytes into ``tmp``: one GET up to ``chunk_size`` (or when the server cannot answer
-        ranges), else ranged GETs of that size on the store's part threads (``concurrency`` of them,
-        shared by every file)."""
+    def _get_native(self, native, rel, tmp, size, version, on_bytes, cancel, split: bool) -> None:
+        """``size`` bytes into ``tmp``: one GET unless ``split`` (or when the server cannot answer
+        ranges), else ranged GETs of ``chunk_size`` on the store's part threads (``concurrency`` of
+        them, shared by every file)."""
         import obstore
         from obstore.exceptions import PreconditionError
 
@@ -294,7 +295,7 @@ class S3Store(Store):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             first = 0
-            if size > self.chunk_size and self.ranges is None:
+            if split and self.ranges is None:
                 # the first big file finds out alone, so the others spend no request on it
                 with self._probe:
                     if self.ranges is None:
@@ -305,7 +306,7 @@ class S3Store(Store):
                             if "NotPartial" not in str(e):
                                 raise
                             self.ranges = False   # 200 to a range (rclone): one GET per object
-            if size <= self.chunk_size or not self.ranges:
+            if not split or not self.ranges:
                 part(fd, 0, size)
                 return
             with self._lock:
