@@ -43,7 +43,7 @@ import traceback
 
 class _PipReplay:
     """A ``%pip install`` that repeats one already run with this runtime, with the same arguments (local files
-    by content), into a notebook environment that has nothing installed yet, gives the same files and output:
+    by name and content, wherever they lie), into a notebook environment that has nothing installed yet, gives the same files and output:
     the first one's result is kept (hard links, under ``DBSIM_PIP_REPLAY``, which outlives the cluster: see
     ``dbsim.PIP_REPLAY``) and copied in, instead of pip unpacking TensorFlow's gigabytes once per notebook.
     Scripts are copied with their first line pointing at this environment's Python. A notebook's later %pip
@@ -67,12 +67,14 @@ class _PipReplay:
         self.site = site
         self.before = before
         self.bins = set(os.listdir(os.path.join(sys.prefix, "bin")))
-        files = []
+        # a local file by its name and content: the simulated /Volumes and /dbfs lie under each cluster's folder
+        said = []
         for a in args:
             if os.path.isfile(a):
                 with open(a, "rb") as f:
-                    files.append((a, hashlib.sha256(f.read()).hexdigest()))
-        key = json.dumps([args, files, sorted(self.before), sorted(self.bins)])
+                    a = f"{os.path.basename(a)}@{hashlib.sha256(f.read()).hexdigest()}"
+            said.append(a)
+        key = json.dumps([said, sorted(self.before), sorted(self.bins)])
         store = os.environ.get("DBSIM_PIP_REPLAY") or os.path.join(os.path.dirname(os.path.dirname(sys.prefix)),
                                                                     "pip-replay")  # else <cluster>/pip-replay
         self.dir = os.path.join(store, hashlib.sha256(key.encode()).hexdigest()[:16])
