@@ -4,9 +4,9 @@ The Databricks pattern: inside ``train_fn`` every worker stages a distinct subse
 files from object storage to its local disk, then ``tf.data`` reads local files (see :func:`stage`).
 The source is any URL or path of tfnb's storage layer (``s3://`` through obstore with the
 ``s3-native`` extra, else boto3: objects up to ``chunk_size`` are one GET each, many in flight, bigger
-ones too while ``concurrency`` files are unfinished, then parallel ranged GETs; the listing's size and
-ETag spare a HEAD per object; local paths such as ``/dbfs/...``; other schemes through fsspec).
-Sharding: :func:`assign_shard`.
+ones up to 8 chunks too while ``concurrency`` files are unfinished, else parallel ranged GETs; the
+listing's size and ETag spare a HEAD per object; local paths such as ``/dbfs/...``; other schemes
+through fsspec). Sharding: :func:`assign_shard`.
 
 Staging is idempotent and resumable. A file is downloaded to a hidden temporary name
 (``.NAME.tfnb-part``, which ``*.tfrecord``-style globs do not match) and renamed when whole; the
@@ -54,6 +54,7 @@ _MANIFEST_VERSION = 1
 # per request, not the round trips, bounds small objects.
 _DEFAULT_CONCURRENCY = 8
 _DEFAULT_CHUNK = 8 * 1024 * 1024
+_WHOLE_PARTS = 8  # an object up to this many chunks may be one GET (s5cmd: below its 50 MB part size)
 _CALLBACK_INTERVAL = 0.25              # seconds between progress callbacks
 _MANIFEST_INTERVAL = 1.0               # seconds between manifest writes while downloading
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")  # S3's ETag of a single-part, non-KMS object is its MD5
@@ -326,9 +327,9 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
             then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL.
         concurrency: S3 GETs in flight at once, for small objects and for the parts of big ones
             each; fsspec file copies at once. Default 8. Env: TFNB_STAGE_CONCURRENCY.
-        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size once
-            fewer than ``concurrency`` files are left unfinished (before that, one GET per file keeps
-            every connection busy); smaller ones with one GET. Default 8 MiB, at least 1 MiB.
+        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size; up to
+            8 chunks, one GET per file while at least ``concurrency`` files are unfinished (every
+            connection is busy anyway); smaller ones with one GET. Default 8 MiB, at least 1 MiB.
             Env: TFNB_STAGE_CHUNK_SIZE.
         storage_options: ``key``, ``secret``, ``token``, ``region``, ``profile``, ``anon``, ``config``
             (README, "Storage URLs and options"); for fsspec URLs, the filesystem's options. Never logged.
@@ -401,7 +402,7 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
              src, dest_path, len(mine), len(todo), _human(need))
 
     _download(store, todo, dest_path, manifest, concurrency=concurrency, progress=progress,
-              callback=callback, label=f"stage {index}/{count}")
+              callback=callback, label=f"stage {index}/{count}", whole_max=_WHOLE_PARTS * chunk_size)
     seconds = max(time.monotonic() - start, 1e-9)
     result = StageResult(
         src=src, dest=str(dest_path), index=index, count=count, files=len(mine),
@@ -429,7 +430,7 @@ def _list(store: Store) -> list[RemoteFile]:
 
 def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _Manifest, *,
               concurrency: int, progress: bool, callback: Callable[[StageProgress], None] | None,
-              label: str) -> None:
+              label: str, whole_max: int = 0) -> None:
     """Fetch ``todo``, ``concurrency`` files at a time; record each in the manifest when whole.
 
     Download threads only post events to a queue; this thread does every manifest update and
@@ -458,10 +459,11 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
         try:
             # the listing's size and version make the GET conditional: a file replaced meanwhile fails.
             # While at least `concurrency` files are unfinished, one GET each keeps every connection busy;
-            # parallel ranges of one big file pay off only for the last ones (or a few big files).
+            # parallel ranges of one big file pay off only for the last ones (or a few big files). Objects
+            # over `whole_max` are split anyway, so a dropped connection costs one part, not the object.
             store.get(f.key, str(_part(_local(dest, f.rel))), size=f.size, version=f.version or None,
                       on_bytes=lambda n: events.put(("bytes", f.rel, n)), cancel=cancel,
-                      whole=len(files) >= concurrency)
+                      whole=len(files) >= concurrency and f.size <= whole_max)
         except BaseException as e:  # noqa: BLE001 - handed to the calling thread
             events.put(("done", f.rel, e))
         else:
