@@ -304,6 +304,15 @@ def test_packed_bytes_that_do_not_make_a_row_are_refused(column, message):
     assert message in str(e.value) and "'img'" in str(e.value)
 
 
+def test_packed_columns_split_mid_value_are_refused():
+    """Two binary columns whose bytes add up to the row but cut a float32 in two."""
+    import pyarrow as pa
+
+    model = inference._Model(call=None, input_shape=[2], input_dtype="float32", output_shapes=[[1]])
+    with pytest.raises(ConfigError, match=r"\['a', 'b'\] hold bytes that are not whole float32 values"):
+        inference._features([pa.array([b"\0" * 6]), pa.array([b"\0" * 2])], ["a", "b"], model)
+
+
 # ------------------------------------------------------------------ bad arguments, caught on the driver
 
 

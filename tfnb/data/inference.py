@@ -495,8 +495,12 @@ def _unpack(np, parts: list, packed: list, names: Sequence[str], model: "_Model"
     want = None if None in model.input_shape else math.prod(model.input_shape) - known
     if raw == want:
         return parts  # uint8, cast with the rest
-    if raw % dtype.itemsize == 0 and want in (None, raw // dtype.itemsize):
+    split = [names[i] for i in packed if parts[i].shape[1] % dtype.itemsize]
+    if not split and want in (None, raw // dtype.itemsize):
         return [p.view(dtype.newbyteorder("<")) if i in packed else p for i, p in enumerate(parts)]
+    if split and raw % dtype.itemsize == 0:
+        raise ConfigError(f"binary input column(s) {split} hold bytes that are not whole {dtype.name} values "
+                          f"(a multiple of {dtype.itemsize} per row); pack each column's values on their own")
     need = (f"{want * dtype.itemsize} bytes of {dtype.name} (pack rows with ndarray.astype({dtype.name!r})"
             f".tobytes()) or {want} bytes of uint8, one per value" if want is not None else
             f"a multiple of {dtype.itemsize} bytes ({dtype.name})")
