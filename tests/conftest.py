@@ -184,7 +184,24 @@ def pytest_runtest_setup(item):
 def pytest_runtest_makereport(item, call):
     report = yield
     _fail_in_ci(report)
+    if report.failed and call.when == "call" and "chromium_page" in getattr(item, "funcargs", {}):
+        _page_on_failure(item, report)
     return report
+
+
+def _page_on_failure(item, report) -> None:
+    """A failed browser test's report carries what the page showed (cells' text, a screenshot in
+    test-artifacts) and the tail of JupyterLab's log, where kernel tracebacks land."""
+    page, lab = item.funcargs["chromium_page"], item.funcargs.get("jupyter_lab")
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{item.name}-failed.png"), full_page=True)
+        cells = page.locator(".jp-Cell").all_inner_texts()
+        report.sections.append(("page at failure", "\n---\n".join(cells)[-6000:]))
+    except Exception as e:  # the page itself may be what failed
+        report.sections.append(("page at failure", f"unreadable: {e!r}"))
+    if lab is not None and hasattr(lab, "log_tail"):
+        report.sections.append(("JupyterLab log", lab.log_tail()))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -126,14 +126,22 @@ def _check_batch(spec: FeedSpec, batch, lengths: dict[str, int]) -> None:
 
 
 def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
-    """The batch's fed columns in spec order, checked."""
+    """The batch's fed columns, checked, arrays first and as fixed-size lists.
+
+    A fixed-size list shares Spark's values (no copy) and has no offsets: the file is 4 bytes a row
+    smaller, and the array column written first starts its message's body, so the reader's buffer is
+    64-byte aligned and TensorFlow takes it without a copy (a copy of each 4 MB piece into fresh memory
+    was half of ``ctx.dataset``'s cost per row).
+    """
     import pyarrow as pa
 
-    names = list(spec.names)
-    if batch.schema.names != names:
-        batch = pa.RecordBatch.from_arrays([batch.column(n) for n in names], names=names)
     _check_batch(spec, batch, lengths)
-    return batch
+    order = sorted(spec.columns, key=lambda c: not c.is_array)  # readers take columns by name
+    cols = [batch.column(c.name) for c in order]
+    cols = [pa.FixedSizeListArray.from_arrays(col.flatten(), lengths[c.name])
+            if c.is_array and not pa.types.is_fixed_size_list(col.type) else col
+            for c, col in zip(order, cols)]
+    return pa.RecordBatch.from_arrays(cols, names=[c.name for c in order])
 
 
 def spill_partition(spec: FeedSpec, batches: Iterable, workdir: str) -> Spilled:
