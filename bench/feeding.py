@@ -73,6 +73,18 @@ def _peak_rss_mb(pid: str = "self") -> float:
     return float("nan")
 
 
+def _task_rss_mb(spill_path: str) -> float:
+    """Peak RSS of the Spark task's Python worker that wrote ``spill_path``. train_fn's parent is the executor's
+    warm standby, not the task; a spill in /dev/shm is named after the task's pid (tfnb-feed-<uid>-<pid>-...)."""
+    import re
+
+    m = re.search(r"tfnb-feed-\d+-(\d+)-", spill_path)
+    try:
+        return _peak_rss_mb(m.group(1)) if m else float("nan")
+    except OSError:
+        return float("nan")
+
+
 def tfnb_consume(ctx, launched: float, outdir: str) -> dict:
     entered = time.time()
     ds = ctx.dataset(BATCH)
@@ -91,7 +103,7 @@ def tfnb_consume(ctx, launched: float, outdir: str) -> dict:
               "epoch1_end": epoch1, "loop": done - epoch1, "spill": final["seconds"],
               "received_first": final["first"], "received_last": final["last"], "wall": done - launched,
               # The train_fn process's parent is the Spark task's Python worker.
-              "rss_train_fn": _peak_rss_mb(), "rss_task": _peak_rss_mb(str(os.getppid()))}
+              "rss_train_fn": _peak_rss_mb(), "rss_task": _task_rss_mb(ctx.feed.path)}
     with open(os.path.join(outdir, f"tfnb-{ctx.task_index}.json"), "w") as f:
         json.dump(report, f)
     return report
