@@ -396,7 +396,10 @@ def test_spark_3_5_attaches_the_profile_through_the_rdd_api(tmp_path, no_orphans
         res = subprocess.run([python, str(root / "tests" / "scripts" / "resources_35.py"), url], env=env,
                              capture_output=True, text=True, timeout=900)
     line = next((l for l in res.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, f"the Spark 3.5 run failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
+    # the executors' own stderr says why a task was lost
+    executors = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}"
+                          for p in sorted(tmp_path.glob("work/app-*/*/stderr")))
+    assert line, f"the Spark 3.5 run failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}\n{executors}"
     out = json.loads(line[len("RESULT "):])
     assert out["spark"] == "3.5.0" and "build='rdd'" in out["placement"]
     assert len(out["conf"]["gpus"]) == 1 and len(out["two"]["gpus"]) == 2
