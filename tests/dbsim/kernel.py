@@ -43,11 +43,12 @@ import traceback
 
 class _PipReplay:
     """A ``%pip install`` that repeats one already run with this runtime, with the same arguments (local files
-    by name and content, wherever they lie), into a notebook environment that has nothing installed yet, gives the same files and output:
-    the first one's result is kept (hard links, under ``DBSIM_PIP_REPLAY``, which outlives the cluster: see
-    ``dbsim.PIP_REPLAY``) and copied in, instead of pip unpacking TensorFlow's gigabytes once per notebook.
-    Scripts are copied with their first line pointing at this environment's Python. A notebook's later %pip
-    (which may replace what is there) runs. The last ``_KEEP`` results are kept."""
+    by name and content, wherever they lie), into a notebook environment that has nothing installed yet,
+    gives the same files and output: the first one's result is kept (hard links, under ``DBSIM_PIP_REPLAY``,
+    which outlives the cluster: see ``dbsim.PIP_REPLAY``) and copied in, instead of pip unpacking
+    TensorFlow's gigabytes once per notebook. Scripts are copied with their first line pointing at this
+    environment's Python. A notebook's later %pip (which may replace what is there) runs. The last ``_KEEP``
+    results are kept."""
 
     _KEEP = 2  # a result with TensorFlow holds ~2 GB of memory-backed /dev/shm
 
