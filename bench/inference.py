@@ -334,13 +334,14 @@ def bench_model(spark, jvm_pid: int, kind: str, tmp: str, args) -> dict[str, flo
         subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); "
                         f"import inference as b; b.build_model({model_path!r}, {net!r}, {features}, {args.hidden})"],
                        check=True, env=dict(os.environ), capture_output=True)
-    df = frame(spark, rows, features, args.payload, args.cores, packed=kind.endswith("-bytes"))
+    packed = kind.endswith("-bytes")
+    df = frame(spark, rows, features, args.payload, args.cores, packed=packed)
     # Spark figures are marginal: a pass over `rows` minus a pass over a tenth of them (the median of 3),
     # per row between,
     # so the fixed cost of a job (~0.5 CPU-s: planning, code generation, task set-up) is not spread over
     # the rows; at 60k CNN rows it would add ~8 us to every row of every wiring.
     small_rows = max(args.cores, rows // 10)
-    small = frame(spark, small_rows, features, args.payload, args.cores, packed=kind.endswith("-bytes"))
+    small = frame(spark, small_rows, features, args.payload, args.cores, packed=packed)
     per_row = 1e6 / (rows - small_rows)
     # The size tfnb.predict chooses (reported in the output column's metadata) is used by every wiring
     # and the anchor, unless --batch-size fixes one for all.
@@ -350,7 +351,7 @@ def bench_model(spark, jvm_pid: int, kind: str, tmp: str, args) -> dict[str, flo
           f"load(1m)={os.getloadavg()[0]:.1f}")
     outs = {name: tuple(WIRINGS[name](d, model_path, size, features) for d in (df, small))
             for name in args.only or MODELS[kind]}
-    anchor = Anchor(model_path, rows, features, size, args.cores, kind.endswith("-bytes"))
+    anchor = Anchor(model_path, rows, features, size, args.cores, packed)
     try:
         for name, (out, out_small) in outs.items():
             warm, _ = time_pass(out, jvm_pid)  # loads the model in each Python worker

@@ -60,6 +60,11 @@ class FeedSpec:
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
+    @functools.cached_property
+    def arrays_first(self) -> tuple[FeedColumn, ...]:
+        """The columns in the order a fed part's batches hold them (readers take columns by name)."""
+        return tuple(sorted(self.columns, key=lambda c: not c.is_array))
+
     def column(self, name: str) -> FeedColumn:
         for c in self.columns:
             if c.name == name:
@@ -136,7 +141,7 @@ def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
     import pyarrow as pa
 
     _check_batch(spec, batch, lengths)
-    order = sorted(spec.columns, key=lambda c: not c.is_array)  # readers take columns by name
+    order = spec.arrays_first
     cols = [batch.column(c.name) for c in order]
     cols = [pa.FixedSizeListArray.from_arrays(col.flatten(), lengths[c.name])
             if c.is_array and not pa.types.is_fixed_size_list(col.type) else col

@@ -430,7 +430,7 @@ def _list(store: Store) -> list[RemoteFile]:
 
 def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _Manifest, *,
               concurrency: int, progress: bool, callback: Callable[[StageProgress], None] | None,
-              label: str, whole_max: int = 0) -> None:
+              label: str, whole_max: int) -> None:
     """Fetch ``todo``, ``concurrency`` files at a time; record each in the manifest when whole.
 
     Download threads only post events to a queue; this thread does every manifest update and
