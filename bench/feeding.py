@@ -1,6 +1,6 @@
 """Feeding throughput: a cached DataFrame into a consuming tf.data loop, against Spark's own Arrow path.
 
-    ./dev bench feeding [--rows 200000 2000000 10000000] [--workers 2 4] [--rounds 3] [--no-tfos]
+    ./dev bench feeding [--rows 200000 2000000 10000000] [--workers 2 4] [--rounds 3] [--no-tfos] [--task-only]
 
 The DataFrame: ``rows`` x one array<float> column of 64 elements (256 B a row), cached, one
 partition per worker (``df.repartition(n).cache()``, as the docs recommend), on
@@ -11,6 +11,9 @@ partition per worker (``df.repartition(n).cache()``, as the docs recommend), on
            ``ctx.dataset(1000)`` with a Python for-loop, twice (the first epoch streams while the
            task receives the partition, the second reads the local copy).
   bare     the same ``tfnb.run`` without ``data=``: the run's own cost, for the marginal below.
+  task     (``--task-only``, instead of the others) the same ``tfnb.run`` whose train_fn reads nothing: the
+           task's side alone, receiving the partition and writing the local file, first to last batch as the
+           ceiling is timed. A diagnostic that splits the gap between the two ends; no goal.
   tfos     TensorFlowOnSpark 2.2.5, InputMode.SPARK: ``cluster.train(rdd)``, each node consuming a
            tf.data generator over ``DataFeed.next_batch(1000)`` (its fastest documented pattern),
            at the first size with 2 workers.
@@ -204,6 +207,39 @@ def standbys_ready(workers: int, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def task_only(ctx, outdir: str) -> None:
+    final = ctx.feed.state(lambda s: s["final"] is not None)["final"]
+    with open(os.path.join(outdir, f"task-{ctx.task_index}.json"), "w") as f:
+        json.dump(final["last"] - final["first"], f)
+
+
+def run_task_only(spark, df, workers: int) -> float:
+    """Seconds the slowest task takes to receive and write its partition while train_fn reads none of it."""
+    import tfnb
+
+    outdir = tempfile.mkdtemp(prefix="tfnb-bench-feed-")
+    standbys_ready(workers)
+    try:
+        tfnb.run(task_only, num_workers=workers, args=(outdir,), data=df, spark=spark, display=False)
+        return max(json.load(open(p)) for p in glob.glob(os.path.join(outdir, "task-*.json")))
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
+
+
+def measure_task_only(spark, rows: int, workers: int, rounds: int) -> None:
+    df = make_df(spark, rows, workers)
+    run_ceiling(df)
+    run_task_only(spark, df, workers)
+    ratios = []
+    for i in range(rounds):
+        c, t = run_ceiling(df)[0], run_task_only(spark, df, workers)
+        ratios.append(c / t)
+        print(f"  {rows:>10,} rows, {workers} workers, round {i + 1}: ceiling {c:.2f} s | task alone {t:.2f} s",
+              flush=True)
+    df.unpersist()
+    print(f"  {rows:>10,} rows: task alone (train_fn reads nothing) / ceiling {spread(ratios)}", flush=True)
+
+
 def run_bare(spark, workers: int) -> float:
     """Wall seconds of the same tfnb.run without data=: what a run costs before any row moves."""
     import tfnb
@@ -274,6 +310,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rounds", type=int, default=3, help="rounds per size; ratios are the medians")
     p.add_argument("--no-tfos", action="store_true", help="skip TensorFlowOnSpark")
+    p.add_argument("--task-only", action="store_true",
+                   help="instead: the ceiling against the task's side alone (train_fn reads nothing)")
     a = p.parse_args()
 
     have_tfos = tfos_available(a.no_tfos)
@@ -287,6 +325,9 @@ def main() -> None:
         print(f"\n{workers} workers on {master} (executor memory {mem} MB):", flush=True)
         try:
             for n, rows in enumerate(a.rows):
+                if a.task_only:
+                    measure_task_only(spark, rows, workers, a.rounds)
+                    continue
                 cluster = start_tfos(spark) if have_tfos and n == 0 and workers == 2 else None
                 m = measure(spark, rows, workers, a.rounds, cluster)
                 if cluster is not None:
@@ -308,6 +349,8 @@ def main() -> None:
                       f"{m['ceiling_per_100k']:.3f} s | {_details(m['details'])}", flush=True)
         finally:
             spark.stop()
+    if a.task_only:
+        return
 
     table = [["workers", "rows", "tfnb s / 100k rows", "ceiling s / 100k rows", "tfnb / ceiling (median [range])",
               "data= marginal / mapInArrow pass", "peak RSS task / train_fn MB"]]
