@@ -88,7 +88,7 @@ def _task_rss_mb(spill_path: str) -> float:
         return float("nan")
 
 
-def tfnb_consume(ctx, launched: float, outdir: str) -> dict:
+def tfnb_consume(ctx, outdir: str) -> dict:
     entered = time.time()
     ds = ctx.dataset(BATCH)
     # The consumer is ready once its pipeline is built (TensorFlow's one-time tf.data set-up, ~0.2-0.6 s).
@@ -104,8 +104,7 @@ def tfnb_consume(ctx, launched: float, outdir: str) -> dict:
     report = {"rank": ctx.task_index, "rows": rows, "again": again, "ready": ready, "first_read": first,
               "build": ready - entered,
               "epoch1_end": epoch1, "loop": done - epoch1, "spill": final["seconds"],
-              "received_first": final["first"], "received_last": final["last"], "wall": done - launched,
-              # The train_fn process's parent is the Spark task's Python worker.
+              "received_first": final["first"], "received_last": final["last"],
               "rss_train_fn": _peak_rss_mb(), "rss_task": _task_rss_mb(ctx.feed.path)}
     with open(os.path.join(outdir, f"tfnb-{ctx.task_index}.json"), "w") as f:
         json.dump(report, f)
@@ -158,25 +157,30 @@ def _nothing(ctx) -> None:
     return None
 
 
+def _fed_run(spark, df, workers: int, train_fn) -> tuple[float, list]:
+    """(wall seconds of the tfnb.run call, what each train_fn wrote) of ``train_fn(ctx, outdir)`` fed ``df``."""
+    import tfnb
+
+    outdir = tempfile.mkdtemp(prefix="tfnb-bench-feed-")
+    standbys_ready(workers)
+    try:
+        start = time.perf_counter()
+        tfnb.run(train_fn, num_workers=workers, args=(outdir,), data=df, spark=spark, display=False)
+        wall = time.perf_counter() - start
+        return wall, [json.load(open(p)) for p in sorted(glob.glob(os.path.join(outdir, "*.json")))]
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
+
+
 def run_tfnb(spark, df, rows: int, workers: int = 2) -> tuple[float, float, dict]:
     """(stream seconds, wall seconds of the tfnb.run call, details) of feeding ``df`` to ``workers`` train_fns."""
-    import tfnb
     from tfnb.data.feeding import split_for_workers
 
     # The same check tfnb.run makes before its job, timed on its own.
     start = time.perf_counter()
     split_for_workers(df, workers)
     check = time.perf_counter() - start
-    outdir = tempfile.mkdtemp(prefix="tfnb-bench-feed-")
-    standbys_ready(workers)
-    try:
-        start = time.perf_counter()
-        tfnb.run(tfnb_consume, num_workers=workers, args=(time.time(), outdir), data=df, spark=spark,
-                 display=False)
-        wall = time.perf_counter() - start
-        reports = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(outdir, "tfnb-*.json")))]
-    finally:
-        shutil.rmtree(outdir, ignore_errors=True)
+    wall, reports = _fed_run(spark, df, workers, tfnb_consume)
     fed = sum(r["rows"] for r in reports)
     assert len(reports) == workers and fed >= rows - workers * BATCH, reports
     assert all(r["again"] == r["rows"] == reports[0]["rows"] for r in reports), reports
@@ -215,15 +219,7 @@ def task_only(ctx, outdir: str) -> None:
 
 def run_task_only(spark, df, workers: int) -> float:
     """Seconds the slowest task takes to receive and write its partition while train_fn reads none of it."""
-    import tfnb
-
-    outdir = tempfile.mkdtemp(prefix="tfnb-bench-feed-")
-    standbys_ready(workers)
-    try:
-        tfnb.run(task_only, num_workers=workers, args=(outdir,), data=df, spark=spark, display=False)
-        return max(json.load(open(p)) for p in glob.glob(os.path.join(outdir, "task-*.json")))
-    finally:
-        shutil.rmtree(outdir, ignore_errors=True)
+    return max(_fed_run(spark, df, workers, task_only)[1])
 
 
 def measure_task_only(spark, rows: int, workers: int, rounds: int) -> None:
