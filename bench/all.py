@@ -41,6 +41,10 @@ BENCHES = {
     "evaluator": ["--checkpoints", "8"],
     "sync": ["--minutes", "0.5", "--interval", "5"],
     "overhead": ["--steps", "150", "--repeats", "1"],
+    "keras3": ["--rounds", "3"],
+    "profiler": ["--runs", "10"],
+    "sweep": ["--trials", "6", "--epochs", "3", "--rounds", "3"],
+    "elastic": ["--rounds", "3"],
 }
 
 
@@ -85,7 +89,8 @@ _LOWER_IS_BETTER = {"launch vs floor", "evaluator p95 lag vs goal", "rerun vs th
                     "rerun seconds", "fan-in driver CPU s/s", "fan-in lag p99 vs 500 ms",
                     "predict overhead vs predict_batch_udf overhead (mlp)",
                     "predict overhead vs predict_batch_udf overhead (cnn)",
-                    "predict overhead vs predict_batch_udf overhead (cnn-bytes)"}
+                    "predict overhead vs predict_batch_udf overhead (cnn-bytes)",
+                    "elastic epochs begun again per loss (max)"}
 
 
 def parse(bench: str, text: str) -> list[Ratio]:

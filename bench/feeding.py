@@ -1,6 +1,7 @@
 """Feeding throughput: a cached DataFrame into a consuming tf.data loop, against Spark's own Arrow path.
 
     ./dev bench feeding [--rows 200000 2000000 10000000] [--workers 2 4] [--rounds 3] [--no-tfos] [--task-only]
+    ./dev bench feeding --autotune [--rows 1000000] [--rounds 5]
 
 The DataFrame: ``rows`` x one array<float> column of 64 elements (256 B a row), cached, one
 partition per worker (``df.repartition(n).cache()``, as the docs recommend), on
@@ -31,6 +32,12 @@ Two ratios per size, each the median of ``--rounds`` rounds that interleave the 
 Also printed: peak RSS of the task and train_fn processes (bounded: it must not grow with the rows)
 and the scaling curve, seconds per 100k rows of tfnb and the ceiling at every size and worker count,
 which ``bench/all.py`` copies into results.md and draws.
+
+``--autotune`` (instead of the above, no Spark): ``ctx.dataset`` over a finished local part of
+``rows`` rows (what every epoch after the first reads), as it is (tf.data autotuning off) against the
+same dataset with ``options.autotune.enabled = True``, interleaved round by round in one process, under
+three consumers: a bare loop, a user's ``map(num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)`` on top,
+and tf-keras ``fit`` of a small MLP. The ratio is seconds off / seconds on (above 1: autotuning helps).
 
 TensorFlowOnSpark is not a tfnb dependency; install it for this bench only (or put it on PYTHONPATH):
 
@@ -299,6 +306,84 @@ def measure(spark, rows: int, workers: int, rounds: int, tfos_cluster=None) -> d
             "details": got["details"][middle], "tfos": got["tfos"], "tfnb_rate": rows / median(got["tfnb"])}
 
 
+# ---------------------------------------------------------------- --autotune: tf.data autotuning off / on
+
+
+def _finished_part(rows: int, workdir: str):
+    """A WorkerContext over a whole local part of ``rows`` rows (features[64] and a label), as the task leaves
+    it for train_fn's later epochs."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tfnb._task import feed
+    from tfnb._task.context import WorkerContext
+
+    spec = feed.FeedSpec((feed.FeedColumn("features", "float32", True), feed.FeedColumn("y", "float32", False)))
+
+    def batches():
+        rng = np.random.default_rng(0)
+        for start in range(0, rows, 10_000):
+            x = rng.standard_normal((min(10_000, rows - start), WIDTH), dtype=np.float32)
+            offsets = pa.array(np.arange(0, x.size + 1, WIDTH, dtype="int32"))
+            yield pa.RecordBatch.from_arrays([pa.ListArray.from_arrays(offsets, pa.array(x.ravel())),
+                                              pa.array(x.sum(axis=1))], names=["features", "y"])
+
+    spilled = feed.spill_partition(spec, batches(), workdir)
+    info = feed.finish_feed(spec, spilled, [spilled.rows])
+    return WorkerContext(task_index=0, num_workers=1, job_name="chief", cluster_spec={}, tf_config={}, feed=info)
+
+
+def _autotune_consumers(tf):
+    """name -> (what it adds to ctx.dataset's pipeline, what consumes one epoch of it)."""
+    w = tf.random.normal((WIDTH, WIDTH))
+    model = tf.keras.Sequential([tf.keras.layers.Input((WIDTH,)), tf.keras.layers.Dense(64, activation="relu"),
+                                 tf.keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+
+    def loop(ds) -> int:
+        return sum(int(x.shape[0]) for x, _ in ds)
+
+    def user_map(ds):
+        return ds.map(lambda x, y: (tf.nn.relu(tf.matmul(x, w)), y),
+                      num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+    return {"loop": (lambda ds: ds, loop), "map(AUTOTUNE)": (user_map, loop),
+            "keras fit": (lambda ds: ds, lambda ds: model.fit(ds, epochs=1, verbose=0))}
+
+
+def measure_autotune(rows: int, rounds: int) -> None:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")   # tfnb.run's default: tf-keras
+    import tensorflow as tf
+
+    workdir = tempfile.mkdtemp(prefix="tfnb-bench-autotune-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        ctx = _finished_part(rows, workdir)
+        on = tf.data.Options()
+        on.autotune.enabled = True
+        ratios, table = {}, [["consumer", "autotune off s (median [range])", "on s", "off / on (median [range])"]]
+        for name, (build, consume) in _autotune_consumers(tf).items():
+            pipelines = {"off": build(ctx.dataset(BATCH, label_col="y")),
+                         "on": build(ctx.dataset(BATCH, label_col="y").with_options(on))}
+            for ds in pipelines.values():
+                consume(ds)   # warm: tracing, Keras' first-call set-up
+            took: dict = {"off": [], "on": []}
+            for i in range(rounds):
+                for way in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                    start = time.perf_counter()
+                    consume(pipelines[way])
+                    took[way].append(time.perf_counter() - start)
+                print(f"  {name}, round {i + 1}: off {took['off'][-1]:.2f} s, on {took['on'][-1]:.2f} s", flush=True)
+            ratio = [a / b for a, b in zip(took["off"], took["on"])]
+            ratios[f"ctx.dataset autotune off / on, {name}"] = median(ratio)
+            table.append([name, spread(took["off"]), spread(took["on"]), spread(ratio)])
+            print(f"  {name}: off / on {spread(ratio)}", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"\n{rows:,} rows x {WIDTH} float32, batch {BATCH}, {rounds} rounds:\n"
+          + "\n".join(" | ".join(map(str, r)) for r in table))
+    report("feeding-autotune", ratios, {}, tables={"ctx.dataset: tf.data autotuning off / on": table})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[200_000, 2_000_000, 10_000_000],
@@ -308,7 +393,12 @@ def main() -> None:
     p.add_argument("--no-tfos", action="store_true", help="skip TensorFlowOnSpark")
     p.add_argument("--task-only", action="store_true",
                    help="instead: the ceiling against the task's side alone (train_fn reads nothing)")
+    p.add_argument("--autotune", action="store_true",
+                   help="instead: ctx.dataset with tf.data autotuning off (as it is) and on, no Spark")
     a = p.parse_args()
+    if a.autotune:
+        measure_autotune(a.rows[0] if a.rows != p.get_default("rows") else 1_000_000, a.rounds)
+        return
 
     have_tfos = tfos_available(a.no_tfos)
 

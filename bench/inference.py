@@ -218,9 +218,9 @@ def via_map_in_arrow(df, model_path, batch_size, features):
 def _make_predict_fn(spec, packed: bool):
     import numpy as np
 
-    import tfnb.data.inference as inference
+    from tfnb.data.scoring import _model_for
 
-    model = inference._model_for(spec)
+    model = _model_for(spec)
     if packed:  # an object array of bytes, one per row: what a user would write to unpack them
         return lambda x: model.call(np.frombuffer(b"".join(x), np.uint8).reshape((len(x), *model.input_shape))
                                     .astype(np.float32))

@@ -222,7 +222,8 @@ LONGEST_FIRST = (  # seconds in a 3-worker run on a machine with load ~20 (2026-
     "tests/test_databricks.py::test_spark_4_runtime_without_tensorflow_needs_a_volume_then_runs_all",
     "tests/test_resources.py", "tests/test_databricks.py::test_runtime_15_4_ml_import_attach_run_all",
     "tests/test_masters.py", "tests/test_recovery.py", "tests/test_dbsim.py", "tests/test_storage.py",
-    "tests/test_front_door.py", "tests/test_mirrored.py", "tests/test_runtime_sim.py", "tests/test_inference.py",
+    "tests/test_front_door.py", "tests/test_mirrored.py", "tests/test_sweep.py", "tests/test_runtime_sim.py",
+    "tests/test_inference.py",
     "tests/test_compat.py", "tests/test_progress.py", "tests/test_mlflow.py", "tests/test_notebooks.py",
     "tests/test_cli.py", "tests/test_tensorboard.py", "tests/test_browser_tensorboard.py", "tests/test_launcher.py",
     "tests/test_feeding.py", "tests/test_staging.py", "tests/test_training.py", "tests/test_monitoring.py",
@@ -306,3 +307,14 @@ def pytest_configure(config):
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     shutil.rmtree(getattr(config, "tfnb_state_dir", ""), ignore_errors=True)  # after leakcheck's end-of-session check
+
+
+@pytest.fixture(autouse=True)
+def _test_module_by_value(request):
+    """A train_fn defined in a test module goes to its train_fn processes by value, as a notebook's does: the
+    process then never imports the test module and everything it imports (pytest, servers' clients, MLflow...),
+    seconds in every process of every run."""
+    import cloudpickle
+
+    if request.module.__name__ not in cloudpickle.list_registry_pickle_by_value():
+        cloudpickle.register_pickle_by_value(request.module)

@@ -4,8 +4,9 @@ The cases live in ``tests/test_refuse_<area>.py``, one file per area; this modul
 Every case is a call a user could make, registered with :func:`case` (or, for cases that differ only in
 the keyword arguments of one call, as rows of :func:`table`). Each file's ``TestRefusals``
 (a :class:`Refusals`) runs the file's cases: it asserts the error type (or, for TensorBoard, the
-``Failed`` outcome it returns), that the message names the offending value and the fix, and records
-how long the refusal took; the file's table of times is printed after its cases.
+``Failed`` outcome it returns), that the message's first line names the offending value and the fix in at
+most :data:`FIRST_LINE` characters (the detail below it), and records how long the refusal took; the file's
+table of times is printed after its cases.
 
 Any file runs alone, in any order, in any pytest-xdist worker: a case with ``spark=True`` uses the test
 process's shared local[2] session (conftest.spark_session), and a case that needs a session of another
@@ -43,7 +44,7 @@ from tfnb import WorkerError  # noqa: E402
 from tfnb.monitor.tensorboard import Failed  # noqa: E402
 
 AREAS = ["launcher", "cluster", "data", "staging", "sync", "evaluator", "tensorboard", "progress", "dbc", "compat",
-         "predict"]
+         "predict", "sweep"]
 
 
 @dataclass
@@ -52,7 +53,8 @@ class Case:
     area: str
     given: str          # the bad input, as docs/refusals.md shows it
     raises: type        # error type (or Failed, TensorBoard's outcome)
-    needles: tuple      # substrings the message must hold: the offending value, then the fix
+    needles: tuple      # substrings the message's first line holds: the offending value, then the fix (a
+                        # Detail may be anywhere in the message)
     says: str           # the fix, in short, for docs/refusals.md
     fn: Callable
     spark: bool = False
@@ -61,6 +63,10 @@ class Case:
 
 
 CASES: dict[str, Case] = {}  # by name, from every test_refuse_*.py imported so far
+
+
+class Detail(str):
+    """A needle the message holds below its first line (a cause's own words, a path to look at)."""
 
 
 def case(area: str, given: str, raises: type, *needles: str, says: str, spark: bool = False,
@@ -179,6 +185,14 @@ def _child() -> None:
 
 TIMES: dict[str, float] = {}
 MESSAGES: dict[str, str] = {}
+# The most a message's first line may hold: what failed and the fix, read at a glance (two rows of a notebook's
+# output), with room for the offending value (a path, a session's repr) beside the sentence; the detail goes
+# below it. In this catalogue half the first lines are under 115 characters and the longest that read whole
+# (a value, the rule, the fix) reach ~190; the ones past 200 carried lists, a cause's own words or a second fix,
+# all of which read better below. A case's scratch folder counts as a path of a typical length (USER_PATH), so
+# the count does not depend on where pytest puts it (its user's name, popen-gwN/ under pytest-xdist).
+FIRST_LINE = 200
+USER_PATH = "/dbfs/FileStore/my-project"
 
 
 def _message(outcome) -> str:
@@ -241,11 +255,19 @@ class Refusals:
             TIMES[c.name] = time.perf_counter() - start
             outcome = info.value
             assert isinstance(outcome, c.raises), f"{type(outcome).__name__}: {outcome}"
-            assert not isinstance(outcome, (WorkerError, AttributeError)), outcome
+            # a refusal inside train_fn (tfnb's own, in the train_fn process) comes as a WorkerError: only where
+            # the case says so, and never relaunched
+            assert c.raises is WorkerError or not isinstance(outcome, (WorkerError, AttributeError)), outcome
+            assert not isinstance(outcome, WorkerError) or len(outcome.attempts) == 1, outcome.attempts
         text = _message(outcome)
         MESSAGES[c.name] = text
+        first = text.split("\n", 1)[0]
         for needle in c.needles:
-            assert needle in text, f"{needle!r} not in: {text}"
+            assert needle in (text if isinstance(needle, Detail) else first), \
+                f"{needle!r} not in the {'message' if isinstance(needle, Detail) else 'first line'}: {text}"
+        size = len(first.replace(str(tmp_path), USER_PATH))
+        assert size <= FIRST_LINE, \
+            f"the first line has {size} characters (at most {FIRST_LINE}); move the detail below it: {first}"
 
 
 # ---------------------------------------------------------------- docs/refusals.md
@@ -263,10 +285,11 @@ def document() -> str:
     cases = catalogue()
     out = ["# Refusals catalogue", "", textwrap.fill(
            "Bad input gets one error, raised before anything is launched where the driver can tell, naming the "
-           "offending value and the fix. Every row below is a test (`tests/test_refuse_<area>.py`): it makes the "
-           "call, asserts the error type and that the message holds the value and the fix, and records how long "
-           "the refusal took (milliseconds once the session exists). Errors from train_fn itself arrive as "
-           "`WorkerError` with the worker's traceback. Generated by `python tests/refusals.py`; do not edit by hand.", 110)]
+           f"offending value and the fix on its first line (at most {FIRST_LINE} characters; the detail below it). "
+           "Every row below is a test (`tests/test_refuse_<area>.py`): it makes the call, asserts the error type and "
+           "that the first line holds the value and the fix, and records how long the refusal took (milliseconds "
+           "once the session exists). Errors from train_fn itself arrive as `WorkerError` with the worker's "
+           "traceback. Generated by `python tests/refusals.py`; do not edit by hand.", 110)]
     for area in AREAS:
         rows = [c for c in cases if c.area == area]
         out += ["", f"## {area}", "", "| Input | Error | What it says to do |", "|---|---|---|"]

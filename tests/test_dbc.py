@@ -474,7 +474,7 @@ def test_the_archive_carries_a_reproducible_wheel_that_installs(tmp_path):
     assert installed == (ROOT / "tfnb" / "__init__.py").read_text()
     (meta,) = target.glob("tfnb-*.dist-info")
     text = (meta / "METADATA").read_text()
-    assert 'Requires-Dist: tf-keras>=2.16; extra == "tf"' in text and "Requires-Dist: pyspark" not in text.split(
+    assert 'Requires-Dist: tensorflow>=2.16; extra == "tf"' in text and "Requires-Dist: pyspark" not in text.split(
         "Provides-Extra")[0], "pyspark and TensorFlow are extras, never forced on a host"
 
 

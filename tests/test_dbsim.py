@@ -279,6 +279,45 @@ print(json.dumps(report))
     assert not os.path.exists("/Volumes/main/default/tfnb/from_01.txt")
 
 
+def _carried_wheel() -> tuple[str, bytes]:
+    """(file name, bytes) of the tfnb wheel the project's archive carries."""
+    import re
+
+    (cell,) = [c for nb in dbc.read(ROOT / "dbc" / "tfnb.dbc") for c in nb.cells if c.source.startswith("TFNB_WHEEL = (")]
+    name, b64 = re.match(r'TFNB_WHEEL = \("([^"]+)", "([^"]+)"\)', cell.source).groups()
+    return name, base64.b64decode(b64)
+
+
+def test_tfnb_install_where_pip_runs_only_as_a_cells_first_line_stops_with_the_line_to_run(cluster_a, tmp_path):
+    """On a runtime whose %pip is only a command's first line (no line magic for code to call), tfnb_install()
+    stops with the one %pip line; that line in a command of its own installs tfnb, and tfnb_install() then has
+    nothing to do. The install notebook is this tree's, with the wheel the project's archive carries."""
+    import shutil
+
+    wheel = _carried_wheel()
+
+    def build(cells: list[str], folder: str) -> Path:
+        src = tmp_path / folder
+        src.mkdir()
+        shutil.copy(ROOT / "notebooks" / "tfnb_install.ipynb", src)
+        (src / "01_caller.ipynb").write_text(json.dumps(_notebook(cells)))
+        return dbc.build(src, tmp_path / f"{folder}.dbc", folder="tfnb", wheel=wheel).path
+
+    stopped = cluster_a.run(build(["%run ./tfnb_install", "tfnb_install()"], "first"), "01_caller", pip="cell")
+    assert (stopped.failure.index, stopped.failure.error_type) == (2, "RuntimeError"), stopped.failure
+    said, line, cause = stopped.failure.message.splitlines()
+    assert said == ("tfnb_install: this runtime did not run %pip from code; run this line in a cell of its own "
+                    "above this one, then this cell again:")
+    assert line == f"%pip install /dbfs/tmp/tfnb/wheels/{wheel[0]}"
+    assert cause.startswith("(%pip from code: UsageError: Line magic function `%pip` not found")
+
+    pasted = cluster_a.run(build([line, "%run ./tfnb_install", "tfnb_install()"], "pasted"), "01_caller",
+                           pip="cell").check()
+    version = wheel[0].split("-")[1]
+    assert f"Successfully installed tfnb-{version}" in pasted.command("%pip").stdout
+    assert pasted.command("tfnb_install()").stdout.startswith(f"tfnb {version} is already importable")
+
+
 def test_runtime_b_runs_spark_4_on_python_3_12_without_tensorflow_or_dbfs(tmp_path):
     dbsim.need_simulator()
     arc = archive(tmp_path, {"01_b": [

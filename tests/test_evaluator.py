@@ -1,6 +1,7 @@
-"""tfnb.Evaluator against real tf-keras checkpoints, real TensorBoard event files and a real S3 server."""
+"""tfnb.Evaluator against real tf-keras and Keras 3 checkpoints, real TensorBoard event files and a real S3 server."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from s3server import rclone_s3  # noqa: F401
@@ -112,6 +114,21 @@ def wait_for(predicate, what: str, timeout: float = WAIT) -> None:
         time.sleep(0.05)
 
 
+def counted_polls(ev: Evaluator) -> threading.Semaphore:
+    """Released after each of the evaluator's polls: a test waits for full looks, not a guessed sleep."""
+    polls = threading.Semaphore(0)
+    poll = ev._poll
+
+    def counted_poll(finished):
+        try:
+            return poll(finished)
+        finally:
+            polls.release()
+
+    ev._poll = counted_poll
+    return polls
+
+
 # ---------------------------------------------------------------- tests
 
 def test_evaluates_every_checkpoint_once_while_training_and_stops_when_run_succeeded(tmp_path):
@@ -169,16 +186,7 @@ def test_half_written_checkpoint_is_retried_then_evaluated(tmp_path, checkpoints
     caplog.set_level(logging.INFO, logger="tfnb.monitor.evaluator")
     ev = Evaluator(build_model, val_dataset, str(model_dir), str(log_dir), interval=0.1,
                    export_format=None, max_retries=1000)
-    polls = threading.Semaphore(0)
-    poll = ev._poll
-
-    def counted_poll(finished):
-        try:
-            return poll(finished)
-        finally:
-            polls.release()
-
-    ev._poll = counted_poll
+    polls = counted_polls(ev)
     ev.start()
     for _ in range(2):  # two full looks at the index-only checkpoint, not a guessed sleep
         assert polls.acquire(timeout=WAIT), "the evaluator did not poll"
@@ -277,6 +285,162 @@ def test_checkpoint_from_another_architecture_stops_with_a_clear_error(tmp_path,
                    interval=0.05, export_format=None)
     with pytest.raises(EvaluatorError, match="does not fit the model"):
         ev.run(until_done=False)
+
+
+# ---------------------------------------------------------------- Keras 3: .weights.h5 and .keras checkpoints
+
+
+def build_keras3(hidden: int = 16):
+    """build_model's network in Keras 3 (``import keras``; tf.keras is tf-keras in this process)."""
+    import keras as keras3
+
+    model = keras3.Sequential([keras3.layers.Input(shape=(64,)), keras3.layers.Dense(hidden, activation="relu"),
+                               keras3.layers.Dense(10)])
+    model.compile(optimizer=keras3.optimizers.Adam(0.01),
+                  loss=keras3.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+@pytest.fixture(scope="module")
+def keras3_checkpoints(tmp_path_factory) -> Path:
+    """What Keras 3's ModelCheckpoint can write, from one short training: ``h5/ckpt-{1..3}.weights.h5`` and
+    ``zip/ckpt-{1..3}.keras``, with the trained model saved whole as ``zip/model.keras`` at the end."""
+    import keras as keras3
+
+    root = tmp_path_factory.mktemp("keras3")
+    x, y = _data()
+    keras3.utils.set_random_seed(3)
+    model = build_keras3()
+    model.fit(x[:300], y[:300], epochs=3, batch_size=32, verbose=0, callbacks=[
+        keras3.callbacks.ModelCheckpoint(str(root / "h5" / "ckpt-{epoch}.weights.h5"), save_weights_only=True),
+        keras3.callbacks.ModelCheckpoint(str(root / "zip" / "ckpt-{epoch}.keras"))])
+    model.save(root / "zip" / "model.keras")
+    return root
+
+
+@functools.lru_cache(maxsize=None)  # the tests share checkpoints: each reference evaluation once
+def keras3_loss(path: Path) -> float:
+    model = build_keras3()
+    model.load_weights(str(path))
+    return model.evaluate(val_dataset(), return_dict=True, verbose=0)["loss"]
+
+
+def test_keras3_weights_files_are_evaluated_and_the_best_exported_as_keras3(tmp_path, keras3_checkpoints):
+    model_dir, log_dir = keras3_checkpoints / "h5", tmp_path / "logs"
+    write_status(str(tmp_path), "succeeded")
+    ev = Evaluator(build_keras3, val_dataset, str(model_dir), str(log_dir), model_dir=str(tmp_path),
+                   interval=0.05, export_format="keras")
+    assert [r.step for r in ev.run()] == [0, 1, 2] and ev.skipped == ()
+    assert [Path(r.checkpoint).name for r in ev.history] == [f"ckpt-{i}.weights.h5" for i in (1, 2, 3)]
+    for r in ev.history:
+        assert r.metrics["loss"] == pytest.approx(keras3_loss(Path(r.checkpoint)), rel=1e-4)
+    assert sorted(scalars(log_dir / "eval")["epoch_loss"]) == [0, 1, 2]
+    import keras as keras3
+
+    exported = keras3.saving.load_model(log_dir / "best.keras")
+    assert type(exported).__module__.startswith("keras.")  # a Keras 3 file, loaded by Keras 3
+    assert exported.evaluate(val_dataset(), return_dict=True, verbose=0)["loss"] == pytest.approx(
+        ev.best.metrics["loss"], rel=1e-4)
+
+
+def test_numbered_keras_files_are_checkpoints_and_a_savedmodel_export_serves(tmp_path, keras3_checkpoints):
+    """ckpt-{epoch}.keras files count, the final model.keras does not; the step is the saved iteration count."""
+    write_status(str(tmp_path), "succeeded")
+    ev = Evaluator(build_keras3, val_dataset, str(keras3_checkpoints / "zip"), str(tmp_path / "logs"),
+                   model_dir=str(tmp_path), interval=0.05, step="iterations", export_format="savedmodel")
+    assert [Path(r.checkpoint).name for r in ev.run()] == ["ckpt-1.keras", "ckpt-2.keras", "ckpt-3.keras"]
+    assert [r.step for r in ev.history] == [10, 20, 30]  # 300 rows in batches of 32 per epoch
+    assert ev.history[2].metrics["loss"] == pytest.approx(keras3_loss(keras3_checkpoints / "zip/model.keras"), rel=1e-4)
+    served = tf.saved_model.load(str(tmp_path / "logs" / "best")).signatures["serving_default"]
+    x = _data()[0][300:]
+    reference = build_keras3()
+    reference.load_weights(ev.best.checkpoint)
+    np.testing.assert_allclose(next(iter(served(tf.constant(x)).values())).numpy(), reference.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_tf_keras_model_with_other_metrics_reads_keras3_weights_files(tmp_path, keras3_checkpoints):
+    write_status(str(tmp_path), "succeeded")
+    ev = Evaluator(build_model, val_dataset, str(keras3_checkpoints / "h5"), str(tmp_path / "logs"),
+                   model_dir=str(tmp_path), interval=0.05, export_format=None, metrics=["accuracy", "mse"])
+    assert [r.metrics["loss"] for r in ev.run()] == pytest.approx(
+        [keras3_loss(keras3_checkpoints / "h5" / f"ckpt-{i}.weights.h5") for i in (1, 2, 3)], rel=1e-4)
+    assert ev.skipped == () and all("mse" in r.metrics for r in ev.history)
+
+
+def test_weights_file_keras_is_writing_is_left_until_closed(tmp_path, keras3_checkpoints, caplog):
+    """Keras writes .weights.h5 in place: a file still open for writing, or torn, is never loaded, never
+    given up on while training runs, and evaluated once whole; after training one that never closed is skipped."""
+    import h5py
+
+    model_dir, source = tmp_path / "model", keras3_checkpoints / "h5"
+    model_dir.mkdir()
+    write_status(str(model_dir), "running")
+    whole = (source / "ckpt-3.weights.h5").read_bytes()
+    (model_dir / "ckpt-3.weights.h5").write_bytes(whole[: len(whole) // 2])  # torn: never completes
+    caplog.set_level(logging.INFO, logger="tfnb.monitor.evaluator")
+    ev = Evaluator(build_keras3, val_dataset, str(model_dir), str(tmp_path / "logs"), interval=0.05,
+                   export_format=None, max_retries=1)
+    polls = counted_polls(ev)
+    ev.start()
+    # ckpt-2 written the way Keras writes it: every variable in place and flushed, the file still open
+    with h5py.File(source / "ckpt-2.weights.h5", "r") as src, h5py.File(model_dir / "ckpt-2.weights.h5", "w") as dst:
+        for key in src:
+            src.copy(src[key], dst, name=key)
+        dst.flush()
+        for _ in range(3):  # three full looks at the open file, not a guessed sleep
+            assert polls.acquire(timeout=WAIT), "the evaluator did not poll"
+        assert ev.history == () and ev.skipped == () and ev.error is None
+    wait_for(lambda: len(ev.history) == 1 or ev.error, "the evaluation of the closed file")
+    assert ev.skipped == () and "not loadable" not in caplog.text  # the torn ckpt-3 was never loaded
+    write_status(str(model_dir), "succeeded")
+    assert ev.join(timeout=WAIT)
+    assert [r.step for r in ev.history] == [1]
+    assert ev.history[0].metrics["loss"] == pytest.approx(keras3_loss(source / "ckpt-2.weights.h5"), rel=1e-4)
+    assert [(Path(s.checkpoint).name, s.reason) for s in ev.skipped] == [
+        ("ckpt-3.weights.h5", "incomplete: the file was never closed after training ended")]
+
+
+def test_weights_file_rewritten_while_it_is_copied_is_taken_again(tmp_path, keras3_checkpoints):
+    """save_best_only rewrites one file in place: a version that lands while the evaluator copies the file makes
+    that copy worthless, and the evaluator takes the file again, not counting it as a failure (max_retries=1)."""
+    model_dir, source = tmp_path / "model", keras3_checkpoints / "h5"
+    model_dir.mkdir()
+    shutil.copyfile(source / "ckpt-1.weights.h5", model_dir / "best.weights.h5")
+    write_status(str(model_dir), "succeeded")
+    ev = Evaluator(build_keras3, val_dataset, str(model_dir), str(tmp_path / "logs"), interval=0.05,
+                   export_format=None, max_retries=1)
+    store, copies = ev._checkpoints.store, []
+    get = store.get
+
+    def get_then_rewrite(rel, local_path, **kwargs):
+        get(rel, local_path, **kwargs)
+        copies.append(rel)
+        if len(copies) == 1:  # Keras' next save of the file, as the first copy ends
+            shutil.copyfile(source / "ckpt-3.weights.h5", model_dir / "best.weights.h5")
+
+    store.get = get_then_rewrite
+    assert [r.metrics["loss"] for r in ev.run()] == pytest.approx([keras3_loss(source / "ckpt-3.weights.h5")], rel=1e-4)
+    assert copies == ["best.weights.h5"] * 2 and ev.skipped == ()
+
+
+def test_keras3_checkpoint_of_another_architecture_stops_with_a_clear_error(tmp_path, keras3_checkpoints):
+    ev = Evaluator(lambda: build_keras3(hidden=7), val_dataset, str(keras3_checkpoints / "h5"),
+                   str(tmp_path / "logs"), interval=0.05, export_format=None)
+    with pytest.raises(EvaluatorError, match="ckpt-1.weights.h5 does not fit the model.*shape"):
+        ev.run(until_done=False)
+
+
+def test_keras3_model_on_tf_keras_checkpoints_names_the_fix(tmp_path, checkpoints):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    copy_ckpt(checkpoints, "ckpt-1", model_dir)
+    ev = Evaluator(build_keras3, val_dataset, str(model_dir), str(tmp_path / "logs"), interval=0.05,
+                   export_format=None)
+    with pytest.raises(EvaluatorError, match=r"ckpt-1 is a TensorFlow checkpoint of tf-keras' save_weights.*"
+                                             r"build it with tf.keras.*ckpt-\{epoch\}.weights.h5"):
+        ev.run(until_done=False)
+    assert ev.history == () and ev.skipped == ()
 
 
 def test_checkpoint_manager_layout_and_saved_step(tmp_path):

@@ -315,7 +315,7 @@ def test_a_spill_larger_than_the_free_disk_is_refused_before_writing(tmp_path):
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
     spec = feeding.FeedSpec(_V.columns, nbytes=4 * free, memory_share=0.25)
     with pytest.raises(ConfigError, match=r"needs about .* GiB of local disk on this host for its 1 worker\(s\) but "
-                                          r".* free; point Spark's local dirs \(spark.local.dir / SPARK_LOCAL_DIRS\)"):
+                                          r".* free; point spark.local.dir / SPARK_LOCAL_DIRS at a larger disk"):
         feeding.FeedStream(spec, str(tmp_path), 2)
 
 
@@ -496,6 +496,15 @@ def _dataset_report(ctx):
                       "epochs_differ": not np.array_equal(e1, e2), "unique": len(set(e1.tolist())) == len(e1)}
     tail = rows(ctx.dataset(8, label_col="y", drop_remainder=False))
     out["remainder"] = [len(tail), int(tail[-1][0].shape[0])]
+    # tf.data autotuning off (docs/data.md has the measurements), on again with a later with_options; a user's
+    # AUTOTUNE stages on top still serve every batch
+    import tensorflow as tf
+
+    ds, on = ctx.dataset(8, label_col="y"), tf.data.Options()
+    on.autotune.enabled = True
+    mapped = ds.map(lambda x, y: (x * 2, y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    out["autotune"] = [ds.options().autotune.enabled, ds.with_options(on).options().autotune.enabled,
+                       len(rows(mapped))]
     try:
         ctx.dataset(8, feature_cols=["x", "nope"])
     except Exception as e:  # noqa: BLE001 - the test checks the message
@@ -525,6 +534,7 @@ def test_dataset_columns_shuffle_and_remainder(spark, no_orphans):
     assert out["array_label"] == [[8, 3], "float32", True]
     assert out["shuffle"] == {"batches": 24, "repeatable": True, "epochs_differ": True, "unique": True}
     assert out["remainder"] == [13, 5]
+    assert out["autotune"] == [False, True, out["steps"]]
     assert out["unknown_col"].startswith("ConfigError: feature_cols has ['nope'], not among the fed columns")
 
 

@@ -1,7 +1,7 @@
 """tfnb.predict: predictions over a real Spark DataFrame equal model.predict in one process.
 
 A tiny tf-keras model is trained on scikit-learn's digits in this process and saved as .keras,
-.h5 and SavedModel; Spark's Python workers (local[2]) load those files and predict.
+.h5 and SavedModel (and a Keras 3 one as .keras); Spark's Python workers (local[2]) load those files and predict.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from components import free_port
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before tensorflow is imported anywhere in this process
 
-from tfnb.data import inference
+from tfnb.data import inference, scoring
+from tfnb.data import model as data_model
 from tfnb.errors import ConfigError, MissingDependencyError  # noqa: E402
 
 ATOL = 1e-5
@@ -119,6 +120,19 @@ def test_keras_file_predictions_equal_model_predict(spark, df, models):
     x = df.select("id", "features", "label").collect()
     want = {r["id"]: (list(r["features"]), r["label"]) for r in x}
     assert all((list(r["features"]), r["label"]) == want[r["id"]] for r in rows)
+
+
+def test_keras3_file_predictions_equal_model_predict(spark, df, digits, tmp_path):
+    """A .keras file Keras 3 saved (``import keras``; tf.keras is tf-keras here) is loaded by Keras 3."""
+    import keras
+
+    keras.utils.set_random_seed(4)  # untrained: its predictions tell the same, for less
+    model = keras.Sequential([keras.layers.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.save(tmp_path / "digits3.keras")
+    preds = inference.predict(df, str(tmp_path / "digits3.keras"), input_cols=["features"])
+    assert preds.schema["prediction"].dataType.simpleString() == "array<float>"
+    _assert_matches(preds.select("id", "prediction").collect(), model.predict(digits[0], verbose=0))
 
 
 def test_savedmodel_from_array_and_scalar_columns(spark, df, models):
@@ -284,9 +298,9 @@ def test_ragged_or_null_inputs_are_refused_with_the_fix(column, message):
     task costs a new Python worker and a TensorFlow import)."""
     import pyarrow as pa
 
-    model = inference._Model(call=None, input_shape=[64], input_dtype="float32", output_shapes=[[10]])
+    model = data_model._Model(call=None, input_shape=[64], input_dtype="float32", output_shapes=[[10]])
     with pytest.raises(ConfigError) as e:
-        inference._features([pa.array(column, pa.list_(pa.float64()))], ["f"], model)
+        scoring._features([pa.array(column, pa.list_(pa.float64()))], ["f"], model)
     assert message in str(e.value) and "'f'" in str(e.value)
 
 
@@ -298,9 +312,9 @@ def test_ragged_or_null_inputs_are_refused_with_the_fix(column, message):
 def test_packed_bytes_that_do_not_make_a_row_are_refused(column, message):
     import pyarrow as pa
 
-    model = inference._Model(call=None, input_shape=[8, 8, 1], input_dtype="float32", output_shapes=[[10]])
+    model = data_model._Model(call=None, input_shape=[8, 8, 1], input_dtype="float32", output_shapes=[[10]])
     with pytest.raises(ConfigError) as e:
-        inference._features([pa.array(column, pa.binary())], ["img"], model)
+        scoring._features([pa.array(column, pa.binary())], ["img"], model)
     assert message in str(e.value) and "'img'" in str(e.value)
 
 
@@ -308,9 +322,9 @@ def test_packed_columns_split_mid_value_are_refused():
     """Two binary columns whose bytes add up to the row but cut a float32 in two."""
     import pyarrow as pa
 
-    model = inference._Model(call=None, input_shape=[2], input_dtype="float32", output_shapes=[[1]])
+    model = data_model._Model(call=None, input_shape=[2], input_dtype="float32", output_shapes=[[1]])
     with pytest.raises(ConfigError, match=r"\['a', 'b'\] hold bytes that are not whole float32 values"):
-        inference._features([pa.array([b"\0" * 6]), pa.array([b"\0" * 2])], ["a", "b"], model)
+        scoring._features([pa.array([b"\0" * 6]), pa.array([b"\0" * 2])], ["a", "b"], model)
 
 
 # ------------------------------------------------------------------ bad arguments, caught on the driver
@@ -363,7 +377,7 @@ def test_file_that_is_not_a_model(df, tmp_path):
 def test_model_description_in_a_subprocess_matches_in_process(models):
     """The driver reads the output shape in a subprocess when it has not imported TensorFlow."""
     path = str(models["keras"][0])  # one TensorFlow import in a subprocess; the loaders are shared
-    assert inference._describe_in_subprocess(path) == inference._load(path, threads=None).describe()
+    assert data_model._describe_in_subprocess(path) == data_model._load(path, threads=None).describe()
 
 
 # ------------------------------------------------------------------ Spark Connect

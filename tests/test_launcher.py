@@ -231,6 +231,34 @@ def test_keyboard_interrupt_cancels_the_job(spark, no_orphans):
     assert tfnb.run(describe, num_workers=2, args=("again",), spark=spark, display=False)["tag"] == "again"
 
 
+def lines_then_sleep(ctx):
+    if ctx.attempt == 1 and ctx.task_index == 1 and os.environ.get("TFNB_TEST_DIE"):
+        os._exit(9)  # a relaunch: the interrupt may land while the driver decides it and starts the next launch
+    for i in range(4):
+        print(f"line {i}", flush=True)
+        time.sleep(0.05)
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("at, die", [(0, False), (2, False), (9, False), ("failed", True), ("attempt", True)])
+def test_an_interrupt_at_any_point_of_a_run_is_a_cancel(spark, at, die, no_orphans):
+    """The notebook's stop button at the n-th thing the run shows (its start, the tasks' states, log lines), at a
+    task's failure or at the relaunch that follows: always RunCancelledError, never pyspark's bare
+    KeyboardInterrupt, and nothing left running."""
+    seen = []
+
+    def display(event):
+        seen.append(event.kind)
+        if (len(seen) == at + 1) if isinstance(at, int) else (event.kind == at and seen.count(at) == 1):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        tfnb.run(lines_then_sleep, num_workers=2, spark=spark, display=display, preimport=(), timeout=120,
+                 env={"TFNB_TEST_DIE": "1"} if die else None)
+    assert isinstance(info.value, RunCancelledError), (seen, info.getrepr())
+    assert len(seen) > at if isinstance(at, int) else at in seen, seen
+
+
 def test_use_gpu_true_without_gpus_is_a_clear_error(spark):
     with pytest.raises(ClusterError) as info:  # refused on the driver, before launch
         tfnb.run(describe, num_workers=2, args=("x",), spark=spark, display=False, use_gpu=True)

@@ -25,6 +25,7 @@ FLOORS = [
     ("tfnb._task",),                    # what runs inside a barrier task
     ("tfnb.data", "tfnb.monitor"),      # driver side: data in and out, monitoring and the run model
     ("tfnb.launcher",),                 # driver side of a run
+    ("tfnb.tuning",),                   # sweeps: many runs at once, searched by Optuna
     ("tfnb.notebook",),                 # the display layer
     ("tfnb.compat",),                   # the peers' APIs, on the public surface only
 ]

@@ -166,14 +166,51 @@ def standalone_cluster(tmp_path):
         yield url
 
 
+def interface_addresses() -> list[tuple[str, str]]:
+    """(address, interface) of every address this machine's interfaces hold, as the kernel lists them
+    (/proc/net/fib_trie's LOCAL entries, /proc/net/if_inet6), not as tfnb finds them."""
+    import ipaddress
+
+    found, last = [], None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/fib_trie").read_text().split("Local:")[0].splitlines():
+            if "|--" in line:
+                last = line.split("|--")[1].strip()
+            elif "/32 host LOCAL" in line and last:
+                found.append((last, ""))
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw, *_, name = line.split()
+            found.append((str(ipaddress.IPv6Address(int(raw, 16))), name))
+    return found
+
+
+def test_every_address_of_this_machine_is_this_machine():
+    # A one-machine cluster: executors may report any of these while the driver binds another.
+    from tfnb.launcher.spark import _is_this_machine, _other_hosts
+
+    mine = interface_addresses()
+    assert mine, "the kernel lists no interface address"
+    names = ["localhost", "127.0.0.1", "127.0.0.2", "::1", "[::1]", socket.gethostname(),
+             *{info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)},
+             *(f"{a}%{i}" if a.startswith("fe80:") else a for a, i in mine)]  # a link-local needs its interface
+    assert [n for n in names if not _is_this_machine(n)] == []
+    others = [a for a in ("198.51.100.7", "203.0.113.9", "2001:db8::7") if a not in {a for a, _ in mine}]
+    assert _other_hosts([*names, *others, "no-such-host.invalid"]) == sorted([*others, "no-such-host.invalid"])
+
+
 @pytest.mark.slow
 def test_standalone_master_and_workers(standalone_cluster, tmp_path, no_orphans):
     from conftest import spark_session
 
-    session = spark_session(standalone_cluster, **STANDALONE_CONF)
+    # Workers bind loopback, the driver the machine's own address (when it has one): one machine all the
+    # same, so a model_dir on its disk is seen by every task
+    own = next((a for a, _ in interface_addresses() if "." in a and not a.startswith("127.")), "127.0.0.1")
+    session = spark_session(standalone_cluster, **{**STANDALONE_CONF, "spark.driver.host": own})
     chief = tfnb.run(report_placement, num_workers=2, args=(str(tmp_path),), spark=session, display=False,
-                     timeout=300)
+                     timeout=300, model_dir=str(tmp_path / "model"))
     worker = json.loads((tmp_path / "1.json").read_text())
     assert chief["job_name"] == "chief" and worker["job_name"] == "worker"
     assert chief["jvm"] != worker["jvm"]
+    assert (tmp_path / "model").is_dir()
     session.stop()

@@ -1,4 +1,5 @@
-"""spark-tensorflow-distributor programs on tfnb.compat: its example, its GPU allocation rule, local mode."""
+"""spark-tensorflow-distributor programs on tfnb.compat: its example, a Keras 3 train, its GPU allocation rule,
+local mode."""
 from __future__ import annotations
 
 import json
@@ -77,6 +78,35 @@ def test_the_original_example_runs_with_the_import_changed(spark, digits_28, no_
     # a rerun in the same session works (the original needed a private TensorFlow reset for that)
     again = MirroredStrategyRunner(num_slots=2, use_gpu=False, spark=spark).run(example_train, data_path=digits_28)
     assert again == result
+
+
+def keras3_train(data_path):
+    """The example's train written for Keras 3 (``import keras``), with no strategy of its own: it runs in the
+    runner's scope, where Keras 3's fit needs tfnb's corrections under MultiWorkerMirroredStrategy."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    with np.load(data_path) as d:
+        x, y = (d["x"][:640] / 255.0).astype("float32"), d["y"][:640]
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.layers.Input((28, 28)), keras.layers.Flatten(),
+                              keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64).repeat(), epochs=3, steps_per_epoch=5,
+                        verbose=0)
+    return {"keras": keras.__version__.split(".")[0], "epochs": len(history.history["loss"]),
+            "strategy": type(model.distribute_strategy).__name__,
+            "replicas": model.distribute_strategy.num_replicas_in_sync,
+            "learned": history.history["loss"][-1] < history.history["loss"][0]}
+
+
+def test_keras3_train_runs_in_the_runners_strategy(spark, digits_28, no_orphans):
+    result = MirroredStrategyRunner(num_slots=2, use_gpu=False, spark=spark).run(keras3_train, data_path=digits_28)
+    # MultiWorkerMirroredStrategy's class, over both tasks
+    assert result == {"keras": "3", "epochs": 3, "strategy": "CollectiveAllReduceStrategy", "replicas": 2,
+                      "learned": True}
 
 
 def own_strategy(out):

@@ -181,6 +181,45 @@ def test_keras_run_is_one_mlflow_run_with_epochs_params_model_and_eval(spark, cl
                                rtol=1e-6)
 
 
+# ---------------------------------------------------------------- a Keras 3 model in model_dir
+
+
+def finish(ctx):
+    return ctx.attempt
+
+
+def test_keras3_model_in_model_dir_is_logged_in_the_keras_flavour(spark, client, tmp_path, no_tensorflow, no_orphans):
+    """What a Keras 3 train_fn leaves (model.save(model_dir + "/model.keras"), here saved by this process) is logged
+    as an MLflow model of the keras flavour that loads back, requiring keras; a newer weights file is not the model."""
+    import importlib.metadata
+
+    import keras
+    import numpy as np
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(1, activation="sigmoid")])
+    model.compile("adam", "binary_crossentropy")
+    model.save(model_dir / "model.keras")
+    os.utime(model_dir / "model.keras", (time.time() - 60,) * 2)
+    model.save_weights(model_dir / "ckpt-1.weights.h5")  # a checkpoint written after it: weights, not a model
+    assert tfnb.run(finish, num_workers=2, spark=spark, model_dir=str(model_dir), display=False, timeout=300,
+                    mlflow="tfnb-keras3") == 1
+
+    run = only_run(client, "tfnb-keras3")
+    uri = f"runs:/{run.info.run_id}/model"
+    assert "keras" in mlflow.models.get_model_info(uri).flavors
+    requirements = Path(mlflow.pyfunc.get_model_dependencies(uri)).read_text().split()
+    assert f"keras=={importlib.metadata.version('keras')}" in requirements and not any(
+        r.startswith("tf-keras") for r in requirements)
+    logged = mlflow.keras.load_model(uri)
+    x = val_data()[0]
+    assert type(logged).__module__.startswith("keras.")
+    np.testing.assert_allclose(logged.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
+
+
 # ---------------------------------------------------------------- relaunch, active run, failures (no TensorFlow)
 
 
@@ -217,7 +256,7 @@ def no_tensorflow(monkeypatch):
 
 def test_relaunch_is_recorded_in_the_same_single_run(spark, client, tmp_path, no_tensorflow, no_orphans):
     attempt = tfnb.run(epochs_then_die, num_workers=2, args=(3, 1), spark=spark, model_dir=str(tmp_path),
-                       max_attempts=2, display=False, timeout=300, mlflow="tfnb-relaunch",
+                       max_attempts=2, display=False, timeout=300, mlflow="tfnb-relaunch", cpus_per_worker=1,
                        env={"AWS_SECRET_ACCESS_KEY": "hunter2-secret"})
     assert attempt == 2
     run = only_run(client, "tfnb-relaunch")
@@ -226,6 +265,9 @@ def test_relaunch_is_recorded_in_the_same_single_run(spark, client, tmp_path, no
     assert tags["tfnb.attempt"] == "2" and tags["tfnb.state"] == "succeeded"
     assert "worker 1's train_fn process exited with code 7" in tags["tfnb.relaunch.2"]
     assert steps(client, run.info.run_id, "loss") == {0: 1.0, 1: 0.5, 2: pytest.approx(1 / 3)}
+    # the resource options: as given, else what the session's conf gives every task (no GPU here)
+    params = run.data.params
+    assert (params["cpus_per_worker"], params["gpus_per_worker"], params["ps_placement"]) == ("1", "0", "executors")
     logged = json.dumps([run.data.params, run.data.tags])
     assert "hunter2" not in logged and "AWS_SECRET" not in logged  # env values are often credentials
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["00_constants", "01_data_ingest", "02_model", "03_train", "04_evaluate", "05_tensorboard", "tfnb_install"]
+ORDER = ["00_constants", "01_data_ingest", "02_model", "03_train", "04_evaluate", "05_tensorboard", "06_sweep",
+         "tfnb_install"]
 
 
 def _inject_parameters(path: Path, params: dict) -> None:
@@ -101,13 +102,13 @@ def test_notebooks_run_with_evaluator_beside_training(tmp_path, artifacts, no_or
         evaluating.result(timeout=900)
     run("05_tensorboard")
     accuracy = float(re.search(r"final training accuracy: ([0-9.]+) after 3 epochs", texts["03_train"]).group(1))
-    assert accuracy > 0.5, texts["03_train"][-2000:]  # chance is 0.1
+    assert accuracy >= 0.9, texts["03_train"][-2000:]  # chance is 0.1
     assert "[worker 1]" in texts["03_train"] and "staged" in texts["03_train"]  # worker logs reached the cell
     best = float(re.search(r"validation accuracy ([0-9.]+)", texts["04_evaluate"]).group(1))
-    assert best > 0.5
+    assert best >= 0.9
     evaluated = json.loads(re.search(r"EVALUATED (.*)", texts["04_evaluate"]).group(1))
-    written = sorted(p.stem for p in (runs / "ci" / "model").glob("ckpt-*.index"))
-    assert sorted(evaluated) == written == ["ckpt-1", "ckpt-2", "ckpt-3"], (evaluated, written)
+    written = sorted(p.name for p in (runs / "ci" / "model").glob("ckpt-*"))  # Keras 3's weights files, one per epoch
+    assert sorted(evaluated) == written == [f"ckpt-{e}.weights.h5" for e in (1, 2, 3)], (evaluated, written)
     assert not (runs / "ci" / "evaluator.json").exists()  # the heartbeat ends with the evaluator
     status = json.loads((runs / "ci" / "model" / "tfnb_status.json").read_text())
     assert status["state"] == "succeeded"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 import threading
 import time
 
@@ -26,11 +27,18 @@ def _ev(kind, job, idx, **data):
     return RunEvent(kind, job, idx, data)
 
 
+def _rows(table: str) -> list[list[str]]:
+    """The cells of a rendered table, row by row, as text."""
+    return [[re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", table)]
+
+
 def _training_events():
-    """What a 2-worker run sends, in a plausible order (no TensorFlow needed)."""
+    """What a 2-worker run sends, in a plausible order (no TensorFlow needed): the chief got GPU 0,
+    worker 1 GPUs 1 and 2."""
     out = []
-    for job, idx in (("chief", 0), ("worker", 1)):
-        out.append(_ev("state", job, idx, state="starting", pid=10 + idx))
+    for job, idx, gpus in (("chief", 0, ["0"]), ("worker", 1, ["1", "2"])):
+        out.append(_ev("state", job, idx, state="starting", pid=10 + idx, gpus=gpus))
     for job, idx in (("chief", 0), ("worker", 1)):
         out.append(_ev("state", job, idx, state="training", pid=20 + idx))
         out.append(_ev("log", job, idx, stream="stdout", line=f"hello from {job} <{idx}>"))
@@ -70,6 +78,10 @@ def test_widget_model_and_html_follow_the_events():
         assert w.metrics == {"accuracy": 0.75}
     table = widget.table.value
     assert table.index("chief 0") < table.index("worker 1")
+    # each row says which GPUs its task got, in a column of its own
+    assert (widget.workers[("chief", 0)].gpus, widget.workers[("worker", 1)].gpus) == (["0"], ["1", "2"])
+    assert [row[:3] for row in _rows(table)] == [["task", "GPUs", "state"], ["chief 0", "0", "done"],
+                                                 ["worker 1", "1,2", "done"]]
     assert "done" in table and "2/2" in table and "4/4" in table and "0.125" in table and "192" in table
     assert "Succeeded (attempt 1/2)" in widget.status.value
     # log lines keep their text (the Output area renders text, not HTML) and say which task wrote them
@@ -156,6 +168,7 @@ def test_console_prints_logs_states_epochs_and_few_progress_lines(capsys):
     out = capsys.readouterr().out.splitlines()
     assert "[chief 0] hello from chief <0>" in out
     assert "[worker 1] training" in out and "[worker 1] done" in out
+    assert "[chief 0] starting on GPU 0" in out and "[worker 1] starting on GPUs 1,2" in out
     assert "[chief 0] epoch 2/2 loss=0.125 accuracy=0.75 192 examples/s" in out
     step_lines = [line for line in out if line.startswith("[tfnb] ") and "step" in line]
     # 16 step updates arrive within the 30 s interval: one line says training is under way, no more
@@ -516,6 +529,9 @@ def test_widget_follows_a_real_two_worker_run(spark, no_orphans):
                 seen.append(state)
         assert seen == ["starting", "training", "done"], key
         assert widget.workers[key].history == ["starting", "training", "done"]
+    # each task said which GPUs Spark gave it (none in this CPU session) and its row shows that
+    assert [widget.workers[key].gpus for key in (("chief", 0), ("worker", 1))] == [[], []]
+    assert [row[:2] for row in _rows(widget.table.value)[1:]] == [["chief 0", "none"], ["worker 1", "none"]]
 
     # during the run the widget showed both tasks training, mid-epoch, with a loss and a throughput
     during = [(w, table) for ev, w, table in rec.snapshots if ev.kind == "progress"
@@ -652,6 +668,7 @@ def test_notebook_shows_the_widget_live(jupyter_lab, chromium_page, artifacts):
     rows = table.locator("tr").all_inner_texts()
     assert any(r.startswith("chief 0") and "/400" in r and "100" in r for r in rows), rows
     assert any(r.startswith("worker 1") and "/400" in r for r in rows), rows
+    assert rows[0].split("\t")[:2] == ["task", "GPUs"] and all(r.split("\t")[1] == "none" for r in rows[1:]), rows
     # the live chart: a drawn image, which a later report redraws while the run goes on
     chart = first.locator("img.tfnb-chart")
     chart.wait_for(state="visible", timeout=ms)

@@ -20,7 +20,7 @@ def _evaluator(env, environ: dict | None = None, **kwargs):
 
 table("evaluator", ConfigError, _evaluator, [
     ("evaluator_model_fn_not_callable", dict(model_fn="model.keras"),
-     "`Evaluator(model_fn='model.keras', ...)`", ("'model.keras'", "a function returning a tf-keras model"),
+     "`Evaluator(model_fn='model.keras', ...)`", ("'model.keras'", "a function returning a Keras model"),
      "a function that builds the model"),
     ("evaluator_dataset_not_fn", dict(dataset_fn=[1, 2, 3]),
      "`dataset_fn=<a dataset>`", ("dataset_fn must be a function", "dataset_fn=lambda: val_ds"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import tfnb
-from tfnb import ConfigError
+from tfnb import ConfigError, WorkerError
 
 from refusals import Refusals, case, one, table
 
@@ -70,11 +70,21 @@ table("launcher", ConfigError, _run, [
     ("run_env_not_str", dict(env={"SEED": 1}),
      "`env={'SEED': 1}`", ("'SEED': 'int'", "str()"), "str -> str; convert with str()"),
     ("run_env_not_mapping", dict(env=["SEED=1"]), "`env=['SEED=1']`", ("not list", "str()"), "a dict of str -> str"),
+    ("run_ps_job_wait_zero", dict(environ={"TFNB_PS_JOB_WAIT": "0"}),
+     "`TFNB_PS_JOB_WAIT=0`", ("TFNB_PS_JOB_WAIT=0 ", "seconds > 0", "unset TFNB_PS_JOB_WAIT"),
+     "seconds > 0, or unset it (300)"),
+    ("run_min_workers_above_num_workers", dict(num_workers=2, min_workers=3),
+     "`min_workers=3` with `num_workers=2`", ("min_workers=3", "min_workers <= 2"), "min_workers <= num_workers"),
+    ("run_min_workers_with_ps", dict(num_workers=2, num_ps=1, min_workers=1),
+     "`min_workers=1` with `num_ps=1`", ("num_ps=1", "leave min_workers out"),
+     "num_ps=0 (elastic runs are MultiWorkerMirroredStrategy runs), or no min_workers"),
+    ("run_replace_wait_zero", dict(min_workers=1, replace_wait=0),
+     "`replace_wait=0`", ("replace_wait=0", "seconds > 0"), "seconds > 0"),
 ])
 
 
 @case("launcher", "train_fn capturing a lock", ConfigError, "cannot be sent to the workers", "lock",
-      "create those inside train_fn", says="capture plain values only; create objects inside train_fn")
+      "create such objects inside train_fn", says="capture plain values only; create objects inside train_fn")
 def run_unpicklable_train_fn(env):
     lock = threading.Lock()
 
@@ -90,6 +100,36 @@ def run_unpicklable_train_fn(env):
 def run_display_env(env):
     env.setenv("TFNB_DISPLAY", "fancy")
     tfnb.run(one, num_workers=2, spark=env.spark)
+
+
+def keras3_fit(ctx, version=None):
+    """A Keras 3 model's fit under the run's strategy; ``version`` stands in for another installed Keras."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    if version:
+        keras.__version__ = version
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if ctx.num_ps == 0 else \
+        tf.distribute.experimental.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.zeros((16, 4), "float32"), np.zeros((16, 1), "float32"), batch_size=8, verbose=0)
+
+
+@case("launcher", "Keras 3.99 (untested) fitting under MultiWorkerMirroredStrategy", WorkerError, "Keras 3.99.0",
+      "tested: 3.3.3 to 3.15.x", "tf.keras (tf-keras)", says="a tested Keras (3.3.3 to 3.15.x), or tf.keras", spark=True)
+def run_keras3_untested(env):
+    tfnb.run(keras3_fit, num_workers=1, args=("3.99.0",), spark=env.spark, display=False, max_attempts=2)
+
+
+@case("launcher", "Keras 3 fitting under ParameterServerStrategy (`num_ps=1`)", WorkerError,
+      "Keras 3's fit does not train under ParameterServerStrategy", "num_ps=0",
+      says="tf.keras (tf-keras) for a ps run, or num_ps=0", spark=True)
+def run_keras3_parameter_servers(env):
+    tfnb.run(keras3_fit, num_workers=2, num_ps=1, ps_placement="driver", spark=env.spark, display=False,
+             max_attempts=2)
 
 
 class TestRefusals(Refusals):

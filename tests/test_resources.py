@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import threading
@@ -311,6 +312,49 @@ def test_a_dead_ps_fails_the_run_and_cancel_stops_it(gpu_session, tmp_path, wher
             assert "the ps process on the driver was killed by SIGKILL" in failure.message
     ps_pid = states.first("ps", 0, "pid")
     assert where == "executors" or not Path(f"/proc/{ps_pid}").exists()  # no driver ps process left
+
+
+def hold_until(flag, started):
+    """A Spark job of someone else's (another notebook on the cluster): each task holds its slot until ``flag``."""
+    def hold(rows):
+        Path(started, str(os.getpid())).touch()
+        end = time.monotonic() + 300
+        while not os.path.exists(flag) and time.monotonic() < end:
+            time.sleep(0.2)
+        return rows
+    return hold
+
+
+def test_a_job_whose_slots_other_jobs_took_ends_the_wait_at_the_exchange(gpu_session, tmp_path, monkeypatch,
+                                                                          no_orphans):
+    # Both of the run's jobs fit the executors, but another job holds two of their (core, GPU) slots: one of the
+    # two barrier jobs starts, the other cannot, and the one that started waits TFNB_PS_JOB_WAIT, not for ever.
+    monkeypatch.setenv("TFNB_PS_JOB_WAIT", "3")
+    flag, started = tmp_path / "release", tmp_path / "started"
+    started.mkdir()
+    other = threading.Thread(target=gpu_session.sparkContext.parallelize(range(2), 2)
+                             .mapPartitions(hold_until(str(flag), str(started))).collect)
+    other.start()
+    try:
+        end = time.monotonic() + 120
+        while len(list(started.iterdir())) < 2 and time.monotonic() < end:
+            time.sleep(0.2)
+        states = States()
+        with pytest.raises(ClusterError) as info:
+            tfnb.run(one, num_workers=2, num_ps=1, spark=gpu_session, preimport=(), warm=False, display=states,
+                     max_attempts=1, timeout=120)
+        # both of the run's jobs were cancelled, the one still waiting for slots too: the other job's alone is left
+        assert len(gpu_session.sparkContext.statusTracker().getActiveJobsIds()) == 1, "the run's jobs live on"
+    finally:
+        flag.touch()
+        other.join(60)
+    text = str(info.value)
+    print(text)
+    jobs = "(the chief/worker tasks'|the ps tasks')"
+    assert re.match(rf"{jobs} barrier job waited [3-9] s at the address exchange for {jobs} barrier job, which did "
+                    r"not start \(\d of \d tasks never reported\): other Spark jobs took its task slots", text), text
+    assert "ps_placement='driver'" in text and "TFNB_PS_JOB_WAIT=3" in text
+    assert all(s["state"] in ("starting", "stopped") for run in states.states.values() for s in run if "state" in s)
 
 
 # ---------------------------------------------------------------- a conf without GPUs per task

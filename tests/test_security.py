@@ -102,7 +102,7 @@ def test_foreign_bookkeeping_folder_is_refused_and_nothing_in_it_is_touched(tmp_
 
     with pytest.raises(UnsafePathError, match=f"{folder} (is owned by uid|is writable by other|is not a directory)"):
         tbp.ensure_tensorboard(log_dir)
-    with pytest.raises(UnsafePathError, match="remove it"):
+    with pytest.raises(UnsafePathError, match=r"remove it .*\(TFNB_TENSORBOARD_DIR\)$"):  # what moves this folder
         tbp.instances()
     assert victim.read_text() == "years of work"
     assert planted.exists() and log.exists()
@@ -136,14 +136,14 @@ def test_another_users_standby_and_run_log_folders_are_not_used_by_a_run(spark, 
     planted.bind(path)  # a standby as another user would plant it: the run's payload and env= would go to it
     planted.listen(8)
     planted.setblocking(False)
-    before, run_logs = {p.pid for p in leakcheck.processes()}, sorted(os.listdir(runs))
+    before, run_logs, seen = {p.pid for p in leakcheck.processes()}, sorted(os.listdir(runs)), []
     try:
         for folder in (warm, runs):
             os.chown(folder, NOBODY, NOBODY)
         with pytest.raises(UnsafePathError, match=rf"{warm} is owned by uid {NOBODY}.*remove it .*\(TFNB_STATE_DIR\)"):
             list(_warm.claim("0" * 20))
         with caplog.at_level(logging.WARNING, logger="tfnb"):
-            tfnb.run(_pid, num_workers=2, spark=spark, display=False, env={"SECRET": "s3cr3t"})
+            tfnb.run(_pid, num_workers=2, spark=spark, display=seen.append, env={"SECRET": "s3cr3t"})
         with pytest.raises(BlockingIOError):
             planted.accept()                   # nothing connected to it
     finally:
@@ -156,6 +156,9 @@ def test_another_users_standby_and_run_log_folders_are_not_used_by_a_run(spark, 
     assert re.search(rf"no log file for this run: {runs} is owned by uid {NOBODY}, not by this user .*"
                      r"so tfnb will not trust what is in it; remove it .*\(TFNB_STATE_DIR\)", caplog.text), caplog.text
     assert sorted(os.listdir(runs)) == run_logs
+    warned = [e.data["line"] for e in seen if e.kind == "log" and "warm standby" in e.data.get("line", "")]
+    assert len(warned) == 2 and re.fullmatch(rf"tfnb: no warm standby on this executor, train_fn starts fresh: {warm} "
+                                             rf"is owned by uid {NOBODY}.*\(TFNB_STATE_DIR\)", warned[0]), warned
 
 
 def test_a_staged_key_that_climbs_out_of_dest_dir_is_refused(moto_s3, tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from components import free_port
+from s3region import start_region_front
 from s3server import moto_enforce_iam, put_tree  # fixtures rclone_s3 and moto_s3 come from conftest
 from tfnb.errors import ConfigError, MissingDependencyError, StorageError
 from tfnb.data.staging import MANIFEST_NAME, PART_SUFFIX, RemoteFile, StageResult, assign_shard, stage
@@ -112,6 +113,44 @@ def test_every_s3_client_stages_the_same_files(s3, moto_s3, tmp_path, monkeypatc
     r = s3_stage(server, tmp_path)
     assert read_tree(tmp_path) == TREE and leftovers(tmp_path) == []
     assert r.downloaded_bytes == sum(map(len, TREE.values()))
+
+
+@pytest.fixture
+def eu_bucket(moto_s3, tmp_path, monkeypatch):  # noqa: F811
+    """The training tree in bucket tfnb-eu of region eu-west-1, and no region configured anywhere."""
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    client = moto_s3.client()
+    try:
+        client.create_bucket(Bucket="tfnb-eu", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    put_tree(client, "tfnb-eu", {f"{PREFIX}/{k}": v for k, v in TREE.items()})
+    return moto_s3
+
+
+@pytest.mark.parametrize("name_region", [True, False], ids=["AWS's 301", "a bare 301"])
+def test_a_bucket_in_another_region_with_no_region_set(eu_bucket, tmp_path, name_region):
+    """A request signed for the wrong region gets 301 PermanentRedirect, as from AWS. botocore follows
+    it; obstore cannot, so the store asks the bucket's region once and downloads natively in it. A
+    server that names no region makes one error that says which setting to give."""
+    pytest.importorskip("obstore")
+    front = start_region_front(eu_bucket.endpoint_url, {"tfnb-eu": "eu-west-1"}, name_region=name_region)
+    run = lambda: stage("s3://tfnb-eu/train", tmp_path / "eu", endpoint_url=front.endpoint_url,  # noqa: E731
+                        storage_options={"key": "testing", "secret": "testing"}, chunk_size=MiB, concurrency=4)
+    try:
+        if not name_region:
+            with pytest.raises(StorageError, match=r"^bucket 'tfnb-eu' is in another region, not us-east-1.*"
+                                                   r"storage_options=\{'region': \.\.\.\} or AWS_DEFAULT_REGION"):
+                run()
+            return
+        run()
+    finally:
+        front.stop()
+    assert read_tree(tmp_path / "eu") == TREE and leftovers(tmp_path / "eu") == []
+    reads = {(region, agent.split("/")[0]) for method, path, region, agent in front.seen
+             if method == "GET" and path.startswith("/tfnb-eu/train/")}
+    assert reads == {("eu-west-1", "object_store")}, front.seen
 
 
 def test_rerun_downloads_nothing(s3, tmp_path):

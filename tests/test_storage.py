@@ -258,41 +258,41 @@ def test_a_planted_cached_model_is_not_used(rclone_s3, tmp_path, monkeypatch, ca
     import json
     import logging
 
-    from tfnb.data import inference
+    from tfnb.data import model
 
     client, bucket = rclone_s3.client(), f"models-{uuid.uuid4().hex[:8]}"
     client.create_bucket(Bucket=bucket)
     real = os.urandom(21)                                  # the same size as the planted file
     client.put_object(Bucket=bucket, Key="m.keras", Body=real)
     options, url = s3_options(rclone_s3), f"s3://{bucket}/m.keras"
-    source, version, files = inference._locate(url, options)
+    source, version, files = model._locate(url, options)
     key = hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24]
     record = json.dumps({"url": url, "version": version, "files": files})
     monkeypatch.setenv("TFNB_STATE_DIR", str(tmp_path))    # where the cache goes without TFNB_MODEL_CACHE_DIR
     cache = tmp_path / f"tfnb-model-cache-{os.getuid()}"
     planted = _plant(cache, key, record, uid, mode)
-    with caplog.at_level(logging.WARNING, logger="tfnb.data.inference"):
-        got = inference._fetch(source, version, files, options, "")
-    inference._fresh_cache.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="tfnb.data.model"):
+        got = model._fetch(source, version, files, options, "")
+    model._fresh_cache.cache_clear()
     assert Path(got).read_bytes() == real and Path(got) != planted
     assert planted.read_bytes() == b"PLANTED" * 3          # nothing in the foreign folder touched
-    assert re.search(rf"{cache} {why}.*so tfnb will not trust what is in it; remove it .*\(TFNB_STATE_DIR\); "
+    assert re.search(rf"{cache} {why}.*so tfnb will not trust what is in it; remove it .*\(TFNB_MODEL_CACHE_DIR\); "
                      rf"downloading models to {Path(got).parents[1]} instead", caplog.text), caplog.text
 
 
 def test_a_cached_model_that_does_not_match_the_source_is_fetched_again(rclone_s3, tmp_path):
-    from tfnb.data import inference
+    from tfnb.data import model
 
     client = rclone_s3.client()
     client.create_bucket(Bucket="models2")
     client.put_object(Bucket="models2", Key="m.keras", Body=b"version one")
     options, url = s3_options(rclone_s3), "s3://models2/m.keras"
-    first = inference._fetch(*inference._locate(url, options), options, str(tmp_path))
+    first = model._fetch(*model._locate(url, options), options, str(tmp_path))
     Path(first).write_bytes(b"tampered")                   # same record, wrong size: not trusted
-    again = inference._fetch(*inference._locate(url, options), options, str(tmp_path))
+    again = model._fetch(*model._locate(url, options), options, str(tmp_path))
     assert again == first and Path(again).read_bytes() == b"version one"
     client.put_object(Bucket="models2", Key="m.keras", Body=b"version two!")
-    assert Path(inference._fetch(*inference._locate(url, options), options, str(tmp_path))).read_bytes() \
+    assert Path(model._fetch(*model._locate(url, options), options, str(tmp_path))).read_bytes() \
         == b"version two!"
     assert oct(os.stat(tmp_path / f"tfnb-model-cache-{os.getuid()}").st_mode & 0o777) == "0o700"
 
@@ -310,7 +310,7 @@ data = {f"data/part-{i}.bin": bytes([i]) * (1000 + i) for i in range(4)}
 for k, v in data.items():
     admin.put_object(Bucket=bucket, Key=k, Body=v)
 import tfnb
-from tfnb.data import inference
+from tfnb.data.model import _locate
 
 staged = tfnb.stage(f"s3://{bucket}/data", f"{work}/staged")
 assert {os.path.basename(p): open(p, "rb").read() for p in staged.paths} == {k[5:]: v for k, v in data.items()}
@@ -333,7 +333,7 @@ model.save(f"{work}/m.keras")
 admin.upload_file(f"{work}/m.keras", bucket, "models/m.keras")
 url = f"s3://{bucket}/models/m.keras"
 # another user's model where this user's cache entry would be, vouched for by a forged record
-source, version, files = inference._locate(url, {})
+source, version, files = _locate(url, {})
 root = os.path.join(os.environ["TFNB_MODEL_CACHE_DIR"], f"tfnb-model-cache-{os.getuid()}")
 entry = os.path.join(root, hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24])
 os.makedirs(entry)

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import signal
+import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -54,12 +58,13 @@ def at_least(n: int, state: str) -> set[int]:
     return wait_for(lambda: found if len(found := standbys(state)) >= n else set())
 
 
-def _queued(pids: set[int]) -> bool:
-    """Whether a task has connected to one of these standbys while they import: a connection on the socket
-    they bound (``/proc/net/unix`` lists it under the bound name, flags 0) besides the listener (flags 00010000)."""
+def _queued(pids: set[int], at_least: int = 1) -> bool:
+    """Whether ``at_least`` connections wait (tasks' claims, say while they import) on one of these standbys'
+    sockets: connections on the socket they bound (``/proc/net/unix`` lists them under the bound name, the
+    ``.part`` one even once warm, flags 0) besides the listener (flags 00010000)."""
     paths = {p.argv[p.argv.index("tfnb._task.warm") + 1] + ".part" for p in standby_processes() if p.pid in pids}
     rows = [f for line in Path("/proc/net/unix").read_text().splitlines()[1:] if len(f := line.split()) > 7]
-    return any(f[7] in paths and f[3] != "00010000" for f in rows)
+    return sum(f[7] in paths and f[3] != "00010000" for f in rows) >= at_least
 
 
 @pytest.fixture(autouse=True)
@@ -133,6 +138,45 @@ def test_a_run_waits_for_its_standby_to_finish_importing(session, tmp_path):
             fcntl.flock(lock, fcntl.LOCK_UN)  # the import ends: the run goes on
             run.join(300)
     assert done["result"]["parent"] in importing, "the run started new processes instead of waiting for the standby"
+
+
+def test_a_standby_discarded_while_claims_wait_leaves_the_run_to_fresh_processes(session):
+    # The tasks' claims wait in the standby's queue behind a task of other settings, which discards it: they
+    # start their train_fn processes fresh, and the run goes on in its first attempt.
+    from tfnb._task import warm
+
+    opts = dict(num_workers=2, spark=session, display=False, env={"VALUE": "d"}, max_attempts=1,
+                hooks=LaunchHooks(all_results=True))
+    (standby,) = {r["parent"] for r in tfnb.run(process_info, **opts)}  # leaves its standby warm
+    os.kill(standby, signal.SIGSTOP)  # it takes no claim until continued: the claims below queue up
+    try:
+        for conn in warm.claim(warm.key(("json",), True, (), ())):  # other settings: told to exit first
+            conn.close()
+        run = ThreadPoolExecutor(1).submit(tfnb.run, process_info, **opts)
+        assert wait_for(lambda: _queued({standby}, 3), 120), "the run's claims did not queue up"
+    finally:
+        os.kill(standby, signal.SIGCONT)
+    result = run.result(300)  # not WorkerError (ProcessDied), nor a relaunch (max_attempts=1)
+    assert {r["value"] for r in result} == {"d"} and standby not in {r["parent"] for r in result}
+    assert not leakcheck.wait_gone([p for p in standby_processes() if p.pid == standby], 30)
+
+
+def test_a_standby_needs_a_short_private_folder():
+    # (A run meeting either turns standbys off with one warning line per task: tests/test_security.py.)
+    from tfnb._task import warm
+
+    want, env = warm.key((), True, (), ()), dict(os.environ, TFNB_PREIMPORT="")
+    long = tempfile.mkdtemp(prefix="tfnb-w-" + "x" * 70)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TFNB_STATE_DIR", long)
+            with pytest.raises(warm.Unavailable, match=rf"^TFNB_STATE_DIR '{long}' is too long for the standbys' "
+                                                        r"Unix sockets: .* over the 107 .*set TFNB_STATE_DIR on the "
+                                                        r"executors to a folder of at most \d+ bytes"):
+                warm.ensure(want, env, 5)
+        assert not list(Path(long).glob("*/*.sock*"))
+    finally:
+        shutil.rmtree(long, ignore_errors=True)
 
 
 def test_an_idle_standby_exits_after_the_idle_timeout(session, monkeypatch):

@@ -8,12 +8,8 @@ Example:
     ...     ...
     >>> tfnb.run(train_fn, num_workers=2)
 
-Heavy modules (TensorFlow, pyspark, ipywidgets, boto3) are imported only when used. The layout
-(docs/architecture.md): :mod:`tfnb.launcher` is the driver side of a run, :mod:`tfnb._task` what runs
-inside a barrier task, :mod:`tfnb._protocol` what crosses the wire, :mod:`tfnb.data` staging, feeding
-and predict, :mod:`tfnb.storage` the one storage layer, :mod:`tfnb.monitor` sync, evaluator, TensorBoard,
-tracking and the run model, :mod:`tfnb.notebook` the display layer, :mod:`tfnb.compat` the
-TensorFlowOnSpark and spark-tensorflow-distributor APIs.
+Heavy modules (TensorFlow, pyspark, ipywidgets, boto3) are imported only when used; the public names
+below load their modules on first use. docs/architecture.md shows the layout.
 """
 from __future__ import annotations
 
@@ -24,37 +20,21 @@ from typing import TYPE_CHECKING
 from ._protocol import VERSION as __version__
 
 # public name -> module that defines it (imported on first use)
-_EXPORTS = {
-    "run": "launcher",
-    "RunOptions": "launcher",
-    "stage": "data.staging",
-    "StageResult": "data.staging",
-    "StageProgress": "data.staging",
-    "predict": "data.inference",
-    "Evaluator": "monitor.evaluator",
-    "EvalResult": "monitor.evaluator",
-    "EventSync": "monitor.sync",
-    "SyncStats": "monitor.sync",
-    "tensorboard": "notebook.tensorboard",
-    "Launched": "monitor.tensorboard",
-    "Reused": "monitor.tensorboard",
-    "Failed": "monitor.tensorboard",
-    "TimedOut": "monitor.tensorboard",
-    "WorkerContext": "_task.context",
-    "RunEvent": "_protocol",
-    "ProgressWidget": "notebook",
-    "ConsoleDisplay": "notebook",
-    "TfnbError": "errors",
-    "ConfigError": "errors",
-    "ClusterError": "errors",
-    "WorkerError": "errors",
-    "WorkerStalledError": "errors",
-    "RunTimeoutError": "errors",
-    "RunCancelledError": "errors",
-    "MissingDependencyError": "errors",
-    "StorageError": "errors",
-    "EvaluatorError": "errors",
-}
+_EXPORTS = {name: module for module, names in {
+    "launcher": ("run", "RunOptions"),
+    "tuning": ("sweep", "SweepResult", "TrialResult", "SweepStoppedError", "SweepCancelledError"),
+    "data.staging": ("stage", "StageResult", "StageProgress"),
+    "data.inference": ("predict",),
+    "monitor.evaluator": ("Evaluator", "EvalResult"),
+    "monitor.sync": ("EventSync", "SyncStats"),
+    "notebook.tensorboard": ("tensorboard",),
+    "monitor.tensorboard": ("Launched", "Reused", "Failed", "TimedOut"),
+    "_task.context": ("WorkerContext",),
+    "_protocol": ("RunEvent",),
+    "notebook": ("ProgressWidget", "ConsoleDisplay"),
+    "errors": ("TfnbError", "ConfigError", "ClusterError", "WorkerError", "WorkerStalledError", "RunTimeoutError",
+               "RunCancelledError", "MissingDependencyError", "StorageError", "EvaluatorError"),
+}.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 
@@ -71,6 +51,7 @@ if TYPE_CHECKING:  # what the lazy exports are, for type checkers and IDEs
     from .monitor.tensorboard import Failed, Launched, Reused, TimedOut
     from .notebook import ConsoleDisplay, ProgressWidget
     from .notebook.tensorboard import tensorboard
+    from .tuning import SweepCancelledError, SweepResult, SweepStoppedError, TrialResult, sweep
 
 
 def __getattr__(name: str):

@@ -5,6 +5,7 @@ and pip must not replace them), so their floors are checked here, at first use.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import re
@@ -13,13 +14,8 @@ from types import ModuleType
 from .errors import MissingDependencyError
 
 # module -> what to pip install, where that is not the module's own name
-_HINTS = {
-    "tensorflow": "'tfnb[tf]' (tensorflow and tf-keras)",
-    "tf_keras": "tf-keras",
-    "pyspark": "'tfnb[spark]' (pyspark)",
-    "IPython": "ipython",
-    "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)",
-}
+_HINTS = {"tensorflow": "'tfnb[tf]' (tensorflow and tf-keras)", "tf_keras": "tf-keras", "IPython": "ipython",
+          "pyspark": "'tfnb[spark]' (pyspark)", "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)"}
 
 # Floors, and why (README "Requirements" says the same).
 SPARK_FLOOR = (3, 5)       # DataFrame.mapInArrow(..., barrier=True) is Spark 3.5+
@@ -44,15 +40,16 @@ def require(module: str, purpose: str = "") -> ModuleType:
         raise MissingDependencyError(f"{module} is needed{why} but is not installed; pip install {pkg}") from e
 
 
-def _version(text: str) -> tuple[int, ...]:
+def _version(text: str, parts: int = 2) -> tuple[int, ...]:
     # "3.5.0", "3.5.1.dev0", "2.16.1+cpu": the leading numbers are what the floors compare.
-    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:2])
+    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:parts])
 
 
 def _floor(name: str, found: str, floor: tuple[int, ...], why: str, fix: str) -> None:
     if _version(found) < floor:
         raise MissingDependencyError(
-            f"{name} {found} is too old: tfnb needs {name} >= {'.'.join(map(str, floor))} ({why}); {fix}")
+            f"{name} {found} is too old: tfnb needs {name} >= {'.'.join(map(str, floor))}; {fix}\n"
+            f"Why {'.'.join(map(str, floor))}: {why}.")
 
 
 def require_spark(spark=None) -> ModuleType:
@@ -72,18 +69,27 @@ def require_spark(spark=None) -> ModuleType:
 
 
 def require_tensorflow(purpose: str = "") -> ModuleType:
-    """Import TensorFlow and check it is >= 2.16 with tf-keras installed; else MissingDependencyError."""
+    """Import TensorFlow and check it is >= 2.16; else MissingDependencyError."""
     why = f" for {purpose}" if purpose else ""
-    if importlib.util.find_spec("tf_keras") is None:
-        raise MissingDependencyError(
-            f"tf-keras is needed{why} (Keras 3 model.fit fails under MultiWorkerMirroredStrategy; tfnb "
-            f"trains with tf.keras = tf-keras) but is not installed; {_TF_FIX}")
     try:
         tf = importlib.import_module("tensorflow")
     except ImportError as e:
         raise MissingDependencyError(f"tensorflow is needed{why} but is not installed; {_TF_FIX}") from e
     _floor("TensorFlow", getattr(tf, "__version__", "0"), TENSORFLOW_FLOOR,
-           "tf.keras is tf-keras only from 2.16 on with TF_USE_LEGACY_KERAS=1", _TF_FIX)
+           "Keras 3 and tf-keras both run on TensorFlow from 2.16 on", _TF_FIX)
     return tf
 
 
+def keras_for(path: str) -> ModuleType:
+    """The Keras that loads the model file at ``path``: Keras 3 for a ``.keras`` file Keras 3 saved, else tf-keras
+    (or Keras 3 where tf-keras is not installed)."""
+    import json
+    import zipfile
+
+    major = 2
+    if zipfile.is_zipfile(path):
+        with contextlib.suppress(KeyError, ValueError), zipfile.ZipFile(path) as z:
+            major = int(str(json.loads(z.read("metadata.json")).get("keras_version", "2")).split(".")[0])
+    if major < 3 and importlib.util.find_spec("tf_keras") is not None:
+        return importlib.import_module("tf_keras")
+    return importlib.import_module("keras")

@@ -8,6 +8,7 @@ other write bit. Otherwise nothing in it is read, run, killed or deleted.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -15,8 +16,9 @@ import tempfile
 from .errors import UnsafePathError
 
 
-def check_private(path: str) -> str:
-    """Raise UnsafePathError unless ``path`` is a directory owned by this user, writable by no one else."""
+def check_private(path: str, setting: str = "TFNB_STATE_DIR") -> str:
+    """Raise UnsafePathError unless ``path`` is a directory owned by this user, writable by no one else;
+    the error names ``setting``, the TFNB_* setting that moves the folder elsewhere."""
     st = os.lstat(path)
     problem = None
     if not stat.S_ISDIR(st.st_mode):
@@ -28,19 +30,19 @@ def check_private(path: str) -> str:
     if problem:
         raise UnsafePathError(
             f"{path} {problem}, so tfnb will not trust what is in it; remove it (another user may have "
-            f"created it) or point tfnb elsewhere (TFNB_STATE_DIR)")
+            f"created it) or point tfnb elsewhere ({setting})")
     return path
 
 
-def private_dir(name: str, base: str | None = None) -> str:
-    """``<base>/tfnb-<name>-<uid>``, created mode 0700 if missing and verified (see :func:`check_private`).
+def state_dir() -> str:
+    """Where private folders go unless told otherwise: ``TFNB_STATE_DIR``, else the system temporary folder."""
+    return os.environ.get("TFNB_STATE_DIR") or tempfile.gettempdir()
 
-    ``base`` defaults to ``TFNB_STATE_DIR`` or the system temporary folder.
-    """
-    base = base or os.environ.get("TFNB_STATE_DIR") or tempfile.gettempdir()
-    path = os.path.join(base, f"tfnb-{name}-{os.getuid()}")
-    try:
+
+def private_dir(name: str, base: str | None = None, setting: str = "TFNB_STATE_DIR") -> str:
+    """``<base>/tfnb-<name>-<uid>``, created mode 0700 if missing and verified (see :func:`check_private`). ``base``
+    defaults to :func:`state_dir`; ``setting`` is what moves this folder, for the error."""
+    path = os.path.join(base or state_dir(), f"tfnb-{name}-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
         os.makedirs(path, mode=0o700)
-    except FileExistsError:
-        pass
-    return check_private(path)
+    return check_private(path, setting)

@@ -60,12 +60,10 @@ def _key(token: str, direction: str, server_nonce: str, task_nonce: str) -> byte
 
 
 class _Sealer:
-    """MACs outgoing or checks incoming frame bodies of one direction, counting the sequence.
-
-    HMAC-SHA256 as RFC 2104 defines it (the same bytes as ``hmac.digest``), with the key's inner and
-    outer pads hashed once: per frame that saves two SHA-256 blocks and the key set-up (about a
-    third of the MAC's cost for a 1 KB frame) and reads the frame in place, without copies.
-    """
+    """MACs outgoing or checks incoming frame bodies of one direction, counting the sequence. HMAC-SHA256 as RFC
+    2104 defines it (the same bytes as ``hmac.digest``), with the key's inner and outer pads hashed once: per frame
+    that saves two SHA-256 blocks and the key set-up (about a third of the MAC's cost for a 1 KB frame) and reads
+    the frame in place, without copies."""
 
     __slots__ = ("inner", "outer", "seq")
 
@@ -117,6 +115,7 @@ class Msg(str, Enum):
     STOP = "stop"
     END = "end"              # every train_fn returned: lingering train_fn processes may exit
     DUMP = "dump"            # send your stacks (the stall watchdog)
+    RESIZE = "resize"        # an elastic run stops at its next epoch boundary to be relaunched at another size
     # either way
     BATCH = "batch"          # items: messages gathered into one frame
     DISCONNECTED = "disconnected"  # never sent: what the driver's channel hands on when a task hangs up
@@ -161,9 +160,6 @@ def _recv_body(sock: socket.socket, limit: int) -> bytes | None:
 
 
 VERSION = "0.1.0"  # tfnb's version (tfnb.__version__): the driver's and each executor's must be the same
-
-
-# ---------------------------------------------------------------- events of a run
 
 
 ENV_FD = "TFNB_EVENT_FD"
@@ -216,8 +212,6 @@ def number(value: Any) -> float | None:
     except Exception:  # noqa: BLE001 - a symbolic or odd value is simply not reported
         return None
 
-
-# ---------------------------------------------------------------- a task and its train_fn process
 
 PAYLOAD, CONTEXT, RESULT, ERROR = "payload.pkl", "ctx.pkl", "result.pkl", "error.json"
 STACKS = "stacks.txt"  # the Python stack of every thread, appended on each DUMP_SIGNAL

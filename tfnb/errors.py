@@ -82,11 +82,25 @@ _PEER_MESSAGES = re.compile(
     r"Collective ops is aborted|failed to connect to all addresses|Socket closed|Connection reset", re.IGNORECASE)
 
 
-# Raised in train_fn by Keras 3 fit under MultiWorkerMirroredStrategy (tfnb._child) and put in place of
-# that failure's own message on the driver (tfnb.cluster).
-KERAS3_MWMS = ("Keras 3 (`import keras`) does not train under MultiWorkerMirroredStrategy (keras-team/keras#20585: "
-               "'Attempt to convert a value (PerReplica...) to a Tensor'); build the model with tf.keras, which "
-               "tfnb.run makes tf-keras (legacy_keras=True, the default), or `import tf_keras as keras`")
+# Raised in train_fn by Keras 3's fit (tfnb._task.keras3) where it cannot train: first line, then the detail.
+KERAS3_UNTESTED = ("Keras {version} is untested under tf.distribute in tfnb (tested: {low} to {high}); install a "
+                   "tested Keras, or use tf.keras (tf-keras)\n"
+                   "Keras 3's own trainer fails under MultiWorkerMirroredStrategy (keras-team/keras#20585); tfnb corrects "
+                   "it for the Keras versions its tests train on (docs/keras3.md). For this one: pip install "
+                   "'keras>={low},<{below}', or build the model with tf.keras, which tfnb.run makes tf-keras where it "
+                   "is installed (or `import tf_keras as keras`).")
+KERAS3_DEVICES = ("Keras {version} cannot train on {devices} devices per worker; use one device per worker (e.g. "
+                  "gpus_per_worker=1) or Keras >= 3.15, or tf.keras (tf-keras)\n"
+                  "This Keras applies each device's gradient to that device's copy of the weights alone "
+                  "(keras-team/keras#19308), so a worker's copies drift apart; tfnb corrects this across workers, one "
+                  "device each, but not between the devices of one process.")
+KERAS3_PS = ("Keras 3's fit does not train under ParameterServerStrategy; use tf.keras (tf-keras) for a ps run, or "
+             "num_ps=0\n"
+             "Keras 3 has no ParameterServerStrategy support (no ClusterCoordinator in its trainer). tf-keras's fit "
+             "drives the coordinator: build the model with tf.keras (tf-keras, legacy_keras=True) or "
+             "`import tf_keras as keras`; or train with MultiWorkerMirroredStrategy (num_ps=0), where Keras 3 runs.")
+
+FIRST_LINE = 200  # the most an error's first line holds: what failed and the fix, read at a glance
 
 
 def summary(e: BaseException, limit: int = 240) -> str:
@@ -101,6 +115,21 @@ def summary(e: BaseException, limit: int = 240) -> str:
         return re.sub(r"\(([^():]{1,60}): [^()]{30,}\)", r"(\1)", text)
     text = f"{type(e).__name__}: {text}"
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def suggest(unknown, known) -> str:
+    """`` (did you mean num_workers?)`` for names in ``unknown`` close to one of ``known``; "" if none is."""
+    import difflib
+
+    near = sorted({m for u in unknown for m in difflib.get_close_matches(u, known, n=1)})
+    return f" (did you mean {', '.join(near)}?)" if near else ""
+
+
+def below(e: BaseException) -> str:
+    """The rest of ``e``'s message after its first line, newline first ("" if there is none): what an error
+    that wraps ``e`` puts below its own first line, which ends with ``summary(e)``."""
+    rest = str(e).strip().partition("\n")[2]
+    return f"\n{rest}" if rest.strip() else ""
 
 
 class WorkerError(TfnbError):
@@ -122,31 +151,28 @@ class WorkerError(TfnbError):
 
     def _text(self) -> str:
         failure = self.failure
-        # the worker's message last: a tfnb error's message ends with its fix
-        where = f" on {failure.host}" if failure.host else ""
-        head = f"{failure.label} failed{where} (attempt {failure.attempt}): {failure.exc_type}: {failure.message}"
+        # The first line ends with the worker's own first line (a tfnb error's ends with its fix), so it gets what
+        # room there is: tfnb's own types by their short name, the host below. Another library's long first line
+        # is cut there and given whole below.
+        first, _, rest = failure.message.strip().partition("\n")
+        kind = failure.exc_type.rpartition(".")[2] if failure.exc_type.startswith("tfnb.") else failure.exc_type
+        head = f"{failure.label} failed (attempt {failure.attempt}): {kind}: "
+        if len(head) + len(first) > FIRST_LINE:
+            head, rest = head + first[:FIRST_LINE - len(head) - 1] + "…", f"{first}\n{rest}"
+        else:
+            head += first
+        lines = [head, rest.strip()] + [f"Host: {failure.host}"] * bool(failure.host)
         earlier = [a for a in self.attempts[:-1] if a.get("cause")]
         if earlier:
-            head += "\nEarlier attempts: " + "; ".join(f"{a['attempt']}: {a['cause']}" for a in earlier)
+            lines.append("Earlier attempts: " + "; ".join(f"{a['attempt']}: {a['cause']}" for a in earlier))
         body = failure.traceback.rstrip()
-        return head + ("\n\nWorker traceback:\n" + body if body else "")
+        return "\n".join(line for line in lines if line) + ("\n\nWorker traceback:\n" + body if body else "")
 
     # The deciding failure's fields, for ``except WorkerError as e: ... e.task_index``.
-    @property
-    def task_index(self) -> int:
-        return self.failure.task_index
-
-    @property
-    def job_name(self) -> str:
-        return self.failure.job_name
-
-    @property
-    def exc_type(self) -> str:
-        return self.failure.exc_type
-
-    @property
-    def worker_traceback(self) -> str:
-        return self.failure.traceback
+    task_index = property(lambda self: self.failure.task_index)
+    job_name = property(lambda self: self.failure.job_name)
+    exc_type = property(lambda self: self.failure.exc_type)
+    worker_traceback = property(lambda self: self.failure.traceback)
 
 
 class WorkerStalledError(WorkerError):
@@ -172,12 +198,12 @@ class WorkerStalledError(WorkerError):
     def _text(self) -> str:
         f = self.failure
         step = ", ".join(f"{k} {v}" for k, v in self.last_step.items()) or "none reported"
-        where = f" on {f.host}" if f.host else ""
-        text = (f"{f.label} stalled{where} (attempt {f.attempt}): its train_fn process was alive but sent no "
-                f"progress event and no output line for {self.seconds:.0f} s; last step: {step}; last line: "
-                f"{self.last_line!r}. The run was cancelled. Raise stall_timeout= (or TFNB_STALL_TIMEOUT) if "
-                "train_fn legitimately works that long in silence, or pass stall_timeout=None to turn the "
-                "watchdog off")
+        text = (f"{f.label} stalled (attempt {f.attempt}): no progress event and no output line for "
+                f"{self.seconds:.0f} s, so the run was cancelled; raise stall_timeout= if train_fn is silent that "
+                "long on purpose\n"
+                f"Its train_fn process was alive{f' on {f.host}' if f.host else ''}; last step: {step}; last line: "
+                f"{self.last_line!r}.\nWatchdog: {f.message}.\nstall_timeout= (or TFNB_STALL_TIMEOUT) is in "
+                "seconds; stall_timeout=None turns the watchdog off.")
         own = self.stacks.get(f.label)
         if own:
             text += f"\n\nStack of {f.label} (all threads):\n{own.rstrip()}"

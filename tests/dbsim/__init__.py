@@ -11,6 +11,8 @@ What it models (each checked by tests/test_dbsim.py):
   first command. ``%pip`` (first-line magic, or ``get_ipython().run_line_magic("pip", ...)``) runs the
   runtime's ``python -m pip`` into the notebook's environment, which the executors' Python workers also
   use; a ``%pip`` while a ``%run`` is in progress fails the command (no ``%pip`` inside ``%run`` targets).
+  ``run(..., pip="cell")`` is a runtime that offers ``%pip`` only as the first line of a command of its own
+  (a cell magic): code that calls the line magic gets IPython's ``UsageError``.
   A notebook's first ``%pip install`` that repeats one already run with this runtime (same arguments, local
   files of the same content; in this or an earlier test run while ``CLUSTERS`` lasts) is replayed from the
   first one's result, same files and output (``kernel._PipReplay``, kept in ``CLUSTERS/pip-replay``).
@@ -782,7 +784,7 @@ class Cluster:
     # -- running notebooks
 
     def run(self, archive: str | os.PathLike, notebook: str, *, params: Mapping[str, object] | None = None,
-            timeout: float = 1800.0, env: Mapping[str, str] | None = None) -> NotebookResult:
+            timeout: float = 1800.0, env: Mapping[str, str] | None = None, pip: str = "line") -> NotebookResult:
         """Run All of one notebook of ``archive``, as a job with ``params`` (widget values) when given.
 
         Args:
@@ -792,6 +794,9 @@ class Cluster:
             timeout: seconds for the whole Run All; past it the running command is reported ``"timeout"``.
             env: extra environment variables for the notebook's Python (say, ``TF_CPP_MIN_LOG_LEVEL``); none
                 by default, as on Databricks.
+            pip: how the runtime offers ``%pip``: ``"line"``, a line magic (a command's first line, or code
+                calling ``get_ipython().run_line_magic("pip", ...)``); ``"cell"``, only as the first line of a
+                command of its own (a cell magic: code calling the line magic gets IPython's ``UsageError``).
 
         Returns:
             The :class:`NotebookResult`; a failing command is in ``failure`` (``.check()`` raises it).
@@ -831,7 +836,7 @@ class Cluster:
                     "notebooks": notebooks, "notebook": path, "start": start, "process": process,
                     "widgets": str(widgets), "events": str(events), "cwd": cwd,
                     "dbfs_root": self.runtime.dbfs_root, "secrets": self.secrets,
-                    "executors": self.executors, "timeout": self.start_timeout}))
+                    "executors": self.executors, "timeout": self.start_timeout, "pip": pip}))
                 with open(log, "ab") as out:
                     out.write(f"===== Python process {process} =====\n".encode())
                     out.flush()

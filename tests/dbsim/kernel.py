@@ -552,6 +552,7 @@ def _display(*args, **kwargs):
 _RUN_LINE = re.compile(r"""^\s*%run\s+(?P<target>"[^"]*"|'[^']*'|\S+)(?P<rest>.*)$""")
 _MD_LINE = re.compile(r"^%md(?:-sandbox)?(?:\s|$)")
 _CELL_MAGIC = re.compile(r"^%(?P<name>sh|python|sql|scala|r|fs)(?:\s|$)")
+_PIP_FIRST = re.compile(r"^%pip(?:\s|$)")
 
 
 class PipInsideRun(RuntimeError):
@@ -566,6 +567,8 @@ class Kernel:
         self.run_stack: list[str] = [spec["notebook"]]  # the notebook, then the %run targets in progress
         self.html: list[str] = []
         self.error_text = None
+        # "line": %pip is a line magic (code may call it); "cell": only a command's first line runs it
+        self.pip = spec.get("pip", "line")
 
     # -- namespace
 
@@ -576,7 +579,11 @@ class Kernel:
         shell.run_line_magic("colors", "NoColor")
         shell._showtraceback = self._showtraceback
         shell.set_custom_exc((RestartPython, NotebookExit), self._control_flow)
-        shell.register_magic_function(self._pip_magic, magic_kind="line", magic_name="pip")
+        if self.pip == "cell":
+            shell.magics_manager.magics["line"].pop("pip", None)  # IPython's own %pip goes too
+            shell.register_magic_function(self._pip_cell_magic, magic_kind="cell", magic_name="pip")
+        else:
+            shell.register_magic_function(self._pip_magic, magic_kind="line", magic_name="pip")
         shell.register_magic_function(self._run_magic, magic_kind="line", magic_name="run")
         shell.register_magic_function(self._restart_magic, magic_kind="line", magic_name="restart_python")
         shell.register_magic_function(self._sh_magic, magic_kind="cell", magic_name="sh")
@@ -637,6 +644,12 @@ class Kernel:
             print("Note: you may need to restart the kernel using %restart_python or "
                   "dbutils.library.restartPython() to use updated packages.")
 
+    def _pip_cell_magic(self, line, cell):
+        if cell.strip():
+            raise SyntaxError("%pip must be alone in its command on this runtime; move the other lines to a "
+                              "command of their own")
+        self._pip_magic(line)
+
     def _restart_magic(self, line):
         raise RestartPython()
 
@@ -681,12 +694,13 @@ class Kernel:
 
     # -- running commands
 
-    @staticmethod
-    def _databricks_source(source: str) -> str:
-        """A command's text as IPython runs it: Databricks' first-line cell magics (%sh, %sql, %python)
-        become IPython ones; %scala, %r and %fs are refused."""
+    def _databricks_source(self, source: str) -> str:
+        """A command's text as IPython runs it: Databricks' first-line cell magics (%sh, %sql, %python, and
+        %pip where it is one) become IPython ones; %scala, %r and %fs are refused."""
         text = source.lstrip("\n")
         first, _, rest = text.partition("\n")
+        if self.pip == "cell" and _PIP_FIRST.match(first):  # IPython's %%pip would refuse an empty body
+            return f"get_ipython().find_cell_magic('pip')({first[len('%pip'):].strip()!r}, {rest!r})"
         m = _CELL_MAGIC.match(first)
         if not m:
             return source

@@ -7,6 +7,7 @@ them. Nothing here touches the notebook layer.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -21,14 +22,15 @@ def _emit(**data: Any) -> None:
 
 
 def _replica_divisor(model: Any) -> int:
-    """How many replicas' values tf-keras summed into each per-batch log value.
-
-    tf-keras reduces a train step's outputs with ``distribute_reduction_method``, whose "auto" means
-    "sum" outside TPUs: under MultiWorkerMirroredStrategy in multi-worker mode, an all-reduce of each
-    replica's running mean, so a per-batch accuracy of 1.6 shows with 2 workers. Dividing by the replica
-    count gives the means Keras reports at epoch end (exact when replicas see equal batches, as tfnb
-    feeds them). Keras 3 has no such attribute and averages.
-    """
+    """How many replicas' values tf-keras summed into each per-batch log value. tf-keras reduces a train step's
+    outputs with ``distribute_reduction_method``, whose "auto" means "sum" outside TPUs: under
+    MultiWorkerMirroredStrategy in multi-worker mode, an all-reduce of each replica's running mean, so a per-batch
+    accuracy of 1.6 shows with 2 workers. Dividing by the replica count gives the means Keras reports at epoch end
+    (exact when replicas see equal batches, as tfnb feeds them). Keras 3 averages (tfnb._task.keras3 makes that the
+    mean over every worker)."""
+    keras3 = sys.modules.get("keras")
+    if str(getattr(keras3, "__version__", "")).startswith("3.") and isinstance(model, keras3.Model):
+        return 1
     method = getattr(model, "distribute_reduction_method", None)
     strategy = getattr(model, "distribute_strategy", None)
     if method not in ("auto", "sum") or strategy is None:
@@ -61,7 +63,7 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
         every_n_steps: report every N batches instead of by time.
 
     Returns:
-        A ``tf.keras.callbacks.Callback``.
+        A Keras callback, for ``tf.keras`` (tf-keras) and Keras 3 (``import keras``) models alike.
 
     Raises:
         ConfigError: a bad batch_size, interval or every_n_steps.
@@ -81,8 +83,14 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
 
     tf = require("tensorflow", "the tfnb Keras progress callback")
     tracer = ctx._tracer if getattr(ctx, "profile_steps", None) else None
+    try:  # tf.keras's Callback (tf-keras's also serves Keras 3's fit)
+        base = tf.keras.callbacks.Callback
+    except (ImportError, AttributeError):  # TF_USE_LEGACY_KERAS=1 without tf-keras installed: Keras 3's
+        import keras
 
-    class TfnbProgress(tf.keras.callbacks.Callback):
+        base = keras.callbacks.Callback
+
+    class TfnbProgress(base):
         def __init__(self):
             super().__init__()
             # tf-keras then hands us tensors and skips its per-batch device sync; we convert only what we send
@@ -96,6 +104,7 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             self._epoch_start = (time.monotonic(), 0)
             self._last_batch_time = time.monotonic()
             self._divisor = 1        # per-batch logs are sums over this many replicas
+            self.epochs_begun = 0    # in this fit: the first (maybe resumed) epoch is no boundary
 
         def _send(self, logs, divisor=1, **fields):
             data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps,
@@ -120,6 +129,11 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             _emit(epochs=self.epochs, steps=self.steps, batch_size=batch_size)
 
         def on_epoch_begin(self, epoch, logs=None):
+            if ctx is not None and self.epochs_begun:
+                from .resize import epoch_boundary
+
+                epoch_boundary(ctx, self.model.distribute_strategy, epoch)  # an elastic run that widens stops here
+            self.epochs_begun += 1
             self.epoch = epoch
             self._batches = 0
             self._mark = self._epoch_start = (time.monotonic(), self._done)

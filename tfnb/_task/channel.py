@@ -2,6 +2,7 @@
 (see :mod:`tfnb._protocol` for the frames and the handshake)."""
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import secrets
@@ -10,16 +11,7 @@ import threading
 import time
 from typing import Callable
 
-from .._protocol import (
-    _MAX_FRAME,
-    _MAX_HELLO,
-    Msg,
-    _key,
-    _plain,
-    _proof,
-    _recv_body,
-    _Sealer,
-)
+from .._protocol import _MAX_FRAME, _MAX_HELLO, Msg, _key, _plain, _proof, _recv_body, _Sealer
 
 _BATCH_BYTES = 256 << 10  # a task sends its batch early when this much is waiting
 
@@ -56,10 +48,7 @@ class TaskChannel:
         self._pending_lock = threading.Condition()
         self._pending: list = []
         self._merged: dict = {}              # merge key -> index in _pending
-        self._pending_bytes = 0
-        self._window = window
-        self._on_message = on_message
-        self._on_lost = on_lost
+        self._pending_bytes, self._window, self._on_message, self._on_lost = 0, window, on_message, on_lost
         self._closing = False
         self._reader = threading.Thread(target=self._read_loop, name="tfnb-task-channel", daemon=True)
         self._reader.start()
@@ -83,16 +72,11 @@ class TaskChannel:
         return _Sealer(_key(token, "task", sn, tn)), _Sealer(_key(token, "driver", sn, tn))
 
     def _read_loop(self) -> None:
-        try:
-            while True:
-                body = _recv_body(self._sock, _MAX_FRAME)
-                if body is None:
-                    break
+        with contextlib.suppress(OSError, ValueError, ConnectionError):
+            while (body := _recv_body(self._sock, _MAX_FRAME)) is not None:
                 msg = self._rx.open(memoryview(body))
                 if self._on_message and isinstance(msg, dict):
                     self._on_message(msg)
-        except (OSError, ValueError, ConnectionError):
-            pass
         if not self._closing and self._on_lost:
             self._on_lost()
 
@@ -122,12 +106,9 @@ class TaskChannel:
             return self._write([{"kind": kind, **fields}])
 
     def post(self, kind: Msg, merge: str | None = None, **fields) -> None:
-        """Queue one message for the next batch.
-
-        A message with a ``merge`` key replaces the waiting one with the same key (its ``data`` is
-        updated field by field: only the latest progress matters; a progress bar's latest state). A
-        message without a key ends that: later ones queue after it, so the order of lines is kept.
-        """
+        """Queue one message for the next batch. A message with a ``merge`` key replaces the waiting one with the
+        same key (its ``data`` is updated field by field: only the latest progress matters; a progress bar's latest
+        state). A message without a key ends that: later ones queue after it, so the order of lines is kept."""
         msg = {"kind": kind, **fields}
         with self._pending_lock:
             at = self._merged.get(merge) if merge is not None else None
@@ -143,11 +124,9 @@ class TaskChannel:
             self.flush()
 
     def post_line(self, stream: str, line: str) -> None:
-        """Queue one finished output line for the next batch, in order with what :meth:`post` queues.
-
-        A run of lines of one stream travels as one ``{"kind": "log", "stream": ..., "lines": [...]}``
-        item: the driver parses a string per line instead of an object, and handles the run at once.
-        """
+        """Queue one finished output line for the next batch, in order with what :meth:`post` queues. A run of lines
+        of one stream travels as one ``{"kind": "log", "stream": ..., "lines": [...]}`` item: the driver parses a
+        string per line instead of an object, and handles the run at once."""
         with self._pending_lock:
             last = self._pending[-1] if self._pending else None
             if last is not None and last.get("stream") == stream and "lines" in last:
@@ -193,12 +172,10 @@ class TaskChannel:
         self._closing = True
         with self._pending_lock:
             self._pending_lock.notify_all()
-        try:
-            # Closing now could reset the connection while the driver is still behind on reading it
-            # (the kernel drops what it had not read): end the sending side, wait for its hang-up.
+        # Closing now could reset the connection while the driver is still behind on reading it
+        # (the kernel drops what it had not read): end the sending side, wait for its hang-up.
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
         if threading.current_thread() is not self._reader:
             self._reader.join(timeout)
         self._sock.close()

@@ -17,7 +17,7 @@ returned. End-of-file on stdin means the supervisor died, and this process group
 from __future__ import annotations
 
 import contextlib
-import functools
+import faulthandler
 import json
 import os
 import signal
@@ -26,19 +26,8 @@ import threading
 import traceback
 
 from .._config import use_settings
-from .._protocol import (
-    CONTEXT,
-    DUMP_SIGNAL,
-    END,
-    ENV_HELD_PORT_FD,
-    ENV_PREIMPORT,
-    ERROR,
-    FINISHED,
-    GO,
-    PAYLOAD,
-    RESULT,
-    STACKS,
-)
+from .._protocol import (CONTEXT, DUMP_SIGNAL, END, ENV_HELD_PORT_FD, ENV_PREIMPORT, ERROR, FINISHED, GO, PAYLOAD,
+                         RESULT, STACKS)
 from ..storage import atomic_write
 
 
@@ -68,57 +57,32 @@ def _preimport() -> None:
 
 
 class _KerasWatch:
-    """Import hook: when train_fn imports Keras 3 (``import keras``), its ``Model.fit`` refuses to start
-    under MultiWorkerMirroredStrategy, where it would fail deep inside the first step (KERAS3_MWMS).
-    Keras itself is imported only if train_fn does (it costs seconds)."""
+    """Import hook: when train_fn imports Keras 3 (``import keras``), tfnb._task.keras3 corrects it for
+    tf.distribute (or, for an untested version, makes ``fit`` refuse) before train_fn sees it. Keras itself is
+    imported only if train_fn does (it costs seconds)."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "keras":
             return None
-        sys.meta_path.remove(self)
-        import importlib.util
+        import importlib.machinery
 
-        spec = importlib.util.find_spec(name)
+        # asked by importlib.util.find_spec too (TensorFlow does, before importing Keras): stay until Keras runs
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
         exec_module = getattr(spec and spec.loader, "exec_module", None)
         if exec_module is not None:
-            def run_then_guard(module):
+            def run_then_install(module):
+                with contextlib.suppress(ValueError):
+                    sys.meta_path.remove(self)
                 exec_module(module)
-                _guard_keras3(module)
-            spec.loader.exec_module = run_then_guard
+                _install_keras3(module)
+            spec.loader.exec_module = run_then_install
         return spec
 
 
-def _guard_keras3(keras) -> None:
-    """Wrap Keras 3's ``Model.fit`` (which every Sequential and functional model inherits)."""
-    model = getattr(keras, "Model", None)
-    if not str(getattr(keras, "__version__", "")).startswith("3.") or model is None:
-        return
-    fit = model.fit
+def _install_keras3(keras) -> None:
+    from .keras3 import install
 
-    @functools.wraps(fit)
-    def guarded_fit(self, *args, **kwargs):
-        tf = sys.modules.get("tensorflow")  # Keras 3 on the TensorFlow backend has imported it
-        if tf is not None and any(isinstance(s, tf.distribute.MultiWorkerMirroredStrategy) for s in
-                                  (tf.distribute.get_strategy(), getattr(self, "distribute_strategy", None))):
-            from ..errors import KERAS3_MWMS, ConfigError
-
-            raise ConfigError(KERAS3_MWMS)
-        return fit(self, *args, **kwargs)
-
-    model.fit = guarded_fit
-
-
-def _release_port() -> None:
-    """Close the socket that kept this task's TensorFlow port reserved, right before TF binds it."""
-    fd = os.environ.pop(ENV_HELD_PORT_FD, None)
-    if fd:
-        with contextlib.suppress(OSError):
-            os.close(int(fd))
-
-
-def _type_name(exc: BaseException) -> str:
-    t = type(exc)
-    return t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+    install(keras)
 
 
 def _serve_forever(ctx) -> None:
@@ -132,24 +96,11 @@ def _serve_forever(ctx) -> None:
     server.join()
 
 
-def _dump_stacks_on_signal(workdir: str):
-    """Let the supervisor ask for the stack of every thread (stall watchdog), and print one on a crash.
-
-    faulthandler writes from its C signal handler, so the dump works even while the main thread is stuck
-    in C code (a sleep, a blocking TensorFlow op) that would never return to the interpreter loop.
-    """
-    import faulthandler
-
-    stacks = open(os.path.join(workdir, STACKS), "a")  # kept open: faulthandler writes to its descriptor
-    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True)
-    faulthandler.enable()  # segfaults in native code print the Python stack to stderr, forwarded as logs
-    return stacks
-
-
 def prepare() -> None:
-    """What every train_fn process does before it imports anything: the Keras 3 guard (see _KerasWatch)."""
+    """What every train_fn process does before it imports anything: Keras 3 made ready for tf.distribute (see
+    _KerasWatch)."""
     if "keras" in sys.modules:
-        _guard_keras3(sys.modules["keras"])
+        _install_keras3(sys.modules["keras"])
     else:
         sys.meta_path.insert(0, _KerasWatch())
 
@@ -166,7 +117,11 @@ def run_claimed(conn, workdir: str) -> None:
 
 
 def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: bool) -> None:
-    _stacks = _dump_stacks_on_signal(workdir)  # noqa: F841 - must stay open for the process' lifetime
+    # The stall watchdog asks for every thread's stack: faulthandler writes from its C signal handler, so the
+    # dump works even while the main thread is stuck in C code (a sleep, a blocking TensorFlow op).
+    stacks = open(os.path.join(workdir, STACKS), "a")  # kept open: faulthandler writes to its descriptor
+    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True)
+    faulthandler.enable()  # segfaults in native code print the Python stack to stderr, forwarded as logs
     try:
         import cloudpickle
 
@@ -179,7 +134,10 @@ def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: boo
             ctx = cloudpickle.load(f)
         os.environ["TF_CONFIG"] = json.dumps(ctx.tf_config)
         use_settings(ctx.settings)  # settings resolve as on the driver, not from this executor's environment
-        _release_port()
+        held = os.environ.pop(ENV_HELD_PORT_FD, None)  # the socket keeping TF's port reserved: TF binds it next
+        if held:
+            with contextlib.suppress(OSError):
+                os.close(int(held))
         if payload["mode"] == "serve":
             _serve_forever(ctx)
             result = None
@@ -202,7 +160,9 @@ def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: boo
             end.wait()
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
-        info = {"exc_type": _type_name(e), "message": str(e), "traceback": traceback.format_exc()}
+        t = type(e)
+        name = t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+        info = {"exc_type": name, "message": str(e), "traceback": traceback.format_exc()}
         with contextlib.suppress(OSError):
             atomic_write(os.path.join(workdir, ERROR), json.dumps(info).encode())
         traceback.print_exc()

@@ -28,7 +28,11 @@ class WorkerContext:
         gpus: GPU ids Spark assigned to this task (CUDA_VISIBLE_DEVICES is set from them); empty on CPU.
         model_dir: checkpoint/model directory given to ``tfnb.run`` (or None).
         log_dir: TensorBoard log directory given to ``tfnb.run`` (or None).
-        attempt: 1 on the first launch, 2.. when tfnb relaunched the job after a task died.
+        attempt: 1 on the first launch, 2.. when tfnb relaunched the job after a task died (or resized it).
+        requested_workers: the ``num_workers`` the run was asked for; an elastic run (``min_workers``) may launch
+            with fewer (``num_workers``) after losing executors, and widens again when they return.
+        min_workers: the fewest workers an elastic run goes on with; None when the run is not elastic.
+        resized_from: the previous launch's number of workers when this launch has another, else None.
         max_attempts: how many launches tfnb will make at most.
         run_id: identifies this ``tfnb.run`` call (the same across attempts).
         host: this task's host address as its peers see it.
@@ -58,6 +62,13 @@ class WorkerContext:
     profile_steps: tuple | None = None
     profile_run: str = ""
     settings: tuple = field(default=(), repr=False)
+    requested_workers: int = 0
+    min_workers: int | None = None
+    resized_from: int | None = None
+
+    def __post_init__(self):
+        if not self.requested_workers:
+            object.__setattr__(self, "requested_workers", self.num_workers)
 
     @property
     def is_chief(self) -> bool:
@@ -140,6 +151,22 @@ class WorkerContext:
         from .profiling import Tracer
 
         return Tracer(self)
+
+    def epoch_boundary(self, strategy: Any = None, epoch: int | None = None) -> None:
+        """In a custom training loop of an elastic run, call at the start of each epoch after the first, on every
+        worker, once the last epoch's checkpoint is written: when the run is resized (executors returned, or one is
+        leaving), it raises on every worker at once (let it propagate: tfnb relaunches from that checkpoint). A no-op
+        in a run without ``min_workers``. ``ctx.progress_callback()`` does this for Keras ``fit``.
+
+        Example:
+            >>> for epoch in range(start, epochs):
+            ...     if epoch > start:
+            ...         ctx.epoch_boundary(strategy, epoch)
+            ...     train_one_epoch(); manager.save()
+        """
+        from .resize import epoch_boundary
+
+        epoch_boundary(self, strategy, epoch)
 
     def reserved_port(self):
         """The socket holding this task's reserved port, or None.

@@ -42,8 +42,9 @@ def _steps_for(rows_per_worker: Sequence[int], batch_size: int, drop_remainder: 
     if steps == 0:
         raise ConfigError(
             f"batch_size={batch_size} but the smallest worker's part of the data has {low} rows "
-            f"(rows per worker: {per_worker}), so every worker would get 0 batches; lower batch_size to at "
-            f"most {low}, feed more rows, or pass drop_remainder=False")
+            f"(rows per worker: {per_worker}); lower batch_size to at most {low}, feed more rows, or pass "
+            "drop_remainder=False\nEvery worker would get 0 batches: the workers take the same number of steps, "
+            "the smallest part's full batches.")
     return steps
 
 
@@ -81,11 +82,9 @@ class _Plan:
     drop_remainder: bool
 
     def bound(self, st: dict) -> int:
-        """Rows this worker may serve in an epoch, as far as ``st`` tells: exact once the counts are final.
-
-        Before that, whole batches of the rows every worker already has, which is never more than the
-        final number (the smallest part only grows, and the final number is whole batches of it).
-        """
+        """Rows this worker may serve in an epoch, as far as ``st`` tells: exact once the counts are final. Before
+        that, whole batches of the rows every worker already has, which is never more than the final number (the
+        smallest part only grows, and the final number is whole batches of it)."""
         counts = known_counts(st)
         if counts is None:
             return st["safe"] // self.batch_size * self.batch_size
@@ -126,12 +125,10 @@ def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remaind
 
 
 class _Part:
-    """This worker's rows as numpy pieces, read from the spill file as the task writes it.
-
-    Sequential epochs convert one Arrow batch at a time (a float32 array column is used without a
-    copy), so memory stays at about one batch; shuffled epochs keep the whole feature matrix in
-    memory to draw random rows from it, and so start once the whole part has arrived.
-    """
+    """This worker's rows as numpy pieces, read from the spill file as the task writes it. Sequential epochs convert
+    one Arrow batch at a time (a float32 array column is used without a copy), so memory stays at about one batch;
+    shuffled epochs keep the whole feature matrix in memory to draw random rows from it, and so start once the whole
+    part has arrived."""
 
     def __init__(self, info: FeedInfo, plan: _Plan):
         self.info = info
@@ -231,10 +228,8 @@ class _Part:
 
     def epoch(self, rows: int, shuffle: bool, seed: int | None) -> Iterator:
         """One epoch: every row this worker serves, as (features, label or None) pieces (of ``rows`` rows when
-        shuffled, else as they lie in the file).
-
-        Each call is a new epoch: with ``shuffle`` and a ``seed``, epoch k draws order ``(seed, k)``.
-        """
+        shuffled, else as they lie in the file). Each call is a new epoch: with ``shuffle`` and a ``seed``, epoch k
+        draws order ``(seed, k)``."""
         self._passes += 1
         if shuffle:
             return self._shuffled(rows, seed, self._passes - 1)
@@ -271,17 +266,16 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
     """This worker's part of ``tfnb.run(..., data=df)`` as a tf.data dataset (``ctx.dataset``).
 
     Every worker yields exactly ``steps_per_epoch(ctx, batch_size)`` batches of ``batch_size`` rows
-    per epoch, computed from the smallest worker's row count, so MultiWorkerMirroredStrategy never
-    hangs. The price: per epoch each worker leaves out its rows beyond ``steps * batch_size``; that
-    is fewer than ``batch_size`` rows per worker plus the imbalance between the workers' parts (at most
-    one row per input partition after tfnb's round-robin split, at most 1% of the rows when the
-    DataFrame is fed as it is), so up to ``batch_size * num_workers`` + imbalance rows per epoch.
-    Without ``shuffle`` the same rows are left out every epoch; with it, different ones.
+    per epoch, from the smallest worker's row count, so MultiWorkerMirroredStrategy never hangs. The
+    price: each worker leaves out its rows beyond ``steps * batch_size`` per epoch (fewer than
+    ``batch_size``, plus the imbalance between the parts: at most one row per input partition after
+    tfnb's round-robin split, at most 1% of the rows when the DataFrame is fed as it is); the same rows
+    every epoch without ``shuffle``, different ones with it.
 
-    The first epoch streams: batches come while the task is still receiving the partition (never
-    more rows than every worker is known to have); later epochs read the finished local file. The
-    dataset's cardinality is known when the final counts are (call ``ctx.steps_per_epoch`` first to
-    wait for them); a shuffled epoch, and ``drop_remainder=False``, wait for them.
+    The first epoch streams while the task still receives the partition (never more rows than every
+    worker is known to have); later epochs read the finished local file. The cardinality is known once
+    the final counts are (``ctx.steps_per_epoch`` waits for them, as do shuffled epochs and
+    ``drop_remainder=False``).
 
     Elements are ``(features, label)`` when ``label_col`` is given, else ``features`` alone:
     ``features`` is one float32 matrix ``[batch, width]``, the feature columns side by side in
@@ -357,12 +351,10 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
 
 def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffle: bool,
              seed: int | None, drop_remainder: bool):
-    """tf.data over ``part``: batches of ``rows`` rows, the same number of batches per epoch on every worker.
-
-    The generator hands over pieces of many batches (an Arrow batch of the file as it lies, without a
-    copy; shuffled, blocks of a few MB), which tf.data's ``rebatch`` cuts into batches in C++: one
-    Python call per piece instead of one per batch runs the loop about 2.5x faster for small batches.
-    """
+    """tf.data over ``part``: batches of ``rows`` rows, the same number of batches per epoch on every worker. The
+    generator hands over pieces of many batches (an Arrow batch of the file as it lies, without a copy; shuffled,
+    blocks of a few MB), which tf.data's ``rebatch`` cuts into batches in C++: one Python call per piece instead of
+    one per batch runs the loop about 2.5x faster for small batches."""
     block = rows * max(1, _BLOCK_BYTES // (rows * 4 * (plan.width + (plan.label_width or 1))))
     x_spec = tf.TensorSpec((None, plan.width), tf.float32)
     if plan.label is None:
@@ -391,6 +383,7 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
     options = tf.data.Options()
     # Each worker already holds only its own rows: sharding them again would drop most of them.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    # No autotuning: its bookkeeping made the same loop take 1.3 or 2.6 s per 5M rows, at random
+    # No autotuning: nothing above has a knob for it, and its bookkeeping made the same epoch take one time or
+    # about twice that, at random (./dev bench feeding --autotune; docs/data.md has the numbers)
     options.autotune.enabled = False
     return ds.with_options(options).prefetch(2)

@@ -13,15 +13,7 @@ from typing import Iterator
 
 from .._protocol import RESULT, Msg
 from .context import WorkerContext
-from .setup import (
-    TaskSpec,
-    _spark_local_dir,
-    assign_role,
-    assigned_gpus,
-    build_cluster,
-    reserve_port,
-    tf_config_for,
-)
+from .setup import TaskSpec, _spark_local_dir, assign_role, assigned_gpus, build_cluster, reserve_port, tf_config_for
 from .supervisor import _failure_from_child, _Supervisor
 
 RESULT_SCHEMA = "rank int, result binary"
@@ -35,14 +27,12 @@ BOOT_MARK = "tfnb-boot"  # <tfnb-boot>{json}</tfnb-boot>: why a task could not s
 
 
 def task_entry(spec_blob: bytes, version: str, package: str = __name__.split(".")[0]):
-    """The run's ``mapInArrow`` function: ``run_task`` behind a bootstrap that Spark can always unpickle.
-
-    The closure holds plain values and imports what it needs itself, so cloudpickle ships it by value:
-    an executor whose Python lacks tfnb (or has another version) still runs it, and it fails with one
-    line the driver finds in the job's error (tfnb.launcher.verdict reads it) instead of a ModuleNotFoundError
-    inside Spark's unpickling. ``spec_blob`` is the pickled TaskSpec; ``version`` the driver's tfnb version;
-    ``package`` the name the executor imports it by.
-    """
+    """The run's ``mapInArrow`` function: ``run_task`` behind a bootstrap that Spark can always unpickle. The
+    closure holds plain values and imports what it needs itself, so cloudpickle ships it by value: an executor whose
+    Python lacks tfnb or cloudpickle (or has another tfnb) still runs it, and it fails with one line the driver
+    finds in the job's error (tfnb.launcher.verdict reads it) instead of a ModuleNotFoundError inside Spark's
+    unpickling. ``spec_blob`` is the pickled TaskSpec; ``version`` the driver's tfnb version; ``package`` the name
+    the executor imports it by."""
     def tfnb_task(batches):
         info = None
         try:
@@ -56,6 +46,9 @@ def task_entry(spec_blob: bytes, version: str, package: str = __name__.split("."
                 import pickle
 
                 run_task = importlib.import_module("tfnb._task.entry").run_task
+                # the task ships train_fn and its result with cloudpickle: missing, it is an executor that cannot
+                # start tfnb, reported here, not a train_fn failure later
+                importlib.import_module("cloudpickle")
                 spec = pickle.loads(spec_blob)
         except BaseException as e:  # noqa: BLE001 - whatever stops tfnb loading goes to the driver
             import traceback
@@ -82,11 +75,9 @@ def task_entry(spec_blob: bytes, version: str, package: str = __name__.split("."
 
 
 def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> Iterator:
-    """The barrier task body (``mapInArrow`` function): one TensorFlow task of the cluster.
-
-    ``place`` is ``(rank, host, resources)`` for a task outside Spark (a ps on the driver, see
-    tfnb._task.local); by default the barrier task's own.
-    """
+    """The barrier task body (``mapInArrow`` function): one TensorFlow task of the cluster. ``place`` is ``(rank,
+    host, resources)`` for a task outside Spark (a ps on the driver, see tfnb._task.local); by default the barrier
+    task's own."""
     import pyarrow as pa
 
     from .._protocol import batch_window
@@ -102,17 +93,13 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
     rank, host, resources = place
     job_name, task_index = assign_role(rank, spec.num_workers, spec.num_ps)
     workdir = tempfile.mkdtemp(prefix=f"tfnb-{spec.run_id}-a{spec.attempt}-{rank}-", dir=_spark_local_dir())
-    chan = None
-    sup = None
-    held = None
+    chan = sup = held = None
     try:
         peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
         holder: dict = {}
-        chan = TaskChannel(
-            spec.channel, spec.token, peer, window=batch_window(spec.num_workers + spec.num_ps),
-            on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
-            on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None,
-        )
+        chan = TaskChannel(spec.channel, spec.token, peer, window=batch_window(spec.num_workers + spec.num_ps),
+                           on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
+                           on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None)
         sup = holder["sup"] = _Supervisor(spec, chan, workdir)
         gpus = assigned_gpus(resources, spec.use_gpu, job_name)
         chan.send(Msg.STATE, state="starting", pid=os.getpid(), gpus=list(gpus))
@@ -128,8 +115,9 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
             for _ in batches:
                 pass
         # Every task's address through the driver, which answers once all of them reported: Spark's
-        # allGather answers at its next one-second poll, a second of every launch and rerun.
-        chan.send(Msg.ADDR, addr=f"{host}:{port}", rows=fed.rows if fed is not None else 0)
+        # allGather answers at its next one-second poll, a second of every launch and rerun. A frame of its
+        # own: the driver answers it as it arrives, never from inside a batch of output lines.
+        chan.send_apart(Msg.ADDR, addr=f"{host}:{port}", rows=fed.rows if fed is not None else 0)
         sup.gathered.wait()
         if sup.tasks is None:  # stopped first
             chan.send(Msg.STATE, state="stopped")
@@ -143,9 +131,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
             from .feed import FeedStream
 
             # Streamed: train_fn starts now and reads the partition while this task receives it.
-            stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers,
-                                           tasks_here=here,
-                                           counts=sup.counts)
+            stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers, tasks_here=here, counts=sup.counts)
             if sup.stop_requested.is_set():
                 stream.abort()
             feed_info = stream.info
@@ -155,7 +141,8 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
             gpus=gpus, model_dir=spec.model_dir, log_dir=spec.log_dir, attempt=spec.attempt,
             max_attempts=spec.max_attempts, run_id=spec.run_id, host=host, local_dir=workdir, feed=feed_info,
             profile_steps=spec.profile_steps, profile_run=spec.profile_run, settings=spec.settings,
-        )
+            requested_workers=spec.requested_workers or spec.num_workers, resized_from=spec.resized_from,
+            min_workers=spec.min_workers)
         sup.release(ctx, mode)
         if stream is not None:
             stream.pump(batches, lambda rows, done: chan.send_apart(Msg.FEED, rows=rows, done=done))
@@ -183,10 +170,8 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         if rank == 0 or spec.hooks.all_results:
             with open(os.path.join(workdir, RESULT), "rb") as f:
                 data = f.read()
-            yield pa.RecordBatch.from_pydict(
-                {"rank": [rank], "result": [data]},
-                schema=pa.schema([("rank", pa.int32()), ("result", pa.binary())]),
-            )
+            yield pa.RecordBatch.from_pydict({"rank": [rank], "result": [data]},
+                                             schema=pa.schema([("rank", pa.int32()), ("result", pa.binary())]))
     except TaskFailed:
         raise
     except BaseException as e:
@@ -206,4 +191,3 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         if chan is not None:
             chan.close()
         shutil.rmtree(workdir, ignore_errors=True)
-

@@ -1,14 +1,11 @@
-"""The task half of ``tfnb.run(train_fn, data=df)``: the partition streams to a local Arrow file that
-train_fn reads as it grows (``ctx.dataset``), with the same number of batches on every worker.
-
-In the barrier task (Spark's Python worker), :class:`FeedStream` writes the partition's Arrow record
-batches to a local Arrow IPC file while train_fn already reads it, publishing how far the file is whole
-and telling the driver its row count; the driver answers with the smallest count. In the train_fn
-process, :func:`worker_dataset` follows that file and hands tf.data whole numpy batches, never more
-rows than every worker is known to have; later epochs read the finished file.
+"""The task half of ``tfnb.run(train_fn, data=df)`` (see :mod:`tfnb.data.feeding`): :class:`FeedStream`
+writes the partition's Arrow record batches to a local Arrow IPC file while train_fn already reads it
+(:mod:`tfnb._task.dataset`), publishing how far the file is whole and telling the driver its row count;
+the driver answers with the smallest count, the rows train_fn may already serve.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -28,15 +25,8 @@ log = logging.getLogger(__name__)
 SPILL_FILE = "tfnb-feed.arrow"
 _BLOCK_BYTES = 4 << 20  # rows handed from Python to tf.data at a time, cut into batches by tf.data
 # Spark type class name -> numpy dtype of the values as they arrive in Arrow.
-_NUMERIC = {
-    "ByteType": "int8",
-    "ShortType": "int16",
-    "IntegerType": "int32",
-    "LongType": "int64",
-    "FloatType": "float32",
-    "DoubleType": "float64",
-    "BooleanType": "bool",
-}
+_NUMERIC = {"ByteType": "int8", "ShortType": "int16", "IntegerType": "int32", "LongType": "int64",
+            "FloatType": "float32", "DoubleType": "float64", "BooleanType": "bool"}
 
 
 @dataclass(frozen=True)
@@ -131,13 +121,10 @@ def _check_batch(spec: FeedSpec, batch, lengths: dict[str, int]) -> None:
 
 
 def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
-    """The batch's fed columns, checked, arrays first and as fixed-size lists.
-
-    A fixed-size list shares Spark's values (no copy) and has no offsets: the file is 4 bytes a row
-    smaller, and the array column written first starts its message's body, so the reader's buffer is
-    64-byte aligned and TensorFlow takes it without a copy (a copy of each 4 MB piece into fresh memory
-    was half of ``ctx.dataset``'s cost per row).
-    """
+    """The batch's fed columns, checked, arrays first and as fixed-size lists. A fixed-size list shares Spark's
+    values (no copy) and has no offsets: the file is 4 bytes a row smaller, and the array column written first
+    starts its message's body, so the reader's buffer is 64-byte aligned and TensorFlow takes it without a copy (a
+    copy of each 4 MB piece into fresh memory was half of ``ctx.dataset``'s cost per row)."""
     import pyarrow as pa
 
     _check_batch(spec, batch, lengths)
@@ -157,11 +144,6 @@ def spill_partition(spec: FeedSpec, batches: Iterable, workdir: str) -> Spilled:
 
     Raises:
         ConfigError: a column has nulls or arrays of different lengths.
-
-    Example:
-        >>> spilled = spill_partition(spec, iter(batches), workdir)
-        >>> spilled.rows
-        100000
     """
     start = time.perf_counter()
     spill = ArrowSpill(os.path.join(workdir, SPILL_FILE), _arrow_schema(spec))
@@ -188,22 +170,17 @@ def _no_rows_message(rows_per_worker: Sequence[int]) -> str:
 
 
 class FeedStream:
-    """Task side of ``tfnb.run(data=df)``: writes the partition while train_fn already reads it.
-
-    Made before train_fn starts (``info`` becomes ``ctx.feed``). :meth:`pump` then writes the
-    partition batch by batch, publishing after each batch how far the file is whole, and tells the
-    driver how many rows it has so far; the driver answers every task with the smallest count
-    (:meth:`heard`), a number of rows every worker will have, so train_fn may hand out that many (in
-    whole batches) before the final counts are known. Once every task has its whole partition the
-    driver sends the final counts, so every worker serves the same number of batches without a
-    counting job before launch.
-    """
+    """Task side of ``tfnb.run(data=df)``: writes the partition while train_fn already reads it. Made before
+    train_fn starts (``info`` becomes ``ctx.feed``). :meth:`pump` then writes the partition batch by batch,
+    publishing after each batch how far the file is whole, and tells the driver how many rows it has so far; the
+    driver answers every task with the smallest count (:meth:`heard`), a number of rows every worker will have, so
+    train_fn may hand out that many (in whole batches) before the final counts are known. Once every task has its
+    whole partition the driver sends the final counts, so every worker serves the same number of batches without a
+    counting job before launch."""
 
     def __init__(self, spec: FeedSpec, workdir: str, num_workers: int, tasks_here: int = 1,
                  counts: Sequence[int] | None = None):
-        self.spec = spec
-        self.num_workers = num_workers
-        self._dir = workdir
+        self.spec, self.num_workers, self._dir = spec, num_workers, workdir
         self._spill_dir = spill_dir(spec.nbytes, spec.memory_share, workdir, num_workers, tasks_here)
         fifo = os.path.join(workdir, WAKE_FIFO)
         os.mkfifo(fifo, 0o600)
@@ -233,10 +210,8 @@ class FeedStream:
         os.replace(path + ".part", path)
         if self._wake is None:
             return  # pump() has ended: nobody waits for a wake-up any more
-        try:
+        with contextlib.suppress(BlockingIOError):  # a pipe full of wake-ups not taken yet: the reader looks anyway
             os.write(self._wake, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups the reader has not taken yet: it will look anyway
 
     def heard(self, msg: dict) -> None:
         """The driver's answer (channel reader thread): ``safe`` rows every worker has, or the final ``counts``."""
@@ -341,11 +316,9 @@ def known_counts(st: dict) -> list[int] | None:
 
 @dataclass(frozen=True)
 class FeedInfo:
-    """This worker's part of the fed DataFrame, as ``ctx.feed`` (read it with ``ctx.dataset``).
-
-    The counts (``rows``, ``min_rows``, ``rows_per_worker``...) are known once every task has its
-    whole partition; reading them waits until then. ``ctx.dataset`` does not wait for them.
-    """
+    """This worker's part of the fed DataFrame, as ``ctx.feed`` (read it with ``ctx.dataset``). The counts
+    (``rows``, ``min_rows``, ``rows_per_worker``...) are known once every task has its whole partition; reading them
+    waits until then. ``ctx.dataset`` does not wait for them."""
 
     path: str  # an Arrow IPC file, whole (footer included) once the part is final
     spec: FeedSpec
@@ -376,22 +349,9 @@ class FeedInfo:
     def array_lengths(self) -> tuple[tuple[str, int], ...]:
         return tuple(sorted((self.state()["lengths"] or {}).items()))
 
-    @property
-    def nbytes(self) -> int:
-        return self.state()["final"]["nbytes"]
-
-    @property
-    def spill_seconds(self) -> float:
-        return self.state()["final"]["seconds"]
-
 
 def finish_feed(spec: FeedSpec, spilled: Spilled, rows_per_worker: Sequence[int]) -> FeedInfo:
-    """Combine a whole spill with every worker's row count.
-
-    Example:
-        >>> finish_feed(spec, spilled, [100_000, 99_999]).min_rows
-        99999
-    """
+    """Combine a whole spill with every worker's row count."""
     rows = [int(r) for r in rows_per_worker]
     return FeedInfo(path=spilled.path, spec=spec, known={
         "end": spilled.end, "rows": spilled.rows, "safe": min(rows, default=0), "counts": rows,
@@ -419,15 +379,13 @@ class _Live:
                 return st
             # The timeout only covers a wake-up taken by another reader thread of this process.
             if select.select([self._wake], [], [], 0.5)[0]:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     if not os.read(self._wake, 1 << 16):
                         with open(self._path) as f:
                             st = json.load(f)
                         if st["final"] is None and not st["error"]:
                             raise RuntimeError("the Spark task stopped feeding this worker before its part "
                                                "of the data was complete")
-                except BlockingIOError:
-                    pass
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,6 +9,7 @@ and exits.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -29,12 +30,9 @@ def _read(fd: int, n: int) -> bytes:
 
 def _watch_launcher(fd: int) -> None:
     """On end-of-file, SIGTERM this process: run_task unwinds and stops its TensorFlow server."""
-    while True:
-        try:
-            if not os.read(fd, 1024):
-                break
-        except OSError:
-            break
+    with contextlib.suppress(OSError):
+        while os.read(fd, 1024):
+            pass
     os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -1,4 +1,17 @@
-"""Profiler traces from inside train_fn: the steps of ``tfnb.run(profile_steps=...)``, one trace per worker."""
+"""Profiler traces of a tfnb run (``tfnb.run(..., profile_steps=(20, 25))``; README, "Profiling").
+
+Each train_fn process traces the steps (counted from 1 across epochs, both included, as Keras'
+``profile_batch``) from ``ctx.progress_callback()`` or ``ctx.profile(step)``, and the trace lands at
+``<log_dir>/plugins/profile/<run>/<role>-<index>.xplane.pb``: ``<run>`` is the attempt's start time
+in TensorFlow's own format (the newest sorts first), and the task's name (``chief-0``, ``worker-1``)
+makes TensorBoard's Profile tab show one host per traced worker even when they share a machine.
+TensorFlow names its file after the hostname and writes only to paths it can open itself, so the
+trace goes to a private local folder first, then through tfnb's storage layer. A trace that cannot
+be taken or written never stops training: the process says so once, in one log line. Under
+MultiWorkerMirroredStrategy only the chief traces, and never its first step: stopping TensorFlow's
+profiler after tracing collectives that another task leads, or that are being set up, can kill the
+process (see :func:`collective_role`). The driver checks ``profile_steps`` with :func:`check_profile_steps`.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -13,23 +26,72 @@ from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-class Tracer:
-    """One train_fn process's trace: started at the first profiled step, shipped after the last.
 
-    ``ctx.profile`` and the Keras progress callback share the context's tracer, so a process takes
-    one trace whichever of them drives it.
+def check_profile_steps(profile_steps: Any, log_dir: str | None) -> tuple[int, int] | None:
+    """``profile_steps`` as ``(first, last)``, checked on the driver before anything is launched.
+
+    Raises:
+        ConfigError: not a step or a pair of steps >= 1 in order, or no ``log_dir`` to write to.
     """
+    if profile_steps is None:
+        return None
+    pair = (profile_steps, profile_steps) if isinstance(profile_steps, int) else profile_steps
+    ok = (isinstance(pair, (tuple, list)) and len(pair) == 2
+          and all(isinstance(s, int) and not isinstance(s, bool) for s in pair))
+    if not ok or not 1 <= pair[0] <= pair[1]:
+        hint = f"; did you mean profile_steps=({pair[1]}, {pair[0]})?" if ok and 1 <= pair[1] < pair[0] else ""
+        raise ConfigError(f"profile_steps={profile_steps!r} must be (first, last) training steps to trace, "
+                          f"counted from 1 with first <= last, e.g. profile_steps=(20, 25){hint}")
+    if not log_dir:
+        raise ConfigError(f"profile_steps={profile_steps!r} needs log_dir=: each worker's trace goes to "
+                          "<log_dir>/plugins/profile/ for TensorBoard; pass log_dir= (a path or URL every "
+                          "worker can write) or remove profile_steps")
+    return int(pair[0]), int(pair[1])
+
+
+def collective_role(tf_config: Any) -> str:
+    """``"leader"`` or ``"follower"`` when this process runs collectives with other tasks, else ``""``.
+
+    Stopping TensorFlow's profiler can kill the process when the trace holds a collective activity that
+    started on one thread and ended on another (``CollectiveExecutor::CompleteParams``): as the trace
+    stops, ``TraceMeRecorder::Consume`` keeps raw pointers to such ends while the per-thread buffers
+    holding them are copied and freed (the vector of them grows, and ``std::deque`` moves are not
+    ``noexcept``), then writes through them: SIGSEGV, SIGABRT ("free(): invalid pointer"), or a
+    corrupted heap. A follower (every MultiWorkerMirroredStrategy worker but the chief) resolves every
+    collective of every step with an RPC to the leader and ends those activities on a gRPC thread, so
+    its trace always holds them; the leader only in the step that sets the collectives up (its first),
+    where it waits for the others. Measured with TensorFlow 2.21, 2 workers, every worker tracing
+    steps 3-5: worker 1 died in 3 of 24 runs, the chief in none (``./dev bench profiler --all-workers``
+    tells whether a newer TensorFlow still does). No profiler option avoids it: those activities are
+    recorded at level 1, as every op is, and draining the step's async work first does not help.
+    """
+    from tensorflow.python.eager import context
+
+    leader = getattr(context.context(), "_collective_leader", None)  # set by the strategy, "" when local
+    if not leader:
+        return ""
+    task = (tf_config or {}).get("task") or {}
+    return "leader" if leader == f"/job:{task.get('type')}/replica:0/task:{task.get('index')}" else "follower"
+
+
+class Tracer:
+    """One train_fn process's trace: started at the first profiled step, shipped after the last. ``ctx.profile`` and
+    the Keras progress callback share the context's tracer, so a process takes one trace whichever of them drives
+    it."""
 
     def __init__(self, ctx: Any):
         self.ctx = ctx
         self.steps = getattr(ctx, "profile_steps", None)
-        self.state = "idle"  # -> "tracing" -> "done", or "failed" (said once, never retried)
+        # -> "tracing" -> "done"; or "failed" (said once, never retried); or "off" (a worker left out)
+        self.state = "idle"
         self._tmp: str | None = None
+        self._first: int | None = None  # the first step this process ran
 
     def before_step(self, step: int) -> None:
+        self._first = self._first or step
         # ">=": with steps_per_execution > 1 Keras skips step numbers
         if self.steps and self.state == "idle" and step >= self.steps[0]:
-            self.start()
+            self.start(step)
 
     def after_step(self, step: int) -> None:
         if self.state == "tracing" and self.steps and step >= self.steps[1]:
@@ -44,12 +106,17 @@ class Tracer:
             log.warning("tfnb: no profiler trace: profile_steps=%s but training ran %d steps; pick steps "
                         "within the run", self.steps, steps_run)
 
-    def start(self) -> None:
+    def start(self, step: int) -> None:
         try:
             if not self.ctx.log_dir:
                 raise ConfigError("tfnb.run was given no log_dir; pass log_dir= so the trace has a place")
             import tensorflow as tf
 
+            role = collective_role(self.ctx.tf_config)  # see there why a trace can crash these processes
+            if role == "follower":
+                return self._leave_out()
+            if role == "leader" and step == self._first:
+                return self._skip_first(step)
             self._tmp = tempfile.mkdtemp(prefix="tfnb-profile-", dir=self.ctx.local_dir or None)
             tf.profiler.experimental.start(self._tmp)
             self.state = "tracing"
@@ -77,6 +144,25 @@ class Tracer:
                          "(path, permissions, storage credentials in env=)")
         finally:
             self._cleanup()
+
+    def _leave_out(self) -> None:
+        self.state = "off"
+        # one line for all the followers: the first of them (tfnb's leader is the chief, task 0)
+        if (self.ctx.tf_config or {}).get("task", {}).get("index") == 1:
+            log.warning("tfnb: only the chief takes a profiler trace: stopping TensorFlow's profiler can crash a "
+                        "worker whose collectives another task leads (a defect of its host tracer); the chief's "
+                        "trace shows the steps, the progress display every worker's step rate")
+
+    def _skip_first(self, step: int) -> None:
+        last = self.steps[1]
+        if last <= step:
+            self.state = "failed"
+            log.warning("tfnb: no profiler trace: profile_steps=%s holds only step %d, where the collectives are "
+                        "set up and stopping TensorFlow's profiler can crash the chief; pick steps from %d on",
+                        self.steps, step, step + 1)
+        else:  # idle: the next step starts the trace
+            log.warning("tfnb: the chief traces steps %d-%d, not %d-%d: stopping TensorFlow's profiler after the "
+                        "step that sets up the collectives can crash it", step + 1, last, self.steps[0], last)
 
     def _failed(self, what: str, e: Exception, fix: str) -> None:
         self.state = "failed"

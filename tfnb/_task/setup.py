@@ -2,6 +2,7 @@
 role, TF_CONFIG, GPUs, the train_fn process environment, its port."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
@@ -35,7 +36,7 @@ class TaskSpec:
     log_dir: str | None = None
     use_gpu: bool | None = None
     env: tuple = field(default=(), repr=False)  # ((name, value), ...) for the train_fn process; often credentials
-    legacy_keras: bool = True
+    legacy_keras: bool | None = None  # None: tf.keras is tf-keras where it is installed
     preimport: tuple = ("tensorflow",)  # imported by the child while the tasks exchange addresses
     feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
     profile_steps: tuple | None = None  # (first, last) steps each worker traces (tfnb._task.profiling)
@@ -47,21 +48,14 @@ class TaskSpec:
     warm_idle: float = 600.0  # seconds an unclaimed standby waits before it exits
     linger: bool = False  # a finished train_fn process waits until every task's train_fn has returned
     first_rank: int = 0  # rank of partition 0: num_workers for the ps tasks' own job (tfnb.launcher.resources)
+    requested_workers: int = 0  # the run's num_workers; an elastic run's launch may have fewer (num_workers)
+    resized_from: int | None = None  # the previous launch's num_workers when this one has another
+    min_workers: int | None = None  # an elastic run's floor; its tasks agree on resizes at epoch boundaries
 
 
 @dataclass(frozen=True)
 class TaskHooks:
-    """The task's part of :class:`tfnb.launcher.LaunchHooks`: plain values and the feeder, as tasks receive them.
-
-    Attributes:
-        feeder: replaces tfnb's feeding of ``data``: ``feeder.spill(batches, workdir)`` takes the task's whole
-            partition before train_fn starts (returns an object with ``rows``), ``feeder.finish(spilled,
-            rows_per_task)`` returns what ``ctx.feed`` holds.
-        all_results: every task returns its train_fn value, not only the chief.
-        keep_port: the train_fn process keeps its task's port reserved while train_fn runs
-            (``ctx.reserved_port()`` hands the socket over).
-        task_cwd: train_fn runs in the Spark task's working directory, not in a scratch folder.
-    """
+    """The task's part of :class:`tfnb.launcher.LaunchHooks` (see there): plain values and the feeder."""
 
     feeder: Any = None
     all_results: bool = False
@@ -81,18 +75,11 @@ def assign_role(rank: int, num_workers: int, num_ps: int) -> tuple[str, int]:
 
 
 def build_cluster(addresses: list[str], num_workers: int, num_ps: int) -> dict[str, list[str]]:
-    """TF cluster spec for the ordered task addresses.
-
-    Without ps tasks every task is a ``worker`` (worker 0 acts as chief), the layout
-    MultiWorkerMirroredStrategy expects. With ps tasks the chief gets its own job.
-    """
+    """TF cluster spec for the ordered task addresses. Without ps tasks every task is a ``worker`` (worker 0 acts as
+    chief), the layout MultiWorkerMirroredStrategy expects. With ps tasks the chief gets its own job."""
     if num_ps == 0:
         return {"worker": list(addresses)}
-    return {
-        "chief": [addresses[0]],
-        "worker": list(addresses[1:num_workers]),
-        "ps": list(addresses[num_workers:]),
-    }
+    return {"chief": [addresses[0]], "worker": list(addresses[1:num_workers]), "ps": list(addresses[num_workers:])}
 
 
 def tf_config_for(cluster: dict, job_name: str, task_index: int, num_ps: int) -> dict:
@@ -112,10 +99,8 @@ def assigned_gpus(resources: dict, use_gpu: bool | None, job_name: str = "worker
     info = resources.get("gpu")
     gpus = tuple(info.addresses) if info is not None else ()
     if use_gpu and not gpus and job_name != "ps":
-        raise RuntimeError(
-            "use_gpu=True but Spark assigned this task no GPU; set spark.task.resource.gpu.amount "
-            "(and spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False"
-        )
+        raise RuntimeError("use_gpu=True but Spark assigned this task no GPU; set spark.task.resource.gpu.amount "
+                           "(and spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False")
     return gpus if use_gpu is not False else ()
 
 
@@ -124,8 +109,8 @@ def child_env(base: dict, spec: TaskSpec, gpus: tuple) -> dict:
     env = dict(base)
     # With no GPU assigned the process sees none, even on a GPU host: Spark did not give it one.
     env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    if spec.legacy_keras:
-        # Keras 3 model.fit fails under MultiWorkerMirroredStrategy; tf-keras works (see README).
+    if spec.legacy_keras or (spec.legacy_keras is None and importlib.util.find_spec("tf_keras") is not None):
+        # tf.keras code keeps tf-keras's behaviour where it is installed; `import keras` is Keras 3 either way
         env.setdefault("TF_USE_LEGACY_KERAS", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.pop("TF_CONFIG", None)

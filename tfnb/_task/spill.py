@@ -6,6 +6,7 @@ through :class:`ArrowSpill`.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import os
@@ -18,10 +19,8 @@ _MAGIC_BYTES = 8  # "ARROW1" and padding before the first message of an Arrow IP
 
 
 class ArrowSpill:
-    """An Arrow IPC file written batch by batch that a reader may follow while it grows.
-
-    Both tfnb's feed and tfnb.compat's write their partition through it. ``end`` is the offset just
-    past the last whole batch: a reader may parse messages up to there (see ``_arrow_batches``).
+    """An Arrow IPC file written batch by batch that a reader may follow while it grows: ``end`` is the
+    offset just past the last whole batch, up to which a reader may parse messages (see ``_arrow_batches``).
     """
 
     def __init__(self, path: str, empty_schema):
@@ -59,13 +58,10 @@ _SHM = "/dev/shm"
 
 
 def _mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return 0
 
 
@@ -93,9 +89,10 @@ def spill_dir(nbytes: int | None, memory_share: float, workdir: str, num_workers
             return tempfile.mkdtemp(prefix=f"tfnb-feed-{os.getuid()}-{os.getpid()}-", dir=_SHM)
     if expected and _free_bytes(workdir) < expected:
         raise ConfigError(
-            f"the fed DataFrame needs about {_gb(expected)} of local disk on this host for its "
-            f"{tasks_here} worker(s) but {workdir} has {_gb(_free_bytes(workdir))} free; point Spark's local "
-            "dirs (spark.local.dir / SPARK_LOCAL_DIRS) at a larger disk, or spread the workers over more hosts")
+            f"data= needs about {_gb(expected)} of local disk on this host for its {tasks_here} worker(s) but "
+            f"{workdir} has {_gb(_free_bytes(workdir))} free; point spark.local.dir / SPARK_LOCAL_DIRS at a larger "
+            "disk\nEach worker keeps its part of the fed DataFrame in Spark's local dirs (what does not fit in "
+            "memory); point them at a larger disk, or spread the workers over more hosts.")
     return workdir
 
 

@@ -2,6 +2,7 @@
 and events, answer the driver's requests (stop, stacks, the cluster's addresses), read its outcome."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,20 +14,10 @@ import threading
 import time
 
 from .. import _protocol as events
-from .._protocol import (
-    CONTEXT,
-    DUMP_SIGNAL,
-    END,
-    ENV_HELD_PORT_FD,
-    ENV_KEPT_PORT_FD,
-    ERROR,
-    FINISHED,
-    GO,
-    PAYLOAD,
-    STACKS,
-    Msg,
-)
+from .._protocol import (CONTEXT, DUMP_SIGNAL, END, ENV_HELD_PORT_FD, ENV_KEPT_PORT_FD, ERROR, FINISHED, GO, PAYLOAD,
+                         STACKS, Msg)
 from .context import WorkerContext
+from .resize import RESIZE
 from .setup import TaskSpec, child_env, is_startup_noise
 
 _MAX_STACK = 64 << 10  # characters of a stack dump sent to the driver
@@ -36,13 +27,10 @@ _LINE_END = re.compile(rb"[\r\n]")
 
 
 class _Lines:
-    """Splits a child's output into lines for ``emit(line, partial=False)``.
-
-    A carriage return rewrites the current line (Keras' ``verbose=1`` bar, tqdm): those updates are
-    folded to the latest state, sent as ``partial`` at most every _PARTIAL_EVERY seconds, and the
-    state the line ends in (at its newline) is sent as the line. Backspaces are dropped; lines past
-    _MAX_LINE characters are cut with a marker.
-    """
+    """Splits a child's output into lines for ``emit(line, partial=False)``. A carriage return rewrites the current
+    line (Keras' ``verbose=1`` bar, tqdm): those updates are folded to the latest state, sent as ``partial`` at most
+    every _PARTIAL_EVERY seconds, and the state the line ends in (at its newline) is sent as the line. Backspaces
+    are dropped; lines past _MAX_LINE characters are cut with a marker."""
 
     def __init__(self, emit, clock=time.monotonic):
         self._emit = emit
@@ -109,9 +97,7 @@ class _Supervisor:
     """Runs the child process, forwards its output and events, and stops it on request."""
 
     def __init__(self, spec: TaskSpec, chan, workdir: str):
-        self.spec = spec
-        self.chan = chan
-        self.workdir = workdir
+        self.spec, self.chan, self.workdir = spec, chan, workdir
         self.proc: subprocess.Popen | None = None
         self.stop_requested = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -138,6 +124,9 @@ class _Supervisor:
             self.gathered.set()
         elif kind == Msg.FEED and self.feed is not None:
             self.feed.heard(msg)
+        elif kind == Msg.RESIZE:  # train_fn's next epoch boundary reads it (tfnb._task.resize)
+            with contextlib.suppress(OSError):
+                open(os.path.join(self.workdir, RESIZE), "w").close()
         elif kind == Msg.DUMP:
             # off the channel's reader thread: a stop may follow while the dump is being written
             threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
@@ -186,24 +175,18 @@ class _Supervisor:
     def _signal(self, sig: int) -> None:
         p = self.proc
         if p is not None and p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def _pump_lines(self, stream, handle) -> None:
-        lines = _Lines(handle)
-        fd = stream.fileno()
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            lines.feed(chunk)
-        lines.end()
-        stream.close()
 
     def _pump(self, stream, handle) -> None:
-        t = threading.Thread(target=self._pump_lines, args=(stream, handle), daemon=True)
+        def pump():
+            lines = _Lines(handle)
+            while chunk := os.read(stream.fileno(), 1 << 16):
+                lines.feed(chunk)
+            lines.end()
+            stream.close()
+
+        t = threading.Thread(target=pump, daemon=True)
         t.start()
         self._threads.append(t)
 
@@ -219,9 +202,11 @@ class _Supervisor:
             _warm.ensure(want, env, self.spec.warm_idle)  # the first run on this executor starts the standby
             for conn in _warm.claim(want):
                 try:
-                    return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno())
+                    return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno(), _CHILD_MAIN)
                 except OSError:
                     conn.close()  # another task of this host took that standby first
+        except _warm.Unavailable as e:  # the run goes on in fresh processes: say why, and the fix
+            self.chan.post_line("stderr", f"tfnb: no warm standby on this executor, train_fn starts fresh: {e}")
         except OSError:
             pass
         return None  # none to take, or whatever went wrong: a fresh process does the same job
@@ -251,11 +236,9 @@ class _Supervisor:
             pass_fds += (kept,)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_MAIN, self.workdir],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, pass_fds=pass_fds, start_new_session=True,
-                cwd=os.getcwd() if self.spec.hooks.task_cwd else self.workdir,
-            )
+                [sys.executable, "-c", _CHILD_MAIN, self.workdir], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env, pass_fds=pass_fds, start_new_session=True,
+                cwd=os.getcwd() if self.spec.hooks.task_cwd else self.workdir)
         finally:
             if kept is not None:
                 os.close(kept)
@@ -288,11 +271,9 @@ class _Supervisor:
         with open(path + ".part", "wb") as f:
             cloudpickle.dump(ctx, f)
         os.replace(path + ".part", path)
-        try:
+        with contextlib.suppress(OSError):  # the child is already gone; wait() reports how it ended
             self.proc.stdin.write(GO)
             self.proc.stdin.flush()
-        except OSError:
-            pass  # the child is already gone; wait() reports how it ended
         try:
             pid = self.proc.pid
         except ProcessLookupError:
@@ -327,11 +308,9 @@ class _Supervisor:
 
     def end(self) -> int:
         """Let a lingering child exit; its exit code."""
-        try:
+        with contextlib.suppress(OSError):  # already gone: its exit code says how
             self.proc.stdin.write(END)
             self.proc.stdin.flush()
-        except OSError:
-            pass  # already gone: its exit code says how
         self._waiter.join()
         return self._ended()
 
@@ -347,10 +326,8 @@ class _Supervisor:
         return self._code
 
     def _signal_group_anyway(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

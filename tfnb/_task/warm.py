@@ -12,7 +12,11 @@ its parent-death watch and carries ``go``, and the standby, its parent, sends it
 standby stays for the next run, and serves every task of its executor at once (each executor keeps its own,
 so the processes stay in its process tree and container). It is claimable while it still
 imports (its socket is then named ``.sock.part``; warm ones are preferred): the task waits for the rest of
-that import only, as it would for a fresh process (the pid comes once the standby has forked).
+that import only, as it would for a fresh process (the pid comes once the standby has forked). A claim the
+standby never served (it stopped taking runs while the claim waited in its queue) becomes a fresh process, in
+the same attempt; where no standby can work at all (the folder is not this user's alone, or TFNB_STATE_DIR is
+too long for a socket's path), :func:`ensure` raises :class:`Unavailable`, which the task shows before it
+starts fresh.
 
 A standby stops taking runs after ``TFNB_WARM_IDLE`` seconds without one (default 600), when the executor's
 Python daemon that its creator belonged to exits (session stopped, executor lost), or when a task with other
@@ -34,14 +38,44 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Iterator
 
-from .._private import private_dir
+from .._private import private_dir, state_dir
+from ..errors import UnsafePathError
 
 _FOLDER = "warm"
 UNKNOWN_EXIT = -1000  # a claimed standby died without saying how (a signal or a crash in native code)
 _MAX_MSG = 1 << 20
+_MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path holds 108 with the closing NUL)
+
+
+class Unavailable(Exception):
+    """No standby can serve this executor's tasks (the message says why and what fixes it); they start
+    their train_fn processes fresh."""
+
+
+def _path(want: str) -> str:
+    """The socket of this executor's standby keyed ``want`` (``.part`` added while it imports).
+
+    Raises:
+        Unavailable: the warm folder is not this user's alone, or the path is too long for a Unix socket.
+    """
+    try:
+        folder = private_dir(_FOLDER)
+    except UnsafePathError as e:
+        raise Unavailable(str(e)) from e
+    path = os.path.join(folder, f"{want}-{_owner()}.sock")
+    size = len(os.fsencode(path + ".part"))
+    if size > _MAX_SOCKET_PATH:
+        base = state_dir()
+        where = "TFNB_STATE_DIR" if os.environ.get("TFNB_STATE_DIR") else "the temporary folder (TFNB_STATE_DIR unset)"
+        raise Unavailable(
+            f"{where} {base!r} is too long for the standbys' Unix sockets: {path}.part is {size} bytes, over "
+            f"the {_MAX_SOCKET_PATH} a socket's path may hold; set TFNB_STATE_DIR on the executors to a folder "
+            f"of at most {len(os.fsencode(base)) - (size - _MAX_SOCKET_PATH)} bytes (e.g. /tmp/tfnb)")
+    return path
 
 
 def key(preimport: tuple, legacy_keras: bool, env: tuple, gpus: tuple) -> str:
@@ -106,10 +140,8 @@ def _connect(path: str) -> socket.socket | None:
 
 
 def claim(want: str) -> Iterator[socket.socket]:
-    """Connections to this executor's standbys with key ``want``, warm ones first; standbys with other keys
-    are told to exit when stale (other settings, or GPUs that overlap ours: see :func:`_stale`). A standby
-    serves every task of its executor, one connection each: when handing the run over fails, the caller tries
-    the next."""
+    """Connections to this executor's standbys with key ``want``, warm ones first (when handing the run over
+    fails, the caller tries the next); stale standbys with other keys (:func:`_stale`) are told to exit."""
     mine = []
     for path in _sockets():
         name, owner = _name_of(path)
@@ -125,8 +157,7 @@ def claim(want: str) -> Iterator[socket.socket]:
 
 
 def _owner() -> str:
-    """This executor: its Python daemon, the parent of the worker a task runs in. Each executor keeps standbys of
-    its own, so its tasks' processes stay in its process tree (and container), and end with it."""
+    """This executor: its Python daemon, the parent of the worker a task runs in (see the module docstring)."""
     return str(os.getppid())
 
 
@@ -141,7 +172,12 @@ def count(want: str) -> int:
 
 
 def ensure(want: str, env: dict, idle: float, wait: float = 5.0) -> None:
-    """Start a standby with key ``want`` unless one is there, and wait (up to ``wait`` seconds) until it listens."""
+    """Start a standby with key ``want`` unless one is there, and wait (up to ``wait`` seconds) until it listens.
+
+    Raises:
+        Unavailable: no standby can work on this executor (see :func:`_path`).
+    """
+    _path(want)
     if count(want):
         return
     spawn(want, env, idle)
@@ -153,7 +189,7 @@ def ensure(want: str, env: dict, idle: float, wait: float = 5.0) -> None:
 def spawn(want: str, env: dict, idle: float) -> None:
     """Start a standby with key ``want`` for this executor in the background (it lives in its own session); of
     two started at once, one stays (the socket's name is the key and the executor)."""
-    path = os.path.join(private_dir(_FOLDER), f"{want}-{_owner()}.sock")
+    path = _path(want)
     subprocess.Popen(
         [sys.executable, "-m", "tfnb._task.warm", path, str(idle), _owner()],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -180,11 +216,44 @@ def _readline(sock: socket.socket) -> bytes:
     return buf
 
 
+class _Stdin:
+    """What the supervisor writes to the process (``go``, ``end``): to the standby's connection, or, once a
+    fresh process has replaced the claim, to that process' stdin, which first gets what was written before."""
+
+    def __init__(self, conn: socket.socket):
+        self._file = conn.makefile("wb")
+        self._written = b""
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            self._written += data
+            self._file.write(data)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def switch(self, file) -> None:
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = file
+            with contextlib.suppress(OSError):  # already gone: its exit code says how
+                file.write(self._written)
+                file.flush()
+
+
 class Claimed:
     """The process a claimed standby forked, seen through the small part of ``subprocess.Popen`` the
-    supervisor uses."""
+    supervisor uses. Until the standby has forked, the claim keeps its own ends of the process' pipes and its
+    held port, for a fresh process should the standby stop taking runs first (nothing of train_fn ran)."""
 
-    def __init__(self, conn: socket.socket, workdir: str, cwd: str, env: dict, held_fd: int):
+    def __init__(self, conn: socket.socket, workdir: str, cwd: str, env: dict, held_fd: int, main: str):
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ev_r, ev_w = os.pipe()
@@ -192,14 +261,15 @@ class Claimed:
         try:
             socket.send_fds(conn, [body], [out_w, err_w, ev_w, held_fd])
         except BaseException:
-            for fd in (out_r, err_r, ev_r):
+            for fd in (out_r, out_w, err_r, err_w, ev_r, ev_w):
                 os.close(fd)
             raise
-        finally:
-            for fd in (out_w, err_w, ev_w):
-                os.close(fd)
+        self._spare = [out_w, err_w, ev_w, os.dup(held_fd)]  # a fresh process' ends, until the standby forks
+        self._fresh_args = (main, workdir, cwd, env)  # ``python -c main workdir``: a fresh train_fn process
+        self._fresh: subprocess.Popen | None = None
+        self._lock = threading.Lock()
         self.conn = conn
-        self.stdin = conn.makefile("wb")
+        self.stdin = _Stdin(conn)
         self.stdout = os.fdopen(out_r, "rb")
         self.stderr = os.fdopen(err_r, "rb")
         self.events = ev_r
@@ -208,22 +278,44 @@ class Claimed:
 
     @property
     def pid(self) -> int:
-        """The forked process' pid, which the standby sends once it has forked (after its imports: reading it
-        waits for them); ProcessLookupError when the standby went away first."""
-        if self._pid is None:
-            try:
-                self._pid = int(_readline(self.conn))
-            except (OSError, ValueError):
-                self.returncode = UNKNOWN_EXIT
-                raise ProcessLookupError("the warm standby ended before it forked this task's process") from None
-        return self._pid
+        """The process' pid: the one the standby sends once it has forked (after its imports: reading it waits
+        for them), or a fresh process' when the standby ended first; ProcessLookupError when that cannot start."""
+        with self._lock:
+            if self._pid is None:
+                try:
+                    self._pid = int(_readline(self.conn))
+                except (OSError, ValueError):
+                    self._pid = self._start_fresh()
+                finally:
+                    for fd in self._spare:  # the process has its own copies now
+                        os.close(fd)
+                    self._spare = []
+            return self._pid
+
+    def _start_fresh(self) -> int:
+        from .._protocol import ENV_FD, ENV_HELD_PORT_FD
+
+        out_w, err_w, ev_w, held = self._spare
+        main, workdir, cwd, env = self._fresh_args
+        self.conn.close()
+        try:
+            self._fresh = subprocess.Popen(
+                [sys.executable, "-c", main, workdir], stdin=subprocess.PIPE, stdout=out_w, stderr=err_w,
+                env=dict(env, **{ENV_FD: str(ev_w), ENV_HELD_PORT_FD: str(held)}), pass_fds=(ev_w, held),
+                start_new_session=True, cwd=cwd)
+        except OSError:
+            self.returncode = UNKNOWN_EXIT
+            raise ProcessLookupError("the warm standby ended before it forked this task's process, and no fresh "
+                                     "process could start") from None
+        self.stdin.switch(self._fresh.stdin)
+        return self._fresh.pid
 
     def wait(self) -> int:
         """The exit code the process sent before exiting, or UNKNOWN_EXIT when it died without one."""
         if self.returncode is None:
             try:
                 self.pid  # noqa: B018 - its line comes first
-                self.returncode = int(_readline(self.conn))
+                self.returncode = self._fresh.wait() if self._fresh is not None else int(_readline(self.conn))
             except (ConnectionError, OSError, ValueError):
                 self.returncode = UNKNOWN_EXIT
             self._reap()
@@ -232,20 +324,20 @@ class Claimed:
     def _reap(self) -> None:
         # The process is not our child (the standby reaps it, then sends its code): make "ended" mean ended.
         for _ in range(100):
-            if self._pid is None or not _alive(self._pid):
+            if self._pid is None or self._fresh is not None or not _alive(self._pid):
                 return
             time.sleep(0.02)
 
     def poll(self) -> int | None:
         try:
-            if self.returncode is None and not _alive(self.pid):
+            pid = self.pid
+            if self.returncode is None and self._fresh is not None:
+                self.returncode = self._fresh.poll()
+            elif self.returncode is None and not _alive(pid):
                 self.wait()
         except ProcessLookupError:
             pass  # returncode says how it ended
         return self.returncode
-
-
-# ---------------------------------------------------------------- the standby's side
 
 
 def standby(path: str, idle: float, watch_pid: int):

@@ -42,9 +42,6 @@ _CHUNK_BYTES = 1 << 20
 _FIRST_CHUNK_ROWS = 16
 
 
-# ---------------------------------------------------------------- driver side
-
-
 def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
     """(part, seq, rows, pickled list of rows) for one RDD partition, in row order."""
     rows = iter(rows)  # islice must consume it, not restart
@@ -156,9 +153,6 @@ def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
     return sc.parallelize(per_part, len(per_part)).flatMap(lambda results: results)
 
 
-# ---------------------------------------------------------------- barrier task
-
-
 @dataclass(frozen=True)
 class FeedFile:
     """This node's rows (ctx.feed of the tfnb run), read by :class:`FeedManager`."""
@@ -197,9 +191,6 @@ class RddFeeder:
         return spilled  # the driver fixed every node's rows; the other nodes' counts change nothing
 
 
-# ---------------------------------------------------------------- map_fun process
-
-
 class FeedManager:
     """What ``ctx.mgr`` is: this node's rows, handed out in order ``epochs`` times to every DataFeed of
     the map_fun process, and the inference results ``DataFeed.batch_results`` collects."""
@@ -218,10 +209,11 @@ class FeedManager:
         """Start reading the rows (once per process); ConfigError in an InputMode.TENSORFLOW cluster."""
         if self.feed is None:
             raise ConfigError(
-                "TFNode.DataFeed reads the RDD given to cluster.train() or cluster.inference(), but this "
-                "cluster runs InputMode.TENSORFLOW, where map_fun reads its own data; start it with "
-                "TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK) and feed it with "
-                "cluster.train(rdd), or read the data in map_fun (tf.data)")
+                "TFNode.DataFeed reads the RDD given to cluster.train()/inference(), but this cluster runs "
+                "InputMode.TENSORFLOW; start it with input_mode=TFCluster.InputMode.SPARK, or read "
+                "the data in map_fun\n"
+                "Under InputMode.TENSORFLOW map_fun reads its own data (tf.data); under InputMode.SPARK "
+                "(TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK)) cluster.train(rdd) feeds it.")
         if self._chunks is None:
             import numpy as np
             import pyarrow as pa

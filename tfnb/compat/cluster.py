@@ -22,7 +22,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from ..errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError
+from ..errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError, below, summary
 from ..launcher import EventKind, RunEvent
 from ._feed import INFERENCE, TRAIN, prepare, results_rdd
 from .node import NodeMeta, run_node
@@ -96,9 +96,7 @@ class _StartWatch:
     """Display sink that also sets ``started`` once every node runs map_fun."""
 
     def __init__(self, inner: Callable[[RunEvent], None], num_tasks: int, started: threading.Event):
-        self.inner = inner
-        self.num_tasks = num_tasks
-        self.started = started
+        self.inner, self.num_tasks, self.started = inner, num_tasks, started
         self.running: set = set()
 
     def __call__(self, event: RunEvent) -> None:
@@ -128,10 +126,7 @@ class TFCluster:
 
     def __init__(self, *, sc, spark, map_fun: Callable, tf_args: Any, template: dict, meta: NodeMeta,
                  input_mode: int, log_dir: str | None, display, queues):
-        self.sc = sc
-        self.spark = spark
-        self.defaultFS = meta.default_fs
-        self.working_dir = meta.working_dir
+        self.sc, self.spark, self.defaultFS, self.working_dir = sc, spark, meta.default_fs, meta.working_dir
         self.num_executors = sum(len(v) for v in template.values())
         self.input_mode = input_mode
         self.cluster_template = template
@@ -140,10 +135,7 @@ class TFCluster:
                              "release_port": meta.release_port}
         self.queues = list(queues)
         self.cluster_info = None  # no reservation server: nodes find each other in the barrier stage
-        self._map_fun = map_fun
-        self._tf_args = tf_args
-        self._meta = meta
-        self._log_dir = log_dir
+        self._map_fun, self._tf_args, self._meta, self._log_dir = map_fun, tf_args, meta, log_dir
         self._display = display
         self._daemons = tuple(e for job in ("ps", "evaluator") for e in template.get(job, ()))
         self._feed_ranks = tuple(sorted(e for job in _FEEDING_JOBS for e in template.get(job, ())))
@@ -413,7 +405,7 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
     try:
         check_cluster(spark, num_executors)
     except ClusterError as e:
-        raise ClusterError(f"TFCluster.run(num_executors={num_executors}): {e}") from e
+        raise ClusterError(f"TFCluster.run(num_executors={num_executors}): {summary(e)}{below(e)}") from e
     meta = NodeMeta(template=tuple((job, tuple(ids)) for job, ids in template.items()),
                     default_fs=_default_fs(sc), working_dir=os.getcwd(), release_port=bool(release_port))
     cluster = TFCluster(sc=sc, spark=spark, map_fun=map_fun, tf_args=tf_args, template=template, meta=meta,
@@ -436,4 +428,3 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
             cluster._stop_tensorboard()
             raise
     return cluster
-

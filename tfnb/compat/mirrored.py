@@ -3,7 +3,10 @@
 The constructor and ``run`` keep their meaning. Underneath, :func:`tfnb.run` launches the tasks, so
 each run's ``train`` executes in a fresh process (reruns in one session work without resetting
 TensorFlow's private state), its output streams into the notebook cell, a dead task relaunches the
-job, the stop button cancels it, and Spark Connect sessions work.
+job, the stop button cancels it, and Spark Connect sessions work. ``train`` may use ``tf.keras`` (tf-keras where it is
+installed, as in ``tfnb.run``) or Keras 3 (``import keras``), which tfnb corrects for MultiWorkerMirroredStrategy in
+each task's process, also when ``fit`` runs inside the strategy's scope as it does here (local mode runs the driver's
+Keras as it is).
 
 What does not carry over: ``train`` runs outside Spark's task, so ``BarrierTaskContext.get()`` inside it
 raises an error that points to the equivalents (``TF_CONFIG`` holds the rank and the peers'
@@ -19,7 +22,7 @@ import math
 import os
 from typing import Any, Callable
 
-from ..errors import ClusterError, ConfigError
+from ..errors import ClusterError, ConfigError, below, summary
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +51,12 @@ class _NotInSparkTask:
     @classmethod
     def get(cls):
         raise ConfigError(
-            "BarrierTaskContext.get() is not available in train: tfnb runs it in a fresh process outside "
-            "Spark's task, so reruns and cancel work. TF_CONFIG is set (json.loads(os.environ['TF_CONFIG']) "
-            "has the rank in ['task']['index'] and the peers in ['cluster']['worker']); to gather values "
-            "across workers use the strategy (strategy.gather / strategy.reduce); for the task's context "
-            "use tfnb.run(train_fn, ...) whose train_fn(ctx) receives tfnb.WorkerContext")
+            "BarrierTaskContext.get() is not available in train, which runs outside Spark's task; read TF_CONFIG, "
+            "or use tfnb.run, whose train_fn(ctx) gets a tfnb.WorkerContext\n"
+            "tfnb runs train in a fresh process so reruns and cancel work. TF_CONFIG is set "
+            "(json.loads(os.environ['TF_CONFIG']) has the rank in ['task']['index'] and the peers in "
+            "['cluster']['worker']); to gather values across workers use the strategy (strategy.gather / "
+            "strategy.reduce).")
 
 
 def _hide_task_context() -> None:
@@ -118,11 +122,8 @@ class MirroredStrategyRunner:
                               "(use_gpu=True) or Spark tasks (use_gpu=False) to train with")
         from ..launcher import get_spark
 
-        self._num_slots = num_slots
-        self._local_mode = local_mode
-        self._use_gpu = use_gpu
-        self._gpu_resource_name = gpu_resource_name
-        self._use_custom_strategy = use_custom_strategy
+        self._num_slots, self._local_mode, self._use_gpu = num_slots, local_mode, use_gpu
+        self._gpu_resource_name, self._use_custom_strategy = gpu_resource_name, use_custom_strategy
         self._spark = get_spark(spark, 1 if local_mode else num_slots)
         self._num_tasks = None if local_mode else self.get_num_tasks()
         self._gpus_per_task = None if local_mode else self._gpus_asked()
@@ -148,10 +149,10 @@ class MirroredStrategyRunner:
                 check_cluster(self._spark, self._num_slots, use_gpu=True, gpus_per_worker=1)
             except ClusterError as e:
                 raise ClusterError(
-                    f"use_gpu=True but the Spark conf {key} is not set, so this cluster has no GPU-aware "
-                    f"scheduling, and tfnb cannot ask for one GPU per task in this run ({e}); set {key} (with "
-                    f"spark.executor.resource.{self._gpu_resource_name}.amount and a discovery script), or pass "
-                    "use_gpu=False for CPU training") from e
+                    f"use_gpu=True but the Spark conf {key} is not set, and tfnb cannot ask for one GPU per task "
+                    f"in this run; set {key}, or pass use_gpu=False for CPU training\n"
+                    f"Set it with spark.executor.resource.{self._gpu_resource_name}.amount and a discovery script. "
+                    f"Why not in this run: {summary(e)}{below(e)}") from e
             return self._num_slots
         amount = float(raw)
         if amount < 1:

@@ -132,16 +132,10 @@ class NodeContext:
     def __init__(self, executor_id: int, job_name: str, task_index: int, cluster_spec: dict,
                  defaultFS: str = "file://", working_dir: str = ".", mgr: FeedManager | None = None,
                  tmp_socket: socket.socket | None = None, tfnb=None):
-        self.worker_num = executor_id
-        self.executor_id = executor_id
-        self.job_name = job_name
-        self.task_index = task_index
-        self.cluster_spec = cluster_spec
+        self.worker_num = self.executor_id = executor_id
+        self.job_name, self.task_index, self.cluster_spec = job_name, task_index, cluster_spec
         self.num_workers = sum(len(v) for k, v in cluster_spec.items() if k in ("master", "chief", "worker"))
-        self.defaultFS = defaultFS
-        self.working_dir = working_dir
-        self.mgr = mgr
-        self.tmp_socket = tmp_socket
+        self.defaultFS, self.working_dir, self.mgr, self.tmp_socket = defaultFS, working_dir, mgr, tmp_socket
         self.tfnb = tfnb
 
     def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
@@ -202,10 +196,7 @@ class DataFeed:
                               "and one output queue; leave them at 'input' and 'output'")
         if input_mapping is not None and not isinstance(input_mapping, dict):
             raise ConfigError(f"input_mapping must be a dict of column -> tensor name, got {type(input_mapping).__name__}")
-        self.mgr = mgr
-        self.train_mode = train_mode
-        self.qname_in = qname_in
-        self.qname_out = qname_out
+        self.mgr, self.train_mode, self.qname_in, self.qname_out = mgr, train_mode, qname_in, qname_out
         self.input_tensors = [t for _, t in sorted(input_mapping.items())] if input_mapping is not None else None
         mgr.open()  # fails here, at construction, in an InputMode.TENSORFLOW cluster
 
@@ -238,9 +229,6 @@ class DataFeed:
         """Stop feeding early: ``next_batch`` returns ``[]`` and ``should_stop()`` is True from now on."""
         log.info("terminate() called after %d rows", self.mgr.handed)
         self.mgr.terminate()
-
-
-# ---------------------------------------------------------------- running map_fun (tfnb train_fn)
 
 
 @dataclass(frozen=True)
@@ -281,6 +269,7 @@ def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
     if len(mgr.results) != feed.rows:
         raise ConfigError(
             f"cluster.inference(): map_fun returned {len(mgr.results)} results for the {feed.rows} rows fed to "
-            f"{job_name}:{task_index}; read every row with DataFeed.next_batch until should_stop() and pass "
-            "DataFeed.batch_results one result per row of each batch")
+            f"{job_name}:{task_index}; return one result per row\n"
+            "Read every row with DataFeed.next_batch until should_stop() and pass DataFeed.batch_results one result "
+            "per row of each batch.")
     return mgr.results

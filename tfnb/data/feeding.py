@@ -10,11 +10,8 @@ The rows travel as Arrow end to end and are never pickled one by one:
 3. train_fn process: :func:`worker_dataset` (``ctx.dataset``) follows that file as it grows and
    hands tf.data whole numpy batches; later epochs read the finished file.
 
-Every worker yields exactly ``steps_per_epoch`` batches per epoch, computed from the smallest
-worker's row count, so MultiWorkerMirroredStrategy never waits for a batch that does not come.
-The count needs no job before launch: the tasks tell the driver their row counts while they
-receive, the driver answers with the smallest, and train_fn never serves more rows than every worker
-is known to have.
+The driver's half of agreeing on the rows every worker serves (no counting job before launch) is
+:func:`agree_counts`.
 """
 from __future__ import annotations
 
@@ -28,7 +25,6 @@ from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-
 # A DataFrame that already has one partition per worker is fed as it is when its row counts differ
 # so little that equalising the batches drops at most this share of the rows; anything less even
 # is worth a shuffle.
@@ -36,9 +32,6 @@ _MAX_IMBALANCE = 0.01
 # The fed partitions go to memory-backed /dev/shm when they fit in this share of a host's free memory
 # (TFNB_SPILL_MEMORY; 0 writes them to Spark's local disk).
 _SPILL_MEMORY = 0.5
-
-
-# ---------------------------------------------------------------- driver side
 
 
 def _unsupported_hint(dtype) -> str:
@@ -72,11 +65,6 @@ def feed_spec(df) -> FeedSpec:
     Raises:
         ConfigError: ``df`` is not a DataFrame, has no columns, repeats a column name, or has
             columns of other types (named, with the cast or drop that fixes each).
-
-    Example:
-        >>> spec = feed_spec(spark.createDataFrame([(1.0, [0.1, 0.2], 1)], "x double, v array<float>, y int"))
-        >>> spec.names
-        ('x', 'v', 'y')
     """
     if not (hasattr(df, "schema") and hasattr(df, "mapInArrow")):
         raise ConfigError(
@@ -99,12 +87,15 @@ def feed_spec(df) -> FeedSpec:
         elif kind == "ArrayType" and type(dt.elementType).__name__ in _NUMERIC:
             columns.append(FeedColumn(f.name, _NUMERIC[type(dt.elementType).__name__], True))
         else:
-            bad.append(f"{f.name!r} ({dt.simpleString()}: {_unsupported_hint(dt)})")
+            bad.append((f"{f.name!r} ({dt.simpleString()}", _unsupported_hint(dt)))
     if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise ConfigError(
-            "tfnb feeds numeric columns and fixed-length arrays of numbers; these columns are neither: "
-            + "; ".join(bad) + ". Cast them (F.col(c).cast('double')) or drop them "
-            "(df.drop(...) or df.select(feature_and_label_columns)) before tfnb.run(data=df)")
+            f"data= has columns tfnb cannot feed: {', '.join(name + ')' for name, _ in bad[:3])}{more}; cast them "
+            "(F.col(c).cast('double')) or drop them before tfnb.run(data=df)\n"
+            "tfnb feeds numeric columns and fixed-length arrays of numbers. "
+            + "; ".join(f"{name}: {hint})" for name, hint in bad)
+            + ". Drop columns with df.drop(...) or df.select(feature_and_label_columns).")
     share = setting("spill_memory", None, _SPILL_MEMORY, float)
     if not 0 <= share <= 1:
         raise ConfigError(f"TFNB_SPILL_MEMORY={share} but it must be a share of free memory between 0 and 1 "
@@ -146,12 +137,9 @@ def cached_nbytes(df) -> int | None:
 
 
 def _split_evenly(df, n: int) -> bool:
-    """True when ``df`` is a cached ``repartition(n)`` (or a single partition for one worker):
-    balanced by construction, nothing to count.
-
-    Reads the cached plan (classic sessions only): its last step must be Spark's round-robin exchange
-    into ``n`` partitions, with no filter or projection after the cache.
-    """
+    """True when ``df`` is a cached ``repartition(n)`` (or a single partition for one worker): balanced by
+    construction, nothing to count. Reads the cached plan (classic sessions only): its last step must be Spark's
+    round-robin exchange into ``n`` partitions, with no filter or projection after the cache."""
     try:
         rel = df._jdf.queryExecution().optimizedPlan()
         if rel.getClass().getSimpleName() != "InMemoryRelation":
@@ -190,10 +178,6 @@ def split_for_workers(df, num_workers: int, num_ps: int = 0) -> tuple[Any, list[
         ``(part, counts)``: a DataFrame with ``num_workers + num_ps`` partitions, and the rows of each
         when a counting job gave them (train_fn then knows its steps per epoch before its rows arrive),
         else None.
-
-    Example:
-        >>> part, counts = split_for_workers(df, 2)
-        >>> part.mapInArrow(run_task, schema, barrier=True)
     """
     n = num_workers + num_ps
     if _is_cached(df) and _split_evenly(df, n):
@@ -210,21 +194,12 @@ def split_for_workers(df, num_workers: int, num_ps: int = 0) -> tuple[Any, list[
     return df.repartition(n), None
 
 
-# ---------------------------------------------------------------- task side (no TensorFlow here)
-
-
 def agree_counts(reports: dict[int, tuple[int, bool]], num_workers: int) -> dict | None:
-    """The driver's answer to the tasks' ``tell``: final counts once every worker is done, else ``safe``.
-
-    Example:
-        >>> agree_counts({0: (500, True), 1: (300, False)}, 2)
-        {'kind': 'feed', 'safe': 300}
-    """
+    """The driver's answer to the tasks' ``tell``: final counts once every worker is done, else ``safe``
+    (``{'kind': 'feed', 'safe': 300}`` for ``{0: (500, True), 1: (300, False)}``)."""
     mine = [reports.get(rank) for rank in range(num_workers)]
     if any(r is None for r in mine):
         return None
     if all(done for _, done in mine):
         return {"kind": Msg.FEED, "counts": [rows for rows, _ in mine]}
     return {"kind": Msg.FEED, "safe": min(rows for rows, _ in mine)}
-
-

@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .._config import setting
 from .._deps import require
 from ..storage import PART, Store, atomic_write, locked, open_store
-from ..errors import ConfigError, MissingDependencyError, StorageError
+from ..errors import ConfigError, MissingDependencyError, StorageError, summary
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,6 @@ _WHOLE_PARTS = 8  # an object up to this many chunks may be one GET (s5cmd: belo
 _CALLBACK_INTERVAL = 0.25              # seconds between progress callbacks
 _MANIFEST_INTERVAL = 1.0               # seconds between manifest writes while downloading
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")  # S3's ETag of a single-part, non-KMS object is its MD5
-
-# ---------------------------------------------------------------- typed values
 
 
 @dataclass(frozen=True)
@@ -136,10 +134,6 @@ def _human(n: float) -> str:
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-# ---------------------------------------------------------------- sharding
 
 
 def assign_shard(files: Sequence[RemoteFile], index: int, count: int) -> list[RemoteFile]:
@@ -188,9 +182,6 @@ def _safe_rel(rel: str, url: str) -> str | None:
         raise StorageError(f"{url} would be written outside dest ('..' in its key); rename the "
                            "object or stage a prefix below it")
     return None if parts[-1].startswith(MANIFEST_NAME) else "/".join(parts)
-
-
-# ---------------------------------------------------------------- manifest
 
 
 class _Manifest:
@@ -246,30 +237,23 @@ class _Manifest:
         self.last_write = time.monotonic()
 
 
-# ---------------------------------------------------------------- local files
-
-
 def _local(dest: Path, rel: str) -> Path:
     return dest.joinpath(*rel.split("/"))
 
 
 def _verify(f: RemoteFile, local: Path) -> bool:
-    """True when ``local`` is ``f`` whole: its MD5 equals a single-part S3 ETag (which is an MD5).
-
-    Finds files a killed run renamed into place but had not yet written to the manifest.
-    """
+    """True when ``local`` is ``f`` whole: its MD5 equals a single-part S3 ETag (which is an MD5). Finds files a
+    killed run renamed into place but had not yet written to the manifest."""
     try:
-        return bool(_MD5_ETAG.fullmatch(f.version)) and local.stat().st_size == f.size and _md5(local) == f.version
+        if not (_MD5_ETAG.fullmatch(f.version) and local.stat().st_size == f.size):
+            return False
+        h = hashlib.md5(usedforsecurity=False)
+        with open(local, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest() == f.version
     except OSError:
         return False
-
-
-def _md5(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _part(local: Path) -> Path:
@@ -298,12 +282,10 @@ def _check_space(dest: Path, need: int, files: int, url: str, index: int, count:
     free = shutil.disk_usage(dest).free
     if need > free:
         raise StorageError(
-            f"shard {index}/{count} of {url} needs {need} bytes ({_human(need)}, {files} files) "
-            f"in {dest} but only {free} bytes ({_human(free)}) are free; free space there, pick a "
-            "dest on a bigger disk, or spread the data over more workers (count)")
-
-
-# ---------------------------------------------------------------- the entry point
+            f"shard {index}/{count} of {url} needs {_human(need)} in {dest} but only {_human(free)} are free; "
+            "free space there, or pick a dest on a bigger disk\n"
+            f"It needs {need} bytes ({files} files) and only {free} bytes are free; or spread the data over more "
+            "workers (count).")
 
 
 def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
@@ -383,7 +365,8 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
     try:
         dest_path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise StorageError(f"cannot create dest {dest_path} ({e}); pick a writable local folder") from e
+        raise StorageError(f"cannot create dest {dest_path} ({e.strerror or summary(e)}); pick a writable local "
+                           f"folder\n{summary(e)}") from e
     manifest = _Manifest(dest_path)
     todo = []
     for f in mine:
@@ -431,11 +414,9 @@ def _list(store: Store) -> list[RemoteFile]:
 def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _Manifest, *,
               concurrency: int, progress: bool, callback: Callable[[StageProgress], None] | None,
               label: str, whole_max: int) -> None:
-    """Fetch ``todo``, ``concurrency`` files at a time; record each in the manifest when whole.
-
-    Download threads only post events to a queue; this thread does every manifest update and
-    callback, so none of that state is shared.
-    """
+    """Fetch ``todo``, ``concurrency`` files at a time; record each in the manifest when whole. Download threads
+    only post events to a queue; this thread does every manifest update and callback, so none of that state is
+    shared."""
     total = sum(f.size for f in todo)
     events: queue.SimpleQueue = queue.SimpleQueue()
     cancel = threading.Event()
@@ -509,9 +490,6 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
         manifest.flush()
         if bar is not None:
             bar.close()
-
-
-# ---------------------------------------------------------------- command line
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,28 +16,12 @@ from typing import Callable
 
 from .. import _protocol as events
 from .._protocol import Msg, RunEvent
-from ..errors import (
-    KERAS3_MWMS,
-    STALLED,
-    RunCancelledError,
-    RunTimeoutError,
-    TaskFailure,
-)
+from ..errors import STALLED, RunCancelledError, RunTimeoutError, TaskFailure
 from ..monitor.display import show
 from .resources import Ask, Placement, refused_by_spark
 from .spark import _driver_host
-from .verdict import (
-    _EXECUTOR_LOST,
-    _PER_REPLICA,
-    _boot_error,
-    _boot_report,
-    _cause,
-    _last_line,
-    _Life,
-    _Outcome,
-    _refusal_error,
-    _spark_failure,
-)
+from .verdict import (_EXECUTOR_LOST, _boot_error, _boot_report, _cause, _last_line, _Life, _locate, _Outcome,
+                      _refusal_error, _spark_failure, _worker_report)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +33,7 @@ _DRAIN_SLICE = 0.05     # seconds of task messages handled before the watch loop
 # survivor brings its next sweep of every object in the process nearer: with 2,048 tasks the
 # collector took 0.04 CPU-s/s at 500 events, 0.02 at 100)
 _SHOW_EVERY = 100
+_RESIZE = "tfnb._task.resize.Resize"  # how a task reports the epoch-boundary stop of a run being resized
 _MAX_SHOWN_LINE = 2000  # characters of a log line the display gets; the run's log file has it whole
 
 
@@ -58,20 +43,24 @@ class _Attempt:
     def __init__(self, spark, spec_kwargs: dict, data, display: Callable[[RunEvent], None],
                  deadline: float | None, num_tasks: int, num_ps: int, *,
                  daemon_ranks: frozenset = frozenset(), cancel: threading.Event | None = None,
-                 grace: float = 3.0, stall_timeout: float | None = None, placement: Placement | None = None):
+                 grace: float = 3.0, stall_timeout: float | None = None, placement: Placement | None = None,
+                 ps_job_wait: float = 300.0, resize: threading.Event | None = None):
+        from .jobs import Exchange
+
         self.spark = spark
         self.placement = placement or Placement(workers=Ask(1, 0.0))  # what the tasks ask for, where ps go
+        # ps tasks in a barrier job of their own: how long one job waits for the other at the exchange
+        self.exchange = Exchange(num_tasks - num_ps, num_ps, ps_job_wait) if self.placement.ps is not None else None
         self.refused: str | None = None  # Spark refused the run's resource profile (read from the job's error)
-        self.display = display
-        self.deadline = deadline
-        self.num_tasks = num_tasks
-        self.num_ps = num_ps
+        self.display, self.deadline, self.num_tasks, self.num_ps = display, deadline, num_tasks, num_ps
         from .channel import Inbox
         from .runlog import RunLog
 
         self.q = Inbox()  # bounded for the tasks' messages; see Inbox
         self.runlog = RunLog.for_run(spec_kwargs["run_id"], spec_kwargs.get("model_dir"))
-        self.runlog.note(f"attempt {spec_kwargs['attempt']} of {spec_kwargs['max_attempts']}")
+        resized = spec_kwargs.get("resized_from")
+        self.runlog.note(f"attempt {spec_kwargs['attempt']} (failed launches allowed: {spec_kwargs['max_attempts']}), "
+                         f"{num_tasks - num_ps} workers" + (f", resized from {resized}" if resized else ""))
         if spec_kwargs["attempt"] == 1 and self.runlog.path:
             display(RunEvent(events.STATE, "driver", 0, {"log_file": self.runlog.path}))
         self._dropped_shown = (0, time.monotonic())
@@ -96,6 +85,7 @@ class _Attempt:
         self._addrs: dict[int, dict] = {}  # rank -> its TensorFlow server's address and rows, as tasks report
         self._feed_told = 0.0
         self._counts: list[int] | None = None  # rows per worker, when counted before launch
+        self.resize = resize  # set when an elastic run should be resized (tfnb.launcher.elastic.Watch)
 
     def _show(self, event: RunEvent) -> None:
         # inside _drain the display gets the pass's events as one batch (one redraw, one write)
@@ -111,6 +101,11 @@ class _Attempt:
             return
         if kind == Msg.ADDR:  # likewise: every task waits for the others' addresses to start train_fn
             self._addrs[int(peer.get("rank", -1))] = {"addr": msg.get("addr"), "rows": msg.get("rows", 0)}
+            if self.exchange is not None:
+                self.exchange.heard_from(int(peer.get("rank", -1)))
+            if self.decided:  # a task whose job started after the attempt ended: it stops, never trains
+                self.channel.broadcast({"kind": Msg.STOP})
+                return
             if len(self._addrs) == self.num_tasks and all(r in self._addrs for r in range(self.num_tasks)):
                 self.channel.broadcast({"kind": Msg.CLUSTER, "tasks": [self._addrs[r] for r in range(self.num_tasks)],
                                         "counts": self._counts})
@@ -301,11 +296,20 @@ class _Attempt:
                         "timeout= (or TFNB_TIMEOUT), or checkpoint to model_dir and resume")
                 if self.cancel is not None and self.cancel.is_set():
                     raise KeyboardInterrupt  # stopped and reported like the notebook's stop button
+                if self.resize is not None and self.resize.is_set() and self.first_bad is None:
+                    self._resize()
                 if self.first_bad is not None and self._settled():
                     return self._failed(job)
                 stalled = self._stalled()
                 if stalled:
                     return self._on_stall(job, stalled)
+                late = self.exchange.overdue() if self.exchange is not None and self.first_bad is None else None
+                if late is not None:  # other jobs hold the slots one of the run's two jobs needs
+                    self.decided = True
+                    self._stop_everything(job)
+                    failure = TaskFailure(job_name="driver", task_index=0, exc_type="ClusterError",
+                                          message=str(late), attempt=self.attempt)
+                    return _Outcome(failure=failure, error=late, cause=str(late).split(":")[0])
                 item = self._drain(0.5 if left is None else min(0.5, left))
                 if item is None:
                     continue
@@ -327,7 +331,8 @@ class _Attempt:
                 # The job failed. Spark's verdict says whether an executor was lost; what the tasks
                 # themselves report (collected until _settled) says more than Spark's wrapper text.
                 self.job_error = self.job_error or item[1]  # the first: a second is often its cancellation
-                self.boot = self.boot or _boot_report(str(item[1]))
+                # tfnb's bootstrap could not start, or Spark's Python worker failed before it ran
+                self.boot = self.boot or _boot_report(str(item[1])) or _worker_report(str(item[1]))
                 self.refused = self.refused or refused_by_spark(str(item[1]))
                 first = next((l for l in str(item[1]).splitlines() if l.strip()), type(item[1]).__name__)
                 if _EXECUTOR_LOST.search(str(item[1])):
@@ -337,8 +342,6 @@ class _Attempt:
             self._stop_quietly(job)
             raise RunCancelledError("tfnb.run was interrupted; the Spark job was cancelled and every "
                                     "process it started was stopped") from None
-
-    # ------------------------------------------------------------ failure classification
 
     def _note(self, peer: dict, msg: dict) -> None:
         """Bookkeeping on every message from a task: its last sign of life, step, line and state."""
@@ -398,8 +401,10 @@ class _Attempt:
 
     def _settled(self) -> bool:
         """Enough is known to decide the attempt's outcome (or the failure grace is over)."""
-        if self.boot or self.refused or any(f.died for f in self.failures):
-            return True  # tfnb cannot start somewhere, or a process died: whatever else arrives changes nothing
+        if self.boot or self.refused or any(f.died or f.exc_type == _RESIZE for f in self.failures):
+            # tfnb cannot start somewhere, a process died, or the workers agreed to stop for a resize (all of them
+            # did): whatever else arrives changes nothing
+            return True
         if self.lost:
             # Let Spark declare the executor lost (the job fails) before cancelling, or the relaunch
             # may be scheduled on the executor that is gone.
@@ -409,12 +414,10 @@ class _Attempt:
         return time.monotonic() >= self.first_bad + self.grace
 
     def _verdict(self) -> tuple[TaskFailure, bool]:
-        """(the failure that explains the attempt, whether a relaunch may fix it).
-
-        A dead task or lost executor wins: the other tasks' errors are its consequences. Otherwise a
-        plain exception is a bug, even when peers then fail with collective errors; only when every
-        report is a peer-loss error (the dead peer's own report never came) is it bad luck.
-        """
+        """(the failure that explains the attempt, whether a relaunch may fix it). A dead task or lost executor
+        wins: the other tasks' errors are its consequences. Otherwise a plain exception is a bug, even when peers
+        then fail with collective errors; only when every report is a peer-loss error (the dead peer's own report
+        never came) is it bad luck."""
         deaths = sorted((f for f in (*self.failures, *self.lost) if f.died),
                         key=lambda f: (f.task_index < 0, f.exc_type != "ProcessDied"))
         if deaths:
@@ -446,19 +449,23 @@ class _Attempt:
         self._drain_rest()
         others = tuple(f for f in self.failures if f is not failure)
         if self.boot or self.refused:
-            error = _boot_error(self.boot, self.spec_kwargs["max_attempts"]) if self.boot else \
-                _refusal_error(self.refused, self.placement.worker_profile)
+            error = _boot_error(_locate(self.spark, self.boot, self.num_tasks), self.spec_kwargs["max_attempts"]) \
+                if self.boot else _refusal_error(self.refused, self.placement.worker_profile)
             return _Outcome(failure=failure, others=others, error=error, cause=str(error).split(";")[0])
-        if _PER_REPLICA.search(failure.message) and KERAS3_MWMS not in failure.message:
-            # Keras 3 under MultiWorkerMirroredStrategy past tfnb._child's guard of fit (evaluate, predict...)
-            said = re.sub(r"\(PerReplica:\{.*?\}\)", "(PerReplica:{...})", " ".join(failure.message.split()))[:200]
-            failure = dataclasses.replace(failure, message=f"{KERAS3_MWMS} (TensorFlow said: {said})")
         epoch = self._epoch_of(failure)
+        if not failure.died and any(f.exc_type == _RESIZE for f in self.failures):
+            # every worker stopped at the same epoch boundary (tfnb._task.resize): a resize, nothing failed
+            return _Outcome(failure=failure, resize=True, cause="resized", epoch=epoch,
+                            resumed_epoch=self._resumed_epoch())
         return _Outcome(failure=failure, others=others, retryable=retryable,
                         cause=_cause(failure, retryable, epoch), epoch=epoch,
                         resumed_epoch=self._resumed_epoch())
 
-    # ------------------------------------------------------------ stall watchdog
+    def _resize(self) -> None:
+        """tfnb.launcher.elastic's watch set ``resize``: the tasks stop at their next epoch boundary, once."""
+        self.resize = None
+        self.runlog.note("the run is resized: the tasks stop at their next epoch boundary")
+        self.channel.broadcast({"kind": Msg.RESIZE})
 
     def _stalled(self) -> list[_Life]:
         """Tasks whose train_fn runs but has sent nothing (no progress, no output) for stall_timeout."""
@@ -499,7 +506,6 @@ class _Attempt:
         self._drain_rest()
         return _Outcome(failure=failure, retryable=True, cause=_cause(failure, True, epoch), epoch=epoch,
                         resumed_epoch=self._resumed_epoch(), stall=stall)
-
 
     def _drain_rest(self) -> None:
         while True:

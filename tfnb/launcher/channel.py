@@ -3,6 +3,7 @@ bounded inbox the main thread drains (see :mod:`tfnb._protocol` for the frames a
 from __future__ import annotations
 
 import collections
+import contextlib
 import hmac
 import json
 import logging
@@ -15,19 +16,8 @@ import threading
 import time
 from typing import Callable
 
-from .._protocol import (
-    _HANDSHAKE_TIMEOUT,
-    _HEAD,
-    _MAX_FRAME,
-    _MAX_HELLO,
-    _SEND_TIMEOUT,
-    EventKind,
-    Msg,
-    _key,
-    _plain,
-    _proof,
-    _Sealer,
-)
+from .._protocol import (_HANDSHAKE_TIMEOUT, _HEAD, _MAX_FRAME, _MAX_HELLO, _SEND_TIMEOUT, EventKind, Msg, _key,
+                         _plain, _proof, _Sealer)
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +54,7 @@ class DriverChannel:
     def __init__(self, host: str, on_message: Callable[[dict, dict], None], token: str | None = None, *,
                  max_pending: int = _MAX_PENDING, handshake_timeout: float = _HANDSHAKE_TIMEOUT):
         self.token = token or secrets.token_hex(32)
-        self._on_message = on_message
-        self._max_pending = max_pending
-        self._handshake_timeout = handshake_timeout
+        self._on_message, self._max_pending, self._handshake_timeout = on_message, max_pending, handshake_timeout
         self._lock = threading.Lock()
         self._all_gone = threading.Condition(self._lock)
         self._conns: dict[socket.socket, _Conn] = {}   # authenticated
@@ -107,9 +95,7 @@ class DriverChannel:
         while len(self._pending) < self._max_pending:
             try:
                 sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # BlockingIOError: none waiting
                 return
             c = _Conn(sock, time.monotonic() + self._handshake_timeout)
             try:
@@ -201,17 +187,13 @@ class DriverChannel:
             self._conns[c.sock] = c
 
     def _drop(self, c: _Conn) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
         self._pending.pop(c.sock, None)
         with self._lock:
             was_open = self._conns.pop(c.sock, None) is not None
-        try:
+        with contextlib.suppress(OSError):
             c.sock.close()
-        except OSError:
-            pass
         if was_open:
             try:
                 self._on_message(c.peer, {"kind": Msg.DISCONNECTED})
@@ -231,11 +213,8 @@ class DriverChannel:
         with self._lock:
             conns = list(self._conns.values())
         for c in conns:
-            try:
-                with c.lock:
-                    c.sock.sendall(c.tx.seal(msg))
-            except OSError:
-                pass
+            with contextlib.suppress(OSError), c.lock:
+                c.sock.sendall(c.tx.seal(msg))
 
     def wait_disconnected(self, timeout: float) -> bool:
         """Wait until every task has hung up (its processes are gone); True if they all did in time."""
@@ -245,10 +224,8 @@ class DriverChannel:
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=5)
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self._sel.close()
-        except (OSError, ValueError):
-            pass
         self._listener.close()
 
 
@@ -266,18 +243,15 @@ class Inbox:
     """The driver's bounded queue from the channel thread to the main thread.
 
     Log lines, states and failures are kept in order, never dropped: when ``bound`` messages wait,
-    :meth:`put_message` blocks, so the channel stops reading and the tasks slow down. Progress waits
-    at most once per task: a newer report merges into the one not yet handled (``dropped`` counts
-    them). The job's end (:meth:`put` of a "done", "error" or "closed" item) lifts the bound, since
-    what the tasks still have to send is then finite and the channel thread must not wait on a
-    queue nobody drains any more.
+    :meth:`put_message` blocks, so the channel stops reading and the tasks slow down. Progress waits at most
+    once per task: a newer report merges into the one not yet handled (``dropped`` counts them). The job's
+    end (:meth:`put` of a "done", "error" or "closed" item) lifts the bound, since what the tasks still have
+    to send is then finite and the channel thread must not wait on a queue nobody drains any more.
 
-    A waiting :meth:`get` returns once the first message has waited ``gather`` seconds or ``bound``/10
-    are waiting (at once for an item of :meth:`put`): at thousands of frames a second, waking the
-    main thread for each one meant ~1,000 passes a second of a few messages each, and five times
-    the context switches.
-
-    Items come out as ``("msg", peer, message, size)`` or as put.
+    A waiting :meth:`get` returns once the first message has waited ``gather`` seconds or ``bound``/10 are
+    waiting (at once for an item of :meth:`put`): at thousands of frames a second, waking the main thread for
+    each one meant ~1,000 passes a second of a few messages each, and five times the context switches. Items
+    come out as ``("msg", peer, message, size)`` or as put.
     """
 
     def __init__(self, bound: int = 10_000, gather: float = 0.02):

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .._task.setup import TaskHooks
 from .._task.spill import ArrowSpill
-from ..errors import ConfigError
+from ..errors import ConfigError, summary
 
 __all__ = ["LaunchHooks", "ArrowSpill", "pickle_fn"]
 
@@ -65,7 +65,8 @@ def pickle_fn(train_fn: Callable, args: Sequence = (), kwargs: Mapping[str, Any]
         return cloudpickle.dumps((train_fn, tuple(args), dict(kwargs or {})))
     except Exception as e:  # noqa: BLE001 - pickling errors come in many types
         raise ConfigError(
-            f"train_fn or args cannot be sent to the workers: {type(e).__name__}: {e}. Define train_fn so "
-            "it captures only plain values (no SparkSession, DataFrame, lock, open file or model object); "
-            "create those inside train_fn or pass paths/values through args"
+            f"train_fn or args cannot be sent to the workers ({summary(e, 120)}); create such objects inside "
+            "train_fn, or pass paths/values through args\n"
+            "train_fn and args are pickled for the workers: train_fn may capture only plain values (no "
+            "SparkSession, DataFrame, lock, open file or model object)."
         ) from e

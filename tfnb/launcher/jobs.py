@@ -4,10 +4,12 @@ job, the ps tasks' own barrier job beside it, or the ps tasks as processes on th
 A stage carries one resource profile, so ps tasks that must not hold the workers' GPUs cannot be in the
 workers' stage: they run as a second barrier job (CPU-only), or on the driver. Either way the tasks meet
 through the driver's address exchange, not Spark's barrier, so the two halves need not share a stage;
-what they lose is Spark's gang scheduling across both (the slot check before launch makes sure both fit).
+what they lose is Spark's gang scheduling across both (the slot check before launch makes sure both fit, and
+:class:`Exchange` bounds the wait of one for the other when other jobs take the slots in between).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -17,18 +19,16 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
+from ..errors import ClusterError
 from .resources import Ask, Placement
 
 log = logging.getLogger(__name__)
 
 _STOP_WAIT = 10.0  # seconds a driver ps process has to leave after the run ends before it is killed
-
-
-def _same(rows):
-    return rows
 
 
 def collect(source, spec, placement: Placement, ask: Ask | None) -> list:
@@ -46,7 +46,8 @@ def collect(source, spec, placement: Placement, ask: Ask | None) -> list:
     if placement.build == "profile":  # Spark 4.0+, classic and Connect
         return source.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=profile).collect()
     # Spark 3.5, classic sessions: the profile goes on a barrier RDD of the same stage
-    return source.mapInArrow(task, RESULT_SCHEMA).rdd.barrier().mapPartitions(_same).withResources(profile).collect()
+    rdd = source.mapInArrow(task, RESULT_SCHEMA).rdd.barrier()
+    return rdd.mapPartitions(lambda rows: rows).withResources(profile).collect()
 
 
 def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
@@ -70,7 +71,7 @@ def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
 
             ps_thread = threading.Thread(target=ps_job, name="tfnb-ps-job", daemon=True)
             ps_thread.start()
-        with job_tag(spark, tag):  # Spark 3.5 classic sessions have no tags: a job group then
+        with job_tag(spark, tag):  # a job group on classic sessions
             rows = collect(source, spec, placement, placement.workers if placement.worker_profile else None)
         if ps_thread is not None:
             ps_thread.join()
@@ -80,20 +81,55 @@ def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
         report(("error", e))
 
 
-class DriverPs:
-    """The ps tasks of one launch as processes on the driver (``ps_placement="driver"``).
+class Exchange:
+    """The address exchange of a launch whose ps tasks run as a barrier job of their own, as the driver sees it.
+    Spark starts each job's tasks together, but not the two jobs together: once one job's tasks have all reported
+    their addresses, the other's follow within seconds, unless other Spark jobs took its task slots after the slot
+    check. Its tasks would then wait at the exchange for as long as those jobs run; :meth:`overdue` ends that wait
+    after ``wait`` seconds (TFNB_PS_JOB_WAIT) with the error to raise."""
 
-    Each runs ``python -m tfnb._task.local``: the barrier task's body without Spark (channel, supervisor,
-    TensorFlow server process), given its spec on stdin. The launcher keeps that stdin open: when the
-    launcher goes away the process exits, and its TensorFlow server process, watching it in turn,
-    follows. ``on_exit(rank, code, stderr_tail)`` hears of a process that ended with an error while the
-    run still needed it.
-    """
+    def __init__(self, num_workers: int, num_ps: int, wait: float, clock: Callable[[], float] = time.monotonic):
+        self.jobs = {"the chief/worker tasks'": range(num_workers),
+                     "the ps tasks'": range(num_workers, num_workers + num_ps)}
+        self.wait = wait
+        self.clock = clock
+        self.heard: set[int] = set()
+        self.ready: dict[str, float] = {}  # job -> when its last task reported its address
+
+    def heard_from(self, rank: int) -> None:
+        """A task reported its address (called on the channel's thread)."""
+        self.heard.add(rank)
+        for job, ranks in self.jobs.items():
+            if job not in self.ready and all(r in self.heard for r in ranks):
+                self.ready[job] = self.clock()
+
+    def overdue(self) -> ClusterError | None:
+        """The error that ends the launch once one job has waited ``wait`` seconds for the other; else None."""
+        ready = dict(self.ready)
+        if len(ready) != 1:
+            return None
+        (job, since), = ready.items()
+        waited = self.clock() - since
+        if waited < self.wait:
+            return None
+        other = next(j for j in self.jobs if j != job)
+        missing = sum(r not in self.heard for r in self.jobs[other])
+        return ClusterError(
+            f"{job} barrier job waited {waited:.0f} s at the address exchange for {other} barrier job, which did "
+            f"not start ({missing} of {len(self.jobs[other])} tasks never reported): other Spark jobs took its task "
+            "slots after tfnb checked that both jobs fit; run again once they finish (or stop them), run the ps "
+            f"tasks on the driver (ps_placement='driver'), or let it wait longer (TFNB_PS_JOB_WAIT={self.wait:g})")
+
+
+class DriverPs:
+    """The ps tasks of one launch as processes on the driver (``ps_placement="driver"``). Each runs ``python -m
+    tfnb._task.local``: the barrier task's body without Spark (channel, supervisor, TensorFlow server process),
+    given its spec on stdin. The launcher keeps that stdin open: when the launcher goes away the process exits, and
+    its TensorFlow server process, watching it in turn, follows. ``on_exit(rank, code, stderr_tail)`` hears of a
+    process that ended with an error while the run still needed it."""
 
     def __init__(self, spec, host: str, on_exit: Callable[[int, int, str], None]):
-        self.spec = spec
-        self.host = host
-        self.on_exit = on_exit
+        self.spec, self.host, self.on_exit = spec, host, on_exit
         self.procs: dict[int, subprocess.Popen] = {}
         self.stopping = threading.Event()
 
@@ -124,18 +160,14 @@ class DriverPs:
         """End every process: they leave on the driver's stop; whatever remains is killed, with its group."""
         self.stopping.set()
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(OSError):
                 proc.stdin.close()  # the parent-death watch: the process exits
-            except OSError:
-                pass
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=_STOP_WAIT)
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait()
 
 

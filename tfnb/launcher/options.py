@@ -13,9 +13,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from .._config import setting
-from ..errors import ConfigError
+from ..errors import ConfigError, suggest
 
 _STALL_DEFAULT = 1800.0
+_REPLACE_WAIT = 120.0  # seconds an elastic run waits for a lost executor's replacement before it shrinks
+_PS_JOB_WAIT = 300.0  # seconds one barrier job waits for the other's tasks (ps tasks in a job of their own)
 # TFNB_* variables that are tfnb's own plumbing between a task and its train_fn process, not settings
 _TASK_OWN = ("TFNB_RUN_ID", "TFNB_ATTEMPT", "TFNB_EVENT_FD", "TFNB_HELD_PORT_FD", "TFNB_KEPT_PORT_FD",
              "TFNB_PREIMPORT")
@@ -60,7 +62,23 @@ def _stall_timeout(value) -> float | None:
     return _seconds("stall_timeout", value, zero_is_off=True)
 
 
-def _check_env(env: Any, legacy_keras: bool) -> tuple:
+def _elastic(given: Mapping, num_workers: int, num_ps: int) -> tuple[int | None, float]:
+    """min_workers= and replace_wait= checked: an elastic run is a MultiWorkerMirroredStrategy run of 1..num_workers."""
+    minimum = given.get("min_workers")
+    wait = _seconds("replace_wait", setting("replace_wait", given.get("replace_wait"), _REPLACE_WAIT, float))
+    if minimum is None:
+        return None, wait
+    minimum = _int("min_workers", minimum, 1, f"pass min_workers between 1 and num_workers={num_workers}")
+    if minimum > num_workers:
+        raise ConfigError(f"min_workers={minimum} is more than num_workers={num_workers}; min_workers is the fewest "
+                          f"workers an elastic run goes on with: pass min_workers <= {num_workers}")
+    if num_ps:
+        raise ConfigError(f"min_workers={minimum} with num_ps={num_ps}: elastic runs are MultiWorkerMirroredStrategy "
+                          "runs (a parameter-server run keeps its size); pass num_ps=0 or leave min_workers out")
+    return minimum, wait
+
+
+def _check_env(env: Any, legacy_keras: bool | None) -> tuple:
     """env= as sorted (name, value) pairs; it may not set what tfnb sets itself (the error names the knob)."""
     if env is None:
         return ()
@@ -70,8 +88,9 @@ def _check_env(env: Any, legacy_keras: bool) -> tuple:
         what = {k: type(v).__name__ for k, v in bad.items()} if isinstance(bad, dict) else type(bad).__name__
         raise ConfigError(f"env must be a dict of str to str, not {what}; convert values with str()")
     own = dict(_OWN_ENV)
-    if legacy_keras:
-        own["TF_USE_LEGACY_KERAS"] = "pass legacy_keras=False instead (True, the default, sets it to 1)"
+    if legacy_keras is not False:
+        own["TF_USE_LEGACY_KERAS"] = ("pass legacy_keras=False instead (by default tfnb sets it to 1 where tf-keras is "
+                                      "installed)")
     taken = [k for k in env if k in own]
     if taken:
         raise ConfigError("; ".join(f"env= sets {k}, which tfnb sets in every train_fn process: {own[k]}"
@@ -137,9 +156,11 @@ class RunOptions:
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
     data: Any = field(default=None, repr=False)
     max_attempts: int = 2
+    min_workers: int | None = None
+    replace_wait: float = _REPLACE_WAIT
     stall_timeout: float | None = _STALL_DEFAULT
     env: tuple = field(default=(), repr=False)
-    legacy_keras: bool = True
+    legacy_keras: bool | None = None
     preimport: tuple = ("tensorflow",)
     warm: bool = True
     display: Callable | bool | None = field(default=None, repr=False)
@@ -147,6 +168,7 @@ class RunOptions:
     mlflow: bool | str | None = None
     failure_grace: float = 3.0
     warm_idle: float = 600.0
+    ps_job_wait: float = _PS_JOB_WAIT
     settings: tuple = field(default=(), repr=False)
 
     @classmethod
@@ -156,11 +178,11 @@ class RunOptions:
         Raises:
             ConfigError: an unknown keyword, or a value that breaks its rule (the message names the fix).
         """
-        names = {f.name for f in fields(cls)} - {"failure_grace", "warm_idle", "settings"}
+        names = {f.name for f in fields(cls)} - {"failure_grace", "warm_idle", "ps_job_wait", "settings"}
         unknown = sorted(set(given) - names)
         if unknown:
-            raise ConfigError(f"tfnb.run got unknown option(s) {', '.join(unknown)}; the options are "
-                              f"{', '.join(sorted(names))}")
+            raise ConfigError(f"tfnb.run got unknown option(s) {', '.join(unknown)}; the options are below"
+                              f"{suggest(unknown, names)}\n{', '.join(sorted(names))}")
         if base is not None:
             given = {**{n: getattr(base, n) for n in names if n not in ("settings",)}, **given}
         if "num_workers" not in given:
@@ -176,7 +198,7 @@ class RunOptions:
         kwargs = given.get("kwargs") or {}
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
             raise ConfigError(f"kwargs must be a dict of keyword arguments for train_fn, got {type(kwargs).__name__}")
-        legacy_keras = setting("legacy_keras", given.get("legacy_keras"), True, bool)
+        legacy_keras = setting("legacy_keras", given.get("legacy_keras"), None, bool)
         preimport = given.get("preimport")
         if preimport is None:
             preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
@@ -196,7 +218,12 @@ class RunOptions:
         grace = setting("failure_grace", None, 3.0, float)
         if grace < 0:
             raise ConfigError(f"TFNB_FAILURE_GRACE={grace} must be >= 0 seconds")
-        from ..monitor.profiling import check_profile_steps
+        ps_job_wait = setting("ps_job_wait", None, _PS_JOB_WAIT, float)
+        if not ps_job_wait > 0:  # NaN too
+            raise ConfigError(f"TFNB_PS_JOB_WAIT={ps_job_wait:g} must be a number of seconds > 0 (default "
+                              f"{_PS_JOB_WAIT:g}); fix or unset TFNB_PS_JOB_WAIT")
+        min_workers, replace_wait = _elastic(given, num_workers, num_ps)
+        from .._task.profiling import check_profile_steps
         from ..monitor.tracking import check_option
 
         check_option(given.get("mlflow"))  # a bad value or a missing MLflow fails here, before Spark starts
@@ -211,13 +238,13 @@ class RunOptions:
             model_dir=given.get("model_dir"), log_dir=given.get("log_dir"), storage_options=storage_options,
             data=given.get("data"),
             max_attempts=_int("max_attempts", setting("max_attempts", given.get("max_attempts"), 2, int), 1,
-                              "1 = never relaunch"),
+                              "1 = never relaunch"), min_workers=min_workers, replace_wait=replace_wait,
             stall_timeout=_stall_timeout(given.get("stall_timeout", "auto")),
             env=env, legacy_keras=legacy_keras,
             preimport=tuple(preimport), warm=setting("warm", given.get("warm"), True, bool),
             display=given.get("display"), profile_steps=check_profile_steps(given.get("profile_steps"), given.get("log_dir")),
             mlflow=given.get("mlflow"), failure_grace=grace, warm_idle=setting("warm_idle", None, 600.0, float),
-            settings=settings)
+            ps_job_wait=ps_job_wait, settings=settings)
 
     @property
     def num_tasks(self) -> int:

@@ -27,6 +27,7 @@ the driver (``ps_placement="driver"``); see :func:`plan` and docs/resources.md.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import time
@@ -38,7 +39,6 @@ from ..errors import ClusterError
 
 log = logging.getLogger(__name__)
 
-PS_PLACEMENTS = ("executors", "driver")
 # Spark's own words when it refuses a profile (ResourceProfileManager.isSupported), in a job's error too
 _SPARK_REFUSAL = re.compile(r"(Task)?ResourceProfiles are only supported[^\n]*")
 
@@ -127,11 +127,9 @@ class Placement:
 
 
 def with_profiles(spark, placement: Placement) -> Placement:
-    """``placement`` with its resource profiles built once, on this thread, for every attempt of the run.
-
-    A Spark Connect profile is registered with the server through the calling thread's active session,
-    and the thread that runs the job has none: its id is taken here, with ``spark`` made active meanwhile.
-    """
+    """``placement`` with its resource profiles built once, on this thread, for every attempt of the run. A Spark
+    Connect profile is registered with the server through the calling thread's active session, and the thread that
+    runs the job has none: its id is taken here, with ``spark`` made active meanwhile."""
     asks = [a for a, on in ((placement.workers, placement.worker_profile), (placement.ps, placement.ps_profile))
             if on and a is not None]
     profiles = {ask: placement.profile(ask) for ask in asks}
@@ -154,37 +152,29 @@ def _conf(spark, key: str, default: str | None = None) -> str | None:
         return default
 
 
-def _default_ask(spark) -> Ask:
-    return Ask(int(_conf(spark, "spark.task.cpus", "1") or 1),
-               float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0))
-
-
 def _asked(gpus: int | None, cpus: int | None) -> str:
-    return " and ".join(f"{k}={v}" for k, v in (("gpus_per_worker", gpus), ("cpus_per_worker", cpus)) if v is not None)
+    return ", ".join(f"{k}={v}" for k, v in (("gpus_per_worker", gpus), ("cpus_per_worker", cpus)) if v is not None)
 
 
 def _conf_fix(gpus: int | None, cpus: int | None, master: str) -> str:
-    """What to set instead of a per-run request, and where."""
+    """What to set instead of a per-run request, and where: a short first line, the detail below it."""
     local = _is_local(master)
-    owner = "driver" if local else "executor"
-    conf = [f"spark.task.resource.gpu.amount={gpus} (with spark.{owner}.resource.gpu.amount and its discoveryScript)"
-            if gpus else "no spark.task.resource.gpu.amount"] if gpus is not None else []
+    conf = [f"spark.task.resource.gpu.amount={gpus}" if gpus else "no spark.task.resource.gpu.amount"] \
+        if gpus is not None else []
     conf += [f"spark.task.cpus={cpus}"] if cpus is not None else []
+    gpu = (f", with spark.{'driver' if local else 'executor'}.resource.gpu.amount and its discoveryScript"
+           if gpus else "")
     if local:
-        return (f"set {' and '.join(conf)} in the session's conf when it starts (SparkSession.builder.config), "
-                "or run on a standalone, YARN or Kubernetes master (local-cluster[N,C,M] in tests)")
-    return (f"set {' and '.join(conf)} in the cluster's Spark conf and restart it (it applies to every task), "
-            "or use a Spark version and cluster manager that run them (docs/resources.md)")
+        return (f"set {' and '.join(conf)} when the session starts\nSet it in the session's conf "
+                f"(SparkSession.builder.config){gpu}, or run on a standalone, YARN or Kubernetes master "
+                "(local-cluster[N,C,M] in tests).")
+    return (f"set {' and '.join(conf)} in the cluster's Spark conf\nRestart the cluster after setting it (it "
+            f"applies to every task){gpu}, or use a Spark version and cluster manager that run task resource "
+            "profiles (docs/resources.md).")
 
 
 def _is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def _versions(spark) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    import pyspark
-
-    return spark_version(getattr(spark, "version", pyspark.__version__)), spark_version(pyspark.__version__)
 
 
 def refused_by_spark(text: str) -> str | None:
@@ -223,18 +213,21 @@ def plan(spark, *, num_workers: int, num_ps: int = 0, gpus_per_worker: int | Non
         ClusterError: a per-run request where this Spark, master or session cannot attach a task
             resource profile; the message names the version, the master and the conf to set instead.
     """
+    import pyspark
+
     master = _conf(spark, "spark.master", "") or ""
-    default = _default_ask(spark)
+    default = Ask(int(_conf(spark, "spark.task.cpus", "1") or 1),
+                  float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0))
     ask = Ask(default.cpus if cpus_per_worker is None else cpus_per_worker,
               default.gpus if gpus_per_worker is None else float(gpus_per_worker))
-    version, client = _versions(spark)
+    version = spark_version(getattr(spark, "version", pyspark.__version__))
+    client = spark_version(pyspark.__version__)
     placement = Placement(workers=ask, worker_profile=ask != default, build=build_method(version, client))
     if placement.worker_profile:
         why = profile_support(version, master, connect=_is_connect(spark)) or _ask_session(spark, placement, ask)
         if why:
-            raise ClusterError(
-                f"{_asked(gpus_per_worker, cpus_per_worker)} needs a Spark task resource profile, but {why}; "
-                + _conf_fix(gpus_per_worker, cpus_per_worker, master))
+            raise ClusterError(f"{_asked(gpus_per_worker, cpus_per_worker)} needs a Spark task resource profile, "
+                               f"but {why}; " + _conf_fix(gpus_per_worker, cpus_per_worker, master))
     if num_ps == 0:
         return placement
     if ps_placement == "driver":
@@ -253,16 +246,11 @@ def plan(spark, *, num_workers: int, num_ps: int = 0, gpus_per_worker: int | Non
     return replace(placement, ps=ps, ps_profile=True)
 
 
-# ---------------------------------------------------------------- does it fit?
-
-
 def room(executors: Sequence[tuple[int, float]], workers: Ask, num_workers: int, ps: Ask | None = None,
          ) -> tuple[int, int]:
     """(chief/worker tasks the executors hold, ps tasks that fit in what ``num_workers`` workers leave).
-
-    ``executors`` are (cores, GPUs) per executor. Workers are packed first-fit onto the executors with
-    the most room; Spark places tasks its own way, so this is what can fit, not where each task goes.
-    """
+    ``executors`` are (cores, GPUs) per executor. Workers are packed first-fit onto the executors with the most
+    room; Spark places tasks its own way, so this is what can fit, not where each task goes."""
     def each(cores: int, gpus: float) -> int:
         by_cpu = cores // max(workers.cpus, 1)
         return min(by_cpu, int(gpus // workers.gpus)) if workers.gpus else by_cpu
@@ -279,9 +267,7 @@ def room(executors: Sequence[tuple[int, float]], workers: Ask, num_workers: int,
 
 
 def _describe(executors: Sequence[tuple[int, float]]) -> str:
-    groups: dict[tuple[int, float], int] = {}
-    for e in executors:
-        groups[e] = groups.get(e, 0) + 1
+    groups = collections.Counter(executors)
     return " + ".join(f"{n} executor{'s' if n != 1 else ''} × ({g:g} GPU{'s' if g != 1 else ''}, "
                       f"{c} core{'s' if c != 1 else ''})" for (c, g), n in sorted(groups.items())) or "no executors"
 
@@ -301,21 +287,25 @@ def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Pl
                 else f"{workers} × {w.cpus} = {workers * w.cpus} cores")
         offer = f"{gpus:g} GPUs" if w.gpus else f"{cores} cores"
         return ClusterError(
-            f"the run needs {workers} {what} tasks of {w} each ({knobs}): {need}, but the cluster ({master}) has "
-            f"{_describe(executors)} = {offer}, room for {fit_w} such task{'s' if fit_w != 1 else ''} (a task "
-            "runs on one executor); lower num_workers or the per-task amounts, or add executors "
-            "(spark.executor.instances, spark.executor.cores, spark.executor.resource.gpu.amount)")
+            f"the cluster has room for {fit_w} of the run's {workers} {what} tasks; lower num_workers or the "
+            f"per-task amounts, or add executors\nIt needs {workers} {what} tasks of {w} each ({knobs}): {need}; the "
+            f"cluster ({master}) has {_describe(executors)} = {offer}, room for {fit_w} such "
+            f"task{'s' if fit_w != 1 else ''} (a task runs on one executor). Add executors with "
+            "spark.executor.instances, or bigger ones with spark.executor.cores and "
+            "spark.executor.resource.gpu.amount.")
     if ps is not None and fit_ps < num_ps:
         return ClusterError(
-            f"the run needs {num_ps} ps task{'s' if num_ps != 1 else ''} of {ps} each beside its {num_workers} "
-            f"workers of {w} each, but the cluster ({master}) has {_describe(executors)} and the workers leave "
-            f"room for {fit_ps} ps task{'s' if fit_ps != 1 else ''}; lower num_ps, add cores (spark.executor.cores, "
-            "spark.executor.instances), or pass ps_placement='driver'")
+            f"the run's {num_workers} workers leave the cluster room for {fit_ps} ps task{'s' if fit_ps != 1 else ''}; "
+            f"lower num_ps (now {num_ps}), add cores, or pass ps_placement='driver'\n"
+            f"It needs {num_ps} ps task{'s' if num_ps != 1 else ''} of {ps} each beside its {num_workers} workers of "
+            f"{w} each; the cluster ({master}) has {_describe(executors)}. Add cores with spark.executor.cores or "
+            "executors with spark.executor.instances.")
     return None
 
 
-def _executors(spark) -> list[tuple[int, float]] | None:
-    """(cores, GPUs) of each registered executor (the driver's entry left out); None on Spark Connect."""
+def _executors(spark, leaving: frozenset = frozenset()) -> list[tuple[int, float]] | None:
+    """(cores, GPUs) of each registered executor (the driver's entry and ``leaving`` ids left out); None on Spark
+    Connect."""
     if _is_connect(spark):
         return None
     store = spark.sparkContext._jsc.sc().statusStore().executorList(True)
@@ -323,7 +313,7 @@ def _executors(spark) -> list[tuple[int, float]] | None:
     out = []
     for i in range(store.size()):
         e = store.apply(i)
-        if e.id() == "driver":
+        if e.id() == "driver" or e.id() in leaving:
             continue
         gpu = e.resources().get("gpu")
         out.append((int(e.totalCores()), float(len(gpu.get().addresses())) if gpu.isDefined() else fallback))

@@ -7,6 +7,7 @@ the cluster cannot give, a driver-local folder executors cannot see, a launch fr
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import re
@@ -16,13 +17,10 @@ import time
 from typing import Sequence
 
 from .._config import setting
-from .._deps import _version, require
 from ..errors import ClusterError, ConfigError
+from .resources import _asked, _conf, _is_connect, check_fit, plan
 
 log = logging.getLogger(__name__)
-
-def _is_connect(spark) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def _refuse_in_task(verb: str) -> None:
@@ -94,13 +92,6 @@ def _check_session(spark) -> None:
                           "or leave spark= out")
 
 
-def _conf(spark, key: str, default: str | None = None) -> str | None:
-    try:
-        return spark.conf.get(key, default)
-    except Exception:  # noqa: BLE001 - Connect raises its own types for unknown keys
-        return default
-
-
 def _local_slots(master: str) -> int | None:
     """Task slots implied by a local master string, None for cluster masters."""
     if master == "local":
@@ -153,22 +144,20 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
             asked for (``use_gpu=True`` or spark.task.resource.gpu.amount) that it cannot give, or a
             per-run request this Spark cannot attach; the message holds the arithmetic or the conf to set.
     """
-    from .resources import check_fit, plan
-
     _check_session(spark)
     gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
     if use_gpu and gpus_per_worker is None and gpu_per_task <= 0:
         # Spark hands GPUs only to tasks that ask for them; without this conf every task would fail after launch.
         raise ClusterError(
-            f"use_gpu=True but spark.task.resource.gpu.amount is {gpu_per_task:g} on this session, so Spark "
-            "assigns the tasks no GPU; start the cluster with spark.task.resource.gpu.amount=1 and "
-            "spark.executor.resource.gpu.amount (plus a GPU discovery script), pass gpus_per_worker=1 to ask "
-            "for GPUs in this run, or pass use_gpu=None to run on whatever the tasks get")
+            f"use_gpu=True but spark.task.resource.gpu.amount is {gpu_per_task:g} on this session, so no task gets "
+            "a GPU; pass gpus_per_worker=1, set spark.task.resource.gpu.amount=1, or pass use_gpu=None\n"
+            "Spark gives GPUs only to tasks that ask for them: gpus_per_worker=1 asks for this run; "
+            "spark.task.resource.gpu.amount=1 with spark.executor.resource.gpu.amount (plus a GPU discovery "
+            "script), set when the cluster starts, asks for every task; use_gpu=None runs on whatever the tasks get.")
     if (_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
         raise ClusterError(
             "Spark barrier mode does not run with dynamic allocation; start the cluster with "
-            "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)"
-        )
+            "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)")
     master = _conf(spark, "spark.master", "") or ""
     # Local tasks get the driver's GPUs; a cluster's, the executors' (a Connect client may not see that conf).
     owner = "driver" if re.fullmatch(r"local(\[.*\])?", master) else "executor"
@@ -176,15 +165,15 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
     if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not _is_connect(spark)):
         raise ClusterError(
             f"spark.task.resource.gpu.amount={gpu_per_task:g} but spark.{owner}.resource.gpu.amount is "
-            f"{have or 'unset'} on {master}, so no task could ever be given its GPU; unset "
-            f"spark.task.resource.gpu.amount, or give the {owner} GPUs (spark.{owner}.resource.gpu.amount and "
-            f"spark.{owner}.resource.gpu.discoveryScript)")
+            f"{have or 'unset'} on {master}, so no task can be given its GPU; unset "
+            f"spark.task.resource.gpu.amount, or give the {owner} GPUs\n"
+            f"The {owner}'s GPUs are spark.{owner}.resource.gpu.amount and spark.{owner}.resource.gpu.discoveryScript, "
+            "set when the session (or cluster) starts.")
     placement = plan(spark, num_workers=needed - num_ps, num_ps=num_ps, gpus_per_worker=gpus_per_worker,
                      cpus_per_worker=cpus_per_worker, ps_placement=ps_placement)
     if placement.worker_profile or placement.ps is not None:
-        knobs = ", ".join(f"{k}={v}" for k, v in (("gpus_per_worker", gpus_per_worker),
-                                                   ("cpus_per_worker", cpus_per_worker)) if v is not None) or \
-            f"spark.task.resource.gpu.amount={gpu_per_task:g}, spark.task.cpus={placement.workers.cpus}"
+        knobs = (_asked(gpus_per_worker, cpus_per_worker)
+                 or f"spark.task.resource.gpu.amount={gpu_per_task:g}, spark.task.cpus={placement.workers.cpus}")
         check_fit(spark, placement, needed - num_ps, num_ps, knobs, wait)
         return placement
     in_stage = needed - num_ps if placement.ps_on_driver else needed
@@ -192,14 +181,15 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
     wait = setting("slot_wait", wait, 30.0, float)
     slots, master = _cluster_slots(spark, in_stage, wait)
     if slots is not None and slots < in_stage:
-        gpus = (f"; each task also takes spark.task.resource.gpu.amount={gpu_per_task:g} GPU of the "
-                f"{owner}'s spark.{owner}.resource.gpu.amount={have}" if gpu_per_task > 0 else "")
+        gpus = (f", and spark.task.resource.gpu.amount={gpu_per_task:g} GPU of the {owner}'s "
+                f"spark.{owner}.resource.gpu.amount={have}" if gpu_per_task > 0 else "")
         who = "num_workers; the ps run on the driver" if placement.ps_on_driver else "num_workers + num_ps"
         raise ClusterError(
-            f"the run needs {in_stage} task slots ({who}) "
-            f"but the cluster ({master}) has {slots}{gpus}; lower num_workers/num_ps or add executors/cores "
-            f"(spark.executor.instances, spark.executor.cores; spark.task.cpus={_conf(spark, 'spark.task.cpus', '1')})"
-        )
+            f"the run needs {in_stage} task slots ({who}) but the cluster ({master}) has {slots}; lower "
+            "num_workers/num_ps or add executors/cores\n"
+            "A barrier stage runs all its tasks at once. Each task takes "
+            f"spark.task.cpus={_conf(spark, 'spark.task.cpus', '1')} core{gpus}; more slots come from more "
+            "executors (spark.executor.instances) or more cores each (spark.executor.cores).")
     return placement
 
 
@@ -216,26 +206,21 @@ def _under(path: str, prefix: str) -> bool:
 def _mount_type(path: str, table: str = "/proc/mounts") -> str:
     """The filesystem type of the mount holding ``path`` (the longest mount point in ``table``), "" unknown."""
     best, kind = "", ""
-    try:
-        with open(table) as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
-                if _under(path, point) and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(table) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
+            if _under(path, point) and len(point) >= len(best):
+                best, kind = point, fields[2]
     return kind
 
 
 def is_shared_path(path, shared_prefixes: Sequence[str] = ()) -> bool:
-    """Whether every host of a cluster sees ``path`` as the driver does.
-
-    Shared: URLs (``s3://``, ``gs://``, ``dbfs:/``...), ``/dbfs``, ``/Volumes``, ``/Workspace``, paths on a
-    network or FUSE mount (per the driver's /proc/mounts), and paths under ``shared_prefixes``.
-    """
+    """Whether every host of a cluster sees ``path`` as the driver does. Shared: URLs (``s3://``, ``gs://``,
+    ``dbfs:/``...), ``/dbfs``, ``/Volumes``, ``/Workspace``, paths on a network or FUSE mount (per the driver's
+    /proc/mounts), and paths under ``shared_prefixes``."""
     from ..storage import normalize
 
     text = normalize(path)
@@ -252,8 +237,10 @@ def check_dirs_shared(spark, **dirs) -> None:
     """Refuse directories (``model_dir=...``) on the driver's own disk when executors run on other hosts.
 
     Local masters pass (``local[N]``: the executor is the driver; ``local-cluster``: executors on its
-    machine), and so does a cluster whose executors all run on the driver's host. Spark Connect sessions
-    pass unchecked: a Connect client cannot ask where the executors run short of running a job.
+    machine), and so does a cluster whose executors all run on the driver's machine, whatever address they
+    bind: a loopback one (a standalone Worker started with ``--host 127.0.0.1``), the machine's name or any
+    of its interfaces' addresses (see :func:`_is_this_machine`). Spark Connect sessions pass unchecked: a
+    Connect client cannot ask where the executors run short of running a job.
     TFNB_SHARED_PATHS (comma-separated prefixes) declares shared disks tfnb cannot detect.
 
     Raises:
@@ -268,16 +255,54 @@ def check_dirs_shared(spark, **dirs) -> None:
     if not local:
         return
     executors = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()  # the driver's own included
-    hosts = sorted({e.host() for e in executors} - {_conf(spark, "spark.driver.host"), socket.gethostname()})
+    hosts = _other_hosts({e.host() for e in executors} - {_conf(spark, "spark.driver.host")})
     if not hosts:
         return
     named = " and ".join(f"{k}={os.fspath(v)!r}" for k, v in local.items())
     raise ConfigError(
         f"{named} {'is' if len(local) == 1 else 'are'} on the driver's own disk, but executors run on other hosts "
-        f"({', '.join(hosts[:5])}{', ...' if len(hosts) > 5 else ''}), where train_fn would write to folders the "
-        "driver never sees; use storage every host sees: a Unity Catalog Volume "
-        "('/Volumes/<catalog>/<schema>/<volume>/...'), a dbfs:/-backed '/dbfs/...' path or an 's3://bucket/prefix' "
-        "URL (for a disk every host mounts at the same path, list its prefix in TFNB_SHARED_PATHS)")
+        f"({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''}); use storage every host sees (/Volumes/..., "
+        "/dbfs/... or s3://...)\n"
+        "train_fn there would write to folders the driver never sees. Storage every host sees: a Unity Catalog "
+        "Volume ('/Volumes/<catalog>/<schema>/<volume>/...'), a dbfs:/-backed '/dbfs/...' path or an "
+        "'s3://bucket/prefix' URL; for a disk every host mounts at the same path, list its prefix in "
+        "TFNB_SHARED_PATHS.")
+
+
+def _is_this_machine(host: str) -> bool:
+    """Whether an executor's ``host`` (a name or an address, as Spark reports it) is the driver's machine:
+    ``localhost``, its host name, or a name resolving to a loopback address or one of its interfaces' (which
+    the kernel, asked for a route to it, answers from that very address; no packet is sent)."""
+    name = host.strip("[]")
+    if name.lower() in ("localhost", socket.gethostname().lower()):
+        return True
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        return False  # a name this machine cannot resolve is none of its own
+    for family, _, _, _, sockaddr in infos:
+        if family not in (socket.AF_INET, socket.AF_INET6):
+            continue
+        ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
+        if ip.is_loopback:
+            return True
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as s:  # OSError: no route to it
+            s.connect((sockaddr[0], 9, *sockaddr[2:]))  # IPv6: flow info and scope (a link-local's interface)
+            if ipaddress.ip_address(s.getsockname()[0].split("%")[0]) == ip:
+                return True
+    return False
+
+
+def _other_hosts(hosts, enough: int = 6) -> list[str]:
+    """The ``hosts`` (executors' names or addresses) that are not the driver's machine, sorted; the first
+    ``enough`` of them (all are looked at only on a one-machine cluster)."""
+    found: list[str] = []
+    for host in sorted(h for h in hosts if h):
+        if not _is_this_machine(host):
+            found.append(host)
+            if len(found) >= enough:
+                break
+    return found
 
 
 def _driver_host(spark) -> str:
@@ -298,8 +323,6 @@ def _wait_for_slots(spark, needed: int, placement=None, num_ps: int = 0) -> None
         return
     try:
         if placement is not None and (placement.worker_profile or placement.ps is not None):
-            from .resources import check_fit
-
             check_fit(spark, placement, needed - num_ps, num_ps, "as before")
             return
         _cluster_slots(spark, needed, setting("slot_wait", None, 30.0, float))
@@ -307,36 +330,28 @@ def _wait_for_slots(spark, needed: int, placement=None, num_ps: int = 0) -> None
         log.debug("slot check before relaunch failed: %s", e)
 
 
-def _has_job_tags(spark) -> bool:
-    # Job tags: every Spark Connect session, classic sessions from Spark 4.0 (3.5 raises on addTag).
-    return (type(spark).__module__.startswith("pyspark.sql.connect")
-            or _version(require("pyspark").__version__) >= (4, 0))
-
-
 @contextlib.contextmanager
 def job_tag(spark, tag: str):
-    """Tag the Spark jobs this thread starts inside the block, so :func:`interrupt_jobs` can cancel them.
-
-    Spark 3.5 classic sessions have no job tags: a job group (interrupting on cancel) stands in.
-    """
-    if _has_job_tags(spark):
+    """Tag the Spark jobs this thread starts inside the block, so :func:`interrupt_jobs` can cancel them. Classic
+    sessions get a job group (interrupting on cancel) instead: a classic session's tag (Spark 4.0+) is scoped to the
+    thread that added it, so the driver's interruptTag would miss the job."""
+    connect = _is_connect(spark)
+    if connect:
         spark.addTag(tag)
-        try:
-            yield
-        finally:
-            spark.removeTag(tag)
-        return
-    sc = spark.sparkContext
-    sc.setJobGroup(tag, tag, interruptOnCancel=True)
+    else:
+        spark.sparkContext.setJobGroup(tag, tag, interruptOnCancel=True)
     try:
         yield
     finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
+        if connect:
+            spark.removeTag(tag)
+        else:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
 
 def interrupt_jobs(spark, tag: str) -> None:
     """Cancel the jobs started under :func:`job_tag` ``tag``."""
-    if _has_job_tags(spark):
+    if _is_connect(spark):
         spark.interruptTag(tag)
     else:
         spark.sparkContext.cancelJobGroup(tag)

@@ -45,11 +45,9 @@ def _png(fig) -> bytes:
 
 
 class LiveChart:
-    """The panel's chart: loss and one metric by epoch, one line per task, redrawn in place.
-
-    Lines and axes are kept between frames and only their data changes, so a frame costs one Agg
-    draw (tens of milliseconds), not a new figure.
-    """
+    """The panel's chart: loss and one metric by epoch, one line per task, redrawn in place. Lines and axes are kept
+    between frames and only their data changes, so a frame costs one Agg draw (tens of milliseconds), not a new
+    figure."""
 
     def __init__(self, width: float = 8.0, height: float = 2.4):
         self.fig = _figure(width, height)
@@ -98,12 +96,9 @@ class LiveChart:
 def metrics_figure(evaluated: Mapping[str, Sequence[tuple[float, float]]],
                    trained: Mapping[str, Sequence[tuple[float, float]]], *, unit: str = "epoch",
                    title: str | None = None) -> Any:
-    """One panel per metric: the evaluation points against the training curve of the same name.
-
-    ``evaluated`` and ``trained`` map a metric to its ``(x, value)`` points (``trained`` may lack some
-    metrics, or be empty); ``unit`` is what x counts. Returns a matplotlib Figure, shown as a PNG when
-    it is a cell's value.
-    """
+    """One panel per metric: the evaluation points against the training curve of the same name. ``evaluated`` and
+    ``trained`` map a metric to its ``(x, value)`` points (``trained`` may lack some metrics, or be empty); ``unit``
+    is what x counts. Returns a matplotlib Figure, shown as a PNG when it is a cell's value."""
     names = list(evaluated) or list(trained)
     fig = _figure(min(4.2 * max(len(names), 1), 12.6), 3.0)
     axes = fig.subplots(1, max(len(names), 1), squeeze=False)[0]

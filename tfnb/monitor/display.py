@@ -19,12 +19,10 @@ DISPLAY_MODES = ("auto", "widget", "console", "none")
 
 
 class Display(Protocol):
-    """What ``tfnb.run(display=...)`` accepts: called with every RunEvent on the driver's main thread.
-
-    A display may also have ``batch(events)``: the driver then hands it the events of one pass over
-    its inbox (up to thousands at scale) in one call instead of one call each, so it can fold them
-    and redraw once. And ``close()``, called once when the run ends (also on failure or Ctrl-C).
-    """
+    """What ``tfnb.run(display=...)`` accepts: called with every RunEvent on the driver's main thread. A display may
+    also have ``batch(events)``: the driver then hands it the events of one pass over its inbox (up to thousands at
+    scale) in one call instead of one call each, so it can fold them and redraw once. And ``close()``, called once
+    when the run ends (also on failure or Ctrl-C)."""
 
     def __call__(self, event: RunEvent) -> None: ...
 

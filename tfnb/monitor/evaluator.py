@@ -5,16 +5,10 @@ while ``tfnb.run`` trains on the cluster. For every new checkpoint it restores t
 model ``model_fn()`` built, evaluates on ``dataset_fn()``, writes the metrics as TensorBoard scalars
 to ``log_dir/eval`` at the checkpoint's training step, and exports the best model so far.
 
-Checkpoints are the TensorFlow ones tf-keras 2.21 writes directly inside ``checkpoint_dir``: a
-prefix ``NAME`` with ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files, as written by
-``tf.keras.callbacks.ModelCheckpoint(model_dir + "/ckpt-{epoch}", save_weights_only=True)`` (restored
-with ``model.load_weights``) or ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model, ...),
-model_dir)`` (variables under ``model/``: restored with ``tf.train.Checkpoint(model=model)``).
-Subdirectories (``backup/``, ``workertemp_*``, TensorFlow's ``*_temp``) and other files are ignored.
-A checkpoint is *complete* when its ``.index`` (TensorFlow writes it last) and every data shard exist.
-One that fails to load is retried while its files change (a copy in progress), and skipped as corrupt
-after ``max_retries`` failures with unchanged files. Each version is evaluated once: a checkpoint
-rewritten under the same name (a fixed ``filepath``, ``save_best_only=True``) is evaluated again.
+Checkpoints are what Keras' ``ModelCheckpoint`` writes inside ``checkpoint_dir`` (TensorFlow checkpoints,
+``.weights.h5`` and numbered ``.keras`` files): :mod:`tfnb.monitor.checkpoints` finds the complete ones,
+:mod:`tfnb.monitor.eval_model` restores and evaluates them. One that fails to load is retried while its
+files change, and skipped as corrupt after ``max_retries`` failures with unchanged files.
 
 Steps: ``step="epoch"`` (default) is the number in the checkpoint's name minus one: the 0-based epoch
 of Keras' TensorBoard callback, so ``eval`` lines up with ``train`` and ``validation`` for
@@ -26,22 +20,12 @@ Training is over when ``model_dir/tfnb_status.json`` (written by ``tfnb.run``) s
 or cancelled; the evaluator then evaluates what is left and stops. A final status left by an earlier
 run counts too: start the evaluator on a fresh ``model_dir`` or after ``tfnb.run`` has marked the new
 run running. ``dataset_fn`` must give finite data.
-
-Example:
-    >>> ev = tfnb.Evaluator(build_model, val_dataset, "/dbfs/runs/1/model", "/tmp/tb/run1")
-    >>> ev.start()
-    >>> tfnb.run(train_fn, num_workers=2, model_dir="/dbfs/runs/1/model")
-    >>> ev.join(); ev.history_frame()
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import math
 import os
-import re
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -51,18 +35,16 @@ from .._config import setting
 from .._status import FINAL_STATES, read_status
 from ..storage import open_store
 from ..errors import ConfigError, EvaluatorError, StorageError
-from .sync import EventSync, location, positive
+from .checkpoints import Candidate, Checkpoints, Torn
+from .eval_model import EvalModel, _Fatal, _fatal_on_error, _Mismatch
+from .sync import location, positive
 from .tracking import EvalTracker, check_option
 
 log = logging.getLogger(__name__)
 
 STEP_RULES = ("epoch", "name", "iterations")
 EXPORT_FORMATS = ("savedmodel", "keras")
-_SHARD_RE = re.compile(r"^(?P<prefix>.+)\.data-(?P<i>\d{5})-of-(?P<n>\d{5})$")
-_MISMATCH_RE = re.compile(r"incompatible|not bound|shape|unmatched|does not match", re.I)
 _STATUS_ATTEMPTS = 5   # polls in a row that fail to read the status file before the evaluator stops
-_STEP_KEYS = ("step/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE",
-              "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE", "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")
 
 
 @dataclass(frozen=True)
@@ -71,7 +53,7 @@ class EvalResult:
 
     Attributes:
         step: training step/epoch the metrics were written at (see ``step=``).
-        checkpoint: the checkpoint prefix (path or URL, without ``.index``).
+        checkpoint: the checkpoint prefix (path or URL, without ``.index``), or its ``.weights.h5``/``.keras`` file.
         metrics: metric name -> value, as ``model.evaluate(return_dict=True)`` names them.
         seconds: time spent restoring and evaluating.
         started_at: wall-clock time (``time.time()``) the evaluation started.
@@ -97,38 +79,14 @@ class SkippedCheckpoint:
     at: float
 
 
-@dataclass
-class _Candidate:
-    name: str                      # prefix relative to checkpoint_dir, e.g. "ckpt-3"
-    number: int | None
-    files: tuple[str, ...] = ()    # index + shards, relative
-    complete: bool = False
-    fingerprint: tuple = ()
-    found_at: float | None = None
-    failures: int = 0              # failed loads since the files last changed
-    unchanged_polls: int = 0
-    mtime: float = 0.0
-
-
-class _Fatal(Exception):
-    """Ends the loop: user code (model_fn, dataset_fn, evaluate) or configuration is broken."""
-
-
-@contextlib.contextmanager
-def _fatal_on_error(what: str, fix: str = ""):
-    """A failure of the user code inside becomes a _Fatal: ``what: Type: message`` and the fix."""
-    try:
-        yield
-    except Exception as e:
-        raise _Fatal(f"{what}: {type(e).__name__}: {e}{fix}") from e
-
-
 class Evaluator:
     """Evaluates every new checkpoint in ``checkpoint_dir`` and logs the metrics for TensorBoard.
 
     Args:
-        model_fn: ``model_fn()`` -> a tf-keras model with the training architecture; compiled with the
-            loss/metrics to evaluate, or pass ``metrics=``. Called once, in the evaluator's thread.
+        model_fn: ``model_fn()`` -> a Keras model with the training architecture (``tf.keras``, which is
+            tf-keras as in ``tfnb.run``, or Keras 3's ``keras``); compiled with the loss/metrics to evaluate,
+            or pass ``metrics=``. Called in the evaluator's thread: once, or twice for a tf-keras model that
+            restores ``.weights.h5``/``.keras`` files (the second model only reads them).
         dataset_fn: ``dataset_fn()`` -> the validation data: a ``tf.data.Dataset`` of (x, y) batches,
             or an ``(x, y)`` tuple of arrays. Called once; the dataset is re-iterated per checkpoint.
         checkpoint_dir: where training writes checkpoints (local path, ``/dbfs/...``, ``s3://...``, URL).
@@ -174,7 +132,7 @@ class Evaluator:
                  tag_prefix: str = "epoch_", timeout: float | None = None, max_retries: int = 3,
                  storage_options: Mapping[str, Any] | None = None, mlflow: bool | str | None = None):
         if not callable(model_fn):
-            raise ConfigError(f"model_fn must be a function returning a tf-keras model, got {model_fn!r}")
+            raise ConfigError(f"model_fn must be a function returning a Keras model, got {model_fn!r}")
         if not callable(dataset_fn):
             raise ConfigError(f"dataset_fn must be a function returning the validation data, got {dataset_fn!r}; "
                               f"wrap a dataset as dataset_fn=lambda: val_ds")
@@ -214,20 +172,13 @@ class Evaluator:
         self._mlflow = EvalTracker(mlflow, self._status_store) if check_option(mlflow) else None
         self._history: list[EvalResult] = []
         self._skipped: list[SkippedCheckpoint] = []
-        self._candidates: dict[str, _Candidate] = {}
-        # name -> mtime of the index of the version handled (evaluated or skipped): a checkpoint
-        # rewritten under the same name (save_best_only, a fixed filepath) is a new one
-        self._done_versions: dict[str, float] = {}
+        self._checkpoints = Checkpoints(self._ckpt_store, max_retries)
+        self._tf = EvalModel(model_fn, dataset_fn, self.metrics, tag_prefix)
         self._best: EvalResult | None = None
         self._error: EvaluatorError | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._model = self._data = self._writer = self._event_sync = None
-        self._tmp_logs: tempfile.TemporaryDirectory | None = None
-        self._has_loss = True
         self.state = "new"
-
-    # ------------------------------------------------------------ public
 
     @property
     def history(self) -> tuple[EvalResult, ...]:
@@ -397,8 +348,6 @@ class Evaluator:
         return (f"Evaluator({self.checkpoint_dir!r} -> {self.log_dir!r}, state={self.state!r}, "
                 f"evaluated={len(self._history)}, skipped={len(self._skipped)})")
 
-    # ------------------------------------------------------------ loop
-
     def _begin(self) -> None:
         if self.state != "new":
             raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
@@ -411,7 +360,7 @@ class Evaluator:
     def _loop(self, until_done: bool) -> None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
-            self._prepare()
+            self._tf.prepare(self.log_dir, self._options, self.interval)
             while not self._stop.is_set():
                 # read the status before listing: every checkpoint written before "finished" is then seen
                 finished = until_done and self._training_finished()
@@ -419,7 +368,7 @@ class Evaluator:
                 if not until_done:
                     self.state = "finished"
                     break
-                if finished and not self._candidates:
+                if finished and not self._checkpoints.pending:
                     self.state = "finished"
                     log.info("training has ended; evaluator done (%d evaluated, %d skipped)",
                              len(self._history), len(self._skipped))
@@ -427,7 +376,7 @@ class Evaluator:
                 if deadline is not None and time.monotonic() >= deadline:
                     self.state = "timed out"
                     log.warning("evaluator stopped after timeout=%s s; %d checkpoints pending",
-                                self.timeout, len(self._candidates))
+                                self.timeout, len(self._checkpoints.pending))
                     break
                 if not progressed:
                     self._stop.wait(self.interval)
@@ -438,7 +387,9 @@ class Evaluator:
         except Exception as e:  # noqa: BLE001 - kept and raised from stop()/join()/run()
             self._fail(e, f"the evaluator failed: {type(e).__name__}: {e}")
         finally:
-            self._close()
+            if self._mlflow is not None:
+                self._mlflow.close(failed=self._error is not None)
+            self._tf.close()
 
     def _fail(self, cause: BaseException, message: str) -> None:
         self._error = EvaluatorError(message)
@@ -460,162 +411,50 @@ class Evaluator:
         self._status_failures = 0
         return isinstance(status, dict) and status.get("state") in FINAL_STATES
 
-    # ------------------------------------------------------------ discovery
-
-    def _scan(self) -> None:
-        listing = self._ckpt_store.list(recursive=False)
-        now = time.time()
-        shards: dict[str, list[tuple[int, int, str]]] = {}
-        for rel in listing:
-            m = _SHARD_RE.match(rel)
-            if m:
-                shards.setdefault(m.group("prefix"), []).append((int(m.group("i")), int(m.group("n")), rel))
-        seen = set()
-        for rel, info in listing.items():
-            if not rel.endswith(".index"):
-                continue
-            name = rel[: -len(".index")]
-            seen.add(name)
-            if self._done_versions.get(name) == info.mtime:
-                continue
-            cand = self._candidates.setdefault(name, _Candidate(name, _number(name)))
-            parts = shards.get(name, [])
-            count = parts[0][1] if parts else 0
-            have = {i for i, n, _ in parts if n == count}
-            files = (rel,) + tuple(sorted(r for _, _, r in parts))
-            fingerprint = tuple((f, listing[f].size, listing[f].mtime) for f in files)
-            if fingerprint == cand.fingerprint:
-                cand.unchanged_polls += 1
-            else:
-                # the files moved on (a write in progress): earlier load failures do not count
-                cand.unchanged_polls = cand.failures = 0
-            cand.files, cand.fingerprint, cand.mtime = files, fingerprint, info.mtime
-            cand.complete = count > 0 and have == set(range(count))
-            if cand.complete and cand.found_at is None:
-                cand.found_at = now
-        for name in list(self._candidates):
-            if name not in seen:
-                # CheckpointManager(max_to_keep=...) deleted it before we got to it
-                self._skip(self._candidates[name], "deleted before it could be evaluated")
-
     def _poll(self, finished: bool) -> bool:
         """Scan, then evaluate the complete checkpoints in order; True when one was dealt with."""
-        self._scan()
-        ready = []
-        for cand in list(self._candidates.values()):
-            if cand.complete:
-                ready.append(cand)
-            # a missing shard is a write in progress; after training ended it never comes
-            elif finished and cand.unchanged_polls >= self.max_retries:
-                self._skip(cand, "incomplete: data files missing after training ended")
+        ready, gone = self._checkpoints.scan(finished)
+        for cand, reason in gone:
+            self._skip(cand, reason)
         progressed = False
-        for cand in sorted(ready, key=lambda c: (math.inf if c.number is None else c.number, c.mtime, c.name)):
+        for cand in ready:
             if self._stop.is_set():
                 break
             self._evaluate(cand)
-            progressed = progressed or cand.name not in self._candidates
+            progressed = progressed or cand.name not in self._checkpoints.pending
         return progressed
 
-    def _skip(self, cand: _Candidate, reason: str) -> None:
-        self._done_versions[cand.name] = cand.mtime
-        self._candidates.pop(cand.name, None)
+    def _skip(self, cand: Candidate, reason: str) -> None:
+        self._checkpoints.done(cand)
         where = self._ckpt_store.url(cand.name)
         self._skipped.append(SkippedCheckpoint(where, reason, time.time()))
         log.warning("skipping checkpoint %s: %s", where, reason)
 
-    # ------------------------------------------------------------ evaluation
-
-    def _prepare(self) -> None:
-        import sys
-
-        from .._deps import require
-
-        if "tensorflow" not in sys.modules:
-            # checkpoints come from tf-keras workers; Keras 3 cannot load that format into a model
-            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-
-        tf = require("tensorflow", "the evaluator")
-        with _fatal_on_error("model_fn() failed"):
-            model = self.model_fn()
-        if not hasattr(model, "evaluate") or not hasattr(model, "load_weights"):
-            raise _Fatal(f"model_fn() returned {type(model).__name__}, not a Keras model; "
-                         f"return the model (built with tf.keras) from model_fn")
-        if type(model).__module__.startswith("keras."):
-            raise _Fatal("model_fn() built a Keras 3 model, which cannot load the TensorFlow checkpoints "
-                         "tf-keras training writes; set os.environ['TF_USE_LEGACY_KERAS'] = '1' before the "
-                         "first 'import tensorflow' in the notebook (or build the model with tf_keras)")
-        compiled = bool(getattr(model, "_is_compiled", False)) or getattr(model, "compiled_loss", None) is not None
-        if self.metrics is not None:
-            model.compile(loss=getattr(model, "loss", None) if compiled else None, metrics=self.metrics)
-        elif not compiled:
-            raise _Fatal("model_fn() returned an uncompiled model, so there is nothing to evaluate; "
-                         "compile it in model_fn (loss and metrics) or pass metrics=['accuracy']")
-        self._has_loss = getattr(model, "loss", None) is not None
-        with _fatal_on_error("dataset_fn() failed"):
-            data = self.dataset_fn()
-        if data is None:
-            raise _Fatal("dataset_fn() returned None; return a tf.data.Dataset of (x, y) batches or an (x, y) tuple")
-        if not model.built and isinstance(data, tf.data.Dataset):
-            # build the variables now so restore errors come from the checkpoint, not from evaluate()
-            with _fatal_on_error("could not build the model on the first batch of dataset_fn()"):
-                first = next(iter(data.take(1)))
-                model(first[0] if isinstance(first, (tuple, list)) else first, training=False)
-        self._model, self._data = model, data
-        # one batch now: traces evaluate() before the first checkpoint lands (so its evaluation
-        # starts on time) and shows a model/data mismatch at start, not at the first checkpoint
-        with _fatal_on_error("model.evaluate on the first batch of dataset_fn() failed",
-                             "; check that model_fn and dataset_fn fit together"):
-            self._run_evaluate(steps=1)
-        store = open_store(self.log_dir, self._options, purpose="writing evaluation logs to")
-        if store.local:
-            eval_dir = os.path.join(store.url(), "eval")
-        else:
-            # TensorFlow cannot write to every URL (s3:// left TF in 2.6): write locally, sync out
-            self._tmp_logs = tempfile.TemporaryDirectory(prefix="tfnb-eval-logs-", ignore_cleanup_errors=True)
-            eval_dir = self._tmp_logs.name
-            self._event_sync = EventSync(eval_dir, self.log_dir.rstrip("/") + "/eval",
-                                         interval=self.interval, storage_options=self._options)
-        self._writer = tf.summary.create_file_writer(eval_dir)
-        # with no default writer this records nothing, but pays now for the summary code's first load
-        tf.summary.scalar(self.tag_prefix + "warmup", 0.0, step=0)
-
-    def _close(self) -> None:
-        if self._mlflow is not None:
-            self._mlflow.close(failed=self._error is not None)
-        if self._writer is not None:
-            _log_failure("closing the eval summary writer", self._writer.close)
-        if self._event_sync is not None:
-            _log_failure(f"final sync of eval summaries to {self.log_dir}", self._event_sync.stop)
-        if self._tmp_logs is not None:
-            self._tmp_logs.cleanup()
-
-    def _evaluate(self, cand: _Candidate) -> None:
-        import tensorflow as tf
-
+    def _evaluate(self, cand: Candidate) -> None:
         started_at, t0 = time.time(), time.monotonic()
         where = self._ckpt_store.url(cand.name)
         try:
-            with self._local_copy(cand) as prefix:
-                step = self._restore(tf, prefix, cand)
+            with self._checkpoints.local_copy(cand) as prefix:
+                saved_step = self._tf.restore(prefix)
+            step = self._step(cand, saved_step)
+        except _Fatal:
+            raise
         except _Mismatch as e:
             if not self._history:
-                raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.__cause__}; "
-                             f"make model_fn build the same layers as train_fn") from e.__cause__
-            self._skip(cand, f"does not fit the model: {e.__cause__}")
+                raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.why}; {e.fix}") \
+                    from e.__cause__
+            self._skip(cand, f"does not fit the model: {e.why}")
             return
         except Exception as e:  # noqa: BLE001 - half-written or corrupt: decided below
             self._load_failed(cand, e)
             return
         with _fatal_on_error(f"model.evaluate failed on checkpoint {where}"):
-            raw = self._run_evaluate()
-        metrics = {k: float(v) for k, v in raw.items()
-                   if _is_scalar(v) and (k != "loss" or self._has_loss)}
+            metrics = self._tf.evaluate()
         seconds = time.monotonic() - t0
         is_best = self._is_best(metrics, where)
         result = EvalResult(step, where, metrics, seconds, started_at, cand.found_at or started_at, is_best)
-        self._write_summaries(tf, result)
-        self._done_versions[cand.name] = cand.mtime
-        self._candidates.pop(cand.name, None)
+        self._tf.write(step, metrics)
+        self._checkpoints.done(cand)
         self._history.append(result)
         if self._mlflow is not None:
             self._mlflow.log(result)
@@ -623,62 +462,34 @@ class Evaluator:
                  " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if is_best:
             self._best = result
-            if self.export_format:  # a failed export must not end evaluation
-                _log_failure(f"exporting the best model (step {step}) to {self.export_dir}", self._export, result)
+            if self.export_format:
+                try:
+                    self._export(result)
+                except Exception:  # noqa: BLE001 - a failed export must not end evaluation
+                    log.exception("exporting the best model (step %d) to %s failed", step, self.export_dir)
 
-    @contextlib.contextmanager
-    def _local_copy(self, cand: _Candidate):
-        """The checkpoint's prefix on a local disk: TensorFlow cannot read every URL."""
-        if self._ckpt_store.local:
-            yield self._ckpt_store.url(cand.name)
-            return
-        with tempfile.TemporaryDirectory(prefix="tfnb-eval-ckpt-", ignore_cleanup_errors=True) as tmp:
-            for rel in cand.files:
-                self._ckpt_store.get(rel, os.path.join(tmp, rel))
-            yield os.path.join(tmp, cand.name)
-
-    def _run_evaluate(self, steps: int | None = None) -> dict:
-        data = self._data
-        args = data if isinstance(data, tuple) and len(data) in (2, 3) else (data,)
-        return self._model.evaluate(*args, steps=steps, return_dict=True, verbose=0)
-
-    def _restore(self, tf, prefix: str, cand: _Candidate) -> int:
-        reader = tf.train.load_checkpoint(prefix)
-        keys = reader.get_variable_to_shape_map()
-        try:
-            if any(k.startswith("model/") for k in keys):
-                status = tf.train.Checkpoint(model=self._model).restore(prefix)
-            else:
-                status = self._model.load_weights(prefix)
-            status.expect_partial()  # optimizer slots are in the checkpoint, not in an evaluation model
-            status.assert_existing_objects_matched()
-        except (AssertionError, ValueError) as e:
-            if _MISMATCH_RE.search(str(e)):
-                raise _Mismatch() from e
-            raise
-        return self._step(reader, keys, cand)
-
-    def _step(self, reader, keys, cand: _Candidate) -> int:
+    def _step(self, cand: Candidate, saved: int | None) -> int:
         rule = self.step_rule
         if callable(rule):
             return int(rule(self._ckpt_store.url(cand.name)))
         if rule in ("epoch", "name") and cand.number is not None:
             return cand.number - 1 if rule == "epoch" else cand.number
-        for key in _STEP_KEYS + tuple(k for k in keys if k.endswith("/_iterations/.ATTRIBUTES/VARIABLE_VALUE")):
-            if key in keys:
-                return int(reader.get_tensor(key))
-        return len(self._history)
+        return saved if saved is not None else len(self._history)
 
-    def _load_failed(self, cand: _Candidate, e: Exception) -> None:
+    def _load_failed(self, cand: Candidate, e: Exception) -> None:
         text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        cand.failures += 1
-        if _is_gone(e) and not self._ckpt_store.list(recursive=False).get(cand.name + ".index"):
+        if isinstance(e, Torn):
+            cand.torn += 1  # the file changed under the load; a failure only if the next scan finds it as it was
+        else:
+            cand.failures += 1
+        gone = isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError" or "No such file" in str(e)
+        if gone and not self._checkpoints.exists(cand):
             self._skip(cand, "deleted before it could be evaluated")
         elif cand.failures >= self.max_retries:
             self._skip(cand, f"corrupt: failed to load {cand.failures} times with unchanged files ({text})")
         else:
-            log.info("checkpoint %s not loadable yet (attempt %d; retrying next poll): %s",
-                     self._ckpt_store.url(cand.name), cand.failures, text)
+            log.info("checkpoint %s %s (retrying next poll): %s", self._ckpt_store.url(cand.name),
+                     "is being written" if isinstance(e, Torn) else f"not loadable yet (attempt {cand.failures})", text)
 
     def _is_best(self, metrics: Mapping[str, float], where: str) -> bool:
         if self.best_metric is None:
@@ -694,62 +505,11 @@ class Evaluator:
         old = self._best.metrics[self.best_metric]
         return value < old if self.mode == "min" else value > old
 
-    def _write_summaries(self, tf, result: EvalResult) -> None:
-        with self._writer.as_default():
-            for name, value in result.metrics.items():
-                tf.summary.scalar(self.tag_prefix + name, value, step=result.step)
-        self._writer.flush()
-        if self._event_sync is not None:
-            self._event_sync.flush()
-
     def _export(self, result: EvalResult) -> None:
         store = open_store(self.export_dir, self._options, purpose="exporting the best model to")
-        info = json.dumps({"step": result.step, "checkpoint": result.checkpoint, "metrics": dict(result.metrics),
-                           "best_metric": self.best_metric, "mode": self.mode, "format": self.export_format,
-                           "time": time.time()}, indent=1).encode()
-        name = "best.keras" if self.export_format == "keras" else "best"
-        with tempfile.TemporaryDirectory(prefix="tfnb-eval-export-", ignore_cleanup_errors=True) as tmp:
-            local = os.path.join(tmp, name)
-            if self.export_format == "keras":
-                # "keras_v3" by name: tf-keras keeps its .keras switch in a thread-local that is only
-                # on in the importing thread, so from this thread a plain .keras path would write HDF5
-                self._model.save(local, save_format="keras_v3")
-                store.put(name, local)
-            else:
-                self._model.save(local, save_format="tf", include_optimizer=False)
-                store.put_dir(name, local)
-            # written last: once best.json names a step, that step's model is in place
-            store.write("best.json", info)
-            if self._mlflow is not None:
-                self._mlflow.log_best_model(local)
+        where = self._tf.export(store, self.export_format, {
+            "step": result.step, "checkpoint": result.checkpoint, "metrics": dict(result.metrics),
+            "best_metric": self.best_metric, "mode": self.mode, "format": self.export_format, "time": time.time()},
+            self._mlflow)
         log.info("exported the best model (step %d, %s=%.4g) to %s", result.step, self.best_metric,
-                 result.metrics[self.best_metric], store.url(name))
-
-
-class _Mismatch(Exception):
-    """The checkpoint's variables do not fit the model (raised from the restore's own error)."""
-
-
-def _number(name: str) -> int | None:
-    found = re.findall(r"\d+", os.path.basename(name))
-    return int(found[-1]) if found else None
-
-
-def _log_failure(what: str, fn: Callable, *args) -> None:
-    """``fn(*args)``, with a failure logged instead of raised."""
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001
-        log.exception("%s failed", what)
-
-
-def _is_scalar(value: Any) -> bool:
-    try:
-        float(value)
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
-def _is_gone(e: Exception) -> bool:
-    return isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError" or "No such file" in str(e)
+                 result.metrics[self.best_metric], where)

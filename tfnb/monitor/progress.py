@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +33,6 @@ SUMMARY_ABOVE = 16  # tasks; more than this and displays show a summary with the
 CHART_TASKS = 16    # tasks with a curve (chief and workers 1..15): more lines than that read as noise
 CHART_POINTS = 512  # points kept per curve; past that every other one goes, so a long fit keeps its shape
 STATES = ("pending", "starting", "training", "serving", "stalled", "done", "stopped", "failed")
-
-
-# ---------------------------------------------------------------- plain-data model
 
 
 @dataclass
@@ -59,6 +56,8 @@ class WorkerProgress:
         error: ``"ExcType: message"`` when the task failed.
         live: the task's current carriage-return line (a Keras ``verbose=1`` bar), as a terminal
             would show it; None when its last such line has ended.
+        gpus: the GPU addresses Spark gave the task (``[]``: none), from its ``starting`` state;
+            None until then.
     """
 
     job_name: str
@@ -75,6 +74,7 @@ class WorkerProgress:
     metrics: dict = field(default_factory=dict)
     error: str | None = None
     live: str | None = None
+    gpus: list | None = None
 
     @property
     def label(self) -> str:
@@ -166,21 +166,16 @@ class RunProgress:
 
     def counts(self) -> dict:
         """``state -> number of tasks`` in it."""
-        out: dict = {}
-        for w in self.workers.values():
-            out[w.state] = out.get(w.state, 0) + 1
-        return out
+        return dict(Counter(w.state for w in self.workers.values()))
 
     def large(self) -> bool:
         """True when displays should summarise rather than list every task."""
         return len(self.workers) > SUMMARY_ABOVE
 
     def ranked(self) -> tuple[list, list]:
-        """``(training, stragglers)``: reporting training tasks slowest first, and the ones that lag.
-
-        A straggler trains but has done at least 10% fewer batches than the median task (and at
-        least one fewer), so it holds the synchronous step of everybody else back.
-        """
+        """``(training, stragglers)``: reporting training tasks slowest first, and the ones that lag. A straggler
+        trains but has done at least 10% fewer batches than the median task (and at least one fewer), so it holds
+        the synchronous step of everybody else back."""
         training = sorted((w for w in self.workers.values() if w.state == "training" and w.progress is not None),
                           key=lambda w: (w.progress, _sort_key((w.job_name, w.task_index))))
         if len(training) < 3:
@@ -309,6 +304,8 @@ class RunProgress:
                 return False
             w.state = state
             w.history.append(state)
+            if isinstance(data.get("gpus"), (list, tuple)):
+                w.gpus = [str(g) for g in data["gpus"]]
             return True
         if event.kind == events.FAILED:
             w.state = "failed"
@@ -349,7 +346,8 @@ class RunProgress:
             self.relaunch_reason = str(data.get("reason", "")) or None
             self.workers.clear()
             self._live.clear()
-            self._prefill(*self.shape)
+            # an elastic run's relaunch may have another size: one row per task of the new launch
+            self._prefill(_int(data.get("workers")) or self.shape[0], self.shape[1])
             return True
         if kind == events.STATE and data.get("log_file"):
             self.log_file = str(data["log_file"])
@@ -470,24 +468,15 @@ def _num(x: float | None) -> str:
 
 
 def _of(value: int | None, total: int | None) -> str:
-    if value is None:
-        return ""
-    return f"{value}/{total}" if total else str(value)
+    return "" if value is None else f"{value}/{total}" if total else str(value)
+
+
+def gpu_list(gpus: list | None) -> str:
+    """A task's GPU addresses as shown: ``"0,1"``, ``"none"``, or ``""`` before the task said."""
+    return "" if gpus is None else ",".join(gpus) or "none"
 
 
 def format_metrics(data: dict) -> str:
     """``key=value`` pairs of a progress event, numbers to 4 significant digits."""
-    parts = []
-    for key, value in data.items():
-        if key in ("time", "epoch_end"):
-            continue
-        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
-    return " ".join(parts)
-
-
-# ---------------------------------------------------------------- console
-
-
-# ---------------------------------------------------------------- choosing a display
-
-
+    return " ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+                    for key, value in data.items() if key not in ("time", "epoch_end"))

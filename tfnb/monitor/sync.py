@@ -26,10 +26,6 @@ A sync resumes where an earlier one stopped: its first pass measures what the de
 holds. One destination should have one writing sync at a time. Other files (plugin assets,
 profiles) are copied whole, through a temporary name, once they change and have been quiet for a
 second. ``stop()`` (and leaving the ``with`` block, also on an exception) runs a final pass.
-
-Example:
-    >>> with tfnb.EventSync("/local_disk0/tb", "s3://bucket/run1/logs", interval=10):
-    ...     model.fit(ds, epochs=5, callbacks=[tf.keras.callbacks.TensorBoard("/local_disk0/tb")])
 """
 from __future__ import annotations
 
@@ -48,7 +44,7 @@ from typing import Any, Mapping
 
 from .._config import setting
 from ..storage import PART, Entry, Store, open_store
-from ..errors import ConfigError, StorageError, TfnbError, summary
+from ..errors import ConfigError, StorageError, TfnbError, below, summary
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +54,6 @@ _PART_RE = re.compile(r"^(?P<base>.+)\.part-(?P<n>\d{6,})$")
 _QUIET = 1.0                     # seconds a non-event file must be unchanged before it is copied
 _MAX_READ = 64 << 20             # bytes read from one file per pass; the rest follows next pass
 
-
-# ---------------------------------------------------------------- TFRecord framing
 
 def _crc_table() -> list[int]:
     table = []
@@ -119,8 +113,6 @@ def is_event_file(name: str) -> bool:
     """TensorBoard's own rule: an event file has "tfevents" in its base name."""
     return "tfevents" in posixpath.basename(name)
 
-
-# ---------------------------------------------------------------- the sync
 
 @dataclass(frozen=True)
 class SyncStats:
@@ -228,8 +220,6 @@ class EventSync:
         self._stats = SyncStats()
         self._stopped = False
 
-    # ------------------------------------------------------------ public
-
     @property
     def stats(self) -> SyncStats:
         """A snapshot of the counters (see :class:`SyncStats`)."""
@@ -300,8 +290,6 @@ class EventSync:
     def __repr__(self) -> str:
         return f"EventSync({self.src!r} -> {self.dest!r}, mode={self.mode!r}, interval={self.interval})"
 
-    # ------------------------------------------------------------ passes
-
     def _loop(self) -> None:
         # passes start every `interval` seconds (not `interval` after the last one ended), so a slow
         # pass does not add its duration to the lag of the next
@@ -321,10 +309,11 @@ class EventSync:
                 self._stats = dataclasses.replace(self._stats, errors=self._stats.errors + 1,
                                                   last_error=f"{type(e).__name__}: {e}")
                 if raise_errors:
-                    # a tfnb error (StorageError...) ends with its own fix: its first line once, not repeated
-                    fix = "" if isinstance(e, TfnbError) else ("; check both locations, and for a remote store its "
+                    # a tfnb error (StorageError...) ends its first line with its own fix, its detail below it
+                    fix = "" if isinstance(e, TfnbError) else ("; check both locations, and a remote store's "
                                                                "storage_options (endpoint_url, credentials)")
-                    raise StorageError(f"event sync {self.src} -> {self.dest} failed: {summary(e)}{fix}") from e
+                    raise StorageError(f"event sync {self.src} -> {self.dest} failed: {summary(e, 80)}{fix}"
+                                       f"{'' if fix else below(e)}") from e
                 log.warning("event sync %s -> %s failed (retrying in %.0f s): %s",
                             self.src, self.dest, self.interval, summary(e))
 

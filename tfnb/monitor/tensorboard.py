@@ -2,6 +2,7 @@
 
 Core only: every function returns a typed outcome (:class:`Launched`, :class:`Reused`,
 :class:`Failed`, :class:`TimedOut`) and never prints; :mod:`tfnb.notebook.tensorboard` renders them.
+The bookkeeping told below, and signalling and awaiting the processes, is :mod:`tfnb.monitor.tb_registry`.
 
 Security: TensorBoard has no authentication; anyone who can reach its port reads everything under
 ``log_dir``. Binding to loopback (``127.0.0.1``, the default) is what protects it: only processes on
@@ -26,29 +27,23 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import re
-import select
-import signal
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-import uuid
-from dataclasses import asdict, dataclass, fields
-from typing import Iterator, Union
+from dataclasses import dataclass
+from typing import Union
 from urllib.parse import urlsplit
 
 from .._config import setting
 from .._deps import require
-from .._private import check_private, private_dir
-from ..storage import atomic_write, locked
 from ..errors import ConfigError
+from .tb_registry import (_STOP_GRACE, TensorBoardInstance, _await_exit, _await_ready, _info_path, _interrupt_held,
+                          _is_ours, _kill_group, _live_instances, _locked, _new_log_path, _proc_start, _read_info,
+                          _remove_entry, _terminate_group, _unlink, _write_info)
 
 log = logging.getLogger(__name__)
 
@@ -56,51 +51,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_RELOAD_INTERVAL = 5.0   # seconds; TensorBoard's own default
 DEFAULT_TIMEOUT = 90.0          # TensorBoard imports TensorFlow at start: ~7 s idle, much more on a busy driver
 
-_INFO_FORMAT = 1
-_READY_POLL = 0.1       # seconds between looks at the starting process's log for its "serving" line
-_PROBE_TIMEOUT = 5.0    # seconds an alive instance gets to answer /data/environment before it counts as hung
-_STOP_GRACE = 10.0      # seconds between SIGTERM and SIGKILL; TensorBoard takes 3-5 s to exit on SIGTERM
 _EXIT_GRACE = 2.0       # seconds the atexit hook waits before SIGKILL
 _TAIL_LINES = 20
-_READY_LINE = re.compile(r"TensorBoard (\S+) at (https?://\S+) \(Press CTRL\+C")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
-_WILDCARDS = ("", "0.0.0.0", "::")
-_LOG_NAME = re.compile(r"tb-[0-9a-f]{12}\.log")
-
-
-# ---------------------------------------------------------------- outcomes
-
-
-@dataclass(frozen=True)
-class TensorBoardInstance:
-    """One TensorBoard process serving a log_dir, as recorded in its info file.
-
-    Attributes:
-        pid: process id (also its process group id: it runs in its own session).
-        port: TCP port it serves on.
-        host: address it is bound to.
-        log_dir: absolute path (or URL) it reads.
-        url: where it answers from the driver, e.g. ``http://127.0.0.1:6006/``.
-        reload_interval: seconds between its log_dir scans.
-        start_time: ``time.time()`` when it became ready.
-        launched_by: pid of the process that started it (its atexit hook stops it).
-        tensorboard_version: version TensorBoard reported.
-        log_path: file receiving its stdout/stderr.
-        proc_start: the process's start time in clock ticks since boot (Linux; 0 where unknown),
-            so a recycled pid is not taken for this TensorBoard.
-    """
-
-    pid: int
-    port: int
-    host: str
-    log_dir: str
-    url: str
-    reload_interval: float
-    start_time: float
-    launched_by: int
-    tensorboard_version: str = ""
-    log_path: str = ""
-    proc_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,21 +65,10 @@ class _Serving:
     instance: TensorBoardInstance
     warning: str = ""
 
-    @property
-    def url(self) -> str:
-        return self.instance.url
-
-    @property
-    def port(self) -> int:
-        return self.instance.port
-
-    @property
-    def pid(self) -> int:
-        return self.instance.pid
-
-    @property
-    def log_dir(self) -> str:
-        return self.instance.log_dir
+    url = property(lambda self: self.instance.url)
+    port = property(lambda self: self.instance.port)
+    pid = property(lambda self: self.instance.pid)
+    log_dir = property(lambda self: self.instance.log_dir)
 
 
 @dataclass(frozen=True)
@@ -166,9 +108,6 @@ class TimedOut:
 Outcome = Union[Launched, Reused, Failed, TimedOut]
 
 
-# ---------------------------------------------------------------- public entry points
-
-
 def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
                        reload_interval: float | None = None, timeout: float | None = None) -> Outcome:
     """Reuse the TensorBoard serving ``log_dir``, or start one.
@@ -200,8 +139,13 @@ def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = N
         ...     print(outcome.url)
     """
     log_dir = _normalize_logdir(log_dir)
-    host = _check_host(setting("tensorboard_host", host, DEFAULT_HOST, str))
-    port = _check_port(port)
+    host = setting("tensorboard_host", host, DEFAULT_HOST, str)
+    if not isinstance(host, str) or not host.strip():
+        raise ConfigError(f"host={host!r} is not an address; use '127.0.0.1' (default, this machine "
+                          f"only) or '0.0.0.0' to expose TensorBoard on the network")
+    host = host.strip()
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+        raise ConfigError(f"port={port!r} is not a TCP port (0-65535); pass port=None to pick a free one")
     asked_interval = setting("tensorboard_reload_interval", reload_interval, None, float)
     interval = _positive("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
     timeout = _positive("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
@@ -273,9 +217,6 @@ def _stop(inst: TensorBoardInstance, grace: float) -> bool:
     return running
 
 
-# ---------------------------------------------------------------- validation
-
-
 def _normalize_logdir(log_dir) -> str:
     try:
         text = os.fsdecode(log_dir)
@@ -286,19 +227,6 @@ def _normalize_logdir(log_dir) -> str:
         raise ConfigError("log_dir is empty; pass the directory holding the event files, "
                           "e.g. tfnb.tensorboard('/tmp/run1/logs')")
     return text if "://" in text else os.path.abspath(os.path.expanduser(text))
-
-
-def _check_host(host) -> str:
-    if not isinstance(host, str) or not host.strip():
-        raise ConfigError(f"host={host!r} is not an address; use '127.0.0.1' (default, this machine "
-                          f"only) or '0.0.0.0' to expose TensorBoard on the network")
-    return host.strip()
-
-
-def _check_port(port) -> int | None:
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
-        raise ConfigError(f"port={port!r} is not a TCP port (0-65535); pass port=None to pick a free one")
-    return port
 
 
 def _positive(name: str, value) -> float:
@@ -314,8 +242,8 @@ def _logdir_problem(log_dir: str) -> Failed | None:
         return Failed(log_dir, f"log_dir {log_dir} is a file, not a directory",
                       "pass the directory that holds the event files (e.g. the run's log_dir)")
     return Failed(log_dir, f"log_dir {log_dir} does not exist",
-                  "check the path; if training has not started yet, create the directory first "
-                  "(os.makedirs(log_dir, exist_ok=True)) and TensorBoard will pick up runs as they appear")
+                  "check the path, or create it first (os.makedirs(log_dir, exist_ok=True)): TensorBoard picks up "
+                  "runs as they appear")
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -328,215 +256,24 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-# ---------------------------------------------------------------- info files
-
-
-def _info_dir() -> str:
-    """The bookkeeping folder, verified private on every call (raises UnsafePathError otherwise)."""
-    path = setting("tensorboard_dir", None, None, str)
-    if not path:
-        return private_dir("tensorboard")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return check_private(path)
-
-
-def _info_path(pid: int) -> str:
-    return os.path.join(_info_dir(), f"{pid}.json")
-
-
-def _locked():
-    """Serialize find-or-launch between kernels on this machine, so two cells do not both launch."""
-    return locked(os.path.join(_info_dir(), ".lock"))
-
-
-def _write_info(inst: TensorBoardInstance) -> None:
-    atomic_write(_info_path(inst.pid), json.dumps({"format": _INFO_FORMAT, **asdict(inst)}, indent=1).encode())
-
-
-_FIELD_TYPES = {"int": int, "float": (int, float), "str": str}
-
-
-def _read_info(path: str) -> TensorBoardInstance | None:
-    """The instance an info file records, or None when it is unreadable or any field has the wrong type."""
-    try:
-        with open(path) as fh:
-            raw = json.load(fh)
-        if raw.pop("format", None) != _INFO_FORMAT:
-            return None
-        inst = TensorBoardInstance(**raw)
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-    for f in fields(inst):
-        value = getattr(inst, f.name)
-        if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES.get(f.type, object)):
-            return None
-    return inst if inst.pid > 0 else None
-
-
-def _remove_entry(inst: TensorBoardInstance, info_path: str | None = None) -> None:
-    folder = _info_dir()
-    _unlink(info_path or _info_path(inst.pid))
-    if inst.log_path:
-        if _own_log(inst.log_path, folder):
-            _unlink(inst.log_path)
-        else:
-            log.warning("not deleting %s named as a TensorBoard log by an info file: tfnb only deletes the "
-                        "tb-*.log files it created in %s", inst.log_path, folder)
-    _drop_tensorboard_record(inst.pid)
-
-
-def _own_log(path: str, folder: str) -> bool:
-    """True for a log file tfnb names and places directly in ``folder``, after resolving links and ``..``."""
-    real = os.path.realpath(path)
-    return (os.path.dirname(real) == os.path.realpath(folder)
-            and _LOG_NAME.fullmatch(os.path.basename(real)) is not None)
-
-
-def _drop_tensorboard_record(pid: int) -> None:
-    """Remove TensorBoard's own record (read by ``%tensorboard``) of a dead pid.
-
-    TensorBoard deletes it on SIGTERM but not when SIGKILLed; a live pid's record is left alone,
-    since it may be another TensorBoard that got the recycled pid. TensorBoard's folder is shared
-    by all users of the machine: only a regular file of this user is removed, never through a link.
-    """
-    if _alive(pid):
-        return
-    name = f"pid-{pid}.info"
-    with contextlib.suppress(OSError):
-        fd = os.open(os.path.join(tempfile.gettempdir(), ".tensorboard-info"),
-                     os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-                os.unlink(name, dir_fd=fd)
-        finally:
-            os.close(fd)
-
-
-def _live_instances() -> list[TensorBoardInstance]:
-    live = []
-    folder = _info_dir()
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(folder, name)
-        inst = _read_info(path)
-        if inst is None or name != f"{inst.pid}.json":
-            log.info("removing unreadable TensorBoard info file %s", path)
-            _unlink(path)
-            continue
-        if not _is_ours(inst):
-            log.info("removing stale TensorBoard entry for %s: pid %d is gone or is not that TensorBoard",
-                     inst.log_dir, inst.pid)
-        elif not _url_matches(inst):
-            # never show it: an iframe pointed elsewhere would hand the page to whoever serves there
-            log.warning("removing TensorBoard entry %s: its url %s is not host %s port %d it was launched on",
-                        path, inst.url, inst.host, inst.port)
-        elif not _answers(inst):
-            log.warning("TensorBoard pid %d for %s does not answer on port %d; stopping it",
-                        inst.pid, inst.log_dir, inst.port)
-            _kill_group(inst.pid)
-        else:
-            live.append(inst)
-            continue
-        _remove_entry(inst, path)
-    return live
-
-
 def _serving(kind: type[_Serving], inst: TensorBoardInstance) -> _Serving:
-    """A Launched/Reused outcome, carrying (and logging) the warning when the network can reach it."""
-    warning = _exposure(inst)
+    """A Launched/Reused outcome, carrying (and logging) a warning when the network can reach it."""
+    host = inst.host.strip("[]")
+    try:
+        loopback = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may well resolve to a network address
+        loopback = False
+    warning = "" if loopback else (
+        f"TensorBoard listens on {inst.host} port {inst.port}, reachable from the network: anyone who can "
+        f"connect to it reads everything under {inst.log_dir} (TensorBoard has no login). Use "
+        f"host='127.0.0.1' (the default) unless the network is trusted.")
     if warning:
         log.warning("%s", warning)
     return kind(inst, warning=warning)
 
 
-def _url_matches(inst: TensorBoardInstance) -> bool:
-    """The recorded URL is ``http://<host>:<port>/`` for the host and port the instance was launched on."""
-    try:
-        u = urlsplit(inst.url)
-        port = u.port
-    except ValueError:
-        return False
-    return (u.scheme == "http" and u.hostname == inst.host.strip("[]").lower() and port == inst.port
-            and u.path in ("", "/") and not u.query and not u.username)
-
-
-def _exposure(inst: TensorBoardInstance) -> str:
-    """A warning when the instance is reachable from the network, else ""."""
-    host = inst.host.strip("[]")
-    with contextlib.suppress(ValueError):  # a host name: it may well resolve to a network address
-        if host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback:
-            return ""
-    return (f"TensorBoard listens on {inst.host} port {inst.port}, reachable from the network: anyone who can "
-            f"connect to it reads everything under {inst.log_dir} (TensorBoard has no login). Use "
-            f"host='127.0.0.1' (the default) unless the network is trusted.")
-
-
-# ---------------------------------------------------------------- processes
-
-
-def _is_ours(inst: TensorBoardInstance) -> bool:
-    """True when the entry's process is alive and is still the TensorBoard tfnb launched.
-
-    Every check must hold before tfnb signals its process group or shows its URL: the recorded
-    start time (pids get recycled), this user as owner, "tensorboard" in the command line, and
-    leader of its own process group (tfnb starts it in a new session and signals the group).
-    """
-    if not _alive(inst.pid):
-        return False
-    if not os.path.isdir("/proc/self"):
-        return True  # not Linux: nothing better to check with than "alive"
-    try:
-        owner = os.stat(f"/proc/{inst.pid}").st_uid
-        with open(f"/proc/{inst.pid}/cmdline", "rb") as fh:
-            cmdline = fh.read()
-        group = os.getpgid(inst.pid)
-    except OSError:
-        return False
-    return (owner == os.getuid() and b"tensorboard" in cmdline and group == inst.pid
-            and inst.proc_start != 0 and _proc_start(inst.pid) == inst.proc_start)
-
-
-def _proc_stat(pid: int) -> list[bytes]:
-    """The fields of ``/proc/PID/stat`` after the command name (state first); [] where unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _proc_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
-    parts = _proc_stat(pid)
-    return int(parts[19]) if len(parts) > 19 else None
-
-
-def _probe_host(host: str) -> str:
-    if host in _WILDCARDS:
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
-
-
-def _answers(inst: TensorBoardInstance, timeout: float = _PROBE_TIMEOUT) -> bool:
-    """True when the instance serves ``/data/environment`` for its log_dir."""
-    import urllib.request  # only needed once an instance exists; keeps this module light to import
-
-    url = f"http://{_probe_host(inst.host)}:{inst.port}/data/environment"
-    # No proxy: an HTTP(S)_PROXY in the environment must not see (or break) loopback requests.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=timeout) as resp:
-            env = json.loads(resp.read().decode("utf-8"))
-    except (OSError, ValueError) as e:
-        log.debug("TensorBoard probe %s failed: %s", url, e)
-        return False
-    return env.get("data_location") == inst.log_dir
-
-
 def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout: float) -> Outcome:
-    log_path = os.path.join(_info_dir(), f"tb-{uuid.uuid4().hex[:12]}.log")
+    log_path = _new_log_path()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--host", host,
            "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
@@ -580,36 +317,6 @@ def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout:
     return _serving(Launched, inst)
 
 
-@contextlib.contextmanager
-def _interrupt_held() -> Iterator[None]:
-    """Delay SIGINT (KeyboardInterrupt) to the end of the block; a no-op outside the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list = []
-    previous = signal.signal(signal.SIGINT, lambda *frame: caught.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught and callable(previous):
-            previous(*caught[0])
-
-
-def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
-    """Wait for TensorBoard's "serving at URL" line: (match, None, text), exit (None, code, text) or timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_READY_POLL)
-        text = _read_text(log_path)
-        ready = _READY_LINE.search(text)
-        if proc.returncode is not None:
-            return None, proc.returncode, text
-        if ready is not None or time.monotonic() >= deadline:
-            return ready, None, text
-
-
 def _exit_failure(log_dir: str, host: str, port: int, code: int, text: str) -> Failed:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # TensorBoard's own "ERROR: ..." line, else a Python exception's last line; TensorFlow's
@@ -626,69 +333,6 @@ def _exit_failure(log_dir: str, host: str, port: int, code: int, text: str) -> F
                   exit_code=code, output=_tail(text))
 
 
-def _kill_group(pid: int, proc: subprocess.Popen | None = None) -> None:
-    """SIGTERM the process group (TensorBoard and its data server), then SIGKILL what is left."""
-    _terminate_group(pid)
-    _await_exit(pid, _STOP_GRACE, proc)
-
-
-def _terminate_group(pid: int) -> None:
-    for sig in (signal.SIGTERM, signal.SIGCONT):  # SIGCONT: a stopped process only acts on SIGTERM once resumed
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-
-
-def _await_exit(pid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
-    if not _wait_gone(pid, grace, proc):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        _wait_gone(pid, _STOP_GRACE, proc)
-    _drop_tensorboard_record(pid)
-
-
-def _wait_gone(pid: int, timeout: float, proc: subprocess.Popen | None) -> bool:
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout)
-        return proc.returncode is not None
-    deadline = time.monotonic() + timeout
-    fd = None
-    with contextlib.suppress(AttributeError, OSError):  # no pidfd on macOS, nor on Linux before 5.3
-        fd = os.pidfd_open(pid)
-    try:
-        while _reap(pid) and time.monotonic() < deadline:
-            if fd is not None:
-                # a pidfd turns readable when the process exits: no sleep loop needed
-                select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            else:
-                time.sleep(0.05)
-        return not _reap(pid)
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _reap(pid: int) -> bool:
-    """True while ``pid`` is alive; reaps it when it is our exited child (launched in an earlier call)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie (an exited child its parent has not reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    parts = _proc_stat(pid)
-    return parts[0] != b"Z" if parts else not os.path.isdir("/proc/self")
-
-
 def _stop_at_exit(inst: TensorBoardInstance, proc: subprocess.Popen) -> None:
     del proc
     # Short grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit; TensorBoard, already
@@ -697,24 +341,8 @@ def _stop_at_exit(inst: TensorBoardInstance, proc: subprocess.Popen) -> None:
         _stop(inst, _EXIT_GRACE)
 
 
-# ---------------------------------------------------------------- small helpers
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
 def _tail(text: str, lines: int = _TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
 
 
 __all__ = ["TensorBoardInstance", "Launched", "Reused", "Failed", "TimedOut", "Outcome",

@@ -17,6 +17,7 @@ are logged.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import math
@@ -42,6 +43,11 @@ _NOT_METRICS = frozenset({"epoch", "epochs", "step", "steps", "epoch_end", "batc
 _MAX_TAG = 5000     # characters of a tag value (MLflow's limit is 8000)
 _MAX_PARAM = 500    # characters of a param value logged from args
 _STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+# (MLflow run id, log the model) for the tfnb.run calls of this thread: see logging_to
+_LOGGING_TO: contextvars.ContextVar = contextvars.ContextVar("tfnb_mlflow_logging_to", default=None)
+_OPTION_PARAMS = ("gpus_per_worker", "cpus_per_worker", "ps_placement")  # RunOptions fields logged as params
+# the conf (and its default) that gives every task its share when the option is None
+_CONF_FOR = {"gpus_per_worker": ("spark.task.resource.gpu.amount", "0"), "cpus_per_worker": ("spark.task.cpus", "1")}
 
 
 def check_option(value: Any) -> bool:
@@ -122,11 +128,22 @@ class _Link:
             self.call(mlflow.end_run, status)
 
 
-class Tracker:
-    """The display of a tracked ``tfnb.run``: passes every event on and logs to MLflow in the background.
+@contextlib.contextmanager
+def logging_to(mlflow_run_id: str, *, log_model: bool = True):
+    """Inside the block, ``tfnb.run(mlflow=...)`` calls of this thread log to ``mlflow_run_id`` and leave it open
+    (as they do an active run); ``log_model=False`` leaves the model in model_dir to the caller. MLflow's active run
+    belongs to one thread; tfnb.sweep runs each trial in a thread of its own and gives each its child run this
+    way."""
+    token = _LOGGING_TO.set((mlflow_run_id, log_model))
+    try:
+        yield
+    finally:
+        _LOGGING_TO.reset(token)
 
-    Built by :func:`track`; ``tfnb.run`` calls ``close()`` once the run has ended.
-    """
+
+class Tracker:
+    """The display of a tracked ``tfnb.run``: passes every event on and logs to MLflow in the background. Built by
+    :func:`track`; ``tfnb.run`` calls ``close()`` once the run has ended."""
 
     def __init__(self, display: Callable[[RunEvent], None], experiment: Any, *, run_id: str,
                  model_dir: str | None, params: Mapping[str, str]):
@@ -139,9 +156,12 @@ class Tracker:
         self._error: str | None = None
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         active = mlflow.active_run()  # thread-local in MLflow: the caller's run, read in the caller's thread
+        given = _LOGGING_TO.get()
+        self.log_model = given is None or given[1]
         self._thread = threading.Thread(
             target=self._work, name="tfnb-mlflow", daemon=True,
-            args=(mlflow, experiment, active.info.run_id if active else None, run_id, dict(params)))
+            args=(mlflow, experiment, given[0] if given else active.info.run_id if active else None, run_id,
+                  dict(params)))
         self._thread.start()
 
     def __call__(self, event: RunEvent) -> None:
@@ -160,8 +180,10 @@ class Tracker:
             self._epoch_end(event)
         elif event.kind == events.ATTEMPT:
             reason = f"{data.get('reason', '')}; relaunched as attempt {data.get('attempt')}"
+            resize = data.get("resize") or {}
             self._q.put(("tags", {"tfnb.attempt": data.get("attempt"),
-                                  f"tfnb.relaunch.{data.get('attempt')}": reason}))
+                                  f"tfnb.relaunch.{data.get('attempt')}": reason,
+                                  **({"tfnb.num_workers": resize.get("to")} if resize else {})}))
             self._error = None
         elif event.kind == events.FAILED and self._error is None:
             # the attempt's first failure: the others are usually peers losing it
@@ -184,19 +206,15 @@ class Tracker:
             self._q.put(("metrics", metrics))
 
     def close(self) -> None:
-        """Close the display, then log the final status (and model) and wait until that is done.
-
-        The status comes from the run's final state event; without one the run was interrupted
-        (KILLED when a KeyboardInterrupt, i.e. a cancel, is propagating) or timed out (FAILED).
-        """
+        """Close the display, then log the final status (and model) and wait until that is done. The status comes
+        from the run's final state event; without one the run was interrupted (KILLED when a KeyboardInterrupt, i.e.
+        a cancel, is propagating) or timed out (FAILED)."""
         close = getattr(self.display, "close", None)
         if close:
             close()
         state = self._state or ("cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed")
         self._q.put(("end", (state, self._error if state == "failed" else None)))
         self._thread.join()
-
-    # ------------------------------------------------------------ the background thread
 
     def _work(self, mlflow, experiment, active_run_id, run_id, params) -> None:
         link = self.link
@@ -232,7 +250,7 @@ class Tracker:
         link = self.link
         tags = {"tfnb.state": state, **({"tfnb.error": error} if error else {})}
         link.log(mlflow, tags=tags)
-        if state == "succeeded" and self.model_dir and link.run_id is not None and not link.broken:
+        if state == "succeeded" and self.log_model and self.model_dir and link.run_id is not None and not link.broken:
             started = time.monotonic()
             if link.call(_log_model, mlflow, self.model_dir, link.run_id):
                 log.info("logged the model in %s to MLflow run %s in %.1f s", self.model_dir, link.run_id,
@@ -242,10 +260,17 @@ class Tracker:
 
 def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spark, num_workers: int,
           num_ps: int, max_attempts: int, args: Sequence, model_dir: str | None, log_dir: str | None,
-          timeout: float | None) -> "Tracker":
-    """``display`` teed into MLflow; ``mlflow`` is tfnb.run's option, already accepted by :func:`check_option`."""
+          timeout: float | None, options: Any = None) -> "Tracker":
+    """``display`` teed into MLflow; ``mlflow`` is tfnb.run's option, already accepted by :func:`check_option`.
+    ``options`` (the run's ``RunOptions``) adds the resource options; one left None is logged as what the session's
+    conf gives every task instead."""
     params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
               "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
+    for name in _OPTION_PARAMS if options is not None else ():
+        params[name] = getattr(options, name, None)
+        if params[name] is None and name in _CONF_FOR:
+            with contextlib.suppress(Exception):  # as for spark.master below
+                params[name] = spark.conf.get(*_CONF_FOR[name])
     for key in ("spark.master", "spark.app.id"):
         with contextlib.suppress(Exception):  # a Connect server may not say; the run goes on without it
             params[key] = spark.conf.get(key, None)
@@ -254,9 +279,6 @@ def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spar
             params[f"args.{i}"] = str(arg)[:_MAX_PARAM]
     params = {k: str(v) for k, v in params.items() if v is not None}
     return Tracker(display, mlflow, run_id=run_id, model_dir=model_dir, params=params)
-
-
-# ---------------------------------------------------------------- model_dir: the link file and the model
 
 
 def _write_link(model_dir: str, tfnb_run_id: str, mlflow_run_id: str) -> None:
@@ -274,7 +296,7 @@ def _find_model(listing: Mapping[str, Any]) -> tuple[str, bool] | None:
         if parts[0] == "backup" or any(p.startswith("workertemp_") for p in parts):
             continue  # BackupAndRestore's state and the non-chief workers' copies
         mtime = getattr(entry, "mtime", 0) or 0
-        if rel.endswith((".keras", ".h5")):
+        if rel.endswith((".keras", ".h5")) and not rel.endswith(".weights.h5"):  # weights alone are no model
             found[(rel, False)] = mtime
         elif parts[-1] == "saved_model.pb":
             key = ("/".join(parts[:-1]), True)
@@ -309,7 +331,7 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
                 _log_keras(model, mlflow_run_id)
                 return rel or "."
             except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
-                log.info("MLflow's TensorFlow flavour could not log %s (%s: %s); logging its files instead",
+                log.info("MLflow's Keras flavour could not log %s (%s: %s); logging its files instead",
                          path, type(e).__name__, e)
         _log_files(mlflow.MlflowClient(), mlflow_run_id, path, "model")
         return rel or "."
@@ -322,51 +344,72 @@ def _log_files(client, run_id: str, path: str, artifact_path: str) -> None:
         client.log_artifact(run_id, path, artifact_path)
 
 
+def _looks_like_a_model(path: str) -> bool:
+    """A .keras zip, an HDF5 file, or a SavedModel folder: what a Keras model may be saved as."""
+    import zipfile
+
+    if os.path.isdir(path):
+        return os.path.exists(os.path.join(path, "saved_model.pb"))
+    if zipfile.is_zipfile(path):
+        return True
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    return False
+
+
 def _load_keras(path: str):
-    """The tf.keras model at ``path``, or None when it is not one (or TensorFlow is missing)."""
+    """The Keras model at ``path`` loaded by the Keras that saved it, or None when it is not one (or TensorFlow is
+    missing)."""
+    if not _looks_like_a_model(path):
+        return None  # without importing TensorFlow (seconds) to find out
     if "tensorflow" not in sys.modules:
-        # the workers trained with tf-keras (tfnb.run's legacy_keras): load with the same Keras
+        # tf.keras code trained with tf-keras (tfnb.run's legacy_keras): a tf.keras model loads with the same Keras
         os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     try:
-        from .._deps import require_tensorflow
+        from .._deps import keras_for, require_tensorflow
 
-        return require_tensorflow("logging the model to MLflow").keras.models.load_model(path)
-    except Exception as e:  # noqa: BLE001 - not a Keras model (a tf.Module SavedModel, another Keras...)
-        log.info("%s does not load as a tf.keras model (%s: %s); logging its files", path, type(e).__name__, e)
+        require_tensorflow("logging the model to MLflow")
+        return keras_for(path).models.load_model(path)
+    except Exception as e:  # noqa: BLE001 - not a Keras model (a tf.Module SavedModel...)
+        log.info("%s does not load as a Keras model (%s: %s); logging its files", path, type(e).__name__, e)
         return None
 
 
 def _log_keras(model, mlflow_run_id: str) -> None:
+    """Log ``model`` as the run's ``model``: a Keras 3 model in MLflow's ``keras`` flavour (Keras 3's own), a
+    tf-keras one in its ``tensorflow`` flavour (which saves and loads it through ``tf.keras``)."""
     import importlib.metadata
 
-    import mlflow.tensorflow  # noqa: F401 - imports TensorFlow: only once there is a model to log
-
+    keras3 = type(model).__module__.split(".")[0] == "keras"
     reqs = []
-    for dist in ("tensorflow", "tensorflow-cpu", "tf-keras"):
+    for dist in ("tensorflow", "tensorflow-cpu", "keras" if keras3 else "tf-keras"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             reqs.append(f"{dist}=={importlib.metadata.version(dist)}")
     # explicit requirements: MLflow would otherwise load the model in a subprocess to infer them.
+    if keras3:
+        import mlflow.keras  # noqa: F401 - imports Keras 3, already imported to load the model
+        from mlflow.models import Model
+
+        # Model.log, as mlflow.keras.log_model has no run_id: this thread has no active run to log to
+        Model.log(artifact_path=None, name="model", flavor=mlflow.keras, model=model, run_id=mlflow_run_id,
+                  pip_requirements=reqs)
+        return
+    import mlflow.tensorflow  # noqa: F401 - imports TensorFlow: only once there is a model to log
+
     # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
     # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
     mlflow.tensorflow.log_model(model, name="model", run_id=mlflow_run_id, pip_requirements=reqs,
                                 keras_model_kwargs={"save_format": "keras_v3"})
 
 
-# ---------------------------------------------------------------- the Evaluator's side
-
-
 class EvalTracker:
-    """Logs an Evaluator's results to MLflow, from the evaluator's thread.
-
-    Which run: the one the ``tfnb.run`` writing ``model_dir`` logs to (its ``tfnb_mlflow.json``,
-    when its tfnb run id matches the status file's), else the MLflow run active where the Evaluator
-    was created, else a run of its own (in the experiment ``mlflow="name"`` names), ended when the
-    evaluator stops. Decided at the first evaluated checkpoint.
-
-    Metrics are ``eval_<name>`` at the evaluation's step; the best checkpoint's are
-    ``best_eval_<name>`` (at its step), with tags ``tfnb.eval.best_step`` and
-    ``tfnb.eval.best_checkpoint``; the exported best model is the artifact ``best_model``.
-    """
+    """Logs an Evaluator's results to MLflow, from the evaluator's thread. Which run: the one the ``tfnb.run``
+    writing ``model_dir`` logs to (its ``tfnb_mlflow.json``, when its tfnb run id matches the status file's), else
+    the MLflow run active where the Evaluator was created, else a run of its own (in the experiment
+    ``mlflow="name"`` names), ended when the evaluator stops. Decided at the first evaluated checkpoint. Metrics are
+    ``eval_<name>`` at the evaluation's step; the best checkpoint's are ``best_eval_<name>`` (at its step), with
+    tags ``tfnb.eval.best_step`` and ``tfnb.eval.best_checkpoint``; the exported best model is the artifact
+    ``best_model``."""
 
     def __init__(self, experiment: Any, status_store):
         import mlflow

@@ -13,29 +13,19 @@ from .. import _protocol as events
 from .._protocol import RunEvent
 from .._protocol import number as _number
 from ..errors import ConfigError
-from ..monitor.progress import (
-    _CORE_FIELDS,
-    SUMMARY_ABOVE,
-    RunProgress,
-    WorkerProgress,
-    _last_segment,
-    _of,
-    _runs,
-    _short,
-    format_metrics,
-)
+from ..monitor.progress import (_CORE_FIELDS, SUMMARY_ABOVE, RunProgress, WorkerProgress, _last_segment, _of, _runs,
+                                _short, format_metrics, gpu_list)
 
 
 class ConsoleDisplay:
     """Console output of a run: ``[worker 1] ...`` log lines and a progress line.
 
-    On a terminal the progress is a tqdm bar kept below the log lines. Otherwise (a file, a CI
-    log, a notebook cell with TFNB_DISPLAY=console) it prints each task's epoch summary and, at
-    most every ``interval`` seconds, one line with the run's progress. Carriage-return output
-    (a Keras ``verbose=1`` bar) is shown as each task's latest line at most every ``interval``
-    seconds. Above :data:`SUMMARY_ABOVE` tasks the per-task state lines and epoch summaries give
-    way to the chief's epoch summary and a periodic summary (counts by state, slowest and fastest
-    task, stragglers, total examples/s); failures are always printed.
+    On a terminal the progress is a tqdm bar below the log lines. Otherwise (a file, a CI log, a
+    notebook cell with TFNB_DISPLAY=console) it prints each task's epoch summary and, at most every
+    ``interval`` seconds, a progress line and each task's latest carriage-return line (a Keras
+    ``verbose=1`` bar). Above :data:`SUMMARY_ABOVE` tasks only the chief's epoch summaries and a
+    periodic summary (counts by state, slowest and fastest task, stragglers, total examples/s) are
+    printed, besides failures.
 
     Args:
         stream: where to write (default: the current ``sys.stdout``).
@@ -117,8 +107,8 @@ class ConsoleDisplay:
             self._print(f"[{event.label}] FAILED {data.get('exc_type')}: {data.get('message')}")
         elif event.kind == events.ATTEMPT:
             self._close_bar()
-            self._print(f"[tfnb] relaunching (attempt {data.get('attempt')}/{data.get('max_attempts')}) "
-                        f"after: {data.get('reason')}")
+            of = "" if data.get("resize") else f"/{data.get('max_attempts')}"  # a resize is no failed launch
+            self._print(f"[tfnb] relaunching (attempt {data.get('attempt')}{of}) after: {data.get('reason')}")
         elif event.kind == events.PROGRESS:
             self._on_progress(event, data)
 
@@ -163,6 +153,10 @@ class ConsoleDisplay:
         elif state == "stalled" or (state in ("training", "serving", "done") and not self.run.large()):
             # "starting" and "stopped" add little on a console: the first log line or the failure says more
             self._print(f"[{event.label}] {state}")
+        elif state == "starting" and data.get("gpus") and not self.run.large():
+            # except which GPUs Spark gave the task
+            gpus = gpu_list(self.run.workers[(event.job_name, event.task_index)].gpus)
+            self._print(f"[{event.label}] starting on GPU{'s' if ',' in gpus else ''} {gpus}")
 
     def _on_progress(self, event: RunEvent, data: dict) -> None:
         w = self.run.workers.get((event.job_name, event.task_index))

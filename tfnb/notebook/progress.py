@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from .._protocol import RunEvent
 from ..monitor.charts import LiveChart, matplotlib_missing
 from ..monitor.display import in_notebook
-from ..monitor.progress import SUMMARY_ABOVE, RunProgress, _num, _of, _short, _sort_key
+from ..monitor.progress import SUMMARY_ABOVE, RunProgress, _num, _of, _short, _sort_key, gpu_list
 from .._protocol import number as _number
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ _STATE_COLOURS = {"pending": "#888", "starting": "#888", "training": "#1f6feb", 
 
 _PAD = 'style="padding:2px 14px 2px 0;text-align:left;vertical-align:top"'
 _HEAD = "<tr>" + "".join(f"<th {_PAD}>{name}</th>" for name in
-                         ("task", "state", "epoch", "step", "loss", "examples/s", "metrics")) + "</tr>"
+                         ("task", "GPUs", "state", "epoch", "step", "loss", "examples/s", "metrics")) + "</tr>"
 
 
 def _render_row(w) -> str:
@@ -45,7 +45,8 @@ def _render_row(w) -> str:
     else:
         speed = ""
     metrics = " ".join(f"{html.escape(k)}={v:.4g}" for k, v in sorted(w.metrics.items()))
-    cells = [html.escape(w.label), state, _of(w.epoch, w.epochs), _of(w.step, w.steps), _num(w.loss), speed, metrics]
+    cells = [html.escape(w.label), html.escape(gpu_list(w.gpus)), state, _of(w.epoch, w.epochs), _of(w.step, w.steps),
+             _num(w.loss), speed, metrics]
     return "<tr>" + "".join(f"<td {_PAD}>{c}</td>" for c in cells) + "</tr>"
 
 
@@ -95,17 +96,14 @@ class ProgressWidget:
     """Live ipywidgets panel of a run: status line, loss chart, per-task table and the latest log lines.
 
     Pass it as ``tfnb.run(..., display=widget)`` (``tfnb.run`` builds one by itself in a notebook).
-    Events update :attr:`run` at once; the widgets re-render at most every ``refresh_interval``
-    seconds (at least 1 s for a large run), and then only the table rows whose task changed and
-    the log area when lines arrived, so a chatty TensorFlow does not flood the front end; once
-    more when the run ends. The chart (loss and one metric by epoch, a line per task for the first
-    :data:`tfnb.monitor.progress.CHART_TASKS` tasks) is drawn with matplotlib to a PNG at most every
-    ``chart_interval`` seconds (5 s for a large run), and only when a task reported; without
-    matplotlib the panel says how to get it and works on. Carriage-return output (a Keras
-    ``verbose=1`` bar) shows as one updating line per task under the table. Above
-    :data:`tfnb.monitor.progress.SUMMARY_ABOVE` tasks the panel shows a summary (counts by state,
-    slowest/fastest task, stragglers, total examples/s) and the table a page of :data:`PAGE_ROWS`
-    tasks, those of note first, with buttons to page.
+    Events update :attr:`run` at once; the widgets re-render at most every ``refresh_interval`` seconds
+    (at least 1 s for a large run), only the rows whose task changed and the log area when lines arrived,
+    and once more when the run ends. The chart (loss and one metric by epoch, a line per task for the first
+    :data:`tfnb.monitor.progress.CHART_TASKS` tasks) is a matplotlib PNG drawn at most every
+    ``chart_interval`` seconds (5 s for a large run) once a task reported; without matplotlib the panel
+    says how to get it. A Keras ``verbose=1`` bar shows as one updating line per task. Above
+    :data:`tfnb.monitor.progress.SUMMARY_ABOVE` tasks it shows a summary (counts by state, slowest/fastest
+    task, stragglers, total examples/s) and pages of :data:`PAGE_ROWS` tasks, those of note first.
 
     Args:
         num_workers: chief + worker tasks, to show their rows before they report (optional).
@@ -187,10 +185,7 @@ class ProgressWidget:
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self._last_render = float("-inf")
-        self._dirty = False
-        self._logs_dirty = False
-        self._closed = False
-        self._shown = False
+        self._dirty = self._logs_dirty = self._closed = self._shown = False
         self._notebook: bool | None = None  # in_notebook(), asked once: it is not free per event
         self._render()
 
@@ -304,12 +299,9 @@ class ProgressWidget:
         return plain[0] if plain else min(names, default=None)
 
     def _draw_chart(self) -> None:
-        """Start a frame when a task reported since the last one, at most every chart_interval seconds.
-
-        The frame is drawn on a thread of its own and outside the lock, so the driver's main thread
-        goes on folding events while matplotlib draws (tens of milliseconds; the first frame also
-        imports matplotlib).
-        """
+        """Start a frame when a task reported since the last one, at most every chart_interval seconds. The frame is
+        drawn on a thread of its own and outside the lock, so the driver's main thread goes on folding events while
+        matplotlib draws (tens of milliseconds; the first frame also imports matplotlib)."""
         version, drawn_at = self._drawn
         if (self.chart is None or self._frame is not None or self._closed or self.run.chart_version == version
                 or not self.run.curves):

@@ -20,19 +20,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .._deps import require
 from ..errors import ConfigError
 from ..monitor.display import in_notebook
-from ..monitor.tensorboard import (
-    Failed,
-    Launched,
-    Outcome,
-    Reused,
-    TimedOut,
-    ensure_tensorboard,
-    instances,
-    stop,
-)
+from ..monitor.tensorboard import Failed, Launched, Outcome, Reused, TimedOut, ensure_tensorboard, instances, stop
 
 log = logging.getLogger(__name__)
-
 
 DEFAULT_HEIGHT = 800
 _DATABRICKS_ORG = "spark.databricks.clusterUsageTags.clusterOwnerOrgId"

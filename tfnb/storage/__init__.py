@@ -16,23 +16,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from .base import (
-    PART,
-    S3_OPTIONS,
-    Entry,
-    MissingError,
-    Store,
-    atomic_write,
-    check_cancel,
-    guarded,
-    is_temp,
-    landing,
-    locked,
-    normalize,
-    os_error,
-    replacing,
-    temp_name,
-)
+from .base import (PART, S3_OPTIONS, Entry, MissingError, Store, atomic_write, check_cancel, guarded, is_temp, landing,
+                   locked, normalize, os_error, replacing, temp_name)
 
 __all__ = ["open_store", "Store", "Entry", "MissingError", "PART", "S3_OPTIONS", "atomic_write", "normalize",
            "is_temp", "landing", "locked", "replacing", "temp_name", "guarded", "check_cancel", "os_error"]

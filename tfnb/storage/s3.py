@@ -6,10 +6,14 @@ is what limits many small objects on a worker's few cores. boto3 still resolves 
 same chain: options, environment, profile, instance role), does every other operation, and names
 every failure: a native listing or download that fails is repeated through boto3. Options only
 botocore understands (``config``, ``client_kwargs``) or TFNB_S3_NATIVE=0 keep a store on boto3.
+
+obstore does not follow S3's redirect to a bucket's region as botocore does: a native store that is
+answered "wrong region" asks the bucket's region once (``x-amz-bucket-region``) and carries on in it.
 """
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -31,6 +35,11 @@ _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _NATIVE_OPTIONS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "region_name",
                              "endpoint_url", "profile", "anon"})
 _CREDENTIAL_TTL = 300      # seconds a native store keeps credentials before asking botocore again
+_REDIRECT_CODES = frozenset({"PermanentRedirect", "301", "AuthorizationHeaderMalformed"})  # wrong region
+# obstore's words for S3's answers to a request signed for the wrong region (its 301 carries no Location)
+_MOVED_WORDS = ("incorrectly configured region", "PermanentRedirect", "AuthorizationHeaderMalformed")
+
+log = logging.getLogger(__name__)
 
 
 def endpoint_url(explicit: str | None = None) -> str | None:
@@ -84,12 +93,9 @@ _LOADER: list = []
 
 
 def _botocore_session():
-    """A fresh botocore session (credentials and profile read anew) sharing one data loader.
-
-    A new session parses botocore's endpoint and S3 service JSON again: ~0.1 CPU-s per client, a
-    third of the CPU of a repeated ``stage`` of 128 x 1 MiB. The loader caches those files and holds
-    no credentials.
-    """
+    """A fresh botocore session (credentials and profile read anew) sharing one data loader. A new session parses
+    botocore's endpoint and S3 service JSON again: ~0.1 CPU-s per client, a third of the CPU of a repeated ``stage``
+    of 128 x 1 MiB. The loader caches those files and holds no credentials."""
     import botocore.session
 
     session = botocore.session.get_session()
@@ -100,12 +106,10 @@ def _botocore_session():
 
 
 def _no_range_checksum(params, **kwargs) -> None:
-    """Skip response-checksum validation of ranged GETs only.
-
-    AWS sends no whole-object checksum with a range, but some S3-compatible servers (``rclone serve
-    s3``) send the whole object's, which botocore then checks against the part and fails. Whole-object
-    GETs keep their validation; ranged ones are checked for size and guarded by If-Match.
-    """
+    """Skip response-checksum validation of ranged GETs only. AWS sends no whole-object checksum with a range, but
+    some S3-compatible servers (``rclone serve s3``) send the whole object's, which botocore then checks against the
+    part and fails. Whole-object GETs keep their validation; ranged ones are checked for size and guarded by
+    If-Match."""
     if "Range" in params.get("headers", {}):
         params.get("context", {}).get("checksum", {}).pop("response_algorithms", None)
 
@@ -158,8 +162,9 @@ class S3Store(Store):
                 "AWS_PROFILE), attach an instance profile, or pass storage_options={'key': ..., 'secret': ...}")
         if isinstance(e, ConnectionError):
             return StorageError(
-                f"cannot connect to the S3 endpoint for {url} ({type(e).__name__}: {e}); check endpoint_url "
-                "(or TFNB_S3_ENDPOINT_URL / AWS_ENDPOINT_URL) and that the server is reachable")
+                f"cannot connect to the S3 endpoint for {url} ({self.endpoint or 'AWS'}); check endpoint_url and "
+                f"that the server is reachable\n{type(e).__name__}: {e}\nThe endpoint is storage_options' "
+                "endpoint_url, else TFNB_S3_ENDPOINT_URL, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS's own.")
         if not isinstance(e, ClientError):
             return StorageError(f"{doing} {url}{where} failed: {type(e).__name__}: {e}")
         code = _code(e)
@@ -173,8 +178,14 @@ class S3Store(Store):
                                 "the profile")
         if code in _DENIED_CODES:
             return StorageError(f"access denied {doing} {url}{where}; grant these credentials s3:ListBucket on "
-                                f"bucket {self.bucket!r} and s3:GetObject on the prefix (s3:PutObject and "
-                                "s3:DeleteObject to write), or use credentials that have them")
+                                f"bucket {self.bucket!r} and s3:GetObject on the prefix, or use others\n"
+                                "Writing needs s3:PutObject and s3:DeleteObject too.")
+        if code in _REDIRECT_CODES:
+            region = _bucket_region(e.response) or "another region"
+            return StorageError(
+                f"bucket {self.bucket!r} is in {region}, not {self.client.meta.region_name}; set the bucket's "
+                f"region: storage_options={{'region': ...}} or AWS_DEFAULT_REGION\n"
+                f"The S3 server{where} did not let the request follow it ({code}).")
         if code in ("PreconditionFailed", "412"):
             return StorageError(f"{url} changed while {doing} it; run again")
         if code in _MISSING_CODES:
@@ -185,11 +196,12 @@ class S3Store(Store):
     def list(self, rel: str = "", recursive: bool = True) -> dict[str, Entry]:
         base = self._key(rel)
         base = base + "/" if base else ""
-        if self.native is not None and recursive:
+        native = self.native
+        while native is not None and recursive:
             try:
-                return self._list_native(base)
-            except Exception:   # noqa: BLE001 - boto3 below lists again and names the failure
-                self.native = None   # (a region obstore cannot follow, an odd key): boto3 from now on
+                return self._list_native(native, base)
+            except Exception as e:   # noqa: BLE001 - boto3 below lists again and names the failure
+                native = self._native_failed(native, e)
         args = {"Bucket": self.bucket, "Prefix": base, **({} if recursive else {"Delimiter": "/"})}
         out: dict[str, Entry] = {}
         for page in self.client.get_paginator("list_objects_v2").paginate(**args):
@@ -200,11 +212,11 @@ class S3Store(Store):
                                      str(obj.get("ETag", "")).strip('"'))
         return out
 
-    def _list_native(self, base: str) -> dict[str, Entry]:
+    def _list_native(self, native, base: str) -> dict[str, Entry]:
         import obstore
 
         out: dict[str, Entry] = {}
-        for page in obstore.list(self.native, base.rstrip("/") or None, chunk_size=1000):
+        for page in obstore.list(native, base.rstrip("/") or None, chunk_size=1000):
             for obj in page:
                 sub = obj["path"][len(base):]
                 if sub and not sub.endswith("/") and not is_temp(sub):
@@ -249,20 +261,49 @@ class S3Store(Store):
         split = size is not None and size > self.chunk_size and not whole
         with landing(self.url(rel), local_path, size) as tmp:
             native = self.native
-            if native is not None and size is not None:
+            while native is not None and size is not None:
                 sent = []
                 try:
                     return self._get_native(native, rel, tmp, size, version,
                                             lambda n: (sent.append(n), on_bytes(n)), cancel, split)
                 except StorageError:
                     raise
-                except Exception:   # noqa: BLE001 - boto3 fetches it again and names any failure
+                except Exception as e:   # noqa: BLE001 - boto3 fetches it again and names any failure
                     on_bytes(-sum(sent))
-                    self.native = None   # and the rest too: one failure must not cost one per file
+                    native = self._native_failed(native, e)
             if split:
                 self._get_big(rel, tmp, size, version, on_bytes, cancel)
             else:
                 self._get_small(rel, tmp, version, on_bytes, cancel)
+
+    def _native_failed(self, native, e: Exception):
+        """The native store to try again with after ``native`` failed with ``e``, or None for boto3. A bucket
+        outside the configured region (obstore cannot follow S3's redirect) gets a native store in the bucket's
+        region, once; any other failure moves the store to boto3 for good: one failure must not cost one per
+        file."""
+        with self._lock:
+            if self.native is not native:   # another thread has decided already
+                return self.native
+            moved = None
+            if any(word in str(e) for word in _MOVED_WORDS):
+                region, was = self._region(), native.config.get("region")
+                if region and region != was:
+                    log.info("S3 bucket %r is in %s, not %s; set storage_options={'region': %r} or "
+                             "AWS_DEFAULT_REGION to spare this look-up", self.bucket, region, was, region)
+                    moved = _native_store(self.bucket, self._options, region)
+            self.native = moved
+            return moved
+
+    def _region(self) -> str | None:
+        """The bucket's region as the server names it (HeadBucket's ``x-amz-bucket-region``), or None."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return _bucket_region(self.client.head_bucket(Bucket=self.bucket))
+        except ClientError as e:   # a refused HEAD names the region too (real S3 does, on 301 and 403)
+            return _bucket_region(e.response)
+        except BotoCoreError:
+            return None
 
     def _get_native(self, native, rel, tmp, size, version, on_bytes, cancel, split: bool) -> None:
         """``size`` bytes into ``tmp``: one GET unless ``split`` (or when the server cannot answer
@@ -404,12 +445,16 @@ class S3Store(Store):
             parts.shutdown(wait=True, cancel_futures=True)
 
 
-def _native_store(bucket: str, options: Mapping[str, Any]):
-    """An obstore S3Store for ``bucket`` with boto3's credentials, or None to stay on boto3.
+def _bucket_region(response: Mapping) -> str | None:
+    """The region an S3 response names for its bucket (header on any answer, or a redirect's body)."""
+    headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    return headers.get("x-amz-bucket-region") or response.get("Error", {}).get("Region") or None
 
-    None when TFNB_S3_NATIVE=0, obstore is not installed, an option is one only botocore
-    understands, or botocore finds no credentials (boto3 then says what to set).
-    """
+
+def _native_store(bucket: str, options: Mapping[str, Any], region: str | None = None):
+    """An obstore S3Store for ``bucket`` with boto3's credentials, or None to stay on boto3. ``region`` (the
+    bucket's own, once known) overrides the configured one. None when TFNB_S3_NATIVE=0, obstore is not installed, an
+    option is one only botocore understands, or botocore finds no credentials (boto3 then says what to set)."""
     if not setting("s3_native", None, True):
         return None
     given = {S3_OPTIONS.get(k, k): v for k, v in options.items()}
@@ -423,7 +468,7 @@ def _native_store(bucket: str, options: Mapping[str, Any]):
         session = _botocore_session()
         if given.get("profile"):
             session.set_config_variable("profile", given["profile"])
-        region = given.get("region_name") or session.get_config_variable("region") or "us-east-1"
+        region = region or given.get("region_name") or session.get_config_variable("region") or "us-east-1"
         endpoint = endpoint_url(given.get("endpoint_url"))
         config: dict[str, Any] = {"region": region, **({"endpoint": endpoint} if endpoint else {})}
         provider = None

@@ -1,0 +1,245 @@
+"""The checkpoints in a directory: which are new, which are complete, in what order to evaluate them.
+
+Three kinds, directly inside ``checkpoint_dir``:
+
+* TensorFlow checkpoints (tf-keras' ``save_weights``, ``tf.train.CheckpointManager``): a prefix ``NAME``
+  with ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files, as written by
+  ``tf.keras.callbacks.ModelCheckpoint(model_dir + "/ckpt-{epoch}", save_weights_only=True)`` or
+  ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model, ...), model_dir)``. *Complete* when its
+  ``.index`` (TensorFlow writes it last) and every data shard exist; TensorFlow's checksums catch the rest.
+* Keras weights files ``NAME.weights.h5``, what Keras 3's ``ModelCheckpoint(...,
+  save_weights_only=True)`` writes (tf-keras writes them too). Keras writes them in place, so a reader
+  can meet one half-written: *complete* when its HDF5 superblock says the file was closed (HDF5
+  writes the file's final length there, and clears its open-for-writing flag, when it closes it) and
+  the file is that long. A torn copy fails the same check.
+* Keras model files ``NAME.keras`` whose name carries a number (``ckpt-{epoch}.keras``): a zip,
+  *complete* when it ends with its central directory (written last). A ``model.keras`` saved at the
+  end of training is the trained model, not a checkpoint, and is left alone.
+
+Subdirectories (``backup/``, ``workertemp_*``, TensorFlow's ``*_temp``) and other files are ignored.
+Each version is handed out until it is marked done: a checkpoint rewritten under the same name (a fixed
+``filepath``, ``save_best_only=True``) is a new version. A file checkpoint is loaded from a private copy
+(:meth:`Checkpoints.local_copy`), checked whole and taken while the file stayed the version scanned; one
+that changed meanwhile raises :class:`Torn`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+
+from ..storage import Store
+
+_SHARD_RE = re.compile(r"^(?P<prefix>.+)\.data-(?P<i>\d{5})-of-(?P<n>\d{5})$")
+H5, KERAS = ".weights.h5", ".keras"
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_ZIP_END = b"PK\x05\x06"  # end of central directory record: 22 bytes when the zip has no comment
+
+
+class Torn(OSError):
+    """A checkpoint file changed, or is not whole, around its load: a write in progress (retried)."""
+
+
+@dataclass
+class Candidate:
+    """One checkpoint version not handled yet."""
+
+    name: str                      # relative to checkpoint_dir: the prefix "ckpt-3", or the file "ckpt-3.weights.h5"
+    number: int | None             # the last number in the name (before its suffix)
+    files: tuple[str, ...] = ()    # index + shards, or the file; relative
+    complete: bool = False
+    fingerprint: tuple = ()        # (file, size, mtime, version) of each file
+    found_at: float | None = None  # wall-clock time it was first seen complete
+    failures: int = 0              # failed loads since the files last changed
+    torn: int = 0                  # loads that found the file changing (Torn) since the last scan
+    unchanged_polls: int = 0
+    mtime: float = 0.0
+
+    @property
+    def is_file(self) -> bool:
+        """A Keras ``.weights.h5`` or ``.keras`` file, not a TensorFlow prefix."""
+        return self.name.endswith((H5, KERAS))
+
+
+class Checkpoints:
+    """The checkpoint versions of one directory that are not done yet.
+
+    Args:
+        store: the directory.
+        max_retries: after training ended, scans with unchanged files before an incomplete checkpoint
+            is given up on.
+    """
+
+    def __init__(self, store: Store, max_retries: int):
+        self.store, self.max_retries = store, max_retries
+        self.pending: dict[str, Candidate] = {}
+        # name -> mtime of the index (or file) of the version handled (evaluated or skipped)
+        self._done: dict[str, float] = {}
+
+    def scan(self, finished: bool) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
+        """List the directory once.
+
+        Args:
+            finished: training has ended, so a missing shard or an unfinished file will never complete.
+
+        Returns:
+            The complete checkpoints in evaluation order (number, then time, then name), and the ones
+            to give up on, each with the reason.
+        """
+        listing = self.store.list(recursive=False)
+        now = time.time()
+        shards: dict[str, list[tuple[int, int, str]]] = {}
+        for rel in listing:
+            m = _SHARD_RE.match(rel)
+            if m:
+                shards.setdefault(m.group("prefix"), []).append((int(m.group("i")), int(m.group("n")), rel))
+        seen = set()
+        for rel, info in listing.items():
+            if rel.endswith(".index"):
+                name = rel[: -len(".index")]
+                parts = shards.get(name, [])
+                files = (rel,) + tuple(sorted(r for _, _, r in parts))
+            elif rel.endswith(H5) or (rel.endswith(KERAS) and _number(rel) is not None):
+                name, parts, files = rel, (), (rel,)
+            else:
+                continue
+            seen.add(name)
+            if self._done.get(name) == info.mtime:
+                continue
+            cand = self.pending.setdefault(name, Candidate(name, _number(name)))
+            fingerprint = tuple((f, listing[f].size, listing[f].mtime, listing[f].version) for f in files)
+            if fingerprint == cand.fingerprint:
+                cand.unchanged_polls += 1
+                cand.failures, cand.torn = cand.failures + cand.torn, 0  # it did not change after all: failures
+            else:
+                # the files moved on (a write in progress): earlier load failures do not count
+                cand.unchanged_polls = cand.failures = cand.torn = 0
+            if cand.is_file:
+                # read again while not complete: a file closed within the mtime's resolution looks unchanged
+                if fingerprint != cand.fingerprint or not cand.complete:
+                    cand.complete = self._whole(rel, info.size)
+            else:
+                count = parts[0][1] if parts else 0
+                cand.complete = count > 0 and {i for i, n, _ in parts if n == count} == set(range(count))
+            cand.files, cand.fingerprint, cand.mtime = files, fingerprint, info.mtime
+            if cand.complete and cand.found_at is None:
+                cand.found_at = now
+        # CheckpointManager(max_to_keep=...) deletes checkpoints, maybe before we got to them
+        gone = [(c, "deleted before it could be evaluated") for c in self.pending.values() if c.name not in seen]
+        listed = [c for c in self.pending.values() if c.name in seen]
+        # a missing shard or an unclosed file is a write in progress; after training ended it never completes
+        gone += [(c, "incomplete: " + ("the file was never closed" if c.is_file else "data files missing")
+                  + " after training ended") for c in listed
+                 if not c.complete and finished and c.unchanged_polls >= self.max_retries]
+        ready = sorted((c for c in listed if c.complete),
+                       key=lambda c: (math.inf if c.number is None else c.number, c.mtime, c.name))
+        return ready, gone
+
+    def exists(self, cand: Candidate) -> bool:
+        """The checkpoint's index (or file) is still in the directory."""
+        return bool(self.store.list(recursive=False).get(cand.files[0] if cand.files else cand.name))
+
+    def done(self, cand: Candidate) -> None:
+        """This version is handled (evaluated or skipped): scans no longer hand it out."""
+        self._done[cand.name] = cand.mtime
+        self.pending.pop(cand.name, None)
+
+    @contextlib.contextmanager
+    def local_copy(self, cand: Candidate):
+        """The checkpoint on a local disk: a local TensorFlow prefix as it is, anything else copied into a private
+        folder (TensorFlow cannot read every URL; HDF5 locks a file it opens, and the training must stay free to
+        rewrite its file).
+
+        Raises:
+            Torn: a file checkpoint whose copy is not the complete version scanned (it changed meanwhile).
+        """
+        if self.store.local and not cand.is_file:
+            yield self.store.url(cand.name)
+            return
+        with tempfile.TemporaryDirectory(prefix="tfnb-eval-ckpt-", ignore_cleanup_errors=True) as tmp:
+            path = os.path.join(tmp, cand.name)
+            try:
+                for rel, size, _, version in cand.fingerprint:
+                    # pinned to the listed version: a file rewritten since fails here instead of arriving mixed
+                    self.store.get(rel, os.path.join(tmp, rel), size=size, version=version or None)
+            except Exception as e:
+                if cand.is_file and self._changed(cand):
+                    raise self._torn(cand, "changed while it was copied") from e
+                raise
+            if cand.is_file and (self._changed(cand) or not _whole_file(path)):
+                raise self._torn(cand, "changed while it was copied")
+            yield path
+
+    def _changed(self, cand: Candidate) -> bool:
+        """The file is no longer the version scanned (or is gone). Size and version only: a listing and a stat
+        may give the time at different precisions (S3: milliseconds, seconds)."""
+        rel, size, _, version = cand.fingerprint[0]
+        try:
+            now = self.store.stat(rel)
+        except Exception:  # noqa: BLE001 - unreadable counts as changed: looked at again next scan
+            return True
+        return now is None or (now.size, now.version) != (size, version)
+
+    @staticmethod
+    def _torn(cand: Candidate, what: str) -> Torn:
+        cand.complete = False  # the next scan reads its header again, even if its size and mtime look the same
+        return Torn(f"{cand.name} {what} (a write in progress)")
+
+    def _whole(self, rel: str, size: int) -> bool:
+        """The file ``rel`` of ``size`` bytes is whole (see the module docstring); False when unreadable."""
+        try:
+            if rel.endswith(H5):
+                return _hdf5_closed(self.store.read(rel, 0, 64), size)
+            return size >= 22 and _zip_ended(self.store.read(rel, size - 22, 22), size)
+        except Exception:  # noqa: BLE001 - gone or unreadable this time: looked at again next scan
+            return False
+
+
+def _whole_file(path: str) -> bool:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if path.endswith(H5):
+            return _hdf5_closed(f.read(64), size)
+        f.seek(max(0, size - 22))
+        return _zip_ended(f.read(22), size)
+
+
+def _hdf5_closed(head: bytes, size: int) -> bool:
+    """An HDF5 file whose superblock (at offset 0, as h5py writes it) records a close: its consistency flags
+    clear and its end-of-file address equal to the file's ``size``. While a writer has it open, the flags
+    say so and the address is the one from its creation."""
+    if not head.startswith(_HDF5_SIGNATURE) or len(head) < 48:
+        return False
+    version = head[8]
+    if version in (0, 1):
+        offsets = head[13]
+        flags = int.from_bytes(head[20:24], "little")
+        eof_at = 24 + (4 if version == 1 else 0) + 2 * offsets
+    else:
+        offsets, flags = head[9], head[11]
+        eof_at = 12 + 2 * offsets
+    if offsets not in (4, 8) or len(head) < eof_at + offsets:
+        return False
+    return flags == 0 and int.from_bytes(head[eof_at:eof_at + offsets], "little") == size
+
+
+def _zip_ended(tail: bytes, size: int) -> bool:
+    """A zip of ``size`` bytes whose last 22 are its end record, pointing right before itself (zip64: its
+    own records lie between)."""
+    if len(tail) != 22 or not tail.startswith(_ZIP_END) or tail[20:22] != b"\0\0":
+        return False
+    cd_size, cd_offset = int.from_bytes(tail[12:16], "little"), int.from_bytes(tail[16:20], "little")
+    return cd_offset == 0xFFFFFFFF or cd_offset + cd_size == size - 22
+
+
+def _number(name: str) -> int | None:
+    """The last number in the name, its suffix (``.weights.h5``, ``.keras``) left out."""
+    base = os.path.basename(name)
+    for suffix in (H5, KERAS):
+        base = base[: -len(suffix)] if base.endswith(suffix) else base
+    found = re.findall(r"\d+", base)
+    return int(found[-1]) if found else None

@@ -1,0 +1,402 @@
+"""A sweep, shown: the live panel in a notebook (:class:`SweepPanel`) and the same as lines (:class:`SweepConsole`).
+
+Both fold the :class:`~tfnb.tuning.SweepEvent` s ``tfnb.sweep`` hands its display into one
+:class:`SweepModel`. The panel shows a status line, a chart (the objective of each trial with the best so
+far, and each trial's metric by epoch, where pruned trials stop short), a table of trials (params, state,
+epoch, metric, best so far) and each trial's latest log lines in a collapsed section of their own, so a
+trial's output is one click away without drowning the cell; every line stays in the trial's log file.
+The console prints one line per trial event and the log file of each trial, never the trials' output.
+``tfnb.notebook`` registers them as the sweep's ``widget`` and ``console`` displays.
+"""
+from __future__ import annotations
+
+import html
+import logging
+import sys
+import threading
+import time
+from collections import Counter, deque
+from typing import TextIO
+
+from ..monitor.charts import _figure, _png, matplotlib_missing
+from ..monitor.display import in_notebook
+from ..monitor.progress import _num, _of
+from ..tuning.outcomes import SweepEvent, SweepEventKind, SweepResult, TrialResult, better, format_params
+
+log = logging.getLogger(__name__)
+
+LOG_LINES = 40       # lines of a trial's output its section shows
+_KEEP_LINES = 200    # lines kept per trial
+_COLOURS = {"starting": "#888", "running": "#1f6feb", "pruning": "#bf8700", "complete": "#1a7f37",
+            "pruned": "#bf8700", "failed": "#cf222e", "cancelled": "#888"}
+
+
+class SweepModel:
+    """What a sweep display knows: the sweep's shape, every trial's latest row and output, the result."""
+
+    def __init__(self, shape: dict | None = None):
+        self.info: dict = dict(shape or {})  # what the display factory was told, until the sweep's BEGIN
+        self.rows: dict[int, TrialResult] = {}
+        self.lines: dict[int, deque] = {}
+        self.result: SweepResult | None = None
+        self.version = 0  # bumped on each change of a row (the chart's cue)
+
+    def apply(self, event: SweepEvent) -> TrialResult | None:
+        """Fold one event in; returns the trial row it changed, if any."""
+        if event.kind == SweepEventKind.BEGIN:
+            self.info.update(event.data)
+        elif event.kind == SweepEventKind.FINISH:
+            self.result = event.result
+        elif event.trial is not None:
+            number = event.trial.number
+            if event.kind == SweepEventKind.LINES:
+                self.lines.setdefault(number, deque(maxlen=_KEEP_LINES)).extend(event.lines)
+                self.rows.setdefault(number, event.trial)
+            else:
+                self.rows[number] = event.trial
+                self.version += 1
+            return self.rows[number]
+        return None
+
+    @property
+    def metric(self) -> str:
+        return self.info.get("metric", "objective")
+
+    @property
+    def direction(self) -> str:
+        return self.info.get("direction", "minimize")
+
+    def best(self) -> TrialResult | None:
+        best = None
+        for row in self.rows.values():
+            if row.state == "complete" and better(row.value, best.value if best else None, self.direction):
+                best = row
+        return best
+
+    def best_so_far(self) -> list[tuple[int, float]]:
+        """(trial number, best complete objective up to it), in number order."""
+        points, best = [], None
+        for number in sorted(self.rows):
+            row = self.rows[number]
+            if row.state == "complete" and better(row.value, best, self.direction):
+                best = row.value
+            if best is not None and row.state == "complete":
+                points.append((number, best))
+        return points
+
+    def status(self) -> str:
+        counts = Counter(row.state for row in self.rows.values())
+        running = counts.get("running", 0) + counts.get("starting", 0) + counts.get("pruning", 0)
+        done = sum(n for s, n in counts.items() if s in ("complete", "pruned", "failed", "cancelled"))
+        parts = [f"{done}/{self.info.get('n_trials', '?')} trials done"]
+        if self.result is None:
+            parts.append(f"{running} running ({self.info.get('at_once', '?')} at a time, "
+                         f"{self.info.get('slots_per_trial', '?')} task slot(s) each)")
+        parts += [f"{counts[s]} {s}" for s in ("complete", "pruned", "failed", "cancelled") if counts.get(s)]
+        best = self.best()
+        if best is not None:
+            parts.append(f"best: trial {best.number} {self.metric}={best.value:.4g} ({format_params(best.params)})")
+        if self.result is not None and self.result.stopped:
+            parts.append(f"stopped: {self.result.stopped}")
+        return "; ".join(parts)
+
+
+class SweepConsole:
+    """A sweep as lines: one per trial event (started, each epoch, its end), each trial's log file, a summary.
+
+    The trials' own output is not printed (it stays in each trial's log file, named once per trial).
+
+    Args:
+        stream: where to write (default: the current ``sys.stdout``).
+
+    Example:
+        >>> tfnb.sweep(train_fn, space, n_trials=8, num_workers=1, display=SweepConsole())
+    """
+
+    def __init__(self, stream: TextIO | None = None, **shape):
+        self.stream = stream
+        self.model = SweepModel(shape)
+        self._said: dict[int, tuple] = {}  # trial -> (state, epoch, log file) last printed
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream or sys.stdout, flush=True)
+
+    def __call__(self, event: SweepEvent) -> None:
+        row = self.model.apply(event)
+        if event.kind == SweepEventKind.BEGIN:
+            d = event.data
+            resumed = f", {d['done_before']} trials before" if d.get("done_before") else ""
+            tracked = f"; MLflow run {d['mlflow_run_id']}" if d.get("mlflow_run_id") else ""
+            self._print(f"[sweep] {d.get('n_trials')} trials, {d.get('at_once')} at a time "
+                        f"({d.get('slots_per_trial')} task slot(s) each on {d.get('master') or 'Spark'}); "
+                        f"{d.get('direction')} {d.get('metric')}; study {d.get('study')}{resumed}{tracked}")
+        elif event.kind == SweepEventKind.TRIAL and row is not None:
+            self._trial(row)
+        elif event.kind == SweepEventKind.FINISH and event.result is not None:
+            for line in summary_lines(event.result):
+                self._print(f"[sweep] {line}")
+
+    def _trial(self, row: TrialResult) -> None:
+        state, epoch, log_file = self._said.get(row.number, (None, None, None))
+        label, metric = f"[trial {row.number}]", self.model.metric
+        if state is None:
+            self._print(f"{label} started: {format_params(row.params)}")
+        if row.log_file and row.log_file != log_file:
+            self._print(f"{label} every line: {row.log_file}")
+        if row.epoch is not None and row.epoch != epoch and not row.done:
+            self._print(f"{label} epoch {_of(row.epoch, row.epochs)} {metric}={_num(row.value)}")
+        if row.done and state != row.state:
+            self._print(f"{label} {end_text(row, metric, self.model.best())}")
+        self._said[row.number] = (row.state, row.epoch, row.log_file)
+
+    def close(self) -> None:
+        pass
+
+
+def end_text(row: TrialResult, metric: str, best: TrialResult | None = None) -> str:
+    """How a finished trial went, in one line."""
+    took = f"in {row.seconds:.1f} s"
+    if row.state == "complete":
+        lead = "; best so far" if best is not None and best.number == row.number else ""
+        return f"complete: {metric}={_num(row.value)} {took}{lead}"
+    if row.state == "pruned":
+        return f"pruned at epoch {row.epoch} ({metric}={_num(row.value)}) {took}"
+    where = f" (every line: {row.log_file})" if row.log_file and row.state == "failed" else ""
+    return f"{row.state} {took}: {row.error}{where}"
+
+
+def summary_lines(result: SweepResult) -> list[str]:
+    """The result as a small table, for the console and a cell's text."""
+    names = sorted({k for t in result.trials for k in t.params})
+    head = ["trial", "state", result.metric, "epoch", "seconds"] + names
+    rows = [[str(t.number), t.state, _num(t.value), _of(t.epoch, t.epochs), f"{t.seconds:.1f}"]
+            + [_cell(t.params.get(n)) for n in names] for t in result.trials]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    return [f"{result.summary()} in {result.seconds:.1f} s"] + ["  " + line for line in table]
+
+
+def _cell(value) -> str:
+    return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+class SweepChart:
+    """The panel's chart: the objective of each trial with the best so far (left), the metric by epoch of each
+    trial (right; pruned trials stop short). Drawn off-screen with matplotlib (monitor.charts' Agg figure)."""
+
+    def __init__(self, width: float = 8.0, height: float = 2.6):
+        self.fig = _figure(width, height)
+        self.trials_ax, self.epochs_ax = self.fig.subplots(1, 2)
+        self.fig.subplots_adjust(left=0.08, right=0.99, bottom=0.2, top=0.88, wspace=0.22)
+
+    def png(self, model: SweepModel) -> bytes:
+        from matplotlib.ticker import MaxNLocator
+
+        ax, curves = self.trials_ax, self.epochs_ax
+        for a in (ax, curves):
+            a.clear()
+            a.tick_params(labelsize=7)
+            a.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))  # trials and epochs are counted
+        metric = model.metric
+        ax.set_title(f"{metric} by trial ({'lower' if model.direction == 'minimize' else 'higher'} is better)",
+                     fontsize=9)
+        ax.set_xlabel("trial", fontsize=8)
+        curves.set_title(f"{metric} by epoch", fontsize=9)
+        curves.set_xlabel("epoch", fontsize=8)
+        for state, style in (("complete", dict(marker="o", color=_COLOURS["complete"])),
+                             ("pruned", dict(marker="x", color=_COLOURS["pruned"])),
+                             ("running", dict(marker="o", mfc="none", color=_COLOURS["running"]))):
+            points = [(r.number, r.value) for r in model.rows.values() if r.value is not None
+                      and (r.state == state or (state == "running" and not r.done))]
+            if points:
+                ax.plot(*zip(*points), linestyle="none", markersize=5, label=state, **style)
+        best = model.best_so_far()
+        if best:
+            ax.step(*zip(*best), where="post", color="#222", linewidth=1, label="best so far")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, frameon=False)
+        for row in sorted(model.rows.values(), key=lambda r: r.number):
+            if row.curve:
+                xs, ys = zip(*row.curve)
+                curves.plot(xs, ys, linewidth=1.0, marker="." if len(xs) < 20 else "",
+                            color=_COLOURS.get(row.state, "#888"), linestyle="--" if row.state == "pruned" else "-")
+        return _png(self.fig)
+
+
+_PAD = 'style="padding:2px 12px 2px 0;text-align:left;vertical-align:top"'
+
+
+def render_table(model: SweepModel) -> str:
+    """The trials as an HTML table (escaped: params and errors come from user code)."""
+    names = sorted({k for r in model.rows.values() for k in r.params})
+    metric = html.escape(model.metric)
+    head = ["trial", "state", *map(html.escape, names), "epoch", metric, f"best {metric}", "seconds"]
+    out = ['<table class="tfnb-sweep" style="border-collapse:collapse"><tr>',
+           "".join(f"<th {_PAD}>{h}</th>" for h in head), "</tr>"]
+    best = model.best()
+    for number in sorted(model.rows):
+        row = model.rows[number]
+        state = f'<span style="color:{_COLOURS.get(row.state, "#888")};font-weight:600">{row.state}</span>'
+        if row.error and row.state != "pruned":
+            state += f'<br><span style="color:#cf222e">{html.escape(row.error[:200])}</span>'
+        seconds = row.seconds if row.done else time.time() - row.started
+        cells = [f"<b>{number}</b>" if best is not None and best.number == number else str(number), state,
+                 *(html.escape(_cell(row.params.get(n))) for n in names), _of(row.epoch, row.epochs),
+                 _num(row.value), _num(row.best), f"{seconds:.0f}"]
+        out.append("<tr>" + "".join(f"<td {_PAD}>{c}</td>" for c in cells) + "</tr>")
+    return "".join(out) + "</table>"
+
+
+def render_log(row: TrialResult, lines) -> str:
+    text = html.escape("\n".join(list(lines)[-LOG_LINES:])) or "(no output yet)"
+    where = (f'<div style="font-size:smaller;opacity:.7">every line: <code>{html.escape(row.log_file)}</code>'
+             "</div>") if row.log_file else ""
+    return f'<pre class="tfnb-trial-log" style="margin:2px 0;white-space:pre-wrap">{text}</pre>{where}'
+
+
+class SweepPanel:
+    """The live panel of a sweep in a notebook (ipywidgets): status, chart, table of trials, trial logs.
+
+    Events fold in at once; the widgets re-render at most every ``refresh_interval`` seconds and the
+    chart at most every ``chart_interval`` (and only when a trial's row changed). Each trial's latest
+    output sits in a collapsed section of its own (an Accordion, which opens without a round trip to the
+    busy kernel), with the path of its log file. ``tfnb.sweep`` builds one by itself in a notebook.
+
+    Attributes:
+        model: the :class:`SweepModel` rendered. ``status``, ``table``: ``ipywidgets.HTML``; ``chart``:
+            ``ipywidgets.Image`` (None without matplotlib); ``logs``: the Accordion; ``box``: the whole panel.
+
+    Example:
+        >>> panel = tfnb.notebook.SweepPanel()
+        >>> result = tfnb.sweep(train_fn, space, n_trials=20, num_workers=1, display=panel)
+    """
+
+    def __init__(self, *, refresh_interval: float = 0.5, chart_interval: float = 1.0, **shape):
+        from .._deps import require
+
+        widgets = require("ipywidgets", "the tfnb sweep panel")
+        self._widgets = widgets
+        self.model = SweepModel(shape)
+        self.refresh_interval, self.chart_interval = float(refresh_interval), float(chart_interval)
+        self.status = widgets.HTML()
+        self.table = widgets.HTML()
+        missing = matplotlib_missing()
+        self.chart = None if missing else widgets.Image(format="png", layout=widgets.Layout(display="none"))
+        chart_box = widgets.HTML(f'<div style="font-size:smaller;opacity:.7">{html.escape(missing)}</div>') \
+            if missing else self.chart
+        self.logs = widgets.Accordion(children=[], selected_index=None)
+        self._log_views: dict[int, object] = {}  # trial -> its HTML in the accordion
+        self._dirty_logs: set[int] = set()
+        self.box = widgets.VBox([self.status, chart_box, self.table, self.logs])
+        self.box.add_class("tfnb-sweep-panel")
+        self._chart = None
+        self._drawn = (-1, float("-inf"))  # (model.version, time) of the last chart frame
+        self._last = float("-inf")
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self.renders = self.frames = 0
+        self._render()
+
+    @classmethod
+    def for_sweep(cls, **shape) -> "SweepPanel":
+        """The ``widget`` sweep display: a new panel, shown in the running cell."""
+        panel = cls(**shape)
+        if in_notebook():
+            from IPython.display import display
+
+            display(panel)
+        return panel
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.box._repr_mimebundle_(**kwargs)
+
+    def __call__(self, event: SweepEvent) -> None:
+        with self._lock:
+            row = self.model.apply(event)
+            if event.kind == SweepEventKind.LINES and row is not None:
+                self._dirty_logs.add(row.number)
+            wait = self._last + self.refresh_interval - time.monotonic()
+            if event.kind == SweepEventKind.FINISH or wait <= 0:
+                self._render()
+            elif self._timer is None:
+                self._timer = threading.Timer(wait, self._flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._timer = None
+            self._render()
+
+    def _render(self) -> None:
+        colour = "#cf222e" if self.model.result is not None and self.model.result.stopped else "inherit"
+        self.status.value = (f'<div style="color:{colour};font-weight:600">tfnb sweep: '
+                             f"{html.escape(self.model.status())}</div>")
+        self.table.value = render_table(self.model)
+        self._render_logs()
+        self._draw_chart()
+        self._last = time.monotonic()
+        self.renders += 1
+
+    def _render_logs(self) -> None:
+        new = [n for n in sorted(self.model.rows) if n not in self._log_views]
+        if new:
+            for number in new:
+                self._log_views[number] = self._widgets.HTML()
+                self._dirty_logs.add(number)
+            self.logs.children = [self._log_views[n] for n in sorted(self._log_views)]
+        for i, number in enumerate(sorted(self._log_views)):
+            row = self.model.rows[number]
+            title = f"trial {number}: {row.state}" + (f", epoch {_of(row.epoch, row.epochs)}" if row.epoch else "")
+            _set_title(self.logs, i, title)
+            if number in self._dirty_logs:
+                self._log_views[number].value = render_log(row, self.model.lines.get(number, ()))
+        self._dirty_logs.clear()
+
+    def _draw_chart(self) -> None:
+        version, at = self._drawn
+        now = time.monotonic()
+        if self.chart is None or version == self.model.version or not self.model.rows:
+            return
+        if now - at < self.chart_interval and self.model.result is None:
+            if self._timer is None:  # the frame comes with the next render
+                self._timer = threading.Timer(at + self.chart_interval - now, self._flush)
+                self._timer.daemon = True
+                self._timer.start()
+            return
+        try:
+            if self._chart is None:
+                self._chart = SweepChart()
+            self.chart.value = self._chart.png(self.model)
+            self.chart.layout.display = ""
+            self.frames += 1
+        except Exception as e:  # noqa: BLE001 - the chart is a view; the panel goes on without it
+            log.warning("tfnb sweep panel: the chart failed and is turned off: %s: %s", type(e).__name__, e)
+            self.chart.layout.display = "none"
+            self.chart = None
+        self._drawn = (self.model.version, now)
+
+    def log_text(self, number: int) -> str:
+        """Trial ``number``'s output as its section shows it."""
+        return html.unescape(self._log_views[number].value) if number in self._log_views else ""
+
+    def close(self) -> None:
+        """Render the final state; called by ``tfnb.sweep`` when it ends."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._drawn = (-1, float("-inf"))
+            self._render()
+
+
+def _set_title(accordion, index: int, title: str) -> None:
+    # ipywidgets 8 keeps titles in .titles; 7 (Databricks Runtime 15.4) only has set_title
+    titles = getattr(accordion, "titles", None)
+    if titles is not None:
+        titles = list(titles) + [""] * (len(accordion.children) - len(titles))
+        if titles[index] != title:
+            titles[index] = title
+            accordion.titles = tuple(titles)
+    else:
+        accordion.set_title(index, title)
