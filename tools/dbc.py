@@ -426,8 +426,8 @@ def read(archive: str | os.PathLike) -> list[Notebook]:
     """
     arc = Path(archive)
     if not arc.is_file():
-        raise ConfigError(f"DBC archive {str(arc)!r} does not exist; build it with `./dev dbc` (or "
-                          f"`python -m tools.dbc build notebooks/ -o {arc}` in the tfnb checkout)")
+        raise ConfigError(f"DBC archive {str(arc)!r} does not exist; build it with `./dev dbc` in the tfnb "
+                          f"checkout\nOr: python -m tools.dbc build notebooks/ -o {arc}")
     try:
         zf = zipfile.ZipFile(arc)
     except zipfile.BadZipFile as e:
