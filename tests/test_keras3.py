@@ -80,3 +80,13 @@ def test_four_workers_keep_equal_weights_on_fed_data(tmp_path, no_orphans):
     for w in got:
         np.testing.assert_allclose(w["weights"], got[0]["weights"], atol=1e-6)
         assert w["evaluate"] == pytest.approx(got[0]["evaluate"], abs=1e-6)
+
+
+def test_the_digits_demo_reaches_the_tf_keras_accuracy(spark, no_orphans):
+    """The demo's model (tools/demo.py) on 2 workers, once with Keras 3 and once with tf-keras on the same shards:
+    Keras 3's accuracy on the 360 held-out digits is the tf-keras path's, within 0.01, or better."""
+    from tools.demo import train_digits
+
+    got = {package: tfnb.run(train_digits, num_workers=2, kwargs={"package": package}, spark=spark,
+                             display=False, timeout=600)["accuracy"] for package in ("keras", "tf_keras")}
+    assert got["keras"] >= got["tf_keras"] - 0.01 and got["keras"] >= 0.9, got

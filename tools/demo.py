@@ -27,9 +27,11 @@ def load_digits_split(seed: int = 0):
     return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
-def train_digits(ctx, epochs: int = 8, batch_size: int = 32, learning_rate: float = 0.01):
-    """train_fn for tfnb.run: Keras 3 under MultiWorkerMirroredStrategy, each worker on its own shard of digits."""
-    import keras
+def train_digits(ctx, epochs: int = 8, batch_size: int = 32, learning_rate: float = 0.01, package: str = "keras"):
+    """train_fn for tfnb.run: Keras 3 under MultiWorkerMirroredStrategy, each worker on its own shard of digits.
+    ``package="tf_keras"`` trains the same model with tf-keras."""
+    import importlib
+
     import numpy as np
     import tensorflow as tf
 
@@ -40,6 +42,8 @@ def train_digits(ctx, epochs: int = 8, batch_size: int = 32, learning_rate: floa
     x_shard, y_shard = x_train[lo:lo + per_worker], y_train[lo:lo + per_worker]
     steps = per_worker // batch_size
 
+    keras = importlib.import_module(package)
+    keras.utils.set_random_seed(0)  # the same first weights on every run of this Keras
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     options = tf.data.Options()  # the shard is this worker's already: TensorFlow must not shard it again
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

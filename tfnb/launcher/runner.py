@@ -246,10 +246,9 @@ class _Run:
                 previous, upcoming = size, None
                 if outcome.resize or (outcome.retryable and self.elastic):
                     upcoming = self._relaunch_size(size)  # ClusterError below min_workers
-                # a lost executor that shrinks an elastic run is a resize, not a failed launch
-                if not outcome.resize and (upcoming is None or upcoming == size):
-                    failures += 1
-                relaunch = outcome.resize or (outcome.retryable and (failures < opts.max_attempts or upcoming != size))
+                shrinks = upcoming is not None and upcoming != size  # a resize, not a failed launch
+                failures += not (outcome.resize or shrinks)
+                relaunch = outcome.resize or (outcome.retryable and (failures < opts.max_attempts or shrinks))
                 entry.update(outcome="resized" if outcome.resize else "stalled" if outcome.stall else "failed",
                              cause=self.resized_because if outcome.resize else outcome.cause,
                              retryable=outcome.retryable or outcome.resize, epoch=outcome.epoch, relaunched=relaunch)
