@@ -271,13 +271,13 @@ class _Supervisor:
         with open(path + ".part", "wb") as f:
             cloudpickle.dump(ctx, f)
         os.replace(path + ".part", path)
+        try:  # before go: a claimed standby's pid also closes the claim's spare copy of the held port, which TF
+            pid = self.proc.pid  # binds once it has go
+        except ProcessLookupError:
+            pid = None  # the standby ended before it forked: wait() reports it
         with contextlib.suppress(OSError):  # the child is already gone; wait() reports how it ended
             self.proc.stdin.write(GO)
             self.proc.stdin.flush()
-        try:
-            pid = self.proc.pid
-        except ProcessLookupError:
-            pid = None  # the standby ended before it forked: wait() reports it
         self.chan.send(Msg.STATE, state="training" if mode == "train" else "serving", pid=pid)
 
     def _forward_event(self, line: str) -> None:
