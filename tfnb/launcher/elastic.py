@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import ClusterError
@@ -21,18 +20,6 @@ from .resources import Placement, _describe, _executors, room
 from .spark import _local_slots
 
 _POLL = 2.0  # seconds between two counts of the executors' room
-
-
-@dataclass(frozen=True)
-class Resize:
-    """One change of a run's size, as the display, run log, status file and MLflow show it."""
-
-    before: int
-    after: int
-    reason: str
-
-    def describe(self) -> str:
-        return f"{self.before} → {self.after} workers ({self.reason})"
 
 
 def leaving(spark) -> frozenset:

@@ -72,6 +72,11 @@ def _boot_error(info: dict, max_attempts: int) -> ClusterError:
         text = (f"tfnb {info.get('version')} on {where} but tfnb {__version__} on this driver, so the run was "
                 f"refused before any train_fn started; install tfnb {__version__} there\n"
                 f"{again}. Install tfnb {__version__} on the executors too: {_INSTALL_FIX}.")
+    return _with_traceback(text, info)
+
+
+def _with_traceback(text: str, info: dict) -> ClusterError:
+    """The error, with the last lines of the executor's traceback below it."""
     tail = "".join(str(info.get("traceback") or "").splitlines(True)[-12:]).rstrip()
     return ClusterError(text + (f"\n\nLast lines of the executor's traceback:\n{tail}" if tail else ""))
 
@@ -249,8 +254,7 @@ def _python_error(info: dict, max_attempts: int) -> ClusterError:
     if python:
         lines.append(f"The executors' Python: {python}{f' (Python {version})' if version else ''}.")
     lines += [f"It would fail alike on every launch, so tfnb did not relaunch it (max_attempts={max_attempts}).", fix]
-    tail = "".join(str(info.get("traceback") or "").splitlines(True)[-12:]).rstrip()
-    return ClusterError("\n".join(lines) + (f"\n\nLast lines of the executor's traceback:\n{tail}" if tail else ""))
+    return _with_traceback("\n".join(lines), info)
 
 
 def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:

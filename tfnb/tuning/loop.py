@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..errors import ClusterError, ConfigError, WorkerError, below, suggest, summary
 from ..launcher import RunOptions, check_cluster, get_spark, pickle_fn
+from ..launcher.resources import _is_connect
 from .display import check_display, make_sweep_display
 from .outcomes import (SweepCancelledError, SweepEvent, SweepEventKind, SweepResult, SweepStoppedError, TrialResult,
                        better)
@@ -71,7 +72,7 @@ def fit(spark, options: RunOptions, n_trials: int, at_once: int | None) -> int:
         raise ClusterError(f"one trial (num_workers={w}{f', num_ps={ps}' if ps else ''} per trial) does not fit: "
                            f"{summary(e)}{below(e)}") from e
     master = str(spark.conf.get("spark.master", "") or "")
-    if type(spark).__module__.startswith("pyspark.sql.connect") and not master.startswith("local") and at_once is None:
+    if _is_connect(spark) and not master.startswith("local") and at_once is None:
         log.info("tfnb.sweep: a Spark Connect client cannot count a cluster's task slots; running one trial at a "
                  "time (pass at_once= to run more)")
         return 1
