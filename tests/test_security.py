@@ -190,9 +190,9 @@ def test_a_log_path_outside_the_folder_is_never_deleted(info, tmp_path, victim):
     assert not own_log.exists(), "the log tfnb wrote in its own folder is cleaned up"
 
 
-def test_tensorboards_shared_record_folder_is_not_followed(info, tmp_path, monkeypatch):
-    # TensorBoard's own records (read by %tensorboard) live in <tmp>/.tensorboard-info, shared by all
-    # users; tfnb removes a dead TensorBoard's record there, but never through a planted link.
+def test_tensorboards_shared_record_folder_is_not_touched(info, tmp_path, monkeypatch):
+    # TensorBoard's own records (read by %tensorboard) default to <tmp>/.tensorboard-info, shared by all
+    # users; tfnb's TensorBoards write theirs in the private folder, so nothing in the shared one is removed.
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
@@ -205,14 +205,13 @@ def test_tensorboards_shared_record_folder_is_not_followed(info, tmp_path, monke
     entry(info, pid, tmp_path)
     assert tbp.instances() == []
     assert kept.exists()
-    # The real folder: this user's record of the dead TensorBoard goes.
-    (tmp / ".tensorboard-info").unlink()
-    (tmp / ".tensorboard-info").mkdir()
-    record = tmp / ".tensorboard-info" / f"pid-{pid}.info"
+    # The record a SIGKILLed TensorBoard left in the private folder goes with its stale entry.
+    record = info / ".tensorboard-info" / f"pid-{pid}.info"
+    record.parent.mkdir()
     record.write_text("{}")
     entry(info, pid, tmp_path)
     assert tbp.instances() == []
-    assert not record.exists()
+    assert not record.exists() and kept.exists()
 
 
 def _own_session(cmd: list[str], **kwargs) -> subprocess.Popen:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -56,6 +57,11 @@ def get_json(url: str, timeout: float = 30):
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=timeout) as resp:
         return json.loads(resp.read().decode())
+
+
+def leftovers(folder: Path) -> list[str]:
+    """The files in a bookkeeping folder, TensorBoard's own records (``.tensorboard-info/``) included."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
 
 
 def refuses(port: int) -> bool:
@@ -115,6 +121,14 @@ def test_tensorboard_listens_on_loopback_only(tb):
     with socket.socket() as s:
         s.settimeout(5)
         assert s.connect_ex((own, tb.port)) != 0
+
+
+def test_tensorboards_own_record_stays_in_the_private_folder(tb, info_dir):
+    # TensorBoard writes a record of itself (pid, port, logdir) under $TMPDIR/.tensorboard-info, by default a
+    # folder of the system temp dir that it makes writable by all users.
+    record = info_dir / ".tensorboard-info" / f"pid-{tb.pid}.info"
+    assert (json.loads(record.read_text())["port"], os.stat(record.parent).st_mode & 0o777) == (tb.port, 0o700)
+    assert not (Path(tempfile.gettempdir()) / ".tensorboard-info" / f"pid-{tb.pid}.info").exists()
 
 
 def test_second_call_reuses_the_same_process(tb, log_dir):
@@ -353,7 +367,7 @@ def test_hung_instance_is_replaced_and_stop_leaves_nothing(tmp_path, monkeypatch
         assert tbp.stop(outcome) is True
         assert refuses(outcome.port), "port still open after stop()"
         assert not processes_with(str(log_dir)), "TensorBoard or its data server outlived stop()"
-        assert sorted(p.name for p in info.iterdir()) == [".lock"]
+        assert leftovers(info) == [".lock"]
         assert tbp.stop(outcome) is False
     finally:
         hung.kill()
@@ -371,7 +385,7 @@ def test_tensorboard_exiting_at_start_is_a_failure_with_its_output(tmp_path, mon
     assert outcome.error.startswith(f"TensorBoard exited with code {outcome.exit_code} before serving: ")
     assert "192.0.2.1" in outcome.fix
     assert outcome.output
-    assert not processes_with(str(tmp_path)) and not list((tmp_path / "info").glob("*.log"))
+    assert not processes_with(str(tmp_path)) and leftovers(tmp_path / "info") == [".lock"]
 
 
 def test_interrupting_the_start_leaves_no_process(tmp_path):
@@ -394,7 +408,7 @@ def test_interrupting_the_start_leaves_no_process(tmp_path):
         _, err = child.communicate(timeout=60)
         assert "KeyboardInterrupt" in err
         assert not tensorboards(), "TensorBoard outlived the interrupted start"
-        assert sorted(p.name for p in (tmp_path / "info").iterdir()) == [".lock"]
+        assert leftovers(tmp_path / "info") == [".lock"]
     finally:
         child.kill()
         child.wait()
@@ -407,7 +421,7 @@ def test_timeout_stops_the_process(tmp_path, monkeypatch):
     assert isinstance(outcome, tbp.TimedOut), outcome
     assert "raise timeout=" in outcome.fix
     assert not any(p.startswith(f"{outcome.pid}:") for p in processes_with("tensorboard"))
-    assert sorted(p.name for p in (tmp_path / "info").iterdir()) == [".lock"]
+    assert leftovers(tmp_path / "info") == [".lock"]
 
 
 # ---------------------------------------------------------------- browser URLs (no live proxy here)

@@ -6,7 +6,7 @@ The rules (which folder, when an entry is stale, what is ever deleted) are told 
 :mod:`tfnb.monitor.tensorboard`; every function here keeps them. Each TensorBoard runs in its own session,
 so its pid is also its process group's id: signals go to the group (TensorBoard and its data-server helper).
 Waiting for an exit uses a pidfd where the kernel has one; an exited child of this process is reaped, and a
-dead pid's record in TensorBoard's own folder is removed.
+dead pid's record in TensorBoard's own folder (kept inside the private folder) is removed.
 """
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ import os
 import re
 import select
 import signal
-import stat
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -334,19 +332,9 @@ def _proc_start(pid: int) -> int | None:
 
 
 def _drop_tensorboard_record(pid: int) -> None:
-    """Remove TensorBoard's own record (read by ``%tensorboard``) of a dead pid. TensorBoard deletes it on SIGTERM
-    but not when SIGKILLed; a live pid's record is left alone, since it may be another TensorBoard that got the
-    recycled pid. TensorBoard's folder is shared by all users of the machine: only a regular file of this user is
-    removed, never through a link."""
-    if _alive(pid):
-        return
-    name = f"pid-{pid}.info"
-    with contextlib.suppress(OSError):
-        fd = os.open(os.path.join(tempfile.gettempdir(), ".tensorboard-info"),
-                     os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-                os.unlink(name, dir_fd=fd)
-        finally:
-            os.close(fd)
+    """Remove TensorBoard's own record of a dead pid, which it deletes on SIGTERM but not when SIGKILLed. tfnb starts
+    TensorBoard with TMPDIR set to the private folder, so that record is written there (``.tensorboard-info``), not
+    in the temp dir shared by all users. A live pid's record is left alone: the pid may have been recycled."""
+    if not _alive(pid):
+        with contextlib.suppress(OSError):  # a folder found unsafe (UnsafePathError) is left as it is
+            os.unlink(os.path.join(_info_dir(), ".tensorboard-info", f"pid-{pid}.info"))

@@ -15,7 +15,10 @@ use (else :class:`~tfnb.errors.UnsafePathError` and nothing in it is read, kille
 entry is stale when its process is gone or is not the TensorBoard recorded (start time, owner,
 command line, own process group), when its URL is not the host and port it was launched on, or when
 it no longer answers; listing instances removes stale entries (killing a hung TensorBoard of ours).
-Only log files tfnb created inside the folder are ever deleted.
+Only log files tfnb created inside the folder are ever deleted. TensorBoard's own record of itself
+(``tensorboard.manager``, read by ``%tensorboard``) goes to the same folder, not to the temp dir shared by all
+users; ``tensorboard.manager`` itself is not used, since it trusts any record in that shared folder (writable
+by all) and reuses one whose process is gone.
 
 Lifetime: each TensorBoard runs in its own session, so interrupting the kernel does not hit it. An
 ``atexit`` hook stops the instances this process launched when it exits normally (a kernel shut down
@@ -276,7 +279,10 @@ def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout:
     log_path = _new_log_path()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--host", host,
            "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
+    # TensorBoard writes its own record under $TMPDIR/.tensorboard-info: the private folder's (module docs)
+    folder = os.path.dirname(log_path)
+    os.makedirs(os.path.join(folder, ".tensorboard-info"), mode=0o700, exist_ok=True)
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, "TMPDIR": folder}
     proc = None
     try:
         # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid:
