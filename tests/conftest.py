@@ -218,9 +218,8 @@ def pytest_make_collect_report(collector):
 WORKERS = 3
 # Work units (a file, or one test of a file in SPLIT), longest first, from a run's --durations: they are
 # handed out in this order, so the last ones to finish are short.
-LONGEST_FIRST = (  # seconds in a 3-worker run of the whole suite (2026-11-28): 160, 153, 104, 100, 86, ...
-    "tests/test_databricks.py::test_spark_4_runtime_without_tensorflow_needs_a_volume_then_runs_all",
-    "tests/test_resources.py", "tests/test_databricks.py::test_runtime_15_4_ml_import_attach_run_all",
+LONGEST_FIRST = (  # seconds in a 3-worker run of the whole suite (2026-11-29, loaded machine): 106, 103, 97, 88, ...
+    "tests/test_databricks.py::test_runtime_15_4_ml_import_attach_run_all", "tests/test_resources.py",
     "tests/test_elastic.py", "tests/test_dbsim.py", "tests/test_recovery.py", "tests/test_runtime_sim.py",
     "tests/test_docs.py", "tests/test_refus", "tests/test_masters.py", "tests/test_inference.py",
     "tests/test_notebooks.py", "tests/test_keras3.py", "tests/test_progress.py", "tests/test_compat.py",

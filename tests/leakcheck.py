@@ -11,7 +11,8 @@ command line), and are then killed.
 Not leaks:
 
 * warm standbys (``python -m tfnb._task.warm``; the train_fn processes they fork, which carry the same command
-  line, are told apart by their parent and checked as train_fn processes), left on purpose for the next run:
+  line, are told apart by their parent, or by the name they give themselves once that parent is gone, and
+  checked as train_fn processes), left on purpose for the next run:
   counted in the test's report and, at the end of the session, required to end with the Spark session
   (conftest.py gives them an idle timeout for the suite too);
 * the pyspark gateway JVM (one per test process, for its whole life) and, while a SparkContext is
@@ -150,11 +151,20 @@ def processes() -> list[Proc]:
         if kind and (me in _ancestors(pid, table) or _carries_token(pid)):
             found[pid] = Proc(pid, ppid, start, argv, kind)
     for pid, p in list(found.items()):
-        if p.kind == "warm":  # the standby, or (its parent a standby) a train_fn process it forked
-            forked = "tfnb._task.warm" in _argv(p.ppid)
+        if p.kind == "warm":  # the standby, or a train_fn process it forked (which keeps its command line)
+            forked = "tfnb._task.warm" in _argv(p.ppid) or _named_train_fn(pid)
             found[pid] = Proc(pid, p.ppid, p.start, p.argv, TRAIN_FN if forked else STANDBY,
                               "" if forked else _standby_state(p.argv))
     return list(found.values())
+
+
+def _named_train_fn(pid: int) -> bool:
+    """Whether the process named itself as a train_fn process forked from a standby (tfnb._task.warm's ``TRAIN_FN``
+    in ``/proc/PID/comm``): it keeps the standby's command line, and its parent may be gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "tfnb-train_fn"
+    except OSError:
+        return False
 
 
 def wait_gone(procs, timeout: float) -> list[Proc]:

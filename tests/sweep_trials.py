@@ -5,7 +5,9 @@ trial seconds."""
 from __future__ import annotations
 
 import os
+import signal
 import time
+from pathlib import Path
 
 # each good trial beats every one before it (the median pruner leaves it alone), one fails, and the diverging one
 # comes last: it starts once six have ended, and its first epoch is far above their median
@@ -36,8 +38,31 @@ def two_workers(ctx, params):
     return {"loss": params["learning_rate"], "workers": ctx.num_workers}
 
 
-def always_fails(ctx, params):
-    raise ZeroDivisionError("division by zero in the loss")
+def index_bug(ctx, params):
+    """A bug whose message holds data: every trial raises IndexError on this line, each naming another index."""
+    import numpy as np
+
+    return float(np.zeros(3)[params["i"] + 10])
+
+
+def _executor_jvm() -> int:
+    """The pid of the executor JVM this process descends from (as tests/test_masters.py finds it)."""
+    pid = os.getpid()
+    while pid > 1:
+        if b"java" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]:
+            return pid
+        status = Path(f"/proc/{pid}/status").read_text()
+        pid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    return -1
+
+
+def lose_executor(ctx, params):
+    """kill=1: worker 1 SIGKILLs its executor JVM (a lost node) and goes down with it; kill=0 trains one epoch."""
+    if params["kill"] and ctx.task_index == 1:
+        os.kill(_executor_jvm(), signal.SIGKILL)
+        time.sleep(60)
+    ctx.report(epoch=1, epochs=1, epoch_end=True, loss=0.5)
+    return 0.5
 
 
 def slow_epochs(ctx, params):

@@ -451,12 +451,15 @@ def test_committed_dbc_is_fresh_and_carries_the_wheel_of_this_tree():
 
 def _carried(archive) -> tuple[str, bytes]:
     import base64
+    import hashlib
     import re
 
     (cell,) = [c for nb in dbc.read(archive) for c in nb.cells if c.source.startswith("TFNB_WHEEL = (")]
-    name, b64 = re.match(r'TFNB_WHEEL = \("([^"]+)", "([^"]+)"\)', cell.source).groups()
+    name, digest, b64 = re.match(r'TFNB_WHEEL = \("([^"]+)", "([0-9a-f]{64})", "([^"]+)"\)', cell.source).groups()
     assert cell.hide_code  # 300 KB of base64 is nothing to read: the command's code is hidden
-    return name, base64.b64decode(b64)
+    data = base64.b64decode(b64)
+    assert hashlib.sha256(data).hexdigest() == digest  # the hash the install checks and pins pip to
+    return name, data
 
 
 def test_the_archive_carries_a_reproducible_wheel_that_installs(tmp_path):
@@ -518,3 +521,71 @@ def test_the_install_notebook_adds_what_setup_cfg_declares():
     for extra, requirements in namespace["TFNB_EXTRAS"].items():
         declared = [ln.strip() for ln in cfg["options.extras_require"][extra].splitlines() if ln.strip()]
         assert requirements == declared, f"the install notebook's {extra!r} differs from setup.cfg's"
+
+
+def _install_cell() -> dict:
+    """The install notebook's code run in a namespace of its own, as ``%run ./tfnb_install`` runs it."""
+    import nbformat
+
+    namespace: dict = {}
+    for cell in nbformat.read(ROOT / "notebooks" / "tfnb_install.ipynb", as_version=4).cells:
+        if cell.cell_type == "code":
+            exec(cell.source, namespace)
+    return namespace
+
+
+def test_a_wheel_is_installed_only_with_its_sha256_and_a_planted_one_is_refused_in_one_line(tmp_path):
+    import hashlib
+
+    ns = _install_cell()
+    name, wheel = _built_wheel()
+    digest = hashlib.sha256(wheel).hexdigest()
+    (tmp_path / "good").mkdir()
+    good = _write(tmp_path / "good" / name, wheel)
+    requirement, _ = ns["_tfnb_pinned_wheel"](f"{good}#sha256={digest}", None)
+    assert requirement == f"tfnb @ file://{good}#sha256={digest}"
+    # a wheel of the archive's name, copied to a volume: the archive's own hash pins it
+    assert ns["_tfnb_pinned_wheel"](str(good), (name, digest))[0] == requirement
+
+    (tmp_path / "planted").mkdir()
+    planted = _write(tmp_path / "planted" / name, wheel + b"planted")
+    with pytest.raises(ns["TfnbInstallError"]) as err:
+        ns["_tfnb_pinned_wheel"](str(planted), (name, digest))
+    said = str(err.value)
+    assert "\n" not in said and said.startswith(f"tfnb_install: {planted} is not the wheel TFNB_SOURCE pins")
+    assert "so it is not installed" in said and "TFNB_SOURCE=archive" in said
+    with pytest.raises(ns["TfnbInstallError"], match="names no sha256 to check the wheel against"):
+        ns["_tfnb_pinned_wheel"](str(tmp_path / "other-0.1-py3-none-any.whl"), (name, digest))
+
+    # pip itself checks the pin on every machine that installs: a file swapped after the check is refused
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp_path / "dl"),
+                           f"tfnb @ file://{planted}#sha256={digest}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "DO NOT MATCH THE HASHES" in done.stderr
+
+
+def test_the_jupyter_advice_brings_what_the_notebooks_import():
+    """In Jupyter tfnb_install never installs: it names `./dev notebooks` / the `notebooks` extra, which must bring
+    every package the notebooks import (scikit-learn for the digits, matplotlib for the plots, Optuna, Jupyter)."""
+    import configparser
+
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ROOT / "setup.cfg")
+    extras = cfg["options.extras_require"]
+
+    def packages(extra: str) -> set[str]:
+        out = set()
+        for line in (ln.strip() for ln in extras[extra].splitlines() if ln.strip()):
+            if line.startswith("tfnb["):
+                for nested in line[len("tfnb["):-1].split(","):
+                    out |= packages(nested.strip())
+            else:
+                out.add(line.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip())
+        return out
+
+    have = packages("notebooks")
+    for needed in ("pyspark", "tensorflow", "tensorboard", "scikit-learn", "matplotlib", "optuna", "jupyterlab",
+                   "ipykernel"):
+        assert needed in have, f"the notebooks extra lacks {needed}"
+    advice = _install_cell()["_TFNB_JUPYTER_FIX"]
+    assert "./dev notebooks" in advice and "pip install -e '.[notebooks]'" in advice
+    assert "\n  notebooks)" in (ROOT / "dev").read_text() and "setup_venv notebooks" in (ROOT / "dev").read_text()

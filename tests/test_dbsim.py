@@ -10,6 +10,7 @@ import io
 import json
 import os
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -284,7 +285,7 @@ def _carried_wheel() -> tuple[str, bytes]:
     import re
 
     (cell,) = [c for nb in dbc.read(ROOT / "dbc" / "tfnb.dbc") for c in nb.cells if c.source.startswith("TFNB_WHEEL = (")]
-    name, b64 = re.match(r'TFNB_WHEEL = \("([^"]+)", "([^"]+)"\)', cell.source).groups()
+    name, _, b64 = re.match(r'TFNB_WHEEL = \("([^"]+)", "([0-9a-f]{64})", "([^"]+)"\)', cell.source).groups()
     return name, base64.b64decode(b64)
 
 
@@ -303,12 +304,19 @@ def test_tfnb_install_where_pip_runs_only_as_a_cells_first_line_stops_with_the_l
         (src / "01_caller.ipynb").write_text(json.dumps(_notebook(cells)))
         return dbc.build(src, tmp_path / f"{folder}.dbc", folder="tfnb", wheel=wheel).path
 
+    digest = hashlib.sha256(wheel[1]).hexdigest()
+    # someone in the workspace planted another file where the install writes the wheel (the DBFS root is everyone's)
+    planted = cluster_a.host_path(f"/dbfs/tmp/tfnb/{cluster_a.user}/wheels/{wheel[0]}")
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_bytes(wheel[1] + b"planted")
     stopped = cluster_a.run(build(["%run ./tfnb_install", "tfnb_install()"], "first"), "01_caller", pip="cell")
     assert (stopped.failure.index, stopped.failure.error_type) == (2, "RuntimeError"), stopped.failure
     said, line, cause = stopped.failure.message.splitlines()
     assert said == ("tfnb_install: this runtime did not run %pip from code; run this line in a cell of its own "
                     "above this one, then this cell again:")
-    assert line == f"%pip install /dbfs/tmp/tfnb/wheels/{wheel[0]}"
+    # the archive's own bytes replaced the planted file, and pip is pinned to their sha256
+    assert line == f"%pip install 'tfnb @ file:///dbfs/tmp/tfnb/{cluster_a.user}/wheels/{wheel[0]}#sha256={digest}'"
+    assert planted.read_bytes() == wheel[1]
     assert cause.startswith("(%pip from code: UsageError: Line magic function `%pip` not found")
 
     pasted = cluster_a.run(build([line, "%run ./tfnb_install", "tfnb_install()"], "pasted"), "01_caller",
@@ -316,6 +324,47 @@ def test_tfnb_install_where_pip_runs_only_as_a_cells_first_line_stops_with_the_l
     version = wheel[0].split("-")[1]
     assert f"Successfully installed tfnb-{version}" in pasted.command("%pip").stdout
     assert pasted.command("tfnb_install()").stdout.startswith(f"tfnb {version} is already importable")
+
+    # a wheel named by TFNB_SOURCE that is not the one pinned (here: the archive's own name, its hash): one line
+    cluster_a.host_path(f"/Volumes/main/default/libs/{wheel[0]}").write_bytes(wheel[1] + b"planted")
+    refused = cluster_a.run(build(["%run ./tfnb_install", "tfnb_install()"], "pinned"), "01_caller",
+                            params={"TFNB_SOURCE": f"/Volumes/main/default/libs/{wheel[0]}"})
+    assert (refused.failure.index, refused.failure.error_type) == (2, "TfnbInstallError"), refused.failure
+    assert "\n" not in refused.failure.message
+    assert refused.failure.message.startswith(f"tfnb_install: /Volumes/main/default/libs/{wheel[0]} is not the wheel "
+                                              f"TFNB_SOURCE pins (sha256 ")
+    assert "so it is not installed" in refused.failure.message
+
+
+def test_two_users_of_one_workspace_get_runs_of_their_own_and_neither_touches_the_others(cluster_a, tmp_path):
+    """Two colleagues, one workspace (same DBFS root, same volume): each one's 00_constants of the project's archive,
+    with the defaults, gives a run folder of their own; one who points at the other's folder is stopped before
+    anything is written there."""
+    archive_path = ROOT / "dbc" / "tfnb.dbc"
+    alice, bob = "alice@example.com", "bob@example.com"
+    who = archive(tmp_path, {"01_who": [
+        "ctx = dbutils.notebook.entry_point.getDbutils().notebook().getContext()\n"
+        "print(spark.sql('select current_user()').first()[0], ctx.userName().get(), ctx.apiToken().isDefined(), "
+        "__import__('os').getcwd())"]})
+    assert cluster_a.run(who, "01_who", user=bob).check().stdout == f"{bob} {bob} False /Workspace/Users/{bob}/sim\n"
+    # both at once, side by side on the cluster: with the defaults, and on a volume they share
+    for params, base in (({}, "/dbfs/tmp/tfnb"), ({"VOLUME": "main.default.tfnb"}, "/Volumes/main/default/tfnb/tfnb")):
+        with ThreadPoolExecutor(2) as pool:
+            both = dict(zip((alice, bob), pool.map(
+                lambda u: cluster_a.run(archive_path, "00_constants", params=params, user=u), (alice, bob))))
+        for user, ran in both.items():
+            assert f"run dir: {base}/{user}/digits ({user}'s)" in ran.check().stdout
+            assert cluster_a.host_path(f"{base}/{user}/digits/tfnb-owner.txt").read_text() == f"{user}\n"
+    (cluster_a.host_path(f"/dbfs/tmp/tfnb/{alice}/digits/model")).mkdir()
+    (cluster_a.host_path(f"/dbfs/tmp/tfnb/{alice}/digits/model/ckpt-1.weights.h5")).write_text("alice's")
+
+    # bob aims at alice's folder, even with FRESH_RUN: stopped at 00_constants, before any write or delete
+    taken = cluster_a.run(archive_path, "00_constants", user=bob,
+                          params={"BASE_DIR": f"/dbfs/tmp/tfnb/{alice}", "FRESH_RUN": "True"})
+    assert taken.failure is not None and taken.failure.error_type == "PermissionError", taken.failure
+    assert taken.failure.message.startswith(f"/dbfs/tmp/tfnb/{alice}/digits holds a run of {alice}, and you are {bob}: "
+                                            "these notebooks never write to or delete another user's run")
+    assert cluster_a.host_path(f"/dbfs/tmp/tfnb/{alice}/digits/model/ckpt-1.weights.h5").read_text() == "alice's"
 
 
 def test_runtime_b_runs_spark_4_on_python_3_12_without_tensorflow_or_dbfs(tmp_path):

@@ -1,4 +1,6 @@
-"""The documentation as a reader meets it: the site builds in strict mode, and every python example runs.
+"""The documentation as a reader meets it: the site builds in strict mode, every page is in the site's navigation
+and on the home page, no pointer is dead (links and anchors of the README, README and docs sections named in
+docstrings and messages), the words are a user's, and every python example runs.
 
 A python block in README.md or docs/*.md is executed unless the line right above it is
 ``<!-- not run: REASON -->``; the site shows REASON in a note above the block (tools/mkdocs_hooks.py).
@@ -105,3 +107,88 @@ def test_the_python_examples_run(page, tmp_path):
     if page.name == "getting-started.md":
         accuracy = float(re.search(r"accuracy on 197 held-out digits: (\S+)", done.stdout).group(1))
         assert accuracy > 0.5, done.stdout  # chance is 0.1
+
+
+def _nav_pages(nav) -> list[str]:
+    out = []
+    for item in nav:
+        for value in (item.values() if isinstance(item, dict) else [item]):
+            out += _nav_pages(value) if isinstance(value, list) else [value]
+    return out
+
+
+def test_every_page_is_in_the_navigation_and_on_the_home_page():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("", lambda loader, suffix, node: None)  # mkdocs' !!python/name tags
+    nav = _nav_pages(yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)["nav"])
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert sorted(nav) == pages, f"pages missing from mkdocs.yml's nav: {sorted(set(pages) - set(nav))}; " \
+                                 f"nav entries without a page: {sorted(set(nav) - set(pages))}"
+    home = expanded(ROOT / "docs" / "index.md")
+    unlinked = [p for p in pages if p != "index.md" and f"]({p}" not in home]
+    assert not unlinked, f"docs/index.md does not link {unlinked}"
+
+
+def _slug(heading: str) -> str:
+    """The anchor MkDocs gives a heading (Python-Markdown's toc slugify, on the heading's text)."""
+    import unicodedata
+
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def _headings(page: Path) -> list[str]:
+    text = FENCE.sub("", expanded(page))
+    return [m.group(1).strip() for m in re.finditer(r"^#{1,6} (.+)$", text, re.MULTILINE)]
+
+
+def test_no_dead_link_or_anchor_in_the_readme():
+    # docs/ pages are checked by the strict site build (mkdocs.yml: validation of links and anchors)
+    text = FENCE.sub("", README.read_text())
+    dead = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        page = (ROOT / path) if path else README
+        if not page.exists():
+            dead.append(target)
+        elif anchor and anchor not in {_slug(h) for h in _headings(page)}:
+            dead.append(target)
+    assert not dead, f"README.md points nowhere: {dead}"
+
+
+SECTION_REF = re.compile(r"""(README|docs/[\w-]+\.md)\b[^"'\n]{0,12}?(?:"([^"\n]{3,60})"|'([^'\n]{3,60})')""")
+JOINED = re.compile(r"""(["'])\s*\n\s*f?\1""")  # "a " "b" over two lines: one string to a reader
+
+
+def test_sections_named_in_docstrings_and_messages_exist():
+    dead = []
+    for path in sorted((ROOT / "tfnb").rglob("*.py")) + [ROOT / "tests" / "conftest.py"]:
+        for m in SECTION_REF.finditer(JOINED.sub("", path.read_text())):
+            page, section = README if m.group(1) == "README" else ROOT / m.group(1), m.group(2) or m.group(3)
+            if not page.exists() or not any(h.startswith(section) for h in _headings(page)):
+                dead.append(f"{path.relative_to(ROOT)}: {m.group(1)}, {section!r}")
+    assert not dead, "sections that are not there (moved to a docs/ page?):\n" + "\n".join(dead)
+
+
+# Words of the people who build tfnb, not of its users (the changelog keeps the words each release used).
+INSIDE_WORDS = re.compile(r"\brefusals?\b|\bthe ways?\s+out\b|retires?\s+(?:itself|themselves)"
+                          r"|could\s+not\s+be\s+(?:read|reached|found)\s+from\s+here", re.IGNORECASE)
+
+
+def test_the_pages_speak_a_users_words():
+    said = []
+    for page in PAGES:
+        if page.name == "changelog.md":
+            continue
+        text = re.sub(r"\]\([^)]*\)|`[^`\n]*`", "", page.read_text())  # link targets and code name files, not words
+        said += [f"{page.name}: {m.group(0)!r} in {text[max(0, m.start() - 40):m.end() + 20]!r}"
+                 for m in INSIDE_WORDS.finditer(text)]
+    assert not said, "say what the user sees (\"tfnb stops with an error that says how to fix it\"):\n" + "\n".join(said)

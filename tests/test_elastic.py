@@ -216,6 +216,89 @@ def test_a_lost_node_shrinks_the_run_and_a_returning_one_grows_it_back(cluster, 
     assert result["accuracy"] == pytest.approx(one_process_accuracy(epochs), abs=0.03)
 
 
+class ReturnAtLaunch:
+    """Stands in for tfnb.launcher.elastic.Watch: executors "return" as each launch starts, before its tasks are even
+    scheduled (the moment a real return is hardest to catch), so the resize is asked of tasks not yet connected."""
+
+    def __init__(self, spark, placement, num_ps, size, wanted, resize, tag=None):
+        self.why, self.resize = None, resize
+
+    def __enter__(self):
+        self.why = "executors returned"
+        self.resize()
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def loop_with_own_error_handling(ctx, epochs):
+    """A custom loop without TensorFlow (one worker, so the epoch-boundary vote needs no collective), with the error
+    handling train_fns have: a catch-all around each epoch's start, and its own error raised from anything else. Its
+    second launch calls no epoch boundary at all."""
+    ckpt = Path(ctx.model_dir, "epoch")
+    start = int(ckpt.read_text()) if ckpt.exists() else 0
+    try:
+        for epoch in range(start, epochs):
+            if epoch > start and ctx.attempt == 1:
+                try:
+                    ctx.epoch_boundary(None, epoch)
+                except Exception:  # noqa: BLE001 - logged and carried on, as a train_fn may: a resize goes through
+                    pass
+            time.sleep(0.3)
+            ckpt.write_text(str(epoch + 1))
+    except BaseException as e:
+        raise RuntimeError("train_fn's own error") from e
+    return {"attempt": ctx.attempt, "start": start}
+
+
+def test_a_return_while_the_launch_starts_grows_it_or_is_said_to_be_lost(cluster, tmp_path, monkeypatch):
+    """A resize asked while the tasks are being scheduled reaches them with the cluster's addresses (a broadcast then
+    reaches no task); one that train_fn catches and re-raises as its own error is still a resize. A launch whose
+    train_fn reaches no epoch boundary goes on at its size, and says why, once."""
+    monkeypatch.setattr("tfnb.launcher.elastic.Watch", ReturnAtLaunch)
+    monkeypatch.setenv("TFNB_PREIMPORT", "")  # no TensorFlow in this train_fn: its processes start without it
+    seen = []
+    result = tfnb.run(loop_with_own_error_handling, num_workers=1, min_workers=1, args=(3,), spark=cluster.session,
+                      model_dir=str(tmp_path), max_attempts=1, display=seen.append, timeout=300)
+    attempts = json.loads((tmp_path / "tfnb_status.json").read_text())["attempts"]
+    assert [a["outcome"] for a in attempts] == ["resized", "succeeded"], attempts
+    assert attempts[0]["cause"] == "executors returned" and result == {"attempt": 2, "start": 1}
+    said = [e.data["line"] for e in seen if e.kind == EventKind.LOG and e.job_name == "driver"]
+    assert len(said) == 1, said
+    assert said[0].startswith("tfnb: the run could not grow back to 1 workers when executors returned, and went on "
+                              "with 1: train_fn never reached an epoch boundary") and \
+        "Add ctx.progress_callback() to model.fit(callbacks=[...]) on every worker" in said[0], said[0]
+    log_file = next(e.data["log_file"] for e in seen if e.kind == EventKind.STATE and e.data.get("log_file"))
+    assert "could not grow back" in Path(log_file).read_text()
+
+
+def vote_on_the_chief_only(ctx):
+    """What ctx.progress_callback() in the chief's model.fit alone does, without TensorFlow: the chief joins the
+    epoch-boundary vote at fit's start and reports its first epoch's end; then every worker waits, as in the
+    one-sided vote."""
+    from tfnb._task.events import emit
+    from tfnb._task.resize import join_vote
+
+    if ctx.task_index == 0 and ctx.job_name == "chief":
+        join_vote(ctx)
+        emit("progress", epoch=1, epochs=3, step=4, steps=4, epoch_end=True)
+    time.sleep(600)
+
+
+def test_a_vote_on_some_workers_only_is_refused_before_it_hangs(cluster, monkeypatch):
+    monkeypatch.setenv("TFNB_PREIMPORT", "")  # no TensorFlow in this train_fn
+    started = time.monotonic()
+    with pytest.raises(tfnb.ConfigError) as info:
+        tfnb.run(vote_on_the_chief_only, num_workers=2, min_workers=1, spark=cluster.session, display=False,
+                 stall_timeout=300, timeout=300)
+    assert time.monotonic() - started < 120
+    assert str(info.value).startswith("worker 1 takes no part in this elastic run's epoch-boundary vote, which chief 0 "
+                                      "takes at every epoch start"), info.value
+    assert "Add ctx.progress_callback() to model.fit(callbacks=[...]) on every worker, not only on the chief" in \
+        str(info.value)
+
+
 def test_below_min_workers_waits_then_names_the_room(cluster):
     from tfnb.launcher.elastic import next_size, worker_room
     from tfnb.launcher.resources import Ask, Placement
@@ -232,22 +315,73 @@ def test_below_min_workers_waits_then_names_the_room(cluster):
     assert 3 <= took < 3 + 5, took
 
 
-def test_a_decommission_notice_is_seen_as_an_executor_leaving(cluster):
+def hold_a_slot(folder: str):
+    """A one-task barrier job's body: writes its Worker daemon's pid to ``folder``, then holds the slot."""
+    def task(_):
+        from test_masters import executor_jvm_pid
+
+        jvm = executor_jvm_pid()
+        daemon = next(l.split()[1] for l in Path(f"/proc/{jvm}/status").read_text().splitlines()
+                      if l.startswith("PPid:"))
+        Path(folder, f"{os.getpid()}.pid").write_text(daemon)
+        time.sleep(300)
+        yield 0
+    return task
+
+
+def holding(session, group: str, folder: Path) -> int:
+    """Starts a job in job group ``group`` whose one task holds a slot; the pid of the Worker daemon it runs under."""
+    import contextlib
+    import threading
+
+    folder.mkdir()
+
+    def job():
+        session.sparkContext.setJobGroup(group, group, interruptOnCancel=True)
+        with contextlib.suppress(Exception):  # cancelled at the end of the test
+            session.sparkContext.parallelize([0], 1).barrier().mapPartitions(hold_a_slot(str(folder))).collect()
+
+    threading.Thread(target=job, daemon=True).start()
+    end = time.monotonic() + 60
+    while not list(folder.glob("*.pid")) and time.monotonic() < end:
+        time.sleep(0.2)
+    return int(next(folder.glob("*.pid")).read_text())
+
+
+def test_a_notice_or_a_busy_slot_counts_only_where_the_run_is(cluster, tmp_path):
     """What a spot cluster's notice looks like from the driver: SIGPWR to a Worker daemon (Spark's decommission
-    signal) makes its executor a leaving one, which an elastic run stops for at its next epoch boundary
-    (tfnb.launcher.elastic.Watch) and does not count as room for its next launch."""
-    from tfnb.launcher.elastic import leaving, worker_room
+    signal) makes its executor a leaving one. An elastic run stops for it at its next epoch boundary only when one of
+    its own tasks runs there (tfnb.launcher.elastic.Watch); and the room it grows into is free slots, not cores
+    another job's tasks hold. Here "the run" is a job in the run's job group holding one slot, beside another job's."""
+    import threading
+
+    from tfnb.launcher.elastic import _POLL, Watch, leaving, run_executors, worker_room
     from tfnb.launcher.resources import Ask, Placement
 
-    placement = Placement(workers=Ask(1, 0.0))
-    assert leaving(cluster.session) == frozenset()
-    before = worker_room(cluster.session, placement, 0)
-    # a Worker daemon of the cluster still running (the first process is the master; a test before may have
-    # killed one)
-    daemon = next(p for p in cluster.procs[1:] if p.poll() is None)
-    os.kill(daemon.pid, signal.SIGPWR)
-    end = time.monotonic() + 60
-    while not leaving(cluster.session) and time.monotonic() < end:
-        time.sleep(0.5)
-    assert len(leaving(cluster.session)) == 1, "no executor was seen leaving within 60 s"
-    assert worker_room(cluster.session, placement, 0) == before - 1
+    placement, session = Placement(workers=Ask(1, 0.0)), cluster.session
+    assert leaving(session) == frozenset()
+    before = worker_room(session, placement, 0)
+    mine, other = "tfnb-test-mine-1", "tfnb-test-other-1"
+    try:
+        mine_daemon = holding(session, mine, tmp_path / "mine")
+        other_daemon = holding(session, other, tmp_path / "other")
+        own = run_executors(session, mine)
+        assert sum(own.values()) == 1, own
+        # the other job's slot is no room; the run's own is (it frees it when it stops)
+        assert worker_room(session, placement, 0, own) == before - 1
+        fired = threading.Event()
+        with Watch(session, placement, 0, 1, 1, fired.set, tag=mine) as watch:
+            os.kill(other_daemon, signal.SIGPWR)
+            end = time.monotonic() + 60
+            while not leaving(session) and time.monotonic() < end:
+                time.sleep(0.2)
+            assert len(leaving(session)) == 1, "no executor was seen leaving within 60 s"
+            assert worker_room(session, placement, 0) == before - 2  # leaving: no room either
+            time.sleep(3 * _POLL)
+            assert not fired.is_set(), watch.why  # another job's node: the run goes on
+            os.kill(mine_daemon, signal.SIGPWR)
+            assert fired.wait(30), "the run's own executor leaving did not stop it"
+            assert watch.why.endswith("leaving (decommission notice)"), watch.why
+    finally:
+        session.sparkContext.cancelJobGroup(mine)
+        session.sparkContext.cancelJobGroup(other)

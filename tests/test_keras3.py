@@ -82,6 +82,7 @@ def test_four_workers_keep_equal_weights_on_fed_data(tmp_path, no_orphans):
         assert w["evaluate"] == pytest.approx(got[0]["evaluate"], abs=1e-6)
 
 
+@pytest.mark.long  # ./dev matrix: two whole demo trainings, Keras 3 against tf-keras
 def test_the_digits_demo_reaches_the_tf_keras_accuracy(spark, no_orphans):
     """The demo's model (tools/demo.py) on 2 workers, once with Keras 3 and once with tf-keras on the same shards:
     Keras 3's accuracy on the 360 held-out digits is the tf-keras path's, within 0.01, or better."""
@@ -90,3 +91,41 @@ def test_the_digits_demo_reaches_the_tf_keras_accuracy(spark, no_orphans):
     got = {package: tfnb.run(train_digits, num_workers=2, kwargs={"package": package}, spark=spark,
                              display=False, timeout=600)["accuracy"] for package in ("keras", "tf_keras")}
     assert got["keras"] >= got["tf_keras"] - 0.01 and got["keras"] >= 0.9, got
+
+
+def test_a_probe_that_cannot_run_applies_a_safe_correction_and_refuses_an_unsafe_one():
+    """A probe never reports "not needed" because it failed: the correction is applied where that is safe whatever
+    Keras does, else the run stops naming the Keras, the correction and the tested range."""
+    from tfnb._task import keras3
+    from tfnb.errors import ConfigError
+
+    def broken():
+        raise TypeError("_backend_update_step() takes 3 positional arguments but 4 were given")
+
+    applied = []
+    safe = keras3.Patch("x", "i", "d", broken, lambda: applied.append("safe"), safe=True)
+    assert keras3._apply_if_needed(safe, "3.16.0") and applied == ["safe"]
+    unsafe = keras3.Patch("loss-scale", "i", "d", broken, lambda: applied.append("unsafe"))
+    with pytest.raises(ConfigError) as caught:
+        keras3._apply_if_needed(unsafe, "3.16.0")
+    first = str(caught.value).splitlines()[0]
+    assert "Keras 3.16.0" in first and "'loss-scale'" in first and "(3.3.3 to 3.15.1)" in first
+    assert "_backend_update_step() takes 3" in str(caught.value) and applied == ["safe"]
+
+
+def test_versions_newer_than_the_tested_ones_are_told_apart_by_their_full_version():
+    from tfnb._task.selfcheck import untested
+
+    assert untested({"keras": "3.15.1", "tensorflow": "2.21.0", "spark": "4.3.0"}) == []
+    assert untested({"keras": "3.15.2", "tensorflow": "2.21.0rc1", "spark": "4.3.1"}) == [
+        "Keras 3.15.2 (tested up to 3.15.1)", "Spark 4.3.1 (tested up to 4.3.0)"]
+    assert untested({"keras": "3.16.0.dev2026", "tensorflow": None, "spark": None}) == [
+        "Keras 3.16.0.dev2026 (tested up to 3.15.1)"]
+
+
+def test_every_probe_runs_on_this_keras():
+    """No probe fails on the suite's Keras (a failing one would fail closed): each says whether its defect is there."""
+    from tfnb._task import keras3
+
+    found = {p.name for p in keras3.PATCHES if p.probe()}
+    assert found == {"symbolic-build", "metric-reduction", "backup-and-restore", "model-checkpoint", "tensorboard"}

@@ -29,6 +29,26 @@ def test_orphans_a_server(tmp_path):
     pid = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout.strip()
     note("ORPHANED", pid)
 
+KEPT = []
+
+def test_leaves_a_process_forked_from_a_standby_that_then_died(tmp_path):
+    # the train_fn process keeps the standby's command line; with its parent gone only its folder tells it apart
+    import signal
+    from tfnb._task import setup, warm
+
+    want = warm.key(("json",), True, (), ())
+    warm.ensure(want, dict(os.environ), 60)
+    import pickle
+    with open(tmp_path / "payload.pkl", "wb") as f:  # what its task would have written: it then waits for go
+        pickle.dump({"fn": None, "args": (), "kwargs": {}, "mode": "train"}, f)
+    held = setup.reserve_port()
+    claimed = warm.Claimed(next(warm.claim(want)), str(tmp_path), str(tmp_path), dict(os.environ), held.fileno(),
+                           "")
+    KEPT.append((claimed, held))  # its connection open: the process waits for its go
+    standby = int(open(f"/proc/{claimed.pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    os.kill(standby, signal.SIGKILL)
+    note("FORKED", claimed.pid)
+
 def test_leaves_a_standby_that_outlives_the_session(tmp_path):
     # watching this pytest process instead of a Spark Python daemon, it cannot end with the session
     standby = subprocess.Popen([sys.executable, "-m", "tfnb._task.warm", str(tmp_path / "s.sock"), "600",
@@ -76,9 +96,13 @@ def test_leaked_servers_fail_their_test_and_a_standby_that_outlives_the_session_
     done = run_pytest(tmp_path, LEAKY, workers, LEAKCHECK_GRACE="3")  # these never end by themselves: waiting is moot
     out = done.stdout
     noted = (tmp_path / "pids").read_text()
-    pids = {k: int(v) for k, v in re.findall(r"^(FORGOTTEN|ORPHANED|STANDBY) (\d+)$", noted, re.M)}
-    assert done.returncode == 1 and set(pids) == {"FORGOTTEN", "ORPHANED", "STANDBY"}, out + done.stderr
-    assert re.search(r"3 passed, 2 errors", out), out
+    pids = {k: int(v) for k, v in re.findall(r"^(FORGOTTEN|ORPHANED|FORKED|STANDBY) (\d+)$", noted, re.M)}
+    assert done.returncode == 1 and set(pids) == {"FORGOTTEN", "ORPHANED", "FORKED", "STANDBY"}, out + done.stderr
+    assert re.search(r"4 passed, 3 errors", out), out
+    assert re.search(r"ERROR at teardown of test_leaves_a_process_forked_from_a_standby_that_then_died _+\n"
+                     r"(\[gw\d\] .*\n)?test_inner.py::test_leaves_a_process_forked_from_a_standby_that_then_died left "
+                     r"1 process\(es\) running \(ended now with SIGKILL\):\n"
+                     rf"  train_fn child +pid {pids['FORKED']} +\S+ -m tfnb\._task\.warm ", out), out
     for test, pid in (("test_forgets_its_server", pids["FORGOTTEN"]), ("test_orphans_a_server", pids["ORPHANED"])):
         assert re.search(rf"ERROR at teardown of {test} _+\n(\[gw\d\] .*\n)?"  # the worker's line, under xdist
                          rf"test_inner.py::{test} left 1 process\(es\) running \(ended now with SIGKILL\):\n"

@@ -1,7 +1,10 @@
 """MLflow tracking against a real MLflow tracking server on loopback (``mlflow server``, sqlite backend store,
 artifacts proxied by the server into a local folder), run from its own virtualenv: one MLflow run per tfnb.run
-(relaunch included), one metric point per epoch, params, the model artifact predicting like model_dir's, the
-Evaluator's metrics in the same run, a dead server not stopping training, and the error when MLflow is missing.
+(relaunch included) trained on a Spark-managed table (``data=``), one metric point per epoch, params, the model
+(with a signature and an input example) registered, loaded back from the registry and predicting like model_dir's,
+the Evaluator's metrics in the same run, a dead server not stopping training, the error when MLflow is missing or
+older than Databricks Runtime 15.4 LTS ML's, and the notebook's environment left alone. The MLflow 2 of the
+Databricks ML runtimes is exercised by tests/test_databricks.py (the simulated 15.4 LTS ML has MLflow 2.13.1).
 
 The server's virtualenv is built once (pip install mlflow, a minute or two) and cached under
 ~/.cache/tfnb-mlflow-server/<hash of its requirements>."""
@@ -23,21 +26,19 @@ import pytest
 import tfnb
 from components import free_port, need
 from environments import MLFLOW_SERVER, mlflow_server_venv
-from test_training import random_binary_dataset
 
 mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny not installed: pip install 'tfnb[mlflow]'")
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server on loopback, started (not yet waited for: see ``client``) and stopped with
-    its whole process group at teardown. Yields (url, wait)."""
+@contextlib.contextmanager
+def tracking_server(root: Path):
+    """A real MLflow tracking server on loopback, its store and artifacts under ``root``, started (not yet waited for)
+    and stopped with its whole process group at the end. Yields (url, wait)."""
     try:
         venv = mlflow_server_venv()
     except RuntimeError as e:
         need("an MLflow tracking server", False,
              f"pip install {' '.join(MLFLOW_SERVER)} into a virtualenv failed ({e})")
-    root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
     # tracking only: not the server's job runners (six more processes, for MLflow's GenAI jobs)
@@ -76,6 +77,13 @@ def mlflow_server(tmp_path_factory):
             proc.wait()
 
 
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """:func:`tracking_server`, for this module's tests."""
+    with tracking_server(tmp_path_factory.mktemp("mlflow-server")) as server:
+        yield server
+
+
 @pytest.fixture
 def client(mlflow_server, spark, monkeypatch):
     url, wait = mlflow_server
@@ -103,7 +111,8 @@ def steps(client, run_id: str, key: str) -> dict[int, float]:
 
 
 def fit_save(ctx, epochs):
-    """tf-keras under MultiWorkerMirroredStrategy, ckpt-{epoch} weights and the chief's model.keras in model_dir."""
+    """tf-keras under MultiWorkerMirroredStrategy on the rows of ``data=`` (a table), ckpt-{epoch} weights and the
+    chief's model.keras in model_dir."""
     import tempfile
 
     import tensorflow as tf
@@ -114,8 +123,8 @@ def fit_save(ctx, epochs):
                                      tf.keras.layers.Dense(1, activation="sigmoid")])
         model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
     ckpt = tf.keras.callbacks.ModelCheckpoint(os.path.join(ctx.model_dir, "ckpt-{epoch}"), save_weights_only=True)
-    model.fit(random_binary_dataset(ctx), epochs=epochs, steps_per_epoch=4, verbose=0,
-              callbacks=[ctx.progress_callback(batch_size=32), ckpt])
+    model.fit(ctx.dataset(16, label_col="y", strategy=strategy), epochs=epochs, steps_per_epoch=ctx.steps_per_epoch(16),
+              verbose=0, callbacks=[ctx.progress_callback(batch_size=16), ckpt])
     # every worker saves (the variables are synchronised); only the chief's copy lands in model_dir
     where = ctx.model_dir if ctx.is_chief else tempfile.mkdtemp()
     model.save(os.path.join(where, "model.keras"))
@@ -138,15 +147,35 @@ def val_data():
     return x, (x.sum(axis=1) > 0).astype("float32")
 
 
-def test_keras_run_is_one_mlflow_run_with_epochs_params_model_and_eval(spark, client, tmp_path, no_orphans):
+@pytest.fixture
+def table(spark, tmp_path):
+    """A Spark-managed table of 256 rows (``x``: 8 floats, ``y``: 0/1), in a database of its own under tmp_path."""
+    import numpy as np
+
+    x = np.random.default_rng(3).normal(size=(256, 8)).astype("float32")
+    rows = [(v.tolist(), float(v.sum() > 0)) for v in x]
+    spark.sql(f"CREATE DATABASE tfnb_mlflow LOCATION '{tmp_path / 'warehouse'}'")
+    try:
+        spark.createDataFrame(rows, "x array<float>, y double").write.saveAsTable("tfnb_mlflow.rows")
+        yield "tfnb_mlflow.rows"
+    finally:
+        spark.sql("DROP DATABASE tfnb_mlflow CASCADE")
+
+
+def test_table_to_registered_model_with_epochs_params_and_eval(spark, client, table, tmp_path, no_orphans):
+    """A table in (data=), one MLflow run out with the epochs, the Evaluator's results and the model, which carries
+    a signature and an input example and is registered; loaded from the registry, it predicts like model_dir's."""
     import numpy as np
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()
+    df = spark.read.table(table)
+    example = np.array([r.x for r in df.limit(3).collect()], dtype="float32")
     ev = tfnb.Evaluator(model_fn, val_data, str(model_dir), str(tmp_path / "tb"), interval=0.5, export_format="keras",
                         export_dir=str(tmp_path / "export"), mlflow=True).start()
     assert tfnb.run(fit_save, num_workers=2, args=(3,), spark=spark, model_dir=str(model_dir), display=False,
-                    timeout=600, mlflow="tfnb-keras") == 1
+                    timeout=600, data=df, mlflow={"experiment": "tfnb-keras", "registered_model_name": "tfnb-digits",
+                                                  "input_example": example}) == 1
     ev.join(120)
 
     run = only_run(client, "tfnb-keras")
@@ -166,15 +195,26 @@ def test_keras_run_is_one_mlflow_run_with_epochs_params_model_and_eval(spark, cl
     assert run.data.tags["tfnb.eval.best_step"] == str(best.step)
     assert run.data.tags["tfnb.eval.best_checkpoint"] == best.checkpoint
 
-    # the model artifact: MLflow's TensorFlow flavour, predicting like model_dir's model.keras
+    # the model: MLflow's TensorFlow flavour with a signature and the input example, registered as version 1;
+    # loaded from the registry it predicts like model_dir's model.keras
     import tensorflow as tf
     from mlflow import tensorflow as mlflow_tensorflow
 
-    logged = mlflow_tensorflow.load_model(f"runs:/{run.info.run_id}/model")
+    assert run.data.tags["tfnb.model.registered"] == "models:/tfnb-digits/1"
+    info = mlflow.models.get_model_info(run.data.tags["tfnb.model.uri"])
+    assert "tensorflow" in info.flavors and list(info.signature.inputs.inputs[0].shape) == [-1, 8]
+    assert info.saved_input_example_info is not None
+    version = client.get_model_version("tfnb-digits", "1")
+    assert version.run_id == run.info.run_id and version.status == "READY"
+    logged = mlflow_tensorflow.load_model("models:/tfnb-digits/1")
     saved = tf.keras.models.load_model(model_dir / "model.keras")
     x = val_data()[0]
     np.testing.assert_allclose(logged.predict(x, verbose=0), saved.predict(x, verbose=0), rtol=1e-6)
+    served = mlflow.pyfunc.load_model("models:/tfnb-digits/1").predict(example)  # as a serving endpoint would
+    np.testing.assert_allclose(np.asarray(served).reshape(-1), saved.predict(example, verbose=0).reshape(-1),
+                               rtol=1e-6)
     # the Evaluator's best model, exported and logged to the same run
+    (tmp_path / "dl").mkdir()  # MLflow 2 wants it there
     best_file = client.download_artifacts(run.info.run_id, "best_model/best.keras", str(tmp_path / "dl"))
     np.testing.assert_allclose(tf.keras.models.load_model(best_file).predict(x, verbose=0),
                                tf.keras.models.load_model(tmp_path / "export" / "best.keras").predict(x, verbose=0),
@@ -190,7 +230,8 @@ def finish(ctx):
 
 def test_keras3_model_in_model_dir_is_logged_in_the_keras_flavour(spark, client, tmp_path, no_tensorflow, no_orphans):
     """What a Keras 3 train_fn leaves (model.save(model_dir + "/model.keras"), here saved by this process) is logged
-    as an MLflow model of the keras flavour that loads back, requiring keras; a newer weights file is not the model."""
+    as an MLflow model of the keras flavour that loads back, requiring keras, with its input example and the signature
+    MLflow infers from it; a newer weights file is not the model."""
     import importlib.metadata
 
     import keras
@@ -205,12 +246,23 @@ def test_keras3_model_in_model_dir_is_logged_in_the_keras_flavour(spark, client,
     model.save(model_dir / "model.keras")
     os.utime(model_dir / "model.keras", (time.time() - 60,) * 2)
     model.save_weights(model_dir / "ckpt-1.weights.h5")  # a checkpoint written after it: weights, not a model
+    example = val_data()[0][:3]
     assert tfnb.run(finish, num_workers=2, spark=spark, model_dir=str(model_dir), display=False, timeout=300,
-                    mlflow="tfnb-keras3") == 1
+                    mlflow={"experiment": "tfnb-keras3", "input_example": example}) == 1
 
     run = only_run(client, "tfnb-keras3")
     uri = f"runs:/{run.info.run_id}/model"
-    assert "keras" in mlflow.models.get_model_info(uri).flavors
+    info = mlflow.models.get_model_info(uri)
+    assert "keras" in info.flavors and info.saved_input_example_info is not None
+    assert [list(s.shape) for s in (info.signature.inputs.inputs + info.signature.outputs.inputs)] == [[-1, 8], [-1, 1]]
+    # MLflow 3: a LoggedModel of the run; MLflow 2: the run's artifact
+    logged_as = run.data.tags["tfnb.model.uri"]
+    if mlflow.__version__.startswith("2."):
+        assert logged_as == uri
+    else:
+        (found,) = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+        assert logged_as == found.model_uri and found.source_run_id == run.info.run_id and found.name == "model"
+    assert "tfnb.model.registered" not in run.data.tags
     requirements = Path(mlflow.pyfunc.get_model_dependencies(uri)).read_text().split()
     assert f"keras=={importlib.metadata.version('keras')}" in requirements and not any(
         r.startswith("tf-keras") for r in requirements)
@@ -314,9 +366,10 @@ def test_missing_mlflow_names_the_extra(monkeypatch):
         tfnb.Evaluator(model_fn, val_data, "/tmp/x", "/tmp/y", mlflow="exp")
 
 
-def test_mlflow_2_is_refused_with_the_fix(monkeypatch):
-    monkeypatch.setattr(mlflow, "__version__", "2.11.4")  # what an older Databricks runtime ships
-    with pytest.raises(tfnb.MissingDependencyError, match=r"MLflow 2.11.4 is too old.*%pip install 'mlflow>=3'"):
+def test_mlflow_older_than_runtime_15_4_ml_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(mlflow, "__version__", "2.9.2")  # Databricks Runtime 14.3 LTS ML's
+    with pytest.raises(tfnb.MissingDependencyError,
+                       match=r"MLflow 2.9.2 is too old: tfnb needs MLflow >= 2.13.*Runtime ML 15.4 LTS or later"):
         tfnb.run(lambda ctx: None, num_workers=2, mlflow=True)
 
 
@@ -324,3 +377,42 @@ def test_mlflow_2_is_refused_with_the_fix(monkeypatch):
 def test_bad_mlflow_value_is_refused(value):
     with pytest.raises(tfnb.ConfigError, match="mlflow=.* must be True .* an experiment name"):
         tfnb.run(lambda ctx: None, num_workers=2, mlflow=value)
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"experiment": "x", "registered_model": "m"}, "has 'registered_model', which tfnb does not know; its keys are "
+                                                   "experiment, registered_model_name, input_example"),
+    ({"registered_model_name": ""}, r"mlflow={'registered_model_name': ''} must be a name"),
+])
+def test_bad_mlflow_settings_are_refused(value, message):
+    with pytest.raises(tfnb.ConfigError, match=message):
+        tfnb.run(lambda ctx: None, num_workers=2, mlflow=value)
+
+
+def test_loading_a_model_leaves_the_notebook_environment_alone(tmp_path):
+    """The Evaluator and MLflow's model logging import TensorFlow with tf.keras meaning tf-keras (as in the workers)
+    without setting TF_USE_LEGACY_KERAS in the notebook's process: its child processes never see it."""
+    code = "\n".join([
+        "import os, subprocess, sys",
+        "from tfnb.monitor.eval_model import EvalModel",
+        "from tfnb.monitor.tracking import _load_keras",
+        "def model_fn():",
+        "    import tensorflow as tf",
+        "    m = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])",
+        "    m.compile('adam', 'mse')",
+        "    return m",
+        "import numpy as np",
+        "ev = EvalModel(model_fn, lambda: (np.zeros((4, 4), 'float32'), np.zeros((4, 1), 'float32')), None, '')",
+        f"ev.prepare({str(tmp_path / 'tb')!r}, {{}}, 1.0)",
+        "model = ev._model",
+        f"model.save({str(tmp_path / 'm.keras')!r})",
+        f"loaded = _load_keras({str(tmp_path / 'm.keras')!r})",
+        "child = subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"TF_USE_LEGACY_KERAS\"))'],",
+        "                       capture_output=True, text=True).stdout.strip()",
+        "print(type(model).__module__.split('.')[0], type(loaded).__module__.split('.')[0],",
+        "      os.environ.get('TF_USE_LEGACY_KERAS'), child)",
+    ])
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-4:] == ["tf_keras", "tf_keras", "None", "None"], out.stdout

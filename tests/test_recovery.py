@@ -1,12 +1,20 @@
 """Recovery on a real standalone cluster (master + two one-core workers from the pip pyspark): executor JVMs
 SIGKILLed and train_fn processes os._exit'ed at different points of a step, each relaunch resuming from the
 checkpoint; a peer's collective error taken as bad luck (the reported bug, with real MultiWorkerMirroredStrategy);
-and a deterministic bug in train_fn still failing at once, without a relaunch."""
+and a deterministic bug in train_fn still failing at once, without a relaunch. Failures at start are judged by what
+they are: a pyarrow whose import fails (the real pyarrow beside a NumPy 1.26.4) is named once, on the executors and
+on the driver; running out of file handles as a task starts is relaunched; a crash of Spark's Python worker that
+repeats stops the run at the second."""
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -15,7 +23,7 @@ import pytest
 
 import tfnb
 from test_masters import STANDALONE_CONF, executor_jvm_pid, standalone
-from tfnb.errors import WorkerError
+from tfnb.errors import ClusterError, WorkerError
 
 
 def _die(how: str, mark: Path) -> None:
@@ -200,3 +208,130 @@ def test_which_failures_are_bad_luck(exc_type, message, retryable):
     from tfnb.errors import TaskFailure
 
     assert TaskFailure("chief", 0, exc_type, message).retryable is retryable
+
+
+# ---------------------------------------------------------------- failures at start, judged by what they are
+
+
+def one(ctx):
+    return 1
+
+
+def _attempts(seen) -> list:
+    return [e.data for e in seen if e.kind == "attempt"]
+
+
+class BrokenPyarrow:
+    """On the driver: ``import pyarrow`` fails as pyarrow 26 fails beside NumPy 1.26 (this process's pyarrow,
+    already loaded, is put back after the test)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pyarrow":
+            raise ImportError("pyarrow requires NumPy 2.0 or newer, found 1.26.4")
+        return None
+
+
+def test_a_pyarrow_that_cannot_import_is_named_not_relaunched(cluster, tmp_path, monkeypatch, no_orphans):
+    import pyarrow
+
+    major = int(pyarrow.__version__.split(".")[0])
+    if major < 26:
+        pytest.skip(f"pyarrow {pyarrow.__version__} imports beside NumPy 1.26; the check came with pyarrow 26")
+    # the executors' Python: this venv's packages, the real pyarrow among them, beside a NumPy that says 1.26.4
+    # (what `pip install tensorflow==2.16` leaves: NumPy pinned below 2, pyarrow 26 kept)
+    venv = tmp_path / "numpy1"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, env=env)
+    site = Path(glob.glob(str(venv / "lib" / "python3.*" / "site-packages"))[0])
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith("numpy"):
+            (site / entry.name).symlink_to(entry)
+    (site / "numpy").mkdir()
+    (site / "numpy" / "__init__.py").write_text('__version__ = "1.26.4"\n')
+    python = str(venv / "bin" / "python")
+    with monkeypatch.context() as m:
+        m.setattr(cluster.sparkContext, "pythonExec", python)
+        seen = []
+        with pytest.raises(ClusterError) as info:
+            tfnb.run(one, num_workers=2, spark=cluster, max_attempts=2, display=seen.append, timeout=300)
+    text = str(info.value)
+    print(text)
+    first = text.splitlines()[0]
+    assert re.match(r"executor \S+'s Python 3\.\d+\.\d+ cannot import pyarrow \(ImportError: pyarrow requires NumPy "
+                    rf"2\.0 or newer, found 1\.26\.4\); install NumPy >= 2\.0 there, or pip install 'pyarrow<{major}'$",
+                    first) and len(first) <= 200, first
+    assert not _attempts(seen) and "did not relaunch it (max_attempts=2)" in text
+    assert python in text and 'File "pyarrow/lib.pyx"' in text  # pyarrow's own check raised it
+    assert not any(s in text for s in ("TaskLost", "collectToPython", "spark -1", "at org.apache")), text
+
+    # the driver on such a Python too: pyspark says only "PyArrow >= ... must be installed; it was not found"
+    monkeypatch.delitem(sys.modules, "pyarrow")
+    monkeypatch.setattr(sys, "meta_path", [BrokenPyarrow(), *sys.meta_path])
+    seen = []
+    with pytest.raises(ClusterError) as info:
+        tfnb.run(one, num_workers=2, spark=cluster, max_attempts=2, display=seen.append, timeout=300)
+    text = str(info.value)
+    print(text)
+    assert text.startswith("the driver's Python 3.") and "cannot import pyarrow (ImportError: pyarrow requires NumPy " \
+        "2.0 or newer, found 1.26.4); install NumPy >= 2.0 there" in text.splitlines()[0], text
+    assert "pyspark checks pyarrow >= " in text and f"The driver's Python: {sys.executable}" in text
+    assert not _attempts(seen) and "PACKAGE_NOT_INSTALLED" not in text
+
+
+BOOT_HOOK = '''
+import os, sys
+
+MODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mode")
+
+
+def boot(event, args):
+    """As tfnb's task in Spark's Python worker reads its spec: "emfile" fails once (out of file handles), "segv"
+    crashes the worker."""
+    if event != "pickle.find_class" or args[1] != "TaskSpec" or "pyspark.worker" not in sys.modules:
+        return
+    with open(MODE) as f:
+        mode = f.read()
+    if mode == "segv":
+        import ctypes
+        ctypes.string_at(0)
+    if mode == "emfile":
+        try:  # the first task to get here
+            os.close(os.open(MODE + ".failed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        import errno
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+
+sys.addaudithook(boot)
+'''
+
+
+def test_out_of_file_handles_at_start_is_relaunched_a_crash_that_repeats_is_not(cluster, tmp_path, monkeypatch,
+                                                                                 no_orphans):
+    # executors whose Spark workers start through a sitecustomize.py that fails tfnb's task as the file mode says
+    (tmp_path / "sitecustomize.py").write_text(BOOT_HOOK)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{tmp_path}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(cluster.sparkContext, "pythonExec", str(python))
+    mode = tmp_path / "mode"
+
+    mode.write_text("emfile")  # one task, once: no missing install, a relaunch starts
+    seen = []
+    assert tfnb.run(one, num_workers=2, spark=cluster, max_attempts=2, display=seen.append, timeout=300) == 1
+    reason = [a["reason"] for a in _attempts(seen)]
+    assert len(reason) == 1 and "could not start: OSError: [Errno 24] Too many open files" in reason[0], reason
+
+    mode.write_text("segv")  # every launch: the second identical crash stops the run, whatever max_attempts says
+    seen = []
+    with pytest.raises(ClusterError) as info:
+        tfnb.run(one, num_workers=2, spark=cluster, max_attempts=4, display=seen.append, timeout=300)
+    text = str(info.value)
+    print(text)
+    assert [a["reason"] for a in _attempts(seen)] == ["a task's Spark Python worker crashed (Python worker exited "
+                                                       "unexpectedly)"]
+    first = text.splitlines()[0]
+    assert re.match(r"Spark's Python worker on executor \S+ crashed the same way on two launches in a row; ", first) \
+        and len(first) <= 200, first
+    assert "stopped relaunching (max_attempts=4)" in text and "faulthandler.enabled" in text

@@ -410,7 +410,7 @@ def test_spark_connect_asks_per_run_through_map_in_arrow(tmp_path, no_orphans):
 # ---------------------------------------------------------------- a real Spark 3.5: the RDD branch
 
 
-@pytest.mark.slow
+@pytest.mark.long  # ./dev matrix: a Spark 3.5 virtualenv of its own
 @pytest.mark.timeout(1200)
 def test_spark_3_5_attaches_the_profile_through_the_rdd_api(tmp_path, no_orphans):
     """The Spark 3.5 branch for real: the simulated Databricks runtime's virtualenv (pyspark 3.5.0, built once

@@ -153,7 +153,8 @@ def test_wheel_installs_into_a_runtime_without_changing_it_and_trains_keras3_on_
     workers = result["workers"]
     assert result["attempt"] == 2 and workers[0]["keras"] == "3.3.3" and workers[0]["began"] == [1]
     found = {n for n, yes in workers[0]["probes_before"].items() if yes}
-    assert {"gradient-all-reduce", "epoch-metrics", "distributed-datasets"} <= found == set(workers[0]["patches"])
+    assert {"gradient-all-reduce", "loss-scale", "metric-variables", "distributed-datasets"} <= found \
+        == set(workers[0]["patches"])
     reports = tmp_path / "reports"
     reports.mkdir()
     for i, w in enumerate(workers):

@@ -65,6 +65,33 @@ def test_frozen_worker_is_relaunched_and_the_run_resumes(spark, tmp_path, no_orp
     assert status["attempts"][0]["relaunched"] and status["attempts"][1]["resumed_epoch"] == result["ran"][0] + 1
 
 
+def stop_then_fail(ctx, folder):
+    """Worker 1 stops itself (SIGSTOP) mid-run; the chief then fails, as a peer's collective does when one member
+    stops answering: the run ends with a process that no SIGTERM reaches until it is continued."""
+    pid_file = Path(folder, "stopped.pid")
+    if ctx.task_index == 1:
+        pid_file.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(3600)
+    while not pid_file.exists() or Path(f"/proc/{pid_file.read_text()}/stat").read_text().split(")")[-1].split()[0] \
+            != "T":
+        time.sleep(0.05)
+    raise RuntimeError("the peer stopped answering")
+
+
+@pytest.mark.parametrize("warm", ["0", "1"])
+def test_a_stopped_worker_is_gone_when_the_run_ends(spark, tmp_path, monkeypatch, warm, no_orphans):
+    monkeypatch.setenv("TFNB_WARM", warm)  # forked from a standby, or started fresh: either way it must go
+    with pytest.raises(WorkerError, match="the peer stopped answering"):
+        tfnb.run(stop_then_fail, num_workers=2, args=(str(tmp_path),), spark=spark, max_attempts=1, display=False,
+                 timeout=300)
+    pid = int((tmp_path / "stopped.pid").read_text())
+    from leakcheck import processes, wait_gone
+
+    stopped = [p for p in processes() if p.pid == pid]
+    assert not wait_gone(stopped, 5.0), f"the stopped train_fn process {pid} outlived its run (stop_grace 5 s)"
+
+
 def silent_sleeper(ctx):
     if ctx.task_index == 1:
         print("about to wait for a lock that never comes", flush=True)

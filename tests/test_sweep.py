@@ -1,11 +1,13 @@
 """tfnb.sweep on a real cluster (local-cluster[2,1,1024]: two executor JVMs, two task slots), one session for the
 module. The trials are custom loops without TensorFlow that report each epoch with ``ctx.report``
 (tests/sweep_trials.py): this module tests the sweep (packing, pruning, failures, cancel, MLflow, the display),
-not training. The same error in a row stopping the sweep; Ctrl-C cancelling every running trial (the leak check of
-every test then finds no process left); eight trials two at a time with a median pruner, one failing on its
-hyperparameters while the sweep goes on, tracked in a real MLflow server (one parent, a child per trial, the best
-tagged with its model) and resumed from an Optuna study in sqlite by a later sweep of two workers per trial. The
-console and the notebook panel are fed the events of the tracked sweep."""
+not training. The same error in a row stopping the sweep, its message different in every trial (the sweep's own study
+spreading the trials that run at once: constant liar); Ctrl-C cancelling every running trial (the leak check of
+every test then finds no process left); a trial that loses an executor failing alone while the sweep goes on, under
+the caller's MLflow run, which a later sweep leaves alone; eight trials two at a time with a median pruner, one
+failing on its hyperparameters while the sweep goes on, tracked in a real MLflow server (one parent, a child per
+trial, the best tagged with its model) and resumed from an Optuna study in sqlite by a later sweep of two workers
+per trial. The console and the notebook panel are fed the events of the tracked sweep."""
 from __future__ import annotations
 
 import os
@@ -15,7 +17,7 @@ import pytest
 
 import tfnb
 from conftest import spark_session
-from sweep_trials import TRIALS, always_fails, fit_trial, slow_epochs, two_workers
+from sweep_trials import TRIALS, fit_trial, index_bug, lose_executor, slow_epochs, two_workers
 from test_mlflow import mlflow_server  # noqa: F401 - the real tracking server, as a fixture of this module
 
 optuna = pytest.importorskip("optuna", reason="optuna not installed: pip install 'tfnb[sweep]'")
@@ -47,18 +49,27 @@ class Recorder(list):
 # ---------------------------------------------------------------- the same error in a row
 
 
-def test_the_same_error_in_a_row_stops_the_sweep(cluster):
+def test_the_same_error_in_a_row_stops_the_sweep(cluster, monkeypatch):
+    class Optuna4TPE(optuna.samplers.TPESampler):  # Optuna < 5's default: TPESampler() without constant_liar
+        def __init__(self, *, constant_liar=False, **kwargs):
+            super().__init__(constant_liar=constant_liar, **kwargs)
+
+    monkeypatch.setattr(optuna.samplers, "TPESampler", Optuna4TPE)
+    # the same bug in every trial, its message naming another index each time: the same error all the same
     with pytest.raises(tfnb.SweepStoppedError) as info:
-        tfnb.sweep(always_fails, {"x": (0.0, 1.0)}, n_trials=8, num_workers=1, spark=cluster, display=False, **NO_TF)
+        tfnb.sweep(index_bug, {"i": (0, 10**6)}, n_trials=8, num_workers=1, spark=cluster, display=False, **NO_TF)
     e = info.value
     first = str(e).splitlines()[0]
     assert re.match(r"tfnb\.sweep stopped: trials \d, \d, \d failed in a row with the same error, a bug in train_fn "
                     "rather than a bad hyperparameter; fix it", first) and len(first) <= 200, first
-    assert "ZeroDivisionError: division by zero in the loss" in str(e)
-    assert isinstance(e.__cause__, tfnb.WorkerError) and "always_fails" in e.__cause__.worker_traceback
+    assert re.search(r"IndexError: index \d+ is out of bounds for axis 0 with size 3", str(e)), str(e)
+    assert isinstance(e.__cause__, tfnb.WorkerError) and "index_bug" in e.__cause__.worker_traceback
     failed = [t for t in e.result.trials if t.state == "failed"]
     assert len(failed) >= 3 and len(e.result.trials) <= 4  # nothing started after the third failure
+    assert len({t.error for t in failed}) == len(failed)  # each said something else
     assert all(t.state in ("failed", "cancelled") for t in e.result.trials)
+    # two trials ran at once: the study's sampler counts the running one (constant liar), not a duplicate of it
+    assert e.result.study.sampler._constant_liar is True
 
 
 # ---------------------------------------------------------------- Ctrl-C
@@ -80,6 +91,37 @@ def test_interrupting_the_sweep_cancels_every_running_trial(cluster):
     assert "running trials cancelled and their processes stopped: 0, 1; 4 not started" in str(info.value)
     assert all(1 <= t.epoch < 60 for t in result.trials)  # stopped mid-way through their 60 epochs
     # no train_fn process is left: the leak check of this test (tests/leakcheck.py) says so at teardown
+
+
+# ---------------------------------------------------------------- the cluster failing one trial, under the caller's run
+
+
+def test_a_trial_the_cluster_fails_after_launch_fails_alone(cluster, mlflow_server, monkeypatch):
+    url, wait = mlflow_server
+    wait()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    mlflow.set_tracking_uri(url)
+    study = optuna.create_study(direction="minimize")
+    for kill in (1, 0):
+        study.enqueue_trial({"kill": kill})
+    # trial 0 loses an executor; an elastic trial that needs both (min_workers=2) cannot relaunch: ClusterError
+    elastic = dict(NO_TF, min_workers=2, replace_wait=0.5, max_attempts=2)
+    with mlflow.start_run(run_name="the caller's run") as outer:
+        result = tfnb.sweep(lose_executor, {"kill": [0, 1]}, study=study, n_trials=2, num_workers=2, spark=cluster,
+                            mlflow=True, display=False, **elastic)
+    assert [t.state for t in result.trials] == ["failed", "complete"], result.trials
+    assert "fewer than min_workers=2" in result.trials[0].error and result.stopped is None
+    assert result.mlflow_run_id == outer.info.run_id  # the caller's run is the parent ...
+    # ... and a later sweep of the study, with no run active, neither reopens nor ends it
+    client = mlflow.MlflowClient(url)
+    ended = client.get_run(outer.info.run_id).info
+    study.enqueue_trial({"kill": 0})
+    later = tfnb.sweep(lose_executor, {"kill": [0, 1]}, study=study, n_trials=1, num_workers=2, spark=cluster,
+                       mlflow=True, display=False, **elastic)
+    assert later.mlflow_run_id not in (None, outer.info.run_id)
+    assert client.get_run(later.mlflow_run_id).info.status == "FINISHED"
+    after = client.get_run(outer.info.run_id).info
+    assert (after.status, after.end_time) == (ended.status, ended.end_time) == ("FINISHED", ended.end_time)
 
 
 # ---------------------------------------------------------------- eight trials, pruned, failing, in MLflow

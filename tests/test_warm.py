@@ -249,3 +249,62 @@ def test_claiming_leaves_a_siblings_standby_and_discards_stale_ones(monkeypatch)
             conn.close()
         wait_for(lambda: not mine(), 15)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _waiting_workdir(folder: Path) -> str:
+    """A task's folder as its supervisor leaves it before ``go``: the train_fn process waits there."""
+    import pickle
+
+    with open(folder / "payload.pkl", "wb") as f:
+        pickle.dump({"fn": None, "args": (), "kwargs": {}, "mode": "train"}, f)
+    return str(folder)
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_stopped_train_fn_process_dies_with_its_task(tmp_path, forked):
+    """A train_fn process stopped by SIGSTOP cannot run its own watch of its task; when the task's Python worker is
+    killed (Spark cancelling it) the process goes all the same: its standby kills it, or, started fresh, the kernel
+    (parent-death signal)."""
+    import subprocess
+    import sys
+
+    workdir = _waiting_workdir(tmp_path)
+    if forked:  # the task is this test: its end of the claim's connection closing is the task dying
+        from tfnb._task import setup, warm
+
+        want = warm.key(("json",), True, (), ())
+        warm.ensure(want, dict(os.environ, TFNB_PREIMPORT="json"), 60)
+        held = setup.reserve_port()
+        claimed = warm.Claimed(next(warm.claim(want)), workdir, workdir, dict(os.environ), held.fileno(), "")
+        pid = claimed.pid
+        held.close()
+        standby = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    else:  # the task is a process of its own that starts the train_fn process as the supervisor does
+        from tfnb._task.supervisor import _CHILD_MAIN, ENV_SUPERVISOR
+
+        task = subprocess.Popen([sys.executable, "-c", (
+            "import os, subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {_CHILD_MAIN!r}, {workdir!r}], stdin=subprocess.PIPE, "
+            f"env=dict(os.environ, {ENV_SUPERVISOR}=str(os.getpid())), start_new_session=True)\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+        pid = int(task.stdout.readline())
+    [proc] = wait_for(lambda: [p for p in leakcheck.processes() if p.pid == pid and p.kind == leakcheck.TRAIN_FN], 30)
+    assert wait_for(lambda: (tmp_path / "stacks.txt").exists(), 30)  # started: it waits for its go
+    os.kill(pid, signal.SIGSTOP)
+    assert wait_for(lambda: _stopped(pid), 10)
+    if forked:
+        claimed.conn.close()
+        claimed.stdin.close()
+    else:
+        task.kill()
+        task.wait()
+    try:
+        assert not leakcheck.wait_gone([proc], 10), f"the stopped train_fn process {pid} outlived its task"
+    finally:
+        if forked:  # it watches this test's parent, not a Spark daemon: it would outlive the session
+            os.kill(standby, signal.SIGKILL)

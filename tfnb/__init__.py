@@ -22,6 +22,7 @@ from ._protocol import VERSION as __version__
 # public name -> module that defines it (imported on first use)
 _EXPORTS = {name: module for module, names in {
     "launcher": ("run", "RunOptions"),
+    "launcher.selfcheck": ("selfcheck", "SelfCheck"),
     "tuning": ("sweep", "SweepResult", "TrialResult", "SweepStoppedError", "SweepCancelledError"),
     "data.staging": ("stage", "StageResult", "StageProgress"),
     "data.inference": ("predict",),
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # what the lazy exports are, for type checkers and IDEs
     from .errors import (ClusterError, ConfigError, EvaluatorError, MissingDependencyError, RunCancelledError,
                          RunTimeoutError, StorageError, TfnbError, WorkerError, WorkerStalledError)
     from .launcher import RunOptions, run
+    from .launcher.selfcheck import SelfCheck, selfcheck
     from .monitor.evaluator import EvalResult, Evaluator
     from .monitor.sync import EventSync, SyncStats
     from .monitor.tensorboard import Failed, Launched, Reused, TimedOut

@@ -20,6 +20,17 @@ _HINTS = {"tensorflow": "'tfnb[tf]' (tensorflow and tf-keras)", "tf_keras": "tf-
 # Floors, and why (README "Requirements" says the same).
 SPARK_FLOOR = (3, 5)       # DataFrame.mapInArrow(..., barrier=True) is Spark 3.5+
 TENSORFLOW_FLOOR = (2, 16)  # Keras 3 default from 2.16: MultiWorkerMirroredStrategy training needs tf-keras
+# The newest version of each that ./dev matrix trains (docs/compatibility.md). Newer ones are not refused: a
+# self-check decides at the first fit under a strategy (tfnb/_task/selfcheck.py).
+TESTED_NEWEST = {"keras": (3, 15, 1), "tensorflow": (2, 21, 0), "spark": (4, 3, 0)}
+KERAS_FLOOR = (3, 3, 3)  # Databricks Runtime 15.4 LTS ML's Keras
+
+
+def tested_range() -> dict:
+    """The tested Keras range, for messages: ``low`` and ``high`` (full versions)."""
+    return {"low": ".".join(map(str, KERAS_FLOOR)), "high": ".".join(map(str, TESTED_NEWEST["keras"]))}
+
+
 _SPARK_FIX = ("on Databricks use Runtime 14.3 LTS or later (Runtime ML 15.4 LTS or later for TensorFlow); "
               "elsewhere pip install 'tfnb[spark]' (pyspark>=3.5)")
 _TF_FIX = ("on Databricks use Runtime ML 15.4 LTS or later, or %pip install 'tensorflow>=2.16' tf-keras; "
@@ -77,6 +88,29 @@ def require_tensorflow(purpose: str = "") -> ModuleType:
         raise MissingDependencyError(f"tensorflow is needed{why} but is not installed; {_TF_FIX}") from e
     _floor("TensorFlow", getattr(tf, "__version__", "0"), TENSORFLOW_FLOOR,
            "Keras 3 and tf-keras both run on TensorFlow from 2.16 on", _TF_FIX)
+    return tf
+
+
+def tensorflow_with_tf_keras(purpose: str = "") -> ModuleType:
+    """:func:`require_tensorflow`, with ``tf.keras`` meaning tf-keras (where installed) when this process imports
+    TensorFlow first, as in tfnb.run's workers: TF_USE_LEGACY_KERAS is set only while TensorFlow is imported and
+    ``tf.keras`` resolved, then put back. A notebook's environment stays its user's (its child processes, and a
+    local session's Spark workers, inherit it)."""
+    import os
+    import sys
+
+    if "tensorflow" in sys.modules or importlib.util.find_spec("tf_keras") is None:
+        return require_tensorflow(purpose)
+    before = os.environ.get("TF_USE_LEGACY_KERAS")
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    try:
+        tf = require_tensorflow(purpose)
+        getattr(tf.keras, "Model", None)  # resolves TensorFlow's lazy keras module while the variable is set
+    finally:
+        if before is None:
+            os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        else:
+            os.environ["TF_USE_LEGACY_KERAS"] = before
     return tf
 
 

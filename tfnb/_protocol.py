@@ -14,7 +14,7 @@ masters); its end is :mod:`tfnb.launcher.channel`, the task's :mod:`tfnb._task.c
 Every later frame body is ``MAC || JSON`` where MAC = HMAC-SHA256(key, sequence || JSON) with a key per
 direction derived from the secret and both nonces and a sequence number counted by both ends: a
 forged, altered, replayed, reordered or dropped frame fails the check and the connection is closed.
-Frames are authenticated, not encrypted (logs and tracebacks are readable on the wire; see README).
+Frames are authenticated, not encrypted (logs and tracebacks are readable on the wire; see docs/security.md, "The run's channel").
 
 **Messages** are JSON objects with a ``kind``, one of :class:`Msg` (log, event, state, failed, stack, addr,
 feed from a task; welcome, cluster, stop, end, dump, feed from the driver; batch either way): both ends

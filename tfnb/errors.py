@@ -83,12 +83,23 @@ _PEER_MESSAGES = re.compile(
 
 
 # Raised in train_fn by Keras 3's fit (tfnb._task.keras3) where it cannot train: first line, then the detail.
-KERAS3_UNTESTED = ("Keras {version} is untested under tf.distribute in tfnb (tested: {low} to {high}); install a "
-                   "tested Keras, or use tf.keras (tf-keras)\n"
-                   "Keras 3's own trainer fails under MultiWorkerMirroredStrategy (keras-team/keras#20585); tfnb corrects "
-                   "it for the Keras versions its tests train on (docs/keras3.md). For this one: pip install "
-                   "'keras>={low},<{below}', or build the model with tf.keras, which tfnb.run makes tf-keras where it "
-                   "is installed (or `import tf_keras as keras`).")
+KERAS3_UNTESTED = ("Keras {version} ({backend}) is not supported under tf.distribute (tested: {low} to {high}); "
+                   "install a tested Keras, or use tf.keras (tf-keras)\n"
+                   "Keras 3's own trainer fails under MultiWorkerMirroredStrategy (keras-team/keras#20585); tfnb "
+                   "corrects it from Keras {low} on, with the TensorFlow backend (docs/keras3.md). For this one: "
+                   "pip install 'keras>={low},<={high}', or build the model with tf.keras, which tfnb.run makes "
+                   "tf-keras where it is installed (or `import tf_keras as keras`).")
+KERAS3_PROBE = ("Keras {version}: tfnb could not check it for the defect '{name}'; install a tested Keras ({low} to "
+                "{high}), or use tf.keras (tf-keras)\n"
+                "The check runs Keras' own code on stand-ins, and it failed: {error}. Applying the correction blindly "
+                "could train wrong where Keras has no such defect, so tfnb stops rather than guess (docs/keras3.md). "
+                "pip install 'keras>={low},<={high}'.")
+KERAS3_SELFCHECK = ("{what} failed tfnb's self-check: {detail}; install a tested Keras ({low} to {high}), or use "
+                    "tf.keras\n"
+                    "{untested} newer than tfnb's tests, so at the first fit under {strategy} tfnb trained a linear "
+                    "model one SGD step on every worker and compared it with the same step computed in one process "
+                    "(docs/keras3.md, 'Newer versions'). {checks} pip install 'keras>={low},<={high}', or build the "
+                    "model with tf.keras (tf-keras).")
 KERAS3_DEVICES = ("Keras {version} cannot train on {devices} devices per worker; use one device per worker (e.g. "
                   "gpus_per_worker=1) or Keras >= 3.15, or tf.keras (tf-keras)\n"
                   "This Keras applies each device's gradient to that device's copy of the weights alone "

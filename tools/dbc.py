@@ -170,8 +170,9 @@ def build(src_dir: str | os.PathLike, out_path: str | os.PathLike, *,
         folder: the workspace folder the notebooks land in on import; defaults to the
             archive's file name without suffix (``dbc/tfnb.dbc`` -> ``tfnb``).
         wheel: ``(file name, bytes)`` of a wheel to carry: it replaces the line ``TFNB_WHEEL = None``
-            of the notebook that has it (``tfnb_install``) with the name and the bytes in base64, so
-            that importing the archive is all a workspace needs to install it.
+            of the notebook that has it (``tfnb_install``) with the name, the sha256 of the bytes and the
+            bytes in base64, so that importing the archive is all a workspace needs to install it, and the
+            install checks what it installs against the hash.
 
     Returns:
         A :class:`BuildResult` with the archive path, its notebooks and sha256.
@@ -227,14 +228,17 @@ def build_bytes(src_dir: str | os.PathLike, *, folder: str = "tfnb",
 
 
 _WHEEL_SLOT = re.compile(r"^TFNB_WHEEL = None\b.*$", re.MULTILINE)
-_WHEEL_CARRIED = re.compile(r'TFNB_WHEEL = \(\\"([^"\\]+)\\", \\"([A-Za-z0-9+/=]*)\\"\)')  # as it reads in the JSON
+# as it reads in the JSON: name, sha256, base64
+_WHEEL_CARRIED = re.compile(r'TFNB_WHEEL = \(\\"([^"\\]+)\\", \\"[0-9a-f]{64}\\", \\"([A-Za-z0-9+/=]*)\\"\)')
 
 
 def _carry_wheel(notebooks: list[Notebook], name: str, data: bytes) -> list[Notebook]:
-    """The notebooks with the wheel in the one ``TFNB_WHEEL = None`` line they have."""
+    """The notebooks with the wheel in the one ``TFNB_WHEEL = None`` line they have, as ``(name, sha256 hex,
+    base64)``: the install notebook checks the bytes it writes against the hash, and pins pip to it."""
     if not re.fullmatch(r"[\w.+-]+\.whl", name):
         raise ConfigError(f"wheel name {name!r} is not a wheel file name (NAME-VERSION-TAGS.whl)")
-    line = f'TFNB_WHEEL = ("{name}", "{base64.b64encode(data).decode()}")  # put here by the DBC build'
+    digest = hashlib.sha256(data).hexdigest()
+    line = f'TFNB_WHEEL = ("{name}", "{digest}", "{base64.b64encode(data).decode()}")  # put here by the DBC build'
     out, slots = [], 0
     for nb in notebooks:
         cells = []

@@ -48,6 +48,12 @@ What it models (each checked by tests/test_dbsim.py):
   notebook's Run All ends, what it left running (its REPL's children, background processes, the Spark
   Python workers of its environment) is killed; what was not an idle Spark worker is reported in
   :attr:`NotebookResult.leftovers`.
+* **Notebooks at once**: ``run`` from several threads runs notebooks side by side on the cluster (each in its own
+  Python and environment, as Databricks' REPLs are); a notebook's leftovers are told apart from the others'.
+* **Users**: one workspace, several users: ``run(..., user=...)`` runs a notebook as that user (``select
+  current_user()`` and the notebook context of ``dbutils.entry_point`` answer it, without an API token; the
+  notebook's folder is under ``/Workspace/Users/<user>``), with the same
+  volumes, DBFS root and driver for all, as colleagues sharing a workspace (and, here, a cluster) have.
 * ``DATABRICKS_RUNTIME_VERSION`` is set; the environment is built from scratch (no ``PYTHONPATH``,
   ``SPARK_HOME``, ``TF_*`` of the test process), ``PATH`` starts with the runtime's ``bin``.
 
@@ -55,7 +61,7 @@ What it cannot show: Databricks' own Spark (the runtime's Spark is pip's pyspark
 ``dbsim.runtimes``), Spark Connect / shared access mode, UI rendering of ``display`` and widgets,
 ``dbutils.notebook.run``, ``%run`` with arguments, ``%pip`` byte-compiling what it installs
 (``PIP_NO_COMPILE``) and the time a ``%pip`` takes once its result is kept (it is replayed), cluster
-libraries, GPUs, several notebooks running at once on one cluster (runs are sequential), a REPL that lives on
+libraries, GPUs, a REPL that lives on
 after Run All (background threads and processes a notebook leaves are killed when its Run All ends, and
 reported in ``leftovers``), credentials passthrough / Unity Catalog permissions beyond "writable inside a volume".
 
@@ -261,6 +267,14 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -370,7 +384,9 @@ class Cluster:
         start_timeout: seconds the JVM and its executors may take to come up.
 
     Use it as a context manager; everything (namespaces, JVMs, notebook environments, files) is gone after.
-    Notebooks run one at a time (``run`` is not thread-safe).
+    ``run`` may be called from several threads at once: notebooks running side by side on one cluster, as its
+    users' notebooks do. What a notebook leaves running is told apart by its environment (``DBSIM_RUN``, which
+    its processes inherit) and its Python (the Spark workers of its environment).
 
     Example:
         >>> with Cluster(RUNTIME_A) as cluster:                          # doctest: +SKIP
@@ -404,6 +420,8 @@ class Cluster:
         self._init_pid: int | None = None
         self._gateway: tuple[int, str] | None = None
         self._runs = 0
+        self._active: set[str] = set()     # runs in progress (several at once: one thread each)
+        self._runs_lock = threading.Lock()
         self._discards: list[threading.Thread] = []
         self.timings: dict[str, float] = {}
 
@@ -758,9 +776,11 @@ class Cluster:
                 return self.dir / host / p.relative_to(inside)
         return Path(path)
 
-    def workspace_folder(self, folder: str) -> str:
-        """The notebooks' working directory for an archive folder, as the notebooks see it."""
-        return f"/Workspace/Users/{self.user}/{folder}" if folder else f"/Workspace/Users/{self.user}"
+    def workspace_folder(self, folder: str, user: str | None = None) -> str:
+        """The notebooks' working directory for an archive folder of ``user`` (default: the cluster's), as the
+        notebooks see it."""
+        user = user or self.user
+        return f"/Workspace/Users/{user}/{folder}" if folder else f"/Workspace/Users/{user}"
 
     def executor_tmp(self, executor: int) -> Path:
         """Where executor ``executor``'s ``/tmp`` is on this machine (its Python workers' too)."""
@@ -784,7 +804,8 @@ class Cluster:
     # -- running notebooks
 
     def run(self, archive: str | os.PathLike, notebook: str, *, params: Mapping[str, object] | None = None,
-            timeout: float = 1800.0, env: Mapping[str, str] | None = None, pip: str = "line") -> NotebookResult:
+            timeout: float = 1800.0, env: Mapping[str, str] | None = None, pip: str = "line",
+            user: str | None = None) -> NotebookResult:
         """Run All of one notebook of ``archive``, as a job with ``params`` (widget values) when given.
 
         Args:
@@ -797,6 +818,9 @@ class Cluster:
             pip: how the runtime offers ``%pip``: ``"line"``, a line magic (a command's first line, or code
                 calling ``get_ipython().run_line_magic("pip", ...)``); ``"cell"``, only as the first line of a
                 command of its own (a cell magic: code calling the line magic gets IPython's ``UsageError``).
+            user: the workspace user who runs it (default: the cluster's ``user``): ``select current_user()``
+                answers it, and the notebook's folder is that user's (``/Workspace/Users/<user>/...``), with its
+                own copy of the archive's notebooks, as when each user imports the archive.
 
         Returns:
             The :class:`NotebookResult`; a failing command is in ``failure`` (``.check()`` raises it).
@@ -811,10 +835,13 @@ class Cluster:
         notebooks = {nb.path: [{"kind": c.cell_type, "source": c.source} for c in nb.cells]
                      for nb in dbc.read(archive)}
         path = self._resolve(notebooks, notebook)
-        self._runs += 1
-        run_id = f"run{self._runs}"
+        with self._runs_lock:
+            self._runs += 1
+            run_id = f"run{self._runs}"
+            self._active.add(run_id)
         folder = str(PurePosixPath(path).parent) if "/" in path else ""
-        cwd = self.workspace_folder(folder)
+        user = user or self.user
+        cwd = self.workspace_folder(folder, user)
         self.host_path(cwd).mkdir(parents=True, exist_ok=True)
         sim = self.dir / "sim"
         widgets = sim / f"{run_id}-widgets.json"
@@ -826,6 +853,7 @@ class Cluster:
         nb_env = self._notebook_env(run_id)
         kernel_env = self._kernel_env(nb_env)
         kernel_env.update(env or {})
+        kernel_env["DBSIM_RUN"] = run_id  # inherited by what the notebook starts: told apart when it ends
         deadline = t0 + timeout
         start, process, timed_out, died = 0, 0, None, None
         try:
@@ -836,7 +864,7 @@ class Cluster:
                     "notebooks": notebooks, "notebook": path, "start": start, "process": process,
                     "widgets": str(widgets), "events": str(events), "cwd": cwd,
                     "dbfs_root": self.runtime.dbfs_root, "secrets": self.secrets,
-                    "executors": self.executors, "timeout": self.start_timeout, "pip": pip}))
+                    "executors": self.executors, "timeout": self.start_timeout, "pip": pip, "user": user}))
                 with open(log, "ab") as out:
                     out.write(f"===== Python process {process} =====\n".encode())
                     out.flush()
@@ -856,7 +884,9 @@ class Cluster:
                     break
                 start = ended[-1]["next"]
         finally:
-            leftovers = self._end_notebook()
+            leftovers = self._end_notebook(run_id, nb_env)
+            with self._runs_lock:
+                self._active.discard(run_id)
             self._discard_env(nb_env)
             self._note_spark_up()
         return self._result(path, events, widgets, log, time.monotonic() - t0, process, timed_out, died,
@@ -909,14 +939,19 @@ class Cluster:
                 todo.append(child)
         return out
 
-    def _end_notebook(self) -> tuple[str, ...]:
-        """Kill what the notebook left in the namespace (one notebook runs at a time: every process but
-        the agent, the JVMs and the bootstrap is its); the ones that were not Spark's idle Python workers
-        are reported."""
+    def _end_notebook(self, run_id: str, env: Path) -> tuple[str, ...]:
+        """Kill what the notebook left in the namespace: alone on the cluster, every process but the agent, the
+        JVMs and the bootstrap is its; beside other notebooks, those of its environment (``DBSIM_RUN``) or its
+        Python. The ones that were not Spark's idle Python workers are reported."""
         keep = {self._init_pid}
         if self._boot is not None and self._boot.poll() is None:
             keep.update([self._boot.pid] + self._descendants(self._boot.pid))
         pids = [p for p in _in_namespace(self._ns) if p not in keep and not _is_jvm(_cmdline(p))]
+        with self._runs_lock:
+            alone = self._active == {run_id}
+        if not alone:
+            pids = [p for p in pids if _environ(p).get("DBSIM_RUN") == run_id
+                    or (_cmdline(p)[:1] and _cmdline(p)[0].startswith(str(env)))]
         leftovers = tuple(f"{p}: {' '.join(_cmdline(p))}" for p in pids if not _is_spark_worker(_cmdline(p)))
         still = _kill(pids)
         if still:

@@ -426,6 +426,100 @@ class _Library:
         print("dbutils.library (simulated): restartPython")
 
 
+class _Option:
+    """A Scala ``Option`` as Py4J hands it to Python: ``isDefined``, ``get``, ``getOrElse``."""
+
+    def __init__(self, value=None):
+        self._value = value
+
+    def isDefined(self):
+        return self._value is not None
+
+    def isEmpty(self):
+        return self._value is None
+
+    def get(self):
+        if self._value is None:
+            raise ValueError("java.util.NoSuchElementException: None.get")
+        return self._value
+
+    def getOrElse(self, default):
+        return default if self._value is None else self._value
+
+
+class _Context:
+    """``dbutils.notebook.entry_point.getDbutils().notebook().getContext()``: who runs which notebook. The
+    simulated workspace has no REST API, so ``apiUrl`` and ``apiToken`` are empty (libraries then fall back to
+    their own configuration, as on a cluster whose context has no token)."""
+
+    def __init__(self, user: str, path: str):
+        self._tags = {"user": user, "notebook_path": path, "clusterId": "dbsim"}
+        self._user, self._path = user, path
+
+    def userName(self):
+        return _Option(self._user)
+
+    def notebookPath(self):
+        return _Option(self._path)
+
+    def apiUrl(self):
+        return _Option()
+
+    def apiToken(self):
+        return _Option()
+
+    def tags(self):
+        return _Tags(self._tags)
+
+    def extraContext(self):
+        return _Tags({})
+
+    def toJson(self):
+        return json.dumps({"tags": self._tags, "extraContext": {}})
+
+
+class _Tags:
+    def __init__(self, values: dict):
+        self._values = values
+
+    def get(self, key):
+        return _Option(self._values.get(key))
+
+    def apply(self, key):
+        return self._values[key]
+
+
+class _EntryPoint:
+    """``dbutils.entry_point`` / ``dbutils.notebook.entry_point``: the Databricks-internal gateway some libraries
+    read the notebook context through (MLflow reads it when imported on a Databricks runtime). Modelled: the
+    notebook context (user, notebook path; no API token), a logger that drops usage records, and the driver
+    conf's SSL flag; anything else is an AttributeError naming it."""
+
+    def __init__(self, user: str, path: str):
+        self._context = _Context(user, path)
+
+    def getDbutils(self):
+        return self
+
+    def notebook(self):
+        return self
+
+    def getContext(self):
+        return self._context
+
+    def getDriverConf(self):
+        return type("DriverConf", (), {"workflowSslTrustAll": staticmethod(lambda: False)})()
+
+    def getLogger(self):
+        return type("Logger", (), {"logUsage": staticmethod(lambda *a, **k: None)})()
+
+    def getNonUcApiToken(self):
+        raise RuntimeError("no API token: the simulated workspace has no REST API")
+
+    def __getattr__(self, name):
+        raise AttributeError(f"dbutils.entry_point.{name} is Databricks-internal and not simulated")
+
+
 class _Notebook:
     def __init__(self, kernel):
         self._kernel = kernel
@@ -439,7 +533,7 @@ class _Notebook:
 
     @property
     def entry_point(self):
-        raise NotImplementedError("dbutils.notebook.entry_point is Databricks-internal and not simulated")
+        return self._kernel.entry_point
 
 
 class _Secrets:
@@ -464,6 +558,7 @@ class _Secrets:
 
 class DBUtils:
     def __init__(self, kernel, widgets: _Widgets, dbfs_root: bool, secrets: dict):
+        self.entry_point = kernel.entry_point
         self.widgets = widgets
         self.fs = _Fs(dbfs_root)
         self.library = _Library()
@@ -480,7 +575,7 @@ class DBUtils:
 # ---------------------------------------------------------------- Spark
 
 
-def attach_spark(create: bool):
+def attach_spark(create: bool, user: str | None = None):
     """The cluster's SparkContext (created by the first caller, attached to by every later Python
     process, as a Databricks notebook's Python attaches to the driver's JVM) and a SparkSession of our own
     sharing it (each notebook has its own session: SQL conf and temp views are per notebook)."""
@@ -502,6 +597,8 @@ def attach_spark(create: bool):
     SparkSession._activeSession = spark
     jvm.org.apache.spark.sql.SparkSession.setDefaultSession(spark._jsparkSession)
     jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    if user:  # `select current_user()` answers the notebook's user, as Databricks' does (this thread's JVM twin)
+        jvm.org.apache.spark.sql.catalyst.CurrentUserContext.CURRENT_USER().set(user)
     return sc, spark
 
 
@@ -601,6 +698,8 @@ class Kernel:
         return shell
 
     def define_globals(self, spark, sc):
+        user = self.spec.get("user") or "sim-user@example.com"
+        self.entry_point = _EntryPoint(user, posixpath.join(self.spec["cwd"], posixpath.basename(self.spec["notebook"])))
         widgets = _Widgets(self.spec["widgets"])
         self.dbutils = DBUtils(self, widgets, self.spec["dbfs_root"], self.spec.get("secrets") or {})
         self.shell.user_ns.update(
@@ -779,7 +878,7 @@ def run_all(spec: dict) -> int:
     kernel = Kernel(spec)
     kernel.events.write(event="start", process=spec["process"], pid=os.getpid(), time=time.time())
     shell = kernel.start_shell()
-    _, spark = attach_spark(create=False)
+    _, spark = attach_spark(create=False, user=spec.get("user"))
     wait_for_executors(spark.sparkContext, int(spec["executors"]), float(spec["timeout"]))
     kernel.define_globals(spark, spark.sparkContext)
     commands = spec["notebooks"][spec["notebook"]]

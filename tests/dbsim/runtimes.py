@@ -26,6 +26,11 @@ Versions:
   against the release notes, which could not be reached from here. ``tensorflow==2.16.1`` is the CPU/GPU
   wheel without CUDA libraries (those come only with its ``[and-cuda]`` extra), as checked with
   ``pip install --dry-run``.
+* MLflow: Databricks' "MLflow-Databricks Runtime compatibility matrix" (Runtime release notes, versions and
+  compatibility) gives 15.4 LTS ML MLflow 2.13.1, 16.4 LTS ML 2.21.3 and 17.3 LTS ML 3.0.1. Runtime A has
+  ``mlflow-skinny==2.13.1`` (the client: tracking, registry, model flavours); runtime B has 17.3 LTS ML's
+  ``mlflow-skinny==3.0.1``, so the two cover MLflow 2 and MLflow 3. The ML runtimes' full ``mlflow`` (server, UI)
+  adds nothing a notebook uses; that the non-ML 17.3 LTS ships the same MLflow was not checked.
 * ``RUNTIME_B`` (17.3 LTS, Spark 4.0, Python 3.12, no TensorFlow): the 17.3 LTS release notes' library
   table could not be found with the search tool; the versions below are plausible for a runtime of
   October 2025 (pyspark 4.0.1 is Spark 4.0's maintenance release on PyPI), not copied from the notes.
@@ -117,6 +122,7 @@ RUNTIME_A = Runtime(
         "matplotlib==3.7.2",
         "cloudpickle==2.2.1",
         "tqdm==4.65.0",
+        "mlflow-skinny==2.13.1",
     ),
     dbfs_root=True,
     spark_version="15.4.x-cpu-ml-scala2.12",
@@ -138,6 +144,7 @@ RUNTIME_B = Runtime(
         "matplotlib==3.10.0",
         "ipython==8.30.0",
         "cloudpickle==3.0.0",
+        "mlflow-skinny==3.0.1",
     ),
     dbfs_root=False,
     spark_version="17.3.x-scala2.13",

@@ -127,6 +127,10 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             self.steps = params.get("steps")
             self._divisor = _replica_divisor(self.model)
             _emit(epochs=self.epochs, steps=self.steps, batch_size=batch_size)
+            if ctx is not None:
+                from .resize import join_vote
+
+                join_vote(ctx)  # an elastic run: this worker votes at each epoch start (on_epoch_begin)
 
         def on_epoch_begin(self, epoch, logs=None):
             if ctx is not None and self.epochs_begun:

@@ -31,6 +31,24 @@ from .._protocol import (CONTEXT, DUMP_SIGNAL, END, ENV_HELD_PORT_FD, ENV_PREIMP
 from ..storage import atomic_write
 
 
+ENV_SUPERVISOR = "TFNB_SUPERVISOR_PID"  # set by tfnb._task.supervisor for a fresh process: the pid it started from
+
+
+def _die_with_supervisor() -> None:
+    """A fresh process: the kernel SIGKILLs it when its supervisor's thread ends, since :func:`_watch_parent`
+    cannot act in a stopped process (SIGSTOP: a debugger, kill -STOP, a cgroup freezer). A process forked by a
+    warm standby has the standby for that (tfnb._task.warm)."""
+    expected = os.environ.pop(ENV_SUPERVISOR, None)
+    if not expected or not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):  # no libc prctl: the parent watch alone
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(expected):  # it ended before the line above
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def _watch_parent(fd: int = 0) -> tuple[threading.Event, threading.Event]:
     """Events set when the supervisor says go / end on ``fd``; kills this process group if it dies first."""
     go, end = threading.Event(), threading.Event()
@@ -107,6 +125,7 @@ def prepare() -> None:
 
 def main(argv: list[str]) -> None:
     """A fresh process: ``argv`` is ``[WORKDIR]``; go and end come on stdin."""
+    _die_with_supervisor()
     prepare()
     _run(argv[0], *_watch_parent(), preimport=True)
 
@@ -160,6 +179,9 @@ def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: boo
             end.wait()
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
+        from .resize import found_in
+
+        e = found_in(e) or e  # an elastic run's stop at an epoch boundary, even re-raised as train_fn's own error
         t = type(e)
         name = t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
         info = {"exc_type": name, "message": str(e), "traceback": traceback.format_exc()}

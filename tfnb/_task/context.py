@@ -155,8 +155,10 @@ class WorkerContext:
     def epoch_boundary(self, strategy: Any = None, epoch: int | None = None) -> None:
         """In a custom training loop of an elastic run, call at the start of each epoch after the first, on every
         worker, once the last epoch's checkpoint is written: when the run is resized (executors returned, or one is
-        leaving), it raises on every worker at once (let it propagate: tfnb relaunches from that checkpoint). A no-op
-        in a run without ``min_workers``. ``ctx.progress_callback()`` does this for Keras ``fit``.
+        leaving), it raises on every worker at once (let it propagate: tfnb relaunches from that checkpoint; it is a
+        ``BaseException``, which ``except Exception`` lets through, and one re-raised as another error still counts).
+        A no-op in a run without ``min_workers``. ``ctx.progress_callback()`` does this for Keras ``fit``; call one or
+        the other on every worker, or the run stops with a ConfigError (the vote is a collective).
 
         Example:
             >>> for epoch in range(start, epochs):

@@ -5,10 +5,13 @@ Keras 3's TensorFlow trainer does not run under MultiWorkerMirroredStrategy as r
 tensorflow/tensorflow#72388). Each :class:`Patch` below names the upstream defect it corrects, carries a *probe*
 that runs the upstream code on stand-ins (no cluster, milliseconds) and reports whether the defect is there, and
 an ``apply`` that corrects it at its root. :func:`install` runs when train_fn imports Keras 3 (tfnb._task.child):
-``fit``, ``evaluate`` and ``predict`` then call :func:`ready` under a distribution strategy, which refuses what
-cannot work (a Keras outside the tested range, ParameterServerStrategy) and applies, once, the patches whose
-defect reproduces. A patch whose probe finds upstream fixed is not applied: it retires itself. docs/keras3.md
-lists them.
+``fit``, ``evaluate``, ``predict``, the ``*_on_batch`` methods and the optimizer's ``apply`` (a custom training loop)
+then call :func:`ready` under a distribution strategy, which refuses what cannot work (a Keras older than the tested
+range, ParameterServerStrategy) and applies, once, the patches whose defect reproduces. A patch whose probe finds
+upstream fixed is not applied: it retires itself. A probe that cannot run Keras' code fails closed: its correction
+is applied where that is safe whatever Keras does, else the run is refused. A Keras, TensorFlow or Spark newer than
+the tested ones is not refused: a self-check (tfnb._task.selfcheck) trains one step and compares it with one
+process's. docs/keras3.md lists them.
 """
 from __future__ import annotations
 
@@ -22,11 +25,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
 
-from .._deps import _version
-
-# The Keras versions the suite trains on: Databricks Runtime 15.4 LTS ML's (with TensorFlow 2.16.1) up to the
-# newest minor release tested. Others keep the refusal (errors.KERAS3_UNTESTED).
-FLOOR, NEWEST = (3, 3, 3), (3, 15)
+from .._deps import KERAS_FLOOR, _version, tested_range
 
 
 @dataclass(frozen=True)
@@ -38,6 +37,8 @@ class Patch:
     defect: str
     probe: Callable[[], bool]  # True: the defect reproduces in this Keras
     apply: Callable[[], None]
+    safe: bool = False  # applying it is right whether or not the defect is there: a probe that fails applies it
+    early: bool = False  # probed and applied when Keras is imported (its probe creates no tensor), before compile
 
 
 def _fake_mwms(**attrs):
@@ -77,49 +78,83 @@ def _trainer():
     return trainer
 
 
+class _Batches:
+    """A stand-in of the epoch iterator ``_maybe_symbolic_build`` takes, in each shape Keras 3 releases give it:
+    iterated as ``(step, iterator)`` (3.7 to 3.10) or ``(step, step, iterator)`` (3.3, 3.4, from 3.11), or asked
+    for ``enumerate_epoch()`` (3.5, 3.6)."""
+
+    def __init__(self, batch, width: int):
+        self.batch, self.width = batch, width
+
+    def __iter__(self):
+        return iter([(0,) * (self.width - 1) + (iter([self.batch]),)])
+
+    def enumerate_epoch(self):
+        return iter([(0, iter([self.batch]))])
+
+
 def _probe_symbolic_build() -> bool:
     """Keras 3 releases that build the model before fit do so from one batch of the distributed iterator: they
     reduce that batch across every worker (``strategy.reduce`` on a nested structure, which MultiWorkerMirroredStrategy
-    rejects with "Attempt to convert a value (PerReplica...)"), or hands the distributed batch on as it is."""
+    rejects with "Attempt to convert a value (PerReplica...)"), or hand the distributed batch on as it is."""
     import tensorflow as tf
+    from keras.src import tree
 
     maybe = getattr(_trainer().TensorFlowTrainer, "_maybe_symbolic_build", None)
     if maybe is None:
         return False  # builds while tracing the step: no batch crosses the workers
-    calls, got = [], []
+    errors = []
+    for width in (3, 2):
+        calls, got = [], []
 
-    def reduce(op, value, axis=None):
-        calls.append(op)
-        return value
+        def reduce(op, value, axis=None):
+            calls.append(op)
+            return value
 
-    strategy = _fake_mwms(reduce=reduce, scope=contextlib.nullcontext)
-    fake = SimpleNamespace(_distribute_strategy=strategy, distribute_strategy=strategy,
-                           _symbolic_build=lambda iterator=None, data_batch=None: got.append(data_batch))
-    batch = (_per_replica(tf.zeros((2, 3))), _per_replica(tf.zeros((2,))))
-    try:
-        maybe(fake, iterator=[(0, 0, iter([batch]))])
-    except Exception:  # noqa: BLE001 - whatever it does with a distributed batch, it is not building from it
-        return True
-    from keras.src import tree
-
-    return bool(calls) or any(_distributed(v) for v in tree.flatten(got))
+        strategy = _fake_mwms(reduce=reduce, scope=contextlib.nullcontext)
+        fake = SimpleNamespace(_distribute_strategy=strategy, distribute_strategy=strategy,
+                               _symbolic_build=lambda iterator=None, data_batch=None: got.append(data_batch))
+        batch = (_per_replica(tf.zeros((2, 3))), _per_replica(tf.zeros((2,))))
+        try:
+            maybe(fake, iterator=_Batches(batch, width))
+        except Exception as e:  # noqa: BLE001 - another shape of iterator; none that works fails closed below
+            errors.append(e)
+            continue
+        return bool(calls) or any(_distributed(v) for v in tree.flatten(got))
+    raise RuntimeError(f"_maybe_symbolic_build took no stand-in iterator ({errors[-1]!r})")
 
 
 def _apply_symbolic_build() -> None:
-    """Build from this worker's own first batch: the symbolic build needs shapes and dtypes, not a collective."""
+    """Build from this worker's own first batch: the symbolic build needs shapes and dtypes, not a collective.
+    Keras' own code still walks its iterator (whatever its shape in this release); within the build, the strategy's
+    ``reduce`` of the distributed batch gives this worker's values, and a distributed batch handed on is made local."""
     cls = _trainer().TensorFlowTrainer
     original = cls._maybe_symbolic_build
 
     @functools.wraps(original)
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if iterator is not None and data_batch is None and self._distribute_strategy is not None:
-            from keras.src import tree
+        strategy = self._distribute_strategy
+        if strategy is None or iterator is None:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        from keras.src import tree
 
-            for _, _, it in iterator:
-                data_batch = tree.map_structure(_local, next(it))
-                break
-            iterator = None
-        return original(self, iterator=iterator, data_batch=data_batch)
+        def reduce(op, value, axis=None):
+            return tree.map_structure(_local, value)
+
+        own_build = self._symbolic_build
+
+        def build(*args, **kwargs):
+            strategy.__dict__.pop("reduce", None)  # the build itself sees the strategy as it is
+            kwargs = {k: tree.map_structure(_local, v) if k == "data_batch" else v for k, v in kwargs.items()}
+            return own_build(*args, **kwargs)
+
+        object.__setattr__(strategy, "reduce", reduce)  # on these instances only, for this call
+        object.__setattr__(self, "_symbolic_build", build)
+        try:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        finally:
+            strategy.__dict__.pop("reduce", None)
+            self.__dict__.pop("_symbolic_build", None)
 
     cls._maybe_symbolic_build = _maybe_symbolic_build
 
@@ -174,7 +209,10 @@ def _probe_reduce_scalars() -> bool:
 
 
 def _apply_reduce_scalars() -> None:
-    """Average each metric over every replica of every worker (``axis=None``): the global value, on every worker."""
+    """No collective in the step: each step's metrics are this worker's own (the mean over its replicas). They are
+    read as global values only where every worker reads them together, from the metric variables: at each epoch's
+    end and in evaluate's result, where Keras computes its logs from them (exact: the global totals over the global
+    counts, as one process has them)."""
     trainer = _trainer()
     original = trainer.reduce_per_replica
 
@@ -183,10 +221,20 @@ def _apply_reduce_scalars() -> None:
         if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strategy):
             from keras.src import tree
 
-            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+            return tree.map_structure(_local_mean, values)
         return original(values, strategy, reduction)
 
     trainer.reduce_per_replica = reduce_per_replica
+
+
+def _local_mean(value):
+    """The mean of this worker's replicas of a distributed value (no collective); any other value as it is."""
+    if not _distributed(value):
+        return value
+    import tensorflow as tf
+
+    local = value.values
+    return local[0] if len(local) == 1 else tf.add_n(list(local)) / len(local)
 
 
 # ---------------------------------------------------------------- the gradients across workers
@@ -198,7 +246,7 @@ def _optimizer():
 
 
 def _probe_gradients() -> bool:
-    """Keras 3.3 sums the replicas' gradients inside the optimizer's merge_call, in cross-replica context,
+    """Keras 3.3 and 3.4 sum the replicas' gradients inside the optimizer's merge_call, in cross-replica context,
     where its all-reduce finds no replica context and returns every gradient as it was: each worker then applies
     its own gradient and the workers' weights drift apart (keras-team/keras#19308)."""
     order = []
@@ -210,33 +258,156 @@ def _probe_gradients() -> bool:
     return order[:1] != ["all-reduce"]
 
 
-def _loss_scaled() -> bool:
-    """Whether this Keras divides each replica's loss by the replica count (then the gradients' sum is the global
-    mean gradient); Keras 3.3 does not (then their mean is)."""
-    from keras.src.losses import loss
-
-    return hasattr(loss, "scale_loss_for_distribution")
-
-
 def _apply_gradients() -> None:
-    """All-reduce the gradients over every replica of every worker in replica context, before the merge, as later
-    Keras does: their sum where the loss is scaled per replica, their mean where it is not (Keras 3.3), so each step
-    applies the global gradient."""
+    """Sum the gradients over every replica of every worker in replica context, before the merge, as later Keras
+    does (where fit's loss is not divided by the replica count, the ``loss-scale`` correction divides it): every
+    worker applies the global gradient, in fit and in a custom loop alike."""
     cls = _optimizer()
     original = cls._backend_update_step
-    average = not _loss_scaled()
 
     @functools.wraps(original)
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        import tensorflow as tf
-
         reduced = [g for g, _ in self._all_reduce_sum_gradients(list(zip(grads, trainable_variables)))]
-        context = tf.distribute.get_replica_context()
-        if average and context is not None and context.num_replicas_in_sync > 1:
-            reduced = [None if g is None else g / context.num_replicas_in_sync for g in reduced]
         return original(self, reduced, trainable_variables, learning_rate)
 
     cls._backend_update_step = _backend_update_step
+
+
+# ---------------------------------------------------------------- fit's loss across replicas
+
+_IN_KERAS_STEP = [0]  # > 0 while Keras' own train function runs (and traces its step): process-wide, as a
+#                      MirroredStrategy over several devices traces each replica's step on a thread of its own
+
+
+def _probe_loss_scale() -> bool:
+    """Keras before 3.8 leaves each replica's loss undivided while its optimizer (from 3.5, or tfnb's
+    ``gradient-all-reduce`` on 3.3 and 3.4) sums the replicas' gradients: fit then applies N times the global mean
+    gradient on N replicas (N times the learning rate with SGD). Seen as: a Keras loss under a stand-in strategy of 2
+    replicas is not halved."""
+    import keras
+    import tensorflow as tf
+
+    api = tf.distribute
+    real = api.get_strategy
+    api.get_strategy = lambda: SimpleNamespace(num_replicas_in_sync=2)  # what Keras asks the replica count of
+    try:
+        value = float(keras.losses.MeanSquaredError()(tf.ones((2, 1)), tf.zeros((2, 1))))
+    finally:
+        api.get_strategy = real
+    if value not in (0.5, 1.0):
+        raise RuntimeError(f"a mean squared error of 1 came out as {value} under 2 stand-in replicas")
+    return value == 1.0
+
+
+def _apply_loss_scale() -> None:
+    """In Keras' own train step (fit, train_on_batch), each replica's gradients are divided by the replica count
+    before the optimizer sums them, as Keras 3.8 divides the loss: the sum is the global mean gradient. A custom
+    loop is left alone: its loss is the user's (``tf.nn.compute_average_loss`` divides by the global batch)."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    trainer_cls = _trainer().TensorFlowTrainer
+    make, apply = trainer_cls.make_train_function, BaseOptimizer.apply
+
+    @functools.wraps(make)
+    def make_train_function(self, force=False):
+        out = make(self, force=force)
+        fn = self.train_function
+        if fn is not None and not getattr(fn, "_tfnb_step", False):
+            def train_function(*args, **kwargs):  # Keras only calls it (a tf.function's attributes stay on fn)
+                _IN_KERAS_STEP[0] += 1
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _IN_KERAS_STEP[0] -= 1
+
+            train_function._tfnb_step = True
+            self.train_function = train_function
+            out = train_function if out is not None else out
+        return out
+
+    @functools.wraps(apply)
+    def scaled_apply(self, grads, trainable_variables=None):
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        n = context.num_replicas_in_sync if context is not None and _IN_KERAS_STEP[0] else 1
+        if n > 1:
+            grads = [_divided(g, n) for g in grads]
+        return apply(self, grads, trainable_variables)
+
+    trainer_cls.make_train_function, BaseOptimizer.apply = make_train_function, scaled_apply
+
+
+def _divided(grad, n: int):
+    import tensorflow as tf
+
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
+    return grad / n
+
+
+# ---------------------------------------------------------------- the metrics' variables
+
+_IN_METRIC = [0]  # > 0 while a metric creates a variable
+
+
+def _probe_metric_variables() -> bool:
+    """Before 3.10 Keras creates metric variables as mirrored variables: from 3.7 they sum their updates over the
+    replicas while Keras updates them with ``assign(self + value)``, so each update adds every replica's running
+    total again (N x the total, plus the batch); before 3.7 they have no aggregation, and the devices of one worker
+    do not add up. Either way an epoch's loss and metrics are wrong on several replicas, even in one process over
+    several devices. Seen in the source of the variable's creation: no synchronization (3.10 makes them on-read).
+    No tensor is created: this probe runs at import, before the strategy configures TensorFlow."""
+    import inspect
+
+    from keras.src.backend.tensorflow import core
+
+    return "synchronization" not in inspect.getsource(core.Variable._initialize)  # Keras' own, when corrected
+
+
+def _apply_metric_variables() -> None:
+    """A metric's summed (or averaged) variables are created on-read, as Keras 3.10 creates them: each replica
+    accumulates its own, with no collective, and a read outside the step (an epoch's end, evaluate's result) gives
+    their sum over every replica of every worker."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import core
+    from keras.src.metrics.metric import Metric
+
+    init, add = core.Variable._initialize, Metric.add_variable
+    init_with = getattr(core.Variable, "_initialize_with_initializer", None)  # 3.5 on: creates its own tf.Variable
+
+    def on_read(variable) -> bool:
+        metric = _IN_METRIC[0] or getattr(variable, "_tfnb_metric", False)
+        return bool(metric) and str(getattr(variable, "aggregation", "")) in ("sum", "mean")
+
+    def _initialize_with_initializer(self, initializer):
+        if not on_read(self):
+            return init_with(self, initializer)
+        return _initialize(self, lambda: initializer(self._shape, dtype=self._dtype))
+
+    @functools.wraps(init)
+    def _initialize(self, value):
+        if not on_read(self):
+            return init(self, value)
+        aggregation = {"sum": tf.VariableAggregation.SUM, "mean": tf.VariableAggregation.MEAN}[str(self.aggregation)]
+        self._value = tf.Variable(value, dtype=self._dtype, trainable=self.trainable, name=self.name,
+                                  aggregation=aggregation, synchronization=tf.VariableSynchronization.ON_READ)
+
+    @functools.wraps(add)
+    def add_variable(self, *args, **kwargs):
+        _IN_METRIC[0] += 1
+        try:
+            variable = add(self, *args, **kwargs)
+        finally:
+            _IN_METRIC[0] -= 1
+        variable._tfnb_metric = True  # created later where its creation was deferred (a symbolic build)
+        return variable
+
+    core.Variable._initialize, Metric.add_variable = _initialize, add_variable
+    if init_with is not None:
+        core.Variable._initialize_with_initializer = functools.wraps(init_with)(_initialize_with_initializer)
 
 
 # ---------------------------------------------------------------- the epoch's metrics
@@ -325,13 +496,15 @@ def _probe_writes(make, call) -> bool:
     folder = tempfile.mkdtemp(prefix="tfnb-keras-probe-")
     saved = []
     model = keras.Model.__new__(keras.Model)  # a stand-in: no layers, saving only records where it goes
-    model.__dict__.update(_distribute_strategy=_fake_mwms(), save_weights=lambda path, **k: saved.append(path),
-                          save=lambda path, **k: saved.append(path))
+    record = lambda *a, **k: saved.append(a[0] if a else k.get("filepath"))  # noqa: E731 - either spelling
+    model.__dict__.update(_distribute_strategy=_fake_mwms(), save_weights=record, save=record)
     try:
         callback = make(os.path.join(folder, "cb"))
         callback.set_model(model)
-        with contextlib.suppress(Exception):
-            saved.extend(call(callback) or ())
+        try:
+            saved.extend(call(callback) or ())  # an error fails the probe closed (these corrections are safe)
+        finally:
+            _remove_private(callback.__dict__.pop("_tfnb_private", None))  # once corrected, the probe's own
         return any(os.path.abspath(os.fspath(p)).startswith(folder) for p in saved) or bool(os.listdir(folder))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -380,8 +553,12 @@ def _probe_tensorboard() -> bool:
                          lambda cb: (cb._train_dir, cb._val_dir))
 
 
+_PRIVATE: set = set()  # non-chief TensorBoard folders not removed yet: fit's guard removes them however it ends
+
+
 def _apply_tensorboard() -> None:
-    """Non-chief workers write their events into a private folder, removed when training ends."""
+    """Non-chief workers write their events into a private folder, removed when training ends, or when ``fit``
+    ends otherwise (an exception, a resize)."""
     import keras
 
     cls = keras.callbacks.TensorBoard
@@ -391,8 +568,10 @@ def _apply_tensorboard() -> None:
     def redirected_set_model(self, model):
         if not _writes_elsewhere(model):
             return set_model(self, model)
+        _remove_private(self.__dict__.pop("_tfnb_private", None))
         log_dir, self.log_dir = self.log_dir, tempfile.mkdtemp(prefix="tfnb-keras-worker-")
         self._tfnb_private = self.log_dir
+        _PRIVATE.add(self.log_dir)
         try:
             return set_model(self, model)
         finally:
@@ -403,73 +582,178 @@ def _apply_tensorboard() -> None:
         try:
             return train_end(self, logs)
         finally:
-            shutil.rmtree(self.__dict__.pop("_tfnb_private", None) or "", ignore_errors=True)
+            _remove_private(self.__dict__.pop("_tfnb_private", None))
 
     cls.set_model, cls.on_train_end = redirected_set_model, on_train_end
+
+
+def _remove_private(*folders: str | None) -> None:
+    """Remove these folders of :data:`_PRIVATE` (None: none), or, given nothing, every one left."""
+    for path in (folders if folders else list(_PRIVATE)):
+        if path:
+            _PRIVATE.discard(path)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 PATCHES = (
     Patch("gradient-all-reduce", "keras-team/keras#19308",
           "the replicas' gradients are summed where no replica context is left, so each worker applies its own",
           _probe_gradients, _apply_gradients),
+    Patch("loss-scale", "keras-team/keras#19308 (fixed in 3.8)",
+          "fit's loss is not divided by the replica count while the gradients are summed: N times the update",
+          _probe_loss_scale, _apply_loss_scale),
     Patch("symbolic-build", "keras-team/keras#20585",
           "fit/evaluate reduce a distributed input batch across workers to build the model",
-          _probe_symbolic_build, _apply_symbolic_build),
+          _probe_symbolic_build, _apply_symbolic_build, safe=True),
     Patch("distributed-datasets", "keras-team/keras#20134",
           "fit does not take a dataset distributed from a function (each worker's own batches)",
-          _probe_distributed_datasets, _apply_distributed_datasets),
+          _probe_distributed_datasets, _apply_distributed_datasets, safe=True),
     Patch("metric-reduction", "keras-team/keras#20585",
           "each step's scalar metrics are reduced along an axis 0 they do not have",
-          _probe_reduce_scalars, _apply_reduce_scalars),
+          _probe_reduce_scalars, _apply_reduce_scalars, safe=True),
+    Patch("metric-variables", "keras-team/keras#20585 (fixed in 3.10)",
+          "metric variables sum their updates over the replicas, and each update re-adds the running total",
+          _probe_metric_variables, _apply_metric_variables, safe=True, early=True),
     Patch("epoch-metrics", "keras-team/keras#20585",
           "an epoch's logs are read from each worker's own metric variables, not aggregated over workers",
           _probe_epoch_metrics, _apply_epoch_metrics),
     Patch("backup-and-restore", "keras-team/keras#20585 (callbacks)",
           "BackupAndRestore: every worker writes and deletes the chief's backup folder",
-          _probe_backup, _apply_backup),
+          _probe_backup, _apply_backup, safe=True),
     Patch("model-checkpoint", "keras-team/keras#20585 (callbacks)",
           "ModelCheckpoint: every worker saves to the chief's file",
-          _probe_checkpoint, _apply_checkpoint),
+          _probe_checkpoint, _apply_checkpoint, safe=True),
     Patch("tensorboard", "keras-team/keras#20585 (callbacks)",
           "TensorBoard: every worker writes its event files into the chief's log folder",
-          _probe_tensorboard, _apply_tensorboard),
+          _probe_tensorboard, _apply_tensorboard, safe=True),
 )
+
+_GUARDED = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
 
 
 def install(keras) -> None:
-    """Make this process's Keras 3 ready for tf.distribute: ``fit``, ``evaluate`` and ``predict`` check, on their
-    first call under a distribution strategy, that this Keras can train there, and apply the patches whose defect
-    reproduces. (Not at import: a probe creates tensors, and TensorFlow configures collective ops only before its
-    first tensor, when MultiWorkerMirroredStrategy starts.)"""
+    """Make this process's Keras 3 ready for tf.distribute: ``fit``, ``evaluate``, ``predict``, the ``*_on_batch``
+    methods and the optimizer's ``apply`` (what ``apply_gradients`` and a custom loop call) check, on their first call
+    under a distribution strategy, that this Keras can train there, and apply the patches whose defect reproduces.
+    (Not at import: a probe creates tensors, and TensorFlow configures collective ops only before its first tensor,
+    when MultiWorkerMirroredStrategy starts. The ``early`` ones, whose probe creates none, are applied here: their
+    defect is in what ``compile`` creates.)"""
     model = getattr(keras, "Model", None)
     if not str(getattr(keras, "__version__", "")).startswith("3.") or model is None or hasattr(keras, "_tfnb"):
         return
-    keras._tfnb = SimpleNamespace(applied=None)  # the names of the patches applied, once probed
-    for name in ("fit", "evaluate", "predict"):
-        setattr(model, name, _guarded(keras, getattr(model, name)))
+    # applied: the names of the patches applied, once probed; checked: the self-check's verdict, once run
+    keras._tfnb = SimpleNamespace(applied=None, checked=None, checking=False, early=(), failed=None)
+    try:
+        keras._tfnb.early = tuple(p.name for p in PATCHES if p.early and _apply_if_needed(p, str(keras.__version__)))
+    except Exception as e:  # noqa: BLE001 - `import keras` must work; a run under a strategy stops on it (ready)
+        keras._tfnb.failed = e
+    for name in _GUARDED:
+        if hasattr(model, name):
+            setattr(model, name, _guarded(keras, getattr(model, name), name))
+    _guard_datasets(keras)
+    try:
+        from keras.src.optimizers.base_optimizer import BaseOptimizer
+    except ImportError:  # not the layout of the tested releases: the first fit still checks
+        return
+    BaseOptimizer.apply = _guarded_apply(keras, BaseOptimizer.apply)
 
 
-def _guarded(keras, method):
+def _guard_datasets(keras) -> None:
+    """A custom loop distributes its dataset before its first step, eagerly, on every worker in the same order:
+    where the versions are newer than the tested ones, that is where it gets the self-check (``fit`` gets it
+    before, at its own start)."""
+    tf = sys.modules.get("tensorflow")
+    cls = getattr(getattr(tf, "distribute", None), "Strategy", None)
+    for name in ("experimental_distribute_dataset", "distribute_datasets_from_function"):
+        original = getattr(cls, name, None)
+        if original is None or getattr(original, "_tfnb", False):
+            continue
+
+        def guard(original):
+            @functools.wraps(original)
+            def distribute(self, *args, **kwargs):
+                mirrored = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.MirroredStrategy)
+                if keras._tfnb.checked is None and not keras._tfnb.checking and isinstance(self, mirrored) \
+                        and _supported(keras):
+                    ready(keras, self)
+                return original(self, *args, **kwargs)
+
+            distribute._tfnb = True
+            return distribute
+
+        setattr(cls, name, guard(original))
+
+
+def _supported(keras) -> bool:
+    return _version(str(keras.__version__), 3) >= KERAS_FLOOR and keras.config.backend() == "tensorflow"
+
+
+def _under_strategy(owner) -> bool:
+    tf = sys.modules.get("tensorflow")  # Keras 3 on the TensorFlow backend has imported it
+    if tf is None:
+        return False
+    own = type(getattr(owner, "_distribute_strategy", None)).__module__.startswith("tensorflow")
+    return own or tf.distribute.has_strategy()
+
+
+def _guarded(keras, method, name: str):
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
-        tf = sys.modules.get("tensorflow")  # Keras 3 on the TensorFlow backend has imported it
-        own = type(getattr(self, "_distribute_strategy", None)).__module__.startswith("tensorflow")
-        if tf is not None and (own or tf.distribute.has_strategy()):
+        under = _under_strategy(self)
+        if under:
             ready(keras, self.distribute_strategy)
-        return method(self, *args, **kwargs)
-
+        applied = keras._tfnb.applied or ()
+        if name in ("train_on_batch", "test_on_batch") and under and "metric-reduction" in applied \
+                and _trainer()._collective_all_reduce_multi_worker(self.distribute_strategy):
+            return _global_batch_logs(self, method, args, kwargs)
+        if name != "fit":
+            return method(self, *args, **kwargs)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            if _PRIVATE:
+                _remove_private()
     return guarded
 
 
+def _global_batch_logs(model, method, args, kwargs):
+    """``train_on_batch``/``test_on_batch`` under the ``metric-reduction`` correction: the step's own logs are this
+    worker's, so the values returned are read from the metric variables over every worker (every worker calls the
+    method, so every worker reads them together)."""
+    import numpy as np
+
+    want_dict = kwargs.pop("return_dict", False)
+    logs = method(model, *args, **kwargs, return_dict=True)
+    logs = {k: np.array(v) for k, v in dict(model._get_metrics_result_or_logs(logs)).items()}
+    return logs if want_dict else model._flatten_metrics_in_order(logs)
+
+
+def _guarded_apply(keras, apply):
+    """The optimizer's ``apply`` (``apply_gradients`` calls it): a custom training loop's first step under a strategy
+    gets the corrections too (fit's got them already)."""
+    @functools.wraps(apply)
+    def guarded_apply(self, grads, trainable_variables=None):
+        if keras._tfnb.applied is None and _under_strategy(self):
+            import tensorflow as tf
+
+            ready(keras, tf.distribute.get_strategy())
+        return apply(self, grads, trainable_variables)
+    return guarded_apply
+
+
 def ready(keras, strategy) -> tuple[str, ...]:
-    """Refuse what cannot work under ``strategy``; otherwise apply, once, the patches whose defect reproduces.
+    """Refuse what cannot work under ``strategy``; otherwise apply, once, the patches whose defect reproduces, and
+    where Keras, TensorFlow or Spark is newer than the tested ones, run the self-check once (eagerly, outside a
+    step: from ``fit`` and the other model methods; a custom loop's first ``apply`` runs inside its step, so there
+    the patches only).
 
     Returns:
         The names of the patches applied in this process.
 
     Raises:
-        ConfigError: Keras 3 under ParameterServerStrategy, or a Keras version outside :data:`TESTED` under a
-            strategy that spans devices or workers.
+        ConfigError: Keras 3 under ParameterServerStrategy, a Keras older than the tested ones or not on the
+            TensorFlow backend, a probe that could not run for a correction that is not safe to apply blindly, or a
+            failed self-check.
     """
     import tensorflow as tf
 
@@ -480,16 +764,36 @@ def ready(keras, strategy) -> tuple[str, ...]:
     if not isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.MirroredStrategy)):
         return keras._tfnb.applied or ()
     version = str(keras.__version__)
-    if not (FLOOR <= _version(version, 3) and _version(version) <= NEWEST and keras.config.backend() == "tensorflow"):
-        raise ConfigError(KERAS3_UNTESTED.format(version=version, low=".".join(map(str, FLOOR)),
-                                                 high=f"{NEWEST[0]}.{NEWEST[1]}.x", below=f"{NEWEST[0]}.{NEWEST[1] + 1}"))
+    if not _supported(keras):
+        raise ConfigError(KERAS3_UNTESTED.format(version=version, backend=keras.config.backend(), **tested_range()))
+    if keras._tfnb.failed is not None:
+        from ..errors import KERAS3_PROBE, summary
+
+        raise ConfigError(KERAS3_PROBE.format(version=version, name="metric-variables", error=summary(
+            keras._tfnb.failed, 120), **tested_range())) from keras._tfnb.failed
     if keras._tfnb.applied is None:
-        keras._tfnb.applied = _outside_any_scope(lambda: tuple(p.name for p in PATCHES if _apply_if_needed(p)))
+        keras._tfnb.applied = _outside_any_scope(lambda: tuple(
+            p.name for p in PATCHES if p.name in keras._tfnb.early or not p.early and _apply_if_needed(p, version)))
     if "gradient-all-reduce" in keras._tfnb.applied and len(strategy.extended.worker_devices) > 1:
         from ..errors import KERAS3_DEVICES
 
         raise ConfigError(KERAS3_DEVICES.format(version=version, devices=len(strategy.extended.worker_devices)))
+    outside_a_step = tf.distribute.in_cross_replica_context() or not tf.distribute.has_strategy()
+    if keras._tfnb.checked is None and not keras._tfnb.checking and tf.executing_eagerly() and outside_a_step:
+        from . import selfcheck
+
+        untested = selfcheck.untested(selfcheck.versions(keras, tf))
+        if not untested:
+            keras._tfnb.checked = True
+        else:
+            keras._tfnb.checking = True
+            try:
+                keras._tfnb.checked = selfcheck.check_or_refuse(keras, strategy, untested)
+            finally:
+                keras._tfnb.checking = False
     return keras._tfnb.applied
+
+
 
 
 def _outside_any_scope(fn):
@@ -513,8 +817,38 @@ def _result(fn):
         return e
 
 
-def _apply_if_needed(patch: Patch) -> bool:
-    if not patch.probe():
-        return False
-    patch.apply()
-    return True
+def _apply_if_needed(patch: Patch, version: str) -> bool:
+    """Probe, and apply where the defect reproduces. A probe that cannot run Keras' code fails closed: a safe
+    correction is applied, any other refuses this Keras."""
+    try:
+        needed = patch.probe()
+    except Exception as e:  # noqa: BLE001 - whatever broke, the probe could not say "not needed"
+        if not patch.safe:
+            from ..errors import KERAS3_PROBE, ConfigError, summary
+
+            raise ConfigError(KERAS3_PROBE.format(version=version, name=patch.name, error=summary(e, 120),
+                                                  **tested_range())) from e
+        needed = True
+    if needed:
+        patch.apply()
+    return bool(needed)
+
+
+def selfcheck_fn(ctx) -> dict:
+    """The train_fn of ``tfnb.selfcheck``: the check under MultiWorkerMirroredStrategy, whatever the versions."""
+    import tensorflow as tf
+
+    from . import selfcheck
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    import keras
+
+    if not str(keras.__version__).startswith("3."):
+        raise RuntimeError(f"keras is {keras.__version__} here: the self-check is for Keras 3")
+    keras._tfnb.checking = True  # the check below is the one the caller asked for
+    try:
+        ready(keras, strategy)
+        result = selfcheck.check(keras, strategy)
+    finally:
+        keras._tfnb.checking = False
+    return {**result, "versions": selfcheck.versions(keras, tf), "patches": list(keras._tfnb.applied or ())}

@@ -1,4 +1,4 @@
-"""Profiler traces of a tfnb run (``tfnb.run(..., profile_steps=(20, 25))``; README, "Profiling").
+"""Profiler traces of a tfnb run (``tfnb.run(..., profile_steps=(20, 25))``; docs/monitoring.md, "Profiler").
 
 Each train_fn process traces the steps (counted from 1 across epochs, both included, as Keras'
 ``profile_batch``) from ``ctx.progress_callback()`` or ``ctx.profile(step)``, and the trace lands at

@@ -24,6 +24,7 @@ _MAX_STACK = 64 << 10  # characters of a stack dump sent to the driver
 _MAX_LINE = 64 << 10    # characters of one output line sent to the driver; longer ones are cut with a marker
 _PARTIAL_EVERY = 1.0    # seconds between two updates of a carriage-return line (a progress bar) sent on
 _LINE_END = re.compile(rb"[\r\n]")
+ENV_SUPERVISOR = "TFNB_SUPERVISOR_PID"  # read by tfnb._task.child (which this module does not import: it is heavier)
 
 
 class _Lines:
@@ -121,15 +122,21 @@ class _Supervisor:
         elif kind == Msg.CLUSTER:
             self.tasks = msg.get("tasks")
             self.counts = msg.get("counts")  # every worker's rows, when the driver counted them before launch
+            if msg.get("resize"):  # asked before this task connected
+                self._ask_resize()
             self.gathered.set()
         elif kind == Msg.FEED and self.feed is not None:
             self.feed.heard(msg)
-        elif kind == Msg.RESIZE:  # train_fn's next epoch boundary reads it (tfnb._task.resize)
-            with contextlib.suppress(OSError):
-                open(os.path.join(self.workdir, RESIZE), "w").close()
+        elif kind == Msg.RESIZE:
+            self._ask_resize()
         elif kind == Msg.DUMP:
             # off the channel's reader thread: a stop may follow while the dump is being written
             threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
+
+    def _ask_resize(self) -> None:
+        """train_fn's next epoch boundary reads it (tfnb._task.resize)."""
+        with contextlib.suppress(OSError):
+            open(os.path.join(self.workdir, RESIZE), "w").close()
 
     def send_stacks(self) -> None:
         """Send the driver the Python stack of every thread of the train_fn process (stall watchdog)."""
@@ -168,6 +175,9 @@ class _Supervisor:
         if self.feed is not None:
             self.feed.abort()
         self._signal(signal.SIGTERM)
+        # A stopped process (SIGSTOP: a debugger, kill -STOP, a cgroup freezer) holds SIGTERM pending until it is
+        # continued, and Spark may kill this task's Python worker before the SIGKILL below is due.
+        self._signal(signal.SIGCONT)
         t = threading.Timer(self.spec.stop_grace, self._signal, args=(signal.SIGKILL,))
         t.daemon = True
         t.start()
@@ -227,6 +237,8 @@ class _Supervisor:
             return
         ev_read, ev_write = os.pipe()
         env[events.ENV_FD] = str(ev_write)
+        # this thread runs the task until the process has ended: the process dies with it (tfnb._task.child)
+        env[ENV_SUPERVISOR] = str(os.getpid())
         env[ENV_HELD_PORT_FD] = str(held.fileno())
         pass_fds = (ev_write, held.fileno())
         kept = None

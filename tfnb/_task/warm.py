@@ -49,6 +49,7 @@ _FOLDER = "warm"
 UNKNOWN_EXIT = -1000  # a claimed standby died without saying how (a signal or a crash in native code)
 _MAX_MSG = 1 << 20
 _MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path holds 108 with the closing NUL)
+_HANGUP = getattr(select, "POLLRDHUP", 0)  # the peer closed (Linux); elsewhere poll's POLLHUP alone says it
 
 
 class Unavailable(Exception):
@@ -370,6 +371,7 @@ def standby(path: str, idle: float, watch_pid: int):
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a child's end wakes the select below
     running: dict[int, socket.socket] = {}  # pid -> its task's connection
+    hung: set[int] = set()  # pids whose task hung up: killed, not yet reaped
     deadline, open_, stale = time.monotonic() + idle, True, False
     while open_ or running:
         for pid in list(running):
@@ -378,15 +380,31 @@ def standby(path: str, idle: float, watch_pid: int):
                 with contextlib.suppress(OSError):
                     running[pid].sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 running.pop(pid).close()
+                hung.discard(pid)
                 deadline = time.monotonic() + idle
         if open_ and (stale or time.monotonic() > deadline and not running or not _alive(watch_pid)):
             open_ = False
             _unlink(path)
             listener.close()
-        readable, _, _ = select.select([wake_r] + ([listener] if open_ else []), [], [], 1.0)
-        if wake_r in readable:
+        poller = select.poll()
+        poller.register(wake_r, select.POLLIN)
+        if open_:
+            poller.register(listener, select.POLLIN)
+        for pid, conn in running.items():
+            if pid not in hung:  # its task's end of the connection: a hang-up, never its data (the process reads it)
+                poller.register(conn, _HANGUP)
+        ready = dict(poller.poll(1000))
+        if wake_r in ready:
             os.read(wake_r, 512)
-        if not open_ or listener not in readable:
+        for pid, conn in running.items():
+            if pid not in hung and ready.get(conn.fileno(), 0) & (_HANGUP | select.POLLHUP):
+                # The task is gone (its Spark Python worker killed) while its process runs. The process ends
+                # itself when it sees that, unless it is stopped (SIGSTOP): then only SIGKILL ends it, and this
+                # standby would wait for it forever.
+                hung.add(pid)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+        if not open_ or not ready.get(listener.fileno(), 0) & select.POLLIN:
             continue
         conn, _ = listener.accept()
         try:
@@ -423,10 +441,19 @@ def standby(path: str, idle: float, watch_pid: int):
     os._exit(0)
 
 
+TRAIN_FN = b"tfnb-train_fn"  # what a forked process calls itself (its /proc/PID/comm), keeping the standby's cmdline
+
+
 def _take_over(info: dict, fds: list[int]) -> str:
     """In the forked process: its own process group (the supervisor signals it as a group), the run's output
-    pipes, environment, port and folder; a random state of its own. Returns the workdir."""
+    pipes, environment, port and folder; a random state of its own; a name of its own (``ps -o comm``, ``top``),
+    since its command line stays the standby's. Returns the workdir."""
     os.setsid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):  # no libc prctl: only the name is missing
+            import ctypes
+
+            ctypes.CDLL(None).prctl(15, TRAIN_FN, 0, 0, 0)  # PR_SET_NAME
     if "numpy.random" in sys.modules:  # Python's random reseeds itself in a forked child; numpy's global state does not
         sys.modules["numpy.random"].seed()
     out_w, err_w, ev_w, held = fds

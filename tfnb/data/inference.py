@@ -68,7 +68,7 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
             dict outputs by sorted key). Reading it, and the automatic batch size, loads the model once
             per version on the driver: here if TensorFlow is imported, else in a subprocess (~4 s).
             Pass both to skip that, e.g. on a Spark Connect client without TensorFlow.
-        storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (README,
+        storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (docs/data.md,
             "Storage URLs and options"); sent to the executors with the task, never logged.
 
     Returns:

@@ -314,7 +314,7 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
             connection is busy anyway); smaller ones with one GET. Default 8 MiB, at least 1 MiB.
             Env: TFNB_STAGE_CHUNK_SIZE.
         storage_options: ``key``, ``secret``, ``token``, ``region``, ``profile``, ``anon``, ``config``
-            (README, "Storage URLs and options"); for fsspec URLs, the filesystem's options. Never logged.
+            (docs/data.md, "Storage URLs and options"); for fsspec URLs, the filesystem's options. Never logged.
         progress: show a tqdm bar on stderr.
         callback: called with a :class:`StageProgress` at the start, at most every 0.25 s while
             downloading, and at the end, always from the calling thread.

@@ -16,7 +16,7 @@ from typing import Callable
 
 from .. import _protocol as events
 from .._protocol import Msg, RunEvent
-from ..errors import STALLED, RunCancelledError, RunTimeoutError, TaskFailure
+from ..errors import STALLED, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure
 from ..monitor.display import show
 from .resources import Ask, Placement, refused_by_spark
 from .spark import _driver_host
@@ -35,6 +35,7 @@ _DRAIN_SLICE = 0.05     # seconds of task messages handled before the watch loop
 _SHOW_EVERY = 100
 _RESIZE = "tfnb._task.resize.Resize"  # how a task reports the epoch-boundary stop of a run being resized
 _MAX_SHOWN_LINE = 2000  # characters of a log line the display gets; the run's log file has it whole
+_VOTE_SKEW = 30.0  # seconds a custom loop's workers may reach the same epoch boundary apart (a checkpoint each)
 
 
 class _Attempt:
@@ -86,6 +87,11 @@ class _Attempt:
         self._feed_told = 0.0
         self._counts: list[int] | None = None  # rows per worker, when counted before launch
         self.resize = resize  # set when an elastic run should be resized (tfnb.launcher.elastic.Watch)
+        self.resizing = False  # asked: every task, connected or still to come, stops at its next epoch boundary
+        # ranks whose train_fn takes part in an elastic run's epoch-boundary vote (tfnb._task.resize.join_vote), and
+        # when to check that every worker does: a few seconds after the first epoch end a voter reported
+        self.voters: set[int] = set()
+        self._vote_check: float | None = None
 
     def _show(self, event: RunEvent) -> None:
         # inside _drain the display gets the pass's events as one batch (one redraw, one write)
@@ -107,8 +113,9 @@ class _Attempt:
                 self.channel.broadcast({"kind": Msg.STOP})
                 return
             if len(self._addrs) == self.num_tasks and all(r in self._addrs for r in range(self.num_tasks)):
+                # a resize asked before every task had connected reaches them all with the cluster (_resize)
                 self.channel.broadcast({"kind": Msg.CLUSTER, "tasks": [self._addrs[r] for r in range(self.num_tasks)],
-                                        "counts": self._counts})
+                                        "counts": self._counts, "resize": self.resizing})
             return
         # the channel thread: the file gets every line even while the display is behind
         self.runlog.message(peer, msg)
@@ -174,7 +181,17 @@ class _Attempt:
         elif kind == Msg.LOG:
             self._log(job, idx, msg)
         elif kind == Msg.EVENT:
-            self._show(RunEvent(msg.get("event", events.PROGRESS), job, idx, msg.get("data") or {}))
+            data, rank = msg.get("data") or {}, int(peer.get("rank", -1))
+            if msg.get("event") == events.STATE and data.get("epoch_vote"):
+                self.voters.add(rank)  # bookkeeping, nothing to show
+                if data["epoch_vote"] == "boundary" and self._vote_check is None:
+                    # a custom loop's worker joins at its first boundary: its peers reach theirs within the time
+                    # their last collective step allows
+                    self._vote_check = time.monotonic() + max(self.grace, _VOTE_SKEW)
+                return
+            if data.get("epoch_end") and rank in self.voters and self._vote_check is None:
+                self._vote_check = time.monotonic() + self.grace
+            self._show(RunEvent(msg.get("event", events.PROGRESS), job, idx, data))
         elif kind == Msg.STATE:
             self._show(RunEvent(events.STATE, job, idx, {k: v for k, v in msg.items() if k != "kind"}))
             if msg.get("state") == "done" and job == "chief" and self.num_ps > 0:
@@ -298,6 +315,11 @@ class _Attempt:
                     raise KeyboardInterrupt  # stopped and reported like the notebook's stop button
                 if self.resize is not None and self.resize.is_set() and self.first_bad is None:
                     self._resize()
+                one_sided = self._one_sided_vote()
+                if one_sided is not None:
+                    self.decided = True
+                    self._stop_everything(job)
+                    return one_sided
                 if self.first_bad is not None and self._settled():
                     return self._failed(job)
                 stalled = self._stalled()
@@ -462,10 +484,42 @@ class _Attempt:
                         resumed_epoch=self._resumed_epoch())
 
     def _resize(self) -> None:
-        """tfnb.launcher.elastic's watch set ``resize``: the tasks stop at their next epoch boundary, once."""
+        """tfnb.launcher.elastic's watch set ``resize``: the tasks stop at their next epoch boundary, once. Tasks
+        still being scheduled or starting hear it with the cluster's addresses (every task waits for those before
+        train_fn runs): set first, broadcast second, so each task hears it one way or the other."""
         self.resize = None
+        self.resizing = True
         self.runlog.note("the run is resized: the tasks stop at their next epoch boundary")
         self.channel.broadcast({"kind": Msg.RESIZE})
+
+    def _one_sided_vote(self) -> _Outcome | None:
+        """An elastic run where some workers take part in the epoch-boundary vote and others do not (the progress
+        callback on the chief only): the vote is a collective, matched against the others' next step, so the run
+        hangs there or fails with a collective error. Checked once, a few seconds after a voter's first epoch end
+        (every worker began ``fit`` before that: the epoch's steps are collectives too, and a voter joins at ``fit``'s
+        start), _VOTE_SKEW after a custom loop's worker joined at its first boundary, or as soon as a failure arrives
+        after either: the one-sided vote explains that failure."""
+        if self._vote_check in (None, float("inf")) or time.monotonic() < self._vote_check and self.first_bad is None:
+            return None
+        self._vote_check = float("inf")  # checked
+        workers = range(self.num_tasks - self.num_ps)
+        missing = [r for r in workers if r not in self.voters]
+        if not missing or self.num_ps:
+            return None
+        label = lambda r: self.lives[r].label if r in self.lives else f"rank {r}"  # noqa: E731
+        voters = ", ".join(label(r) for r in sorted(self.voters))
+        absent = ", ".join(label(r) for r in missing)
+        error = ConfigError(
+            f"{absent} {'takes' if len(missing) == 1 else 'take'} no part in this elastic run's epoch-boundary vote, "
+            f"which {voters} {'takes' if len(self.voters) == 1 else 'take'} at every epoch start: a collective, so "
+            "the run would hang or fail there. Add ctx.progress_callback() to model.fit(callbacks=[...]) on every "
+            "worker, not only on the chief (a custom loop: call ctx.epoch_boundary(strategy, epoch) on every worker)")
+        first = self.lives.get(missing[0])
+        failure = TaskFailure(job_name=first.job_name if first else "worker", task_index=first.task_index if first
+                              else missing[0], exc_type="ConfigError", message=str(error), attempt=self.attempt,
+                              host=first.host if first else "")
+        self.runlog.note(str(error))
+        return _Outcome(failure=failure, error=error, cause=str(error).split(":")[0])
 
     def _stalled(self) -> list[_Life]:
         """Tasks whose train_fn runs but has sent nothing (no progress, no output) for stall_timeout."""

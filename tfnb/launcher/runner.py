@@ -109,8 +109,9 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
             ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (needs ``log_dir``);
             under MultiWorkerMirroredStrategy the chief alone, from its second step (TensorFlow's profiler
             can crash the others as it stops; docs/monitoring.md, "Profiler").
-        mlflow: True or an experiment name: log the run as one MLflow run from the driver (settings,
-            the chief's per-epoch metrics, relaunches, status, the model saved in ``model_dir``);
+        mlflow: True, an experiment name, or a dict (``experiment``, ``registered_model_name``,
+            ``input_example``): log the run as one MLflow run from the driver (settings, the chief's per-epoch
+            metrics, relaunches, status, the model saved in ``model_dir`` with a signature, registered when named);
             see :mod:`tfnb.monitor.tracking`. Needs ``pip install 'tfnb[mlflow]'``.
 
     The options are the fields of :class:`RunOptions`: pass them as keywords, or a ``RunOptions`` as the
@@ -198,6 +199,7 @@ class _Run:
         self.run_id = uuid.uuid4().hex[:12]
         self.deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
         self.history: list[dict] = []  # one entry per launch; in the status file and on WorkerError.attempts
+        self._told_no_boundary = False  # that a resize could not happen (_no_boundary): said once a run
 
     def _status(self, state: str, **info: Any) -> None:
         if self.opts.model_dir:
@@ -313,15 +315,40 @@ class _Run:
                            # need it for a last collective (ps and daemon tasks never "finish")
                            linger=num_tasks > 1 and opts.num_ps == 0 and not hooks.daemon_ranks)
         resize = threading.Event() if self.elastic else None
+        launch = _Attempt(self.spark, spec_kwargs, opts.data, self.sink, self.deadline, num_tasks, opts.num_ps,
+                          daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel, grace=opts.failure_grace,
+                          stall_timeout=opts.stall_timeout, placement=self.placement,
+                          ps_job_wait=opts.ps_job_wait, resize=resize)
         watch = contextlib.nullcontext()
         if resize is not None:
             from .elastic import Watch
 
-            watch = Watch(self.spark, self.placement, opts.num_ps, size, opts.num_workers, resize.set)
+            watch = Watch(self.spark, self.placement, opts.num_ps, size, opts.num_workers, resize.set, tag=launch.tag)
         with watch:
-            outcome = _Attempt(self.spark, spec_kwargs, opts.data, self.sink, self.deadline, num_tasks, opts.num_ps,
-                               daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel, grace=opts.failure_grace,
-                               stall_timeout=opts.stall_timeout, placement=self.placement,
-                               ps_job_wait=opts.ps_job_wait, resize=resize).run()
+            outcome = launch.run()
         self.resized_because = getattr(watch, "why", None) or "resized"
+        if launch.resizing and not launch.voters:
+            self._no_boundary(size, launch)
         return outcome
+
+    def _no_boundary(self, size: int, launch) -> None:
+        """Once a run: a resize was asked, but no worker's train_fn takes part in the epoch-boundary vote, so the
+        launch ran on at its size."""
+        if self._told_no_boundary:
+            return
+        self._told_no_boundary = True
+        why = self.resized_because
+        if why == "executors returned":
+            what = f"grow back to {self.opts.num_workers} workers when executors returned, and went on with {size}"
+        else:  # "executor N leaving (decommission notice)"
+            what = f"move off {why.replace(' leaving', ' before it leaves')}"
+        text = (f"tfnb: the run could not {what}: train_fn never reached an epoch boundary tfnb can stop it at. Add "
+                "ctx.progress_callback() to model.fit(callbacks=[...]) on every worker (a custom loop: call "
+                "ctx.epoch_boundary(strategy, epoch) at the start of each epoch after the first)")
+        log.warning("%s", text)
+        from .runlog import RunLog
+
+        runlog = RunLog(launch.runlog.path)  # the launch's own is closed by now
+        runlog.note(text[len("tfnb: "):])
+        runlog.close()
+        self.sink(RunEvent(events.LOG, "driver", 0, {"stream": "stderr", "line": text}))

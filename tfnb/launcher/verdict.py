@@ -2,15 +2,20 @@
 
 A task that raised is a bug (no relaunch); a task whose process or executor died, or that lost a peer,
 is bad luck (relaunch); a task that could not even start tfnb, an executor Python that cannot run the task at
-all (Spark's Python worker failed before tfnb's code ran: a missing pyarrow, another minor Python version, a
-broken pyspark), or a resource profile Spark refused, will fail alike everywhere (no relaunch, one error naming
-the host, the Python or the profile, and the fix). Also here: what an attempt ends with (``_Outcome``) and
-what it last heard from each task (``_Life``).
+all (Spark's Python worker failed before tfnb's code ran: a missing pyarrow, a pyarrow that fails to import,
+another minor Python version, a broken pyspark; or the driver's own Python lacks pyarrow), or a resource
+profile Spark refused, will fail alike everywhere (no relaunch, one error naming the host, the Python or the
+profile, and the fix). What a failure is decides, not where it happened: running out of memory, file handles or
+disk while a task starts is relaunched and named as such, and a failure at start (a crash of Spark's Python
+worker among them) that repeats identically on the next launch stops the run with what it is. Also here: what
+an attempt ends with (``_Outcome``) and what it last heard from each task (``_Life``).
 """
 from __future__ import annotations
 
+import errno
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,18 +35,93 @@ def _last_line(msg: dict) -> str:
 
 
 def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
-    """A TaskFailure for a job that failed without any task reporting why (a lost executor, say)."""
+    """A TaskFailure for a job that failed without any task reporting why (a lost executor, say), or whose task
+    could not start tfnb for a passing reason (out of memory, file handles...): that reason, as what it is."""
     text = str(exc).strip()
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+    info = _boot_info(text)
+    if info and _passing(info):
+        first = (f"the Spark task on executor {info.get('host') or '?'} could not start: {info['exc_type']}: "
+                 f"{info.get('message') or _passing(info)[0]}")
+    elif first.startswith("An error occurred while calling") and _TRACEBACK in text:  # Py4J's words: Python's say more
+        said = _raised(text[text.find(_TRACEBACK):])
+        first = f"Spark's Python worker raised {said}" if said else first
     return TaskFailure(job_name="spark", task_index=-1, exc_type="TaskLost",
                        message=first[:500], traceback="", attempt=attempt)
+
+
+# ---------------------------------------------------------------- failures at start that repeat
+# Running out of memory, file handles or disk while a task starts is no missing install: a relaunch may well
+# start. What fails at start the same way on two launches in a row (of the run on this thread, minutes apart at
+# most) will fail on every launch: the second stops the run, named as what it is. The launches of one run are
+# watched on the thread that called tfnb.run; each ends in one _Outcome, which closes the launch's record (a
+# launch that succeeded forgets them all).
+_PASSING = {  # errno -> (what it is, the fix)
+    errno.ENOMEM: ("out of memory", "give the executors more memory, or fewer tasks per executor"),
+    errno.EMFILE: ("too many open files", "raise the executors' open-files limit (ulimit -n; LimitNOFILE)"),
+    errno.ENFILE: ("too many open files on the host", "raise the host's open-files limit (fs.file-max)"),
+    errno.EIO: ("an I/O error", "check the executor's disk, or the file system its Python is installed on"),
+    errno.ENOSPC: ("no space left on the device", "free space where the executor writes (spark.local.dir, /tmp)"),
+    errno.EAGAIN: ("a resource temporarily unavailable", "raise the executors' process limit (ulimit -u)"),
+}
+_ERRNO = re.compile(r"^\[Errno (\d+)\]")
+_REPEAT_WINDOW = 600.0  # seconds: an identical failure at start on the run's launch before this one
+
+
+class _Repeats(threading.local):
+    def __init__(self):
+        self.now: set = set()   # failures at start seen in the launch being decided
+        self.before: set = set()  # those of the launch before it
+        self.when = 0.0
+        self.crashed = False  # Spark's Python worker crashed in the launch being decided
+
+
+_repeats = _Repeats()
+
+
+def _repeated(signature: tuple) -> bool:
+    """Whether this failure at start ended the launch before this one too; remembers it for the next."""
+    again = signature in _repeats.before and time.monotonic() - _repeats.when < _REPEAT_WINDOW
+    _repeats.now.add(signature)
+    return again
+
+
+def _launch_ended(succeeded: bool) -> None:
+    """Close the launch's record (a success forgets the failures before it)."""
+    _repeats.before = set() if succeeded else _repeats.now
+    _repeats.now, _repeats.when, _repeats.crashed = set(), time.monotonic(), False
+
+
+def _raised(traceback: str) -> str:
+    """The exception line a Python traceback ends with (``OSError: [Errno 24] Too many open files``), or ''."""
+    for line in traceback.splitlines()[1:]:
+        if line and not line[0].isspace() and re.match(r"[\w.]+(: |$)", line):
+            return line.strip()[:300]
+    return ""
+
+
+def _passing(info: dict) -> tuple[str, str] | None:
+    """(what it is, the fix) for a failure at start that a relaunch may not meet again; None otherwise."""
+    kind = str(info.get("exc_type") or "").rpartition(".")[2]
+    if kind == "MemoryError":
+        return _PASSING[errno.ENOMEM]
+    m = _ERRNO.match(str(info.get("message") or ""))
+    if m and (kind.endswith("Error") or kind == "OSError") and int(m.group(1)) in _PASSING:
+        return _PASSING[int(m.group(1))]
+    return None
+
+
+def _step(traceback: str) -> str:
+    """Where in the start-up a failure happened: the last frame of its traceback."""
+    frames = re.findall(r'File "[^"]*", line \d+,? in \S+', traceback or "")
+    return frames[-1] if frames else ""
 
 
 _INSTALL_FIX = ("on Databricks %pip install it in the notebook (as the tfnb notebooks' tfnb_install() does) or add "
                 "it as a cluster library; elsewhere install it into the Python the executors run (PYSPARK_PYTHON)")
 
 
-def _boot_report(text: str) -> dict | None:
+def _boot_info(text: str) -> dict | None:
     """What tfnb._task.entry.task_entry reported from a task that could not start tfnb, found in Spark's error."""
     from .._task.entry import BOOT_MARK
 
@@ -52,10 +132,26 @@ def _boot_report(text: str) -> dict | None:
         return None
 
 
+def _boot_report(text: str) -> dict | None:
+    """A task that could not start tfnb, from Spark's error: the report, which fails the run as it is; None for a
+    passing reason (out of memory, file handles...) the first time, so the launch is relaunched."""
+    info = _boot_info(text)
+    if info is None or not _passing(info):
+        return info
+    m = _ERRNO.match(str(info.get("message") or ""))
+    if not _repeated(("boot", info.get("exc_type"), m.group(1) if m else "", _step(info.get("traceback", "")))):
+        return None
+    return {**info, "repeated": True}
+
+
 def _boot_error(info: dict, max_attempts: int) -> ClusterError:
     """One error for an executor where tfnb cannot start: where, what, that it was not relaunched, the fix."""
     from .._protocol import VERSION as __version__
 
+    if _passing(info):  # out of memory, file handles, disk: what it is, not a missing install
+        return _passing_error(info, max_attempts)
+    if info.get("exc_type") and not info.get("module") and _imports(info.get("exc_type")):
+        info = {**info, "module": _culprit(str(info.get("traceback") or ""))}  # raised inside another package
     if info.get("spark") or (info.get("exc_type") and _top(info.get("module") or "tfnb") != "tfnb"):
         return _python_error(info, max_attempts)  # the executor's Python cannot run the task, whatever its tfnb
     where = (f"executor {info.get('host') or '?'} (Python {info.get('python_version', '?')} at "
@@ -75,10 +171,33 @@ def _boot_error(info: dict, max_attempts: int) -> ClusterError:
     return _with_traceback(text, info)
 
 
-def _with_traceback(text: str, info: dict) -> ClusterError:
-    """The error, with the last lines of the executor's traceback below it."""
+def _with_traceback(text: str, info: dict, every_launch: bool = True) -> ClusterError:
+    """The error, with the last lines of the executor's traceback below it. ``every_launch``: no task of any run
+    can start there (tfnb.sweep stops at it rather than failing one trial after another)."""
     tail = "".join(str(info.get("traceback") or "").splitlines(True)[-12:]).rstrip()
-    return ClusterError(text + (f"\n\nLast lines of the executor's traceback:\n{tail}" if tail else ""))
+    where = "the driver's" if info.get("driver") else "the executor's"
+    error = ClusterError(text + (f"\n\nLast lines of {where} traceback:\n{tail}" if tail else ""))
+    error.every_launch = every_launch
+    return error
+
+
+def _passing_error(info: dict, max_attempts: int) -> ClusterError:
+    """A task that could not start for want of memory, file handles or disk: what it is, where, and the fix."""
+    what, fix = _passing(info)
+    who = "the train_fn process" if info.get("child") else "Spark's Python worker" if info.get("spark") else \
+        "the Spark task"
+    where = f"executor {info.get('host') or '?'}"
+    said = f"{info.get('exc_type')}: {' '.join(str(info.get('message') or '').split())}".rstrip(": ")
+    failed = "failed" if info.get("spark") else "could not start"  # Spark's own worker: before or around tfnb's task
+    if info.get("repeated"):
+        first = f"{who} on {where} {failed}, {what} ({said[:80]}), on two launches in a row; {fix}"
+        again = ("It failed the same way on the launch before, so tfnb stopped relaunching "
+                 f"(max_attempts={max_attempts}).")
+    else:
+        first = f"{who} on {where} could not start, {what} ({said[:80]}); {fix}, then run again"
+        again = f"tfnb did not relaunch it (max_attempts={max_attempts}); run again once the executor has recovered."
+    said_by = f"{who} on {where} {failed}: {said}"
+    return _with_traceback("\n".join([first, "", said_by, again]), info, every_launch=bool(info.get("repeated")))
 
 
 # Spark's Python worker failed before tfnb's task function ran: it raised while loading the task (a Python
@@ -97,10 +216,83 @@ def _top(module: str) -> str:
     return module.split(".")[0]
 
 
+def _imports(exc_type: Any) -> bool:
+    return str(exc_type or "").rpartition(".")[2] in ("ImportError", "ModuleNotFoundError")
+
+
+def _culprit(traceback: str) -> str | None:
+    """The package whose code raised, from a traceback's innermost frame in an installed package (not pyspark's
+    or py4j's): an ImportError raised inside pyarrow names pyarrow, whatever its message says."""
+    for path in reversed(re.findall(r'File "([^"]+)"', traceback)):
+        m = re.search(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_]\w*)", path) or \
+            re.search(r"([A-Za-z_]\w*)[/\\]__init__\.py$", path)
+        if m and m.group(1) not in ("pyspark", "py4j", "importlib"):
+            return m.group(1)
+    return None
+
+
+# pyspark's own check on the driver before an Arrow job: "[PACKAGE_NOT_INSTALLED] PyArrow >= 18.0.0 must be
+# installed; however, it was not found." (also when it is installed but its import fails)
+_DRIVER_PACKAGE = re.compile(r"\[PACKAGE_NOT_INSTALLED\] (\w+) >= ([\w.]+) must be installed")
+# Spark's Python worker died (a segfault, the OOM killer), as opposed to its executor
+_WORKER_CRASH = re.compile(r"Python worker exited unexpectedly \(crashed\)")
+_EXECUTOR_GONE = re.compile(r"ExecutorLostFailure|executor \S+ (was )?lost|Executor heartbeat timed out|"
+                            r"Remote RPC client disassociated", re.IGNORECASE)
+
+
+def _driver_report(text: str) -> dict | None:
+    """The driver's own Python cannot import a package the job needs (pyspark checks pyarrow on the driver before
+    it submits an Arrow job, and says only that it was not found): the import's own error, tried here."""
+    m = _DRIVER_PACKAGE.search(text)
+    if not m or _TRACEBACK in text:
+        return None
+    import importlib
+    import sys
+    import traceback
+
+    module = m.group(1).lower()
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - what fails is the answer
+        return {"spark": True, "driver": True, "exc_type": type(e).__name__, "message": str(e)[:1000],
+                "module": module, "needed": f"{module} >= {m.group(2)}", "host": "the driver",
+                "python": sys.executable, "python_version": sys.version.split()[0],
+                "traceback": "".join(traceback.format_exc().splitlines(True)[-8:])}
+    return None  # it imports here: pyspark's message was about something else
+
+
+def _crash_report(text: str) -> dict | None:
+    """Spark's Python worker crashed (not its executor): None the first time (a relaunch, as for a lost executor);
+    the second identical crash in a row (the same Python stack, when spark.python.worker.faulthandler.enabled
+    gives one) is no bad luck and comes back in the shape of a boot report (``crash``: True)."""
+    m = _WORKER_CRASH.search(text)
+    if not m or _EXECUTOR_GONE.search(text):
+        return None
+    lines = []
+    for line in text[m.start():].splitlines():
+        if line.startswith(("\tat ", "Caused by:", "JVM stacktrace", "\t...")) or " SQLSTATE" in line:
+            break
+        lines.append(line)
+    said = "\n".join(lines).strip()
+    signature = ("crash", re.sub(r"0x[0-9a-fA-F]+", "0x", re.sub(r" Consider setting .*", "", said)))
+    _repeats.crashed = True
+    if not _repeated(signature):
+        return None
+    stack = said.partition("\n")[2].strip()
+    return {"spark": True, "crash": True, "exc_type": "crash", "message": said.splitlines()[0][:300],
+            "traceback": stack}
+
+
 def _worker_report(text: str) -> dict | None:
     """Why Spark's Python worker failed before tfnb's task ran, read from the job's error text, in the shape
     of a boot report (``spark``: True); None when tfnb's own code ran, or the text holds no Python failure
-    (a lost executor, say)."""
+    (a lost executor, say). Also the driver's Python lacking what the job needs (``driver``: True), and a crash of
+    Spark's Python worker that repeats (``crash``: True)."""
+    driver = _driver_report(text)
+    if driver is not None:
+        return driver
+    if _WORKER_CRASH.search(text):
+        return _crash_report(text)
     start = text.find(_TRACEBACK)
     if start < 0 or _EXECUTOR_LOST.search(text):
         return None
@@ -120,10 +312,14 @@ def _worker_report(text: str) -> dict | None:
     exc_type, _, first = after[head].partition(": ")
     message = "\n".join([first, *after[head + 1:]]).strip()
     mismatch, missing = _MISMATCH.search(message), _MISSING.search(message)
-    if not (starting or mismatch or missing or _LOADING.search("\n".join(lines))):
+    # an ImportError before tfnb's task ran: Spark's worker loading what the task needs (pyarrow, say)
+    imported = _imports(exc_type)
+    passing = _passing({"exc_type": exc_type, "message": message})  # out of memory, file handles, disk
+    if not (starting or mismatch or missing or imported or passing or _LOADING.search("\n".join(lines))):
         return None  # raised while the task ran (Spark's side of the Arrow stream, say): not the executor's Python
+    module = (missing.group(1) or missing.group(2)) if missing else _culprit("\n".join(lines)) if imported else None
     info = {"spark": True, "exc_type": exc_type, "message": message[:1000],
-            "traceback": "\n".join(lines[-12:]), "module": (missing.group(1) or missing.group(2)) if missing else None}
+            "traceback": "\n".join(lines[-12:]), "module": module}
     if mismatch:
         info.update(python_version=mismatch.group(1), driver_version=mismatch.group(2))
     found = re.findall(r'File "(.*?/pyspark)/', "\n".join(lines))
@@ -132,6 +328,11 @@ def _worker_report(text: str) -> dict | None:
     lost = _LOST_TASK.search(text)
     if lost:
         info["host"] = lost.group(1)
+    if passing:  # relaunched, unless it ended the launch before too
+        m = _ERRNO.match(str(info.get("message") or ""))
+        if not _repeated(("worker", exc_type, m.group(1) if m else "", _step(info["traceback"]))):
+            return None
+        info["repeated"] = True
     return info
 
 
@@ -159,12 +360,19 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
         import socket
         import sys
 
-        lacks = ""
+        lacks = version = ""
         try:
             if module:
                 importlib.import_module(module)
         except BaseException as e:  # noqa: BLE001 - what fails is the answer
             lacks = f"{type(e).__name__}: {e}"
+        try:  # the installed distribution's version, when its import fails
+            if lacks:
+                from importlib.metadata import version as installed
+
+                version = installed(module)
+        except Exception:  # noqa: BLE001 - not installed at all
+            pass
         try:  # the host as Spark names it, as tfnb's task reports it
             from pyspark import BarrierTaskContext
 
@@ -172,7 +380,7 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
             host = ctx.getTaskInfos()[ctx.partitionId()].address.rsplit(":", 1)[0]
         except Exception:  # noqa: BLE001 - not a barrier task (Spark Connect)
             host = socket.gethostname()
-        return [host, sys.executable, sys.version.split()[0], lacks]
+        return [host, sys.executable, sys.version.split()[0], lacks, version]
 
     def probe():
         try:
@@ -196,8 +404,9 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
         interrupt_jobs(spark, tag)
     rows = got.get("rows")
     if rows:  # the executor that lacks the module, else any
-        host, python, version, _ = next((r for r in rows if r[3]), rows[0])
-        return {**info, "host": host, "python": python, "python_version": version}
+        host, python, version, _, installed = next((r for r in rows if r[3]), rows[0])
+        return {**info, "host": host, "python": python, "python_version": version,
+                **({"installed": installed} if installed else {})}
     lost = _LOST_TASK.search(got.get("error", ""))
     if lost and not info.get("host"):
         info["host"] = lost.group(1)
@@ -211,29 +420,68 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
 
 
 def _python_error(info: dict, max_attempts: int) -> ClusterError:
-    """One error for an executor whose Python cannot run tfnb's task: a first line with what, where and the
-    fix; below it what the executor said, the fix in full and the executor's traceback."""
+    """One error for an executor whose Python cannot run tfnb's task (or a driver whose Python cannot submit it):
+    a first line with what, where and the fix; below it what it said, the fix in full and its traceback."""
     import sys
 
     host, version, python = info.get("host"), info.get("python_version"), info.get("python")
-    where = f"executor{'s' if ',' in (host or '') else ''} {host}" if host else "an executor"
+    where = "the driver" if info.get("driver") else \
+        f"executor{'s' if ',' in (host or '') else ''} {host}" if host else "an executor"
     its = f"{where}'s Python{' ' + version if version else ''}"
     driver = info.get("driver_version") or "%d.%d" % sys.version_info[:2]
     exc, message = info.get("exc_type") or "Error", str(info.get("message", "")).strip()
     said = f"{exc.rpartition('.')[2]}: {' '.join(message.split())}"
     module = _top(info.get("module") or "")
+    absent = bool(module) and re.search(rf"No module named '{re.escape(module)}[.']", message) is not None
     pyspark = f"pyspark {info['spark_version']}" if info.get("spark_version") else "the cluster's pyspark"
     ready = f"a Python {driver} with pyarrow, cloudpickle and tfnb"
-    if info.get("driver_version"):
+    again = f"It would fail alike on every launch, so tfnb did not relaunch it (max_attempts={max_attempts})."
+    if info.get("crash"):
+        first = (f"Spark's Python worker on {where} crashed the same way on two launches in a row; a crash that "
+                 "repeats is no lost executor: check the native libraries that Python loads")
+        fix = ("A crash is the process dying (a segfault in a native library, the kernel's OOM killer), not an "
+               "exception: set spark.python.worker.faulthandler.enabled and "
+               "spark.sql.execution.pyspark.udf.faulthandler.enabled to true in the cluster's Spark conf to see where "
+               "it crashes, and check what that Python imports (a pyarrow, NumPy or TensorFlow built for another "
+               "NumPy or CPU).")
+        again = ("It crashed the same way on the launch before, so tfnb stopped relaunching "
+                 f"(max_attempts={max_attempts}).")
+    elif info.get("driver_version"):
         first = (f"{where} runs Python {version} but the driver {driver}, and PySpark refuses to mix minor versions; "
                  f"set PYSPARK_PYTHON / spark.pyspark.python to a Python {driver}")
         fix = (f"cloudpickle, which carries train_fn to the executors and its result back, cannot cross minor "
                f"versions either. Point PYSPARK_PYTHON (in the driver's environment, before the session starts) or "
                f"spark.pyspark.python (the cluster's Spark conf) at {ready} on every executor, or run the driver "
                f"on Python {version}.")
+    elif module and module not in ("pyspark", "py4j") and not absent:  # installed, but its import fails
+        numpy = re.search(r"NumPy ([\d.]+) or newer, found ([\d.]+)", message)
+        installed = f" {info['installed']}" if info.get("installed") else ""
+        if numpy:
+            need, found = numpy.groups()
+            earlier = (f"pip install '{module}<{info['installed'].split('.')[0]}'" if info.get("installed") else
+                       f"an earlier {module}")
+            first = f"{its} cannot import {module} ({said[:100]}); install NumPy >= {need} there, or {earlier}"
+            fix = (f"{module}{installed} there needs NumPy {need} or newer and that Python has NumPy {found}"
+                   + (" (pyarrow does not list NumPy among its dependencies, so pip leaves the two apart: "
+                      "pip install tensorflow==2.16 pins NumPy below 2 and keeps a newer pyarrow)"
+                      if module == "pyarrow" else "") +
+                   f". Install NumPy >= {need} where nothing pins it lower, or a {module} that supports NumPy {found} "
+                   f"({earlier}).")
+        else:
+            first = (f"{its} cannot import {module} ({said[:100]}); reinstall {module} there, or fix what its error "
+                     "names")
+            fix = (f"{module}{installed} is installed there but its import fails with the error above: fix what it "
+                   f"names, or reinstall it (pip install --force-reinstall {module}).")
+        fix += (" This is the driver's own Python (the one this notebook runs); the executors need the same fix if "
+                "they run it too (PYSPARK_PYTHON)." if info.get("driver") else
+                f" To install: {_INSTALL_FIX}; or point PYSPARK_PYTHON / spark.pyspark.python at {ready} on every "
+                "executor.")
     elif module and module not in ("pyspark", "py4j"):
-        first = (f"{its} lacks {module}, which tfnb's task needs; install it there, or set PYSPARK_PYTHON / "
-                 "spark.pyspark.python to a Python that has it")
+        need = f" ({info['needed']})" if info.get("needed") else ""
+        first = (f"{its} lacks {module}, which tfnb's task needs{need}; install it there, or set PYSPARK_PYTHON / "
+                 "spark.pyspark.python to a Python that has it") if not info.get("driver") else \
+            (f"{its} lacks {module}, which pyspark needs to submit tfnb's job{need}; install it into the Python this "
+             "notebook runs")
         fix = (f"Install {module} where that Python finds it: {_INSTALL_FIX}; or point PYSPARK_PYTHON / "
                f"spark.pyspark.python at {ready} on every executor.")
     elif module or info.get("pyspark"):
@@ -248,19 +496,30 @@ def _python_error(info: dict, max_attempts: int) -> ClusterError:
         first = (f"Spark's Python worker on {where} failed before tfnb's task started ({said[:90]}); check the "
                  "Python the executors run (PYSPARK_PYTHON / spark.pyspark.python)")
         fix = f"The executors need {ready} and {pyspark}: point PYSPARK_PYTHON / spark.pyspark.python at one."
-    who = "Spark's Python worker" if info.get("spark") else "tfnb's task"
-    lines = [first, "", f"{who} on {where} failed before tfnb's task started:" if info.get("spark") else
-             f"{who} on {where} could not start:", f"{exc}: {message}"]
+    if info.get("crash"):
+        said_by = [f"Spark's Python worker on {where} crashed:"]
+    elif info.get("driver"):
+        said_by = [f"pyspark checks {info.get('needed') or module} on the driver before it submits tfnb's job, and "
+                   f"there `import {module}` fails:"]
+    elif info.get("spark"):
+        said_by = [f"Spark's Python worker on {where} failed before tfnb's task started:"]
+    else:
+        said_by = [f"tfnb's task on {where} could not start:"]
+    lines = [first, "", *said_by, message if info.get("crash") else f"{exc}: {message}"]
     if python:
-        lines.append(f"The executors' Python: {python}{f' (Python {version})' if version else ''}.")
-    lines += [f"It would fail alike on every launch, so tfnb did not relaunch it (max_attempts={max_attempts}).", fix]
+        lines.append(f"The {'driver' if info.get('driver') else 'executors'}' Python: {python}"
+                     f"{f' (Python {version})' if version else ''}.".replace("driver' ", "driver's "))
+    lines += [again, fix]
     return _with_traceback("\n".join(lines), info)
 
 
 def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
     """One readable line for the progress panel, the status file and the error: who, what, when."""
     label = failure.label
-    if failure.exc_type == "ExecutorLost":
+    if failure.exc_type == "ExecutorLost" and _repeats.crashed:  # the task's Python worker, not its executor
+        who = f"{label}'s" if failure.task_index >= 0 else "a task's"
+        text = f"{who} Spark Python worker crashed (Python worker exited unexpectedly)"
+    elif failure.exc_type == "ExecutorLost":
         text = f"{label}'s executor lost" if failure.task_index >= 0 else f"executor lost ({failure.message})"
     elif failure.exc_type == "ProcessDied":
         # "the train_fn process ...", "the TensorFlow server process ...", "the ps process on the driver ..."
@@ -285,7 +544,9 @@ def _refusal_error(said: str, worker_profile: bool) -> ClusterError:
     fix = ("leave gpus_per_worker and cpus_per_worker out and set spark.task.resource.gpu.amount and "
            "spark.task.cpus in the cluster's Spark conf instead" if worker_profile else
            "pass ps_placement='driver' to run the ps tasks on the driver")
-    return ClusterError(f"Spark refused the run's task resource profile ({said}); {fix} (docs/resources.md)")
+    error = ClusterError(f"Spark refused the run's task resource profile ({said}); {fix} (docs/resources.md)")
+    error.every_launch = True  # every run asking for it meets the same refusal
+    return error
 
 
 @dataclass(frozen=True)
@@ -300,6 +561,9 @@ class _Outcome:
     stall: dict | None = None  # WorkerStalledError's fields when a task stalled
     error: Exception | None = None  # raised as it is (tfnb could not start on an executor)
     resize: bool = False  # the tasks stopped at an epoch boundary on purpose, for the run to widen
+
+    def __post_init__(self):
+        _launch_ended(self.failure is None)  # one outcome per launch: the end of its record of failures at start
 
 
 @dataclass

@@ -82,15 +82,11 @@ class EvalModel:
         Raises:
             _Fatal: model_fn or dataset_fn failed, or what they return does not fit together.
         """
-        import sys
+        from .._deps import tensorflow_with_tf_keras
 
-        from .._deps import require
-
-        if "tensorflow" not in sys.modules:
-            # tf.keras in model_fn is tf-keras, as in tfnb.run's workers (`import keras` is Keras 3 either way)
-            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-
-        tf = require("tensorflow", "the evaluator")
+        # tf.keras in model_fn is tf-keras, as in tfnb.run's workers (`import keras` is Keras 3 either way); the
+        # notebook's environment is left as it is
+        tf = tensorflow_with_tf_keras("the evaluator")
         with _fatal_on_error("model_fn() failed"):
             model = self.model_fn()
         if not hasattr(model, "evaluate") or not hasattr(model, "load_weights"):

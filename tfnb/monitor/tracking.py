@@ -1,6 +1,6 @@
 """MLflow tracking: one MLflow run per ``tfnb.run``, logged by the driver alone.
 
-What a run logs, and to which run, is in the README ("MLflow tracking"). Autologging on every rank
+What a run logs, and to which run, is in docs/monitoring.md ("MLflow"). Autologging on every rank
 would make one MLflow run per worker (mlflow#11782), so :func:`track` wraps the run's display (the
 callable that receives every :class:`~tfnb.RunEvent`) and hands what it sees (the chief's
 epoch-end metrics at ``step = epoch - 1``, relaunches, the final state) to one background thread
@@ -8,6 +8,10 @@ that talks to MLflow: workers need no MLflow package and no credentials. Params 
 ``env`` values or storage options (credentials live there). ``model_dir/tfnb_mlflow.json`` names
 the MLflow run, so an ``Evaluator(mlflow=True)`` watching that directory (:class:`EvalTracker`)
 logs to the same run, from any kernel.
+
+The model is logged with a signature, as a LoggedModel of the run with MLflow 3 and as the run's artifact
+``model`` with MLflow 2 (2.13, Databricks Runtime 15.4 LTS ML's, or later); ``mlflow={"experiment": ...,
+"registered_model_name": ..., "input_example": ...}`` adds an input example and registers it (:func:`settings`).
 
 MLflow never stops or slows the training: calls happen off the run's thread, and the first call
 that fails (after MLflow's own retries, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) is reported once as a
@@ -36,8 +40,10 @@ from .display import show
 
 log = logging.getLogger(__name__)
 
-MLFLOW_FLOOR = (3, 0)
-_MLFLOW_FIX = "pip install 'tfnb[mlflow]' (mlflow-skinny>=3), or on Databricks %pip install 'mlflow>=3'"
+MLFLOW_FLOOR = (2, 13)  # Databricks Runtime 15.4 LTS ML's MLflow 2.13.1; 16.4 LTS ML has 2.21.3, 17.3 LTS ML 3.0.1
+_MLFLOW_FIX = ("on Databricks use Runtime ML 15.4 LTS or later (MLflow 2.13.1 or later), or %pip install "
+               "'mlflow-skinny>=2.13'; elsewhere pip install 'tfnb[mlflow]'")
+_SETTINGS = ("experiment", "registered_model_name", "input_example")  # the keys of mlflow={...}
 LINK_FILE = "tfnb_mlflow.json"  # in model_dir: the MLflow run a tfnb run logs to
 _NOT_METRICS = frozenset({"epoch", "epochs", "step", "steps", "epoch_end", "batch_size", "time"})
 _MAX_TAG = 5000     # characters of a tag value (MLflow's limit is 8000)
@@ -50,8 +56,17 @@ _OPTION_PARAMS = ("gpus_per_worker", "cpus_per_worker", "ps_placement")  # RunOp
 _CONF_FOR = {"gpus_per_worker": ("spark.task.resource.gpu.amount", "0"), "cpus_per_worker": ("spark.task.cpus", "1")}
 
 
+def settings(value: Any) -> dict:
+    """``mlflow=`` as ``{"experiment", "registered_model_name", "input_example"}`` (None where not given)."""
+    if isinstance(value, Mapping):
+        return {k: value.get(k) for k in _SETTINGS}
+    return {"experiment": value if isinstance(value, str) else None, "registered_model_name": None,
+            "input_example": None}
+
+
 def check_option(value: Any) -> bool:
-    """Validate ``mlflow=`` (True, an experiment name, or None/False) and import MLflow when it is on.
+    """Validate ``mlflow=`` (True, an experiment name, a dict of :data:`_SETTINGS`, or None/False) and import MLflow
+    when it is on.
 
     Returns:
         True when tracking is on.
@@ -62,19 +77,42 @@ def check_option(value: Any) -> bool:
     """
     if value is None or value is False:
         return False
-    if value is not True and not (isinstance(value, str) and value.strip()):
+    if isinstance(value, Mapping):
+        unknown = sorted(map(str, set(value) - set(_SETTINGS)))
+        if unknown:
+            raise ConfigError(f"mlflow={{...}} has {', '.join(map(repr, unknown))}, which tfnb does not know; its keys "
+                              f"are {', '.join(_SETTINGS)} (e.g. mlflow={{'experiment': 'digits', "
+                              "'registered_model_name': 'main.default.digits', 'input_example': x[:5]})")
+        for key in ("experiment", "registered_model_name"):
+            given = value.get(key)
+            if given is not None and not (isinstance(given, str) and given.strip()):
+                raise ConfigError(f"mlflow={{'{key}': {given!r}}} must be a name (a non-empty string) or left out")
+        shown = f"mlflow={{{', '.join(map(repr, value))}}}"
+    elif value is not True and not (isinstance(value, str) and value.strip()):
         raise ConfigError(f"mlflow={value!r} must be True (MLflow's default experiment), an experiment name "
-                          "such as mlflow='my-training', or None for no MLflow tracking")
+                          "such as mlflow='my-training', a dict of experiment, registered_model_name and "
+                          "input_example, or None for no MLflow tracking")
+    else:
+        shown = f"mlflow={value!r}"
     from .._deps import _floor, require
 
-    mlflow = require("mlflow", f"MLflow tracking (mlflow={value!r})")
+    mlflow = require("mlflow", f"MLflow tracking ({shown})")
     _floor("MLflow", getattr(mlflow, "__version__", "0"), MLFLOW_FLOOR,
-           "models are logged as MLflow 3 LoggedModels of the run", _MLFLOW_FIX)
+           "Databricks Runtime 15.4 LTS ML's MLflow 2.13.1 is the oldest tfnb logs runs and models with", _MLFLOW_FIX)
     return True
+
+
+def _mlflow_major() -> int:
+    import mlflow
+
+    from .._deps import _version
+
+    return _version(getattr(mlflow, "__version__", "0"))[0]
 
 
 def _experiment_id(client, value: Any) -> str | None:
     """The id of the experiment ``mlflow="name"`` names (created when missing); None: MLflow's default."""
+    value = settings(value)["experiment"]
     if not isinstance(value, str):
         return None
     found = client.get_experiment_by_name(value)
@@ -158,6 +196,7 @@ class Tracker:
         active = mlflow.active_run()  # thread-local in MLflow: the caller's run, read in the caller's thread
         given = _LOGGING_TO.get()
         self.log_model = given is None or given[1]
+        self.settings = settings(experiment)
         self._thread = threading.Thread(
             target=self._work, name="tfnb-mlflow", daemon=True,
             args=(mlflow, experiment, given[0] if given else active.info.run_id if active else None, run_id,
@@ -252,7 +291,8 @@ class Tracker:
         link.log(mlflow, tags=tags)
         if state == "succeeded" and self.log_model and self.model_dir and link.run_id is not None and not link.broken:
             started = time.monotonic()
-            if link.call(_log_model, mlflow, self.model_dir, link.run_id):
+            if link.call(_log_model, mlflow, self.model_dir, link.run_id, self.settings["registered_model_name"],
+                         self.settings["input_example"]):
                 log.info("logged the model in %s to MLflow run %s in %.1f s", self.model_dir, link.run_id,
                          time.monotonic() - started)
         link.end(mlflow, _STATUS.get(state, "FAILED"))
@@ -304,8 +344,11 @@ def _find_model(listing: Mapping[str, Any]) -> tuple[str, bool] | None:
     return max(found, key=found.get) if found else None
 
 
-def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
-    """Log the newest saved model in ``model_dir`` to the run; returns its path in model_dir, None if none."""
+def _log_model(mlflow, model_dir: str, mlflow_run_id: str, registered_model_name: str | None = None,
+               input_example: Any = None) -> str | None:
+    """Log the newest saved model in ``model_dir`` to the run (registered as ``registered_model_name`` when given);
+    returns its path in model_dir, None if none. The run's tag ``tfnb.model.uri`` says where the logged model is,
+    ``tfnb.model.registered`` which registered version it became (``models:/<name>/<version>``)."""
     from ..storage import open_store
 
     store = open_store(model_dir, purpose="reading the saved model in")
@@ -326,14 +369,32 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str) -> str | None:
                     store.get(sub, os.path.join(tmp, sub.replace("/", os.sep)), size=entry.size)
             path = os.path.join(tmp, rel.replace("/", os.sep)) if rel else tmp
         model = _load_keras(path)
+        why = "it does not load as a Keras model"
         if model is not None:
             try:
-                _log_keras(model, mlflow_run_id)
-                return rel or "."
+                uri = _log_keras(model, mlflow_run_id, input_example)
             except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
-                log.info("MLflow's Keras flavour could not log %s (%s: %s); logging its files instead",
-                         path, type(e).__name__, e)
+                why = f"MLflow's Keras flavour could not log it ({type(e).__name__}: {str(e)[:300]})"
+                log.info("%s: %s; logging its files instead", path, why)
+            else:
+                tags = {"tfnb.model.uri": uri}
+                if registered_model_name:
+                    # the registry mlflow.set_registry_uri chose (on Databricks: "databricks-uc" for Unity Catalog)
+                    try:
+                        version = mlflow.register_model(uri, registered_model_name).version
+                    except Exception as e:  # noqa: BLE001 - the model stays logged; the registry said no
+                        log.warning("the model of MLflow run %s (%s) is logged but could not be registered as %s: "
+                                    "%s: %s", mlflow_run_id, uri, registered_model_name, type(e).__name__,
+                                    (str(e).splitlines() or [""])[0][:300])
+                    else:
+                        tags["tfnb.model.registered"] = f"models:/{registered_model_name}/{version}"
+                for key, value in tags.items():
+                    mlflow.MlflowClient().set_tag(mlflow_run_id, key, value)
+                return rel or "."
         _log_files(mlflow.MlflowClient(), mlflow_run_id, path, "model")
+        if registered_model_name:
+            log.warning("the model in %s is not registered as %s: %s; its files are the run's artifact 'model'",
+                        path, registered_model_name, why)
         return rel or "."
 
 
@@ -362,23 +423,55 @@ def _load_keras(path: str):
     missing)."""
     if not _looks_like_a_model(path):
         return None  # without importing TensorFlow (seconds) to find out
-    if "tensorflow" not in sys.modules:
-        # tf.keras code trained with tf-keras (tfnb.run's legacy_keras): a tf.keras model loads with the same Keras
-        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     try:
-        from .._deps import keras_for, require_tensorflow
+        from .._deps import keras_for, tensorflow_with_tf_keras
 
-        require_tensorflow("logging the model to MLflow")
+        # tf.keras code trained with tf-keras (tfnb.run's legacy_keras): MLflow's tensorflow flavour saves and loads
+        # a tf.keras model through tf.keras, which must then be tf-keras (the notebook's environment is left alone)
+        tensorflow_with_tf_keras("logging the model to MLflow")
         return keras_for(path).models.load_model(path)
     except Exception as e:  # noqa: BLE001 - not a Keras model (a tf.Module SavedModel...)
         log.info("%s does not load as a Keras model (%s: %s); logging its files", path, type(e).__name__, e)
         return None
 
 
-def _log_keras(model, mlflow_run_id: str) -> None:
-    """Log ``model`` as the run's ``model``: a Keras 3 model in MLflow's ``keras`` flavour (Keras 3's own), a
-    tf-keras one in its ``tensorflow`` flavour (which saves and loads it through ``tf.keras``)."""
+def _signature(model, input_example: Any):
+    """The model's MLflow signature: inferred from ``input_example`` and the model's predictions for it, else from
+    the model's input and output shapes (a single input and output), else None."""
+    import numpy as np
+    from mlflow.models import infer_signature
+
+    if input_example is not None:
+        try:
+            return infer_signature(input_example, np.asarray(model.predict(input_example, verbose=0)))
+        except Exception as e:  # noqa: BLE001 - the example does not fit the model: the shapes say it instead
+            log.warning("the model does not predict on mlflow={'input_example': ...} (%s: %s); its signature comes "
+                        "from its input and output shapes", type(e).__name__, str(e)[:300])
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    def spec(tensors):
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != 1:
+            return None
+        (t,) = tensors
+        dtype = np.dtype(getattr(t.dtype, "name", t.dtype))
+        return Schema([TensorSpec(dtype, tuple(-1 if d is None else int(d) for d in t.shape))])
+
+    with contextlib.suppress(Exception):  # a subclassed model has no symbolic inputs: no signature then
+        inputs, outputs = spec(model.inputs), spec(model.outputs)
+        if inputs is not None and outputs is not None:
+            return ModelSignature(inputs=inputs, outputs=outputs)
+    return None
+
+
+def _log_keras(model, mlflow_run_id: str, input_example: Any = None) -> str:
+    """Log ``model`` as the run's ``model``, with a signature (:func:`_signature`) and ``input_example`` when given:
+    a Keras 3 model in MLflow's ``keras`` flavour (Keras 3's own), a tf-keras one in its ``tensorflow`` flavour (which
+    saves and loads it through ``tf.keras``). MLflow 3 makes it a LoggedModel of the run, MLflow 2 the run's
+    artifact ``model``. Returns the model's URI."""
     import importlib.metadata
+
+    from mlflow.models import Model
 
     keras3 = type(model).__module__.split(".")[0] == "keras"
     reqs = []
@@ -386,20 +479,30 @@ def _log_keras(model, mlflow_run_id: str) -> None:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             reqs.append(f"{dist}=={importlib.metadata.version(dist)}")
     # explicit requirements: MLflow would otherwise load the model in a subprocess to infer them.
+    kwargs = {"pip_requirements": reqs, "signature": _signature(model, input_example)}
+    if input_example is not None:
+        kwargs["input_example"] = input_example
     if keras3:
-        import mlflow.keras  # noqa: F401 - imports Keras 3, already imported to load the model
-        from mlflow.models import Model
+        import types
 
-        # Model.log, as mlflow.keras.log_model has no run_id: this thread has no active run to log to
-        Model.log(artifact_path=None, name="model", flavor=mlflow.keras, model=model, run_id=mlflow_run_id,
-                  pip_requirements=reqs)
-        return
-    import mlflow.tensorflow  # noqa: F401 - imports TensorFlow: only once there is a model to log
+        import mlflow.keras  # imports Keras 3, already imported to load the model
 
-    # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
-    # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
-    mlflow.tensorflow.log_model(model, name="model", run_id=mlflow_run_id, pip_requirements=reqs,
-                                keras_model_kwargs={"save_format": "keras_v3"})
+        def save_model(path, **kw):
+            os.makedirs(path, exist_ok=True)  # the flavour writes the input example before it makes the folder
+            mlflow.keras.save_model(path=path, **kw)
+
+        flavor = types.SimpleNamespace(__name__=mlflow.keras.__name__, save_model=save_model)
+    else:
+        import mlflow.tensorflow  # imports TensorFlow: only once there is a model to log
+
+        flavor = mlflow.tensorflow
+        # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
+        # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
+        kwargs["keras_model_kwargs"] = {"save_format": "keras_v3"}
+    # Model.log, as the flavours' log_model take no run_id before MLflow 3: this thread has no active run to log to
+    where = {"artifact_path": None, "name": "model"} if _mlflow_major() >= 3 else {"artifact_path": "model"}
+    info = Model.log(flavor=flavor, model=model, run_id=mlflow_run_id, **where, **kwargs)
+    return info.model_uri
 
 
 class EvalTracker:

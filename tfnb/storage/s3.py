@@ -61,7 +61,7 @@ def s3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int = 10
         name = S3_OPTIONS.get(key, key)
         if name not in S3_OPTIONS.values():
             raise ConfigError(f"storage option {key!r} is not understood for {url}; use key, secret, token, "
-                              "endpoint_url, region, profile, anon or config (see the README, 'Storage URLs "
+                              "endpoint_url, region, profile, anon or config (see docs/data.md, 'Storage URLs "
                               "and options')")
         if name == "client_kwargs":
             value = dict(value)

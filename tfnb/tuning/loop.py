@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
+import re
 import threading
 import time
 from dataclasses import fields
@@ -22,7 +24,7 @@ from ..launcher.resources import _is_connect
 from .display import check_display, make_sweep_display
 from .outcomes import (SweepCancelledError, SweepEvent, SweepEventKind, SweepResult, SweepStoppedError, TrialResult,
                        better)
-from .space import distributions, make_study, require_optuna, sample
+from .space import concurrent_sampler_note, distributions, make_study, require_optuna, sample
 from .trial import Ended, Plan, run_trial, subdir
 
 log = logging.getLogger(__name__)
@@ -89,11 +91,36 @@ def fit(spark, options: RunOptions, n_trials: int, at_once: int | None) -> int:
     return fits
 
 
+# a frame of a Python traceback: file, function, and the source line below it (when the file was readable)
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)\n(?:    (?P<code>.*)\n)?', re.M)
+# frames that are not the user's code: installed packages, the standard library, frozen modules, tfnb itself
+_LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<frozen ")
+
+
+def _user_frame(traceback: str) -> tuple | None:
+    """The innermost frame of the user's own code in a worker's traceback: (file, function, source line)."""
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tfnb's folder here
+    frames = [m for m in _FRAME.finditer(traceback or "")
+              if not _LIBRARY.search(m["file"]) and not m["file"].startswith(own + os.sep)]
+    if not frames:
+        return None
+    last = frames[-1]
+    return os.path.basename(last["file"]), last["func"], (last["code"] or "").strip()
+
+
 def _error_key(error: BaseException) -> tuple:
-    """What makes two trials' errors "the same": type and first line of the worker's (or driver's) error."""
+    """What makes two trials' errors "the same": what they are, not what they say. The exception's type and the
+    innermost frame of the user's code that raised it (its file, function and source line, as error trackers group
+    by stack frames), so a bug whose message holds data (``index 13 is out of bounds``) is one error in every
+    trial; without such a frame, the type and the first line with its numbers masked."""
     if isinstance(error, WorkerError):
-        return error.exc_type, (error.failure.message.strip().splitlines() or [""])[0][:300]
-    return type(error).__name__, (str(error).strip().splitlines() or [""])[0][:300]
+        kind, message, frame = error.exc_type, error.failure.message, _user_frame(error.failure.traceback)
+    else:
+        kind, message, frame = type(error).__name__, str(error), None
+    if frame is not None:
+        return kind, frame
+    first = (message.strip().splitlines() or [""])[0][:300]
+    return kind, re.sub(r"\d+(\.\d+)?", "N", first)
 
 
 class _Sweep:
@@ -226,6 +253,7 @@ class _Sweep:
                 self._stop("same error", ended.error, "trials in a row failed with the same error")
         elif ended.verdict in ("complete", "pruned", "failed"):
             self.streak = []  # "failed": timed out or NaN, which a hyperparameter may well cause
+        # "cluster" (the cluster failed a launched trial) says nothing of train_fn: the streak stays as it is
 
     def _stop(self, why: str, error: BaseException | None, text: str) -> None:
         """No further trial starts; the running ones are cancelled (their ends still arrive in the queue)."""
@@ -314,8 +342,11 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
     run: its Spark job and processes end, its slots are free at once.
 
     A trial whose train_fn raises is recorded as failed and the sweep goes on; ``same_error_limit``
-    trials in a row failing with the same error stop it (SweepStoppedError): that is a bug, not a bad
-    hyperparameter. A lost executor is relaunched inside its trial (``max_attempts``). Interrupting the
+    trials in a row failing with the same error (the same exception type raised from the same line of
+    your code, whatever its message says) stop it (SweepStoppedError): that is a bug, not a bad
+    hyperparameter. A lost executor is relaunched inside its trial (``max_attempts``); a trial the
+    cluster fails after it launched (an elastic trial below ``min_workers``) is recorded as failed and
+    the sweep goes on; a trial that cannot start at all stops it with that error. Interrupting the
     cell cancels every running trial and raises SweepCancelledError with what finished.
 
     Args:
@@ -331,15 +362,16 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
         metric: the objective's name, also what is reported each epoch for pruning. Default ``"loss"``.
         direction: ``"minimize"`` or ``"maximize"``; default the study's, else minimize.
         study: an ``optuna.Study`` (its sampler, pruner, storage; ``optuna.load_study`` to resume in a
-            later cell, MLflow included). Default: a new in-memory study with Optuna's TPE sampler and
-            median pruner.
+            later cell, MLflow included). Default: a new in-memory study with Optuna's TPE sampler (with
+            ``constant_liar``, so trials that run at once get different suggestions) and median pruner.
         at_once: trials at most at once (default: as many as fit).
         args: extra positional arguments for train_fn after ``params``; ``kwargs``: keyword arguments.
         spark: the SparkSession; default the active one, or a local one.
         model_dir: each trial gets ``<model_dir>/trial-<number>`` as its ``ctx.model_dir``; ``log_dir``
             likewise (TensorBoard then compares the trials).
-        mlflow: True or an experiment name: one MLflow parent run for the sweep, a child run per trial
-            (params, per-epoch metrics, state, duration), the best trial tagged and its model logged
+        mlflow: True, an experiment name, or a dict as ``tfnb.run`` takes it: one MLflow parent run for the
+            sweep, a child run per trial (params, per-epoch metrics, state, duration), the best trial tagged and
+            its model logged (registered when the dict names ``registered_model_name``)
             (see :mod:`tfnb.tuning.tracking`). Needs ``pip install 'tfnb[mlflow]'``.
         display: a callable receiving every ``SweepEvent``, False for none; default a live panel (a
             table of trials and a chart of the objective) in notebooks, lines on the console elsewhere.
@@ -352,7 +384,8 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
 
     Raises:
         ConfigError: a bad argument or search space (before anything launches).
-        ClusterError: one trial (or ``at_once`` trials) does not fit the cluster.
+        ClusterError: one trial (or ``at_once`` trials) does not fit the cluster, or a trial cannot start
+            (the executors cannot run its tasks).
         SweepStoppedError: the same error ``same_error_limit`` times in a row; ``.result`` has the trials.
         SweepCancelledError: interrupted (a KeyboardInterrupt); ``.result`` has the trials.
         MissingDependencyError: Optuna (``pip install 'tfnb[sweep]'``) or MLflow is missing.
@@ -390,6 +423,9 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
         options = RunOptions.resolve(options, spark=spark)
         direction = study.direction.name.lower()
         at_once = fit(spark, options, n_trials, at_once)
+        note = concurrent_sampler_note(study, at_once)
+        if note:
+            log.warning("tfnb.sweep: %s", note)
         shown = make_sweep_display(display, n_trials=n_trials, at_once=at_once, metric=metric, direction=direction)
         tracker = None
         if mlflow:

@@ -8,7 +8,8 @@ that run's own tracking (:mod:`tfnb.monitor.tracking`) logs its settings and per
 the sweep adds the trial's state, error, objective and duration and ends it (pruned and cancelled trials
 end KILLED). At the end the parent gets the best trial's number, value and params as tags
 (``tfnb.sweep.best.*``) and a ``best_<metric>`` point per finished trial; the best child gets the tag
-``tfnb.sweep.best=true`` and the model its trial saved in its model_dir.
+``tfnb.sweep.best=true`` and the model its trial saved in its model_dir (registered when ``mlflow=`` is a dict with
+``registered_model_name``, as for a run).
 
 As for a run, MLflow never stops the sweep: the first failing call is reported once as a warning and
 tracking ends for this sweep (:class:`tfnb.monitor.tracking._Link`).
@@ -20,7 +21,7 @@ import math
 import time
 from typing import Any, Mapping
 
-from ..monitor.tracking import _MAX_PARAM, _Link, _experiment_id, _log_model, logging_to
+from ..monitor.tracking import _MAX_PARAM, _Link, _experiment_id, _log_model, logging_to, settings
 from .outcomes import SweepResult, TrialResult
 
 PARENT_ATTR = "tfnb.mlflow_run_id"  # in the study's user attrs: the sweep's parent run, for later sweeps of it
@@ -52,7 +53,8 @@ class SweepTracker:
         self.link.run_id, self.link.own = self.run_id, self.own and run is not None
         if self.run_id is None:
             return
-        study.set_user_attr(PARENT_ATTR, self.run_id)
+        if self.own:  # a later sweep reopens (and ends) only a parent a sweep started, never the caller's run
+            study.set_user_attr(PARENT_ATTR, self.run_id)
         have = self.link.call(lambda: self.client.get_run(self.run_id).data)
         given = {k: v for k, v in _params(params).items() if k not in (have.params if have else {})}
         self.link.log(mlflow, params=given, tags={"tfnb.sweep.study": study.study_name, "tfnb.sweep.state": "running"})
@@ -126,7 +128,9 @@ class SweepTracker:
     def _log_best_model(self, best: TrialResult) -> None:
         have = self.link.call(lambda: self.client.get_run(best.mlflow_run_id).data.tags) or {}
         if best.model_dir and "tfnb.sweep.model" not in have:  # a resumed sweep's best may have it already
-            logged = self.link.call(_log_model, self.mlflow, best.model_dir, best.mlflow_run_id)
+            given = settings(self.mlflow_option)  # mlflow={"registered_model_name": ...} registers the best model
+            logged = self.link.call(_log_model, self.mlflow, best.model_dir, best.mlflow_run_id,
+                                    given["registered_model_name"], given["input_example"])
             if logged:
                 self.link.call(self.client.set_tag, best.mlflow_run_id, "tfnb.sweep.model", logged)
 

@@ -24,7 +24,7 @@ from .outcomes import SweepEvent, SweepEventKind, TrialResult, better
 
 log = logging.getLogger(__name__)
 
-_FATAL = (ConfigError, ClusterError, MissingDependencyError)  # tfnb.run refused before launching: no trial can run
+_FATAL = (ConfigError, MissingDependencyError)  # tfnb.run refused the options or the environment: no trial can run
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,10 @@ class Plan:
 @dataclass(frozen=True)
 class Ended:
     """A trial's end: its row, the exception (if any) and what the sweep makes of it: ``complete``, ``pruned``,
-    ``cancelled``, ``bug`` (train_fn raised: counts towards the same-error rule), ``fatal`` (tfnb.run refused to
-    launch: stops the sweep) or ``failed`` (timed out, no usable objective)."""
+    ``cancelled``, ``bug`` (train_fn raised: counts towards the same-error rule), ``fatal`` (the trial cannot start
+    at all, and no other would: stops the sweep), ``cluster`` (the cluster failed the trial after it launched: an
+    elastic trial below min_workers, a ps job whose slots other jobs took) or ``failed`` (timed out, no usable
+    objective)."""
 
     row: TrialResult
     error: BaseException | None
@@ -65,6 +67,7 @@ class TrialDisplay:
         self.trial, self.row, self.plan, self.post, self.cancel = trial, row, plan, post, cancel
         self.pruned = False
         self.reported: dict[int, float] = {}
+        self.launched = False  # the run's first launch started (it sent an event): past tfnb.run's checks
         self._optuna_ok = True
 
     def __call__(self, event) -> None:
@@ -77,6 +80,7 @@ class TrialDisplay:
             log.warning("tfnb.sweep: trial %d's display failed (%s: %s)", self.row.number, type(e).__name__, e)
 
     def _batch(self, batch) -> None:
+        self.launched = True
         lines, changed = [], False
         for event in batch:
             kind, data = event.kind, event.data or {}
@@ -167,6 +171,10 @@ def run_trial(plan: Plan, trial, row: TrialResult, cancel: threading.Event,
         verdict, error = ("pruned" if display.pruned else "cancelled"), e
     except _FATAL as e:
         verdict, error = "fatal", e
+    except ClusterError as e:
+        # Refused before it launched (slots, GPUs, a profile), or executors where no task can start (the launcher
+        # marks those every_launch): every trial would meet it. Once launched, the cluster failing it is its own.
+        verdict, error = ("fatal" if not display.launched or getattr(e, "every_launch", False) else "cluster"), e
     except RunTimeoutError as e:
         verdict, error = "failed", e
     except Exception as e:  # noqa: BLE001 - WorkerError (train_fn raised), or whatever else went wrong

@@ -1,0 +1,263 @@
+"""The self-check, in the train_fn process: SGD steps of a tiny linear model trained under the run's strategy, on
+every worker, against the same steps computed with numpy in this process (the one-process result): two steps of
+``fit`` (its weights after each, its epoch loss), one of a custom loop, one ``train_on_batch`` (and its loss).
+
+tfnb's Keras 3 corrections (tfnb._task.keras3) are proven on the tested versions (``TESTED_NEWEST`` in
+tfnb._deps). A newer Keras, TensorFlow or Spark is not refused: at the first ``fit`` (or other model method) under
+a strategy this check runs once, through ``fit``, a custom loop (``strategy.run`` + ``apply_gradients``) and
+``train_on_batch``; every worker takes part in each step and in the verdict, so all train or all stop together.
+``tfnb.selfcheck`` (tfnb.launcher.selfcheck) runs it on its own, before a long job.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from .._deps import TESTED_NEWEST, _version, tested_range
+
+FEATURES, LR, ROWS_PER_REPLICA = 4, 0.1, 4
+WAYS = ("fit", "custom loop", "train_on_batch")
+
+
+def spark_version() -> str | None:
+    """This process's pyspark version, read without importing pyspark (None where it cannot be told)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        return importlib.metadata.version("pyspark")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (Spark's own python/ folder, a zip)
+        pass
+    try:
+        spec = importlib.util.find_spec("pyspark")
+        text = spec.loader.get_data(os.path.join(os.path.dirname(spec.origin), "version.py")).decode()
+        return re.search(r"__version__\W*=\W*['\"]([^'\"]+)", text).group(1)
+    except Exception:  # noqa: BLE001 - no pyspark here: nothing to compare
+        return None
+
+
+def versions(keras=None, tf=None) -> dict:
+    """The versions of Keras, TensorFlow and Spark in this process (None for one not found)."""
+    keras = keras or sys.modules.get("keras")
+    tf = tf or sys.modules.get("tensorflow")
+    return {"keras": getattr(keras, "__version__", None), "tensorflow": getattr(tf, "__version__", None),
+            "spark": spark_version()}
+
+
+_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "spark": "Spark"}
+
+
+def untested(found: dict) -> list[str]:
+    """Those of ``found`` newer than the tested ones, as "Keras 3.16.0 (tested up to 3.15.1)"."""
+    out = []
+    for name, version in found.items():
+        if version and name in TESTED_NEWEST and _version(version, 3) > TESTED_NEWEST[name]:
+            out.append(f"{_NAMES[name]} {version} (tested up to {'.'.join(map(str, TESTED_NEWEST[name]))})")
+    return out
+
+
+def _start():
+    import numpy as np
+
+    w0 = np.linspace(-0.5, 0.5, FEATURES, dtype="float32").reshape(FEATURES, 1)
+    return w0, np.array([0.1], "float32")
+
+
+def _data(n: int):
+    """Two global batches of ``ROWS_PER_REPLICA`` rows a replica: (x, y) of each."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    rows = ROWS_PER_REPLICA * n
+    return [(rng.standard_normal((rows, FEATURES)).astype("float32"),
+             rng.standard_normal((rows, 1)).astype("float32")) for _ in range(2)]
+
+
+def one_process(batches):
+    """SGD on mean squared error over each of ``batches`` in turn, from :func:`_start`, as one process takes them:
+    the weights at the start and after each step (flat), and the epoch's loss (the mean of the steps' losses)."""
+    import numpy as np
+
+    w, b = _start()
+    weights, losses = [np.concatenate([w.ravel(), b])], []
+    for x, y in batches:
+        err = x @ w + b - y
+        losses.append(float(np.mean(err ** 2)))
+        w, b = w - LR * 2.0 / len(x) * x.T @ err, b - LR * 2.0 / len(x) * err.sum(0)
+        weights.append(np.concatenate([w.ravel(), b]))
+    return weights, float(np.mean(losses))
+
+
+def _model(keras, strategy):
+    w0, b0 = _start()
+    with strategy.scope():
+        # zeros, then the start's weights: a random initializer would draw from the seed the user's training uses
+        model = keras.Sequential([keras.Input((FEATURES,)),
+                                  keras.layers.Dense(1, kernel_initializer="zeros", bias_initializer="zeros")])
+        model.compile(keras.optimizers.SGD(LR), "mse")
+        model.set_weights([w0, b0])
+    return model
+
+
+def _flat(model):
+    import numpy as np
+
+    return np.concatenate([np.asarray(v).ravel() for v in model.get_weights()])
+
+
+def _dataset(tf, x, y, batch: int):
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).with_options(options)
+
+
+def _worker_slice(strategy, rows: int):
+    """This worker's rows of a global batch of ``rows``: its input pipeline's share."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return slice(0, rows)
+    jobs = resolver.cluster_spec().as_dict()
+    order = [(job, i) for job in ("chief", "worker") for i in range(len(jobs.get(job, ())))]
+    index, count = order.index((resolver.task_type, resolver.task_id)), len(order)
+    return slice(index * rows // count, (index + 1) * rows // count)
+
+
+def _fit(keras, tf, strategy, batches):
+    """Two steps of ``fit``: the weights after its first step and at the end, and the epoch's loss."""
+    import numpy as np
+
+    model = _model(keras, strategy)
+    first = []
+
+    class First(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if not first:
+                first.append(_flat(self.model))
+
+    x, y = (np.concatenate(parts) for parts in zip(*batches))
+    history = model.fit(_dataset(tf, x, y, len(batches[0][0])), epochs=1, verbose=0, shuffle=False,
+                        callbacks=[First()])
+    return first[0], _flat(model), float(history.history["loss"][0])
+
+
+def _custom_loop(keras, tf, strategy, batches):
+    """One step of a custom loop (``strategy.run`` + ``apply_gradients``)."""
+    model = _model(keras, strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(LR)
+    x, y = batches[0]
+
+    @tf.function
+    def step(batch):
+        def replica(bx, by):
+            with tf.GradientTape() as tape:
+                per_example = tf.reduce_mean(tf.square(model(bx) - by), axis=-1)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=len(x))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        strategy.run(replica, args=batch)
+
+    step(next(iter(strategy.experimental_distribute_dataset(_dataset(tf, x, y, len(x))))))
+    return _flat(model), None, None
+
+
+def _train_on_batch(keras, tf, strategy, batches):
+    """One ``train_on_batch``, each worker with its rows of the global batch; the loss it returns."""
+    import numpy as np
+
+    model = _model(keras, strategy)
+    x, y = batches[0]
+    mine = _worker_slice(strategy, len(x))
+    out = model.train_on_batch(x[mine], y[mine])  # the loss of the global batch, every worker's rows
+    return _flat(model), None, float(np.ravel(out)[0])
+
+
+def check(keras, strategy) -> dict:
+    """Run the check on this worker (every worker must call it, in the same order): ``passed`` (the same verdict
+    on every worker), ``ratio`` (the worst way's update over the one-process update, averaged over the workers),
+    ``detail`` (what differs, or "") and ``ratios`` (each way's)."""
+    import numpy as np
+    import tensorflow as tf
+
+    batches = _data(int(strategy.num_replicas_in_sync))
+    weights, epoch_loss = one_process(batches)
+    _, step_loss = one_process(batches[:1])
+    start, expected = weights[0], weights[1] - weights[0]
+    fails, ratios, errors = [], [], {}
+    for way, run in zip(WAYS, (_fit, _custom_loop, _train_on_batch)):
+        try:
+            got, last, got_loss = run(keras, tf, strategy, batches)
+            ratios.append(float(np.dot(got - start, expected) / np.dot(expected, expected)))
+            ok = np.allclose(got, weights[1], rtol=1e-4, atol=1e-6) and (
+                last is None or np.allclose(last, weights[2], rtol=1e-4, atol=1e-6))
+            loss = epoch_loss if way == "fit" else step_loss
+            if ok and got_loss is not None and abs(got_loss - loss) > 1e-4 * max(1.0, loss):
+                ok, errors[way] = False, f"its loss was {got_loss:.6g}, one process's {loss:.6g}"
+            fails.append(0.0 if ok else 1.0)
+        except Exception as e:  # noqa: BLE001 - an error is a failed check, reported in one line
+            from ..errors import summary
+
+            fails.append(1.0)
+            ratios.append(float("nan"))
+            errors[way] = f"it raised {type(e).__name__}: {summary(e, 120)}"
+    local = np.array(fails + [0.0 if np.isnan(r) else r for r in ratios] + [float(np.isnan(r)) for r in ratios],
+                     "float32")
+    agreed = strategy.reduce("MEAN", strategy.run(lambda: tf.constant(local)), axis=None).numpy()
+    k = len(WAYS)
+    failed = agreed[:k] > 0
+    mean_ratio = [float(r) if not nan else float("nan") for r, nan in zip(agreed[k:2 * k], agreed[2 * k:] > 0)]
+    details = []
+    for way, bad, ratio in zip(WAYS, failed, mean_ratio):
+        if not bad:
+            continue
+        if way in errors:
+            details.append(f"{way}: {errors[way]}")
+        elif ratio == ratio:
+            details.append(f"{way}: the update was {ratio:.2f}x the one-process update")
+        else:
+            details.append(f"{way}: failed on another worker")
+    worst = max((r for r in mean_ratio if r == r), key=lambda r: abs(r - 1.0), default=float("nan"))
+    return {"passed": not failed.any(), "ratio": worst, "detail": details[0] if details else "",
+            "details": details, "ratios": dict(zip(WAYS, mean_ratio))}
+
+
+def _is_chief(strategy) -> bool:
+    return bool(getattr(strategy.extended, "should_checkpoint", True))
+
+
+def check_or_refuse(keras, strategy, newer: list[str]) -> bool:
+    """The self-check for a run on versions newer than the tested ones: a log line (on the chief) when it passes;
+    ConfigError on every worker when it fails."""
+    import tensorflow as tf
+
+    from ..errors import KERAS3_SELFCHECK, ConfigError
+
+    result = check(keras, strategy)
+    if not result["passed"]:
+        raise ConfigError(KERAS3_SELFCHECK.format(
+            what=f"Keras {keras.__version__}", detail=result["detail"], strategy=strategy_name(strategy),
+            untested=" and ".join(newer) + (" is" if len(newer) == 1 else " are"),
+            checks=_checks(result), **tested_range()))
+    if _is_chief(strategy):
+        print(f"tfnb: {', '.join(newer)}: untested, passed tfnb's self-check under {strategy_name(strategy)} "
+              f"(fit, custom loop and train_on_batch trained as one process; TensorFlow {tf.__version__})",
+              file=sys.stderr, flush=True)
+    return True
+
+
+def _checks(result: dict) -> str:
+    return ("Updates over the one-process update: " + ", ".join(
+        f"{way} {r:.2f}x" if r == r else f"{way} none" for way, r in result["ratios"].items()) + ". "
+        + "; ".join(result["details"]) + ".")
+
+
+def strategy_name(strategy) -> str:
+    """The public name of ``strategy``'s class (MultiWorkerMirroredStrategy, not CollectiveAllReduceStrategy)."""
+    import tensorflow as tf
+
+    for name in ("MultiWorkerMirroredStrategy", "MirroredStrategy"):
+        if isinstance(strategy, getattr(tf.distribute, name)):
+            return name
+    return type(strategy).__name__

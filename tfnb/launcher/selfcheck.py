@@ -1,0 +1,74 @@
+"""``tfnb.selfcheck``: does Keras 3 train exactly on this runtime? One small ``tfnb.run`` answers before a long job.
+
+The train_fn side is tfnb._task.selfcheck: one SGD step of a linear model through ``fit``, a custom loop and
+``train_on_batch`` under MultiWorkerMirroredStrategy, on every worker, compared with the step computed in one
+process. A run on a Keras, TensorFlow or Spark newer than the tested ones does the same by itself at its first
+``fit``; this is the way to ask first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """What ``tfnb.selfcheck`` found.
+
+    Attributes:
+        passed: every way of training (``fit``, a custom loop, ``train_on_batch``) ended, on every worker, where one
+            process over the same global batch ends.
+        ratio: the update that differed most from one process's, over it (1.0: exact; 2.0: twice the step).
+        versions: Keras, TensorFlow and Spark as the workers have them (None for one not found).
+        message: one line: what passed, or what differed.
+        ratios: each way's update over the one-process update.
+        patches: the Keras corrections tfnb applied on the workers.
+    """
+
+    passed: bool
+    ratio: float
+    versions: dict
+    message: str
+    ratios: dict = field(default_factory=dict)
+    patches: tuple = ()
+
+
+def selfcheck(num_workers: int = 2, **run_kwargs: Any) -> SelfCheck:
+    """Train one SGD step of a tiny linear model with Keras 3 on ``num_workers`` workers under
+    MultiWorkerMirroredStrategy, and compare every worker's weights and loss with one process's.
+
+    Args:
+        num_workers: workers of the check's run (2 or more to test the all-reduce).
+        run_kwargs: passed to ``tfnb.run`` (``spark``, ``env``, ``timeout``, ``display``...).
+
+    Returns:
+        SelfCheck: ``passed`` False with ``message`` naming what differs when Keras trains wrong here.
+
+    Raises:
+        TfnbError: what ``tfnb.run`` raises when the run itself fails (no Keras 3 on the executors, too small a
+            cluster), or ConfigError for a bad ``num_workers``.
+
+    Example:
+        >>> check = tfnb.selfcheck(num_workers=2)
+        >>> check.passed, check.ratio
+        (True, 1.0)
+    """
+    from .._task.keras3 import selfcheck_fn
+    from .._task.selfcheck import untested
+    from ..errors import ConfigError
+    from .runner import run
+
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ConfigError(f"num_workers={num_workers!r} must be an int >= 1 (2 or more to check the all-reduce)")
+    run_kwargs.setdefault("display", False)
+    out = run(selfcheck_fn, num_workers=num_workers, **run_kwargs)
+    versions = out["versions"]
+    named = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+    newer = untested(versions)
+    if out["passed"]:
+        message = (f"Keras trains as one process on {num_workers} workers ({named})"
+                   + (f"; untested: {', '.join(newer)}" if newer else ""))
+    else:
+        message = f"Keras trains wrong on {num_workers} workers ({named}): {'; '.join(out['details'])}"
+    return SelfCheck(passed=bool(out["passed"]), ratio=float(out["ratio"]), versions=dict(versions),
+                     message=message, ratios=dict(out["ratios"]), patches=tuple(out["patches"]))
