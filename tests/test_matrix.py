@@ -92,8 +92,6 @@ def test_the_check_caught_keras_scale_error_without_tfnb(rows):
     assert same and all(r["ok"] for r in same)
 
 
-@pytest.mark.xfail(strict=True, reason="open: under MultiWorkerMirroredStrategy tf-keras' train_on_batch returns N times "
-                   "the loss (its weights are exact); see the tf-keras rows of docs/compatibility.md")
 def test_tf_keras_trains_in_a_passing_cell(rows):
     assert any(r.get("legacy") and r["versions"].get("tf-keras") for r in _passing(rows)), \
         "no tf-keras (legacy_keras) cell passes"

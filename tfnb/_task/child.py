@@ -76,11 +76,15 @@ def _preimport() -> None:
 
 class _KerasWatch:
     """Import hook: when train_fn imports Keras 3 (``import keras``), tfnb._task.keras3 corrects it for
-    tf.distribute (or, for an untested version, makes ``fit`` refuse) before train_fn sees it. Keras itself is
-    imported only if train_fn does (it costs seconds)."""
+    tf.distribute (or, for an untested version, makes ``fit`` refuse) before train_fn sees it; when it imports
+    tf-keras (``tf.keras`` with TF_USE_LEGACY_KERAS=1), tfnb._task.legacy_keras does. Either is imported only if
+    train_fn does (it costs seconds)."""
+
+    def __init__(self):
+        self.waiting = {"keras", "tf_keras"}
 
     def find_spec(self, name, path=None, target=None):
-        if name != "keras":
+        if name not in self.waiting:
             return None
         import importlib.machinery
 
@@ -89,10 +93,12 @@ class _KerasWatch:
         exec_module = getattr(spec and spec.loader, "exec_module", None)
         if exec_module is not None:
             def run_then_install(module):
-                with contextlib.suppress(ValueError):
-                    sys.meta_path.remove(self)
+                self.waiting.discard(name)
+                if not self.waiting:
+                    with contextlib.suppress(ValueError):
+                        sys.meta_path.remove(self)
                 exec_module(module)
-                _install_keras3(module)
+                _INSTALL[name](module)
             spec.loader.exec_module = run_then_install
         return spec
 
@@ -101,6 +107,15 @@ def _install_keras3(keras) -> None:
     from .keras3 import install
 
     install(keras)
+
+
+def _install_legacy(tf_keras) -> None:
+    from .legacy_keras import install
+
+    install(tf_keras)
+
+
+_INSTALL = {"keras": _install_keras3, "tf_keras": _install_legacy}
 
 
 def _serve_forever(ctx) -> None:
@@ -117,10 +132,13 @@ def _serve_forever(ctx) -> None:
 def prepare() -> None:
     """What every train_fn process does before it imports anything: Keras 3 made ready for tf.distribute (see
     _KerasWatch)."""
-    if "keras" in sys.modules:
-        _install_keras3(sys.modules["keras"])
-    else:
-        sys.meta_path.insert(0, _KerasWatch())
+    watch = _KerasWatch()
+    for name, install in _INSTALL.items():
+        if name in sys.modules:
+            install(sys.modules[name])
+            watch.waiting.discard(name)
+    if watch.waiting:
+        sys.meta_path.insert(0, watch)
 
 
 def main(argv: list[str]) -> None:
