@@ -46,6 +46,10 @@ def test_leaves_a_process_forked_from_a_standby_that_then_died(tmp_path):
                            "")
     KEPT.append((claimed, held))  # its connection open: the process waits for its go
     standby = int(open(f"/proc/{claimed.pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    import time
+    end = time.monotonic() + 30  # the forked process names itself first thing (warm.TRAIN_FN); then its standby dies
+    while open(f"/proc/{claimed.pid}/comm").read().strip() != "tfnb-train_fn" and time.monotonic() < end:
+        time.sleep(0.01)
     os.kill(standby, signal.SIGKILL)
     note("FORKED", claimed.pid)
 
