@@ -81,14 +81,10 @@ def _flat(model):
 
 
 def _worker_slice(strategy, rows: int) -> slice:
-    """This worker's share of a global batch of ``rows``, in the strategy's replica order (chief, then workers)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.task_type:
-        return slice(0, rows)
-    jobs = resolver.cluster_spec().as_dict()
-    order = [(job, i) for job in ("chief", "worker") for i in range(len(jobs.get(job, ())))]
-    index, count = order.index((resolver.task_type, resolver.task_id)), len(order)
-    return slice(index * rows // count, (index + 1) * rows // count)
+    """This worker's share of a global batch of ``rows``: the same share tfnb's self-check feeds each worker."""
+    from tfnb._task.selfcheck import _worker_slice as share
+
+    return share(strategy, rows)
 
 
 def train_three_ways(keras, tf, strategy, callbacks=(), legacy=False) -> dict:
