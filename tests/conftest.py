@@ -9,17 +9,19 @@ workers; :func:`pytest_collection_modifyitems` keeps each file on one worker (mo
 restart the session) and starts the longest work first."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from components import IN_CI, is_missing_component
+from components import IN_CI, free_port, is_missing_component
 from environments import jvm_options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +99,31 @@ def gpu_local_cluster(folder: Path, gpus: int):
     return spark_session("local-cluster[2,1,1024]", **{
         "spark.worker.resource.gpu.amount": amount, "spark.worker.resource.gpu.discoveryScript": script,
         "spark.executor.resource.gpu.amount": amount, "spark.task.resource.gpu.amount": amount})
+
+
+@contextlib.contextmanager
+def spark_connect():
+    """A Spark Connect client of a real Spark Connect server on loopback (a local Spark with the Connect plugin and a
+    token), as a notebook on standard access mode or serverless has one; the classic session comes back after."""
+    from pyspark.sql import SparkSession
+
+    port, token = free_port(), uuid.uuid4().hex
+    spark_session("local[2]", **{"spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+                                 "spark.connect.grpc.binding.address": "127.0.0.1",
+                                 "spark.connect.grpc.binding.port": str(port),
+                                 "spark.connect.authenticate.token": token})
+    connect_mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    # pyspark flags the process as a Connect client (SPARK_CONNECT_MODE_ENABLED): pyspark.sql.functions then build
+    # Connect expressions
+    client = SparkSession.builder.remote(f"sc://localhost:{port}/;token={token}").create()
+    try:
+        assert type(client).__module__.startswith("pyspark.sql.connect")
+        yield client
+    finally:
+        client.stop()
+        if connect_mode is None:  # this process goes on hosting classic sessions
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        spark_session("local[2]")  # the shared session, back for the tests that follow
 
 
 def _wait_for_executors(session, count: int, limit: float = 300.0) -> None:
@@ -218,16 +245,18 @@ def pytest_make_collect_report(collector):
 WORKERS = 3
 # Work units (a file, or one test of a file in SPLIT), longest first, from a run's --durations: they are
 # handed out in this order, so the last ones to finish are short.
-LONGEST_FIRST = (  # seconds in a 3-worker run of the whole suite (2026-11-29, loaded machine): 106, 103, 97, 88, ...
-    "tests/test_databricks.py::test_runtime_15_4_ml_import_attach_run_all", "tests/test_resources.py",
-    "tests/test_elastic.py", "tests/test_dbsim.py", "tests/test_recovery.py", "tests/test_runtime_sim.py",
-    "tests/test_docs.py", "tests/test_refus", "tests/test_masters.py", "tests/test_inference.py",
-    "tests/test_notebooks.py", "tests/test_keras3.py", "tests/test_progress.py", "tests/test_compat.py",
-    "tests/test_mirrored.py", "tests/test_mlflow.py", "tests/test_browser_tensorboard.py", "tests/test_launcher.py",
-    "tests/test_storage.py", "tests/test_tensorboard.py", "tests/test_sweep.py", "tests/test_training.py",
-    "tests/test_leaks.py", "tests/test_evaluator.py", "tests/test_cli.py", "tests/test_monitoring.py",
-    "tests/test_warm.py", "tests/test_staging.py", "tests/test_feeding.py", "tests/test_front_door.py",
-    "tests/test_security.py", "tests/test_profile.py", "tests/test_charts.py", "tests/test_stall.py",
+LONGEST_FIRST = (  # seconds in a 3-worker run of the whole suite (2026-11-29, loaded machine): 136, 125, 121, 87, ...
+    "tests/test_resources.py", "tests/test_databricks.py::test_runtime_15_4_ml_import_attach_run_all",
+    "tests/test_elastic.py", "tests/test_inference.py", "tests/test_recovery.py", "tests/test_dbsim.py",
+    "tests/test_masters.py", "tests/test_refus", "tests/test_selfcheck.py", "tests/test_runtime_sim.py",
+    "tests/test_notebooks.py", "tests/test_compat.py", "tests/test_mlflow.py", "tests/test_docs.py",
+    "tests/test_tensorboard.py", "tests/test_progress.py", "tests/test_keras3.py", "tests/test_sweep.py",
+    "tests/test_mirrored.py", "tests/test_storage.py", "tests/test_browser_tensorboard.py", "tests/test_launcher.py",
+    "tests/test_cli.py", "tests/test_leaks.py", "tests/test_feeding.py", "tests/test_front_door.py",
+    "tests/test_databricks.py::test_spark_4_runtime_without_a_volume_says_how_to_create_one", "tests/test_stall.py",
+    "tests/test_evaluator.py", "tests/test_monitoring.py", "tests/test_training.py", "tests/test_warm.py",
+    "tests/test_profile.py", "tests/test_staging.py", "tests/test_security.py", "tests/test_channel.py",
+    "tests/test_charts.py",
 )
 # Files whose tests share nothing (no module fixture, no order between them): each test is a unit.
 SPLIT = ("tests/test_databricks.py",)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 import warnings
 import zipfile
 from collections import Counter
@@ -15,7 +14,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from components import free_port
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before tensorflow is imported anywhere in this process
 
@@ -386,30 +384,13 @@ def test_model_description_in_a_subprocess_matches_in_process(models):
 @pytest.mark.slow
 def test_predict_on_spark_connect(models, digits):
     """The same call works on a Spark Connect session (DataFrame API only, no SparkContext)."""
-    from conftest import spark_session
-    from pyspark.sql import SparkSession
+    from conftest import spark_connect
 
     x, _ = digits
-    port = free_port()
-    token = uuid.uuid4().hex
-    spark_session("local[2]", **{"spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-                                 "spark.connect.grpc.binding.address": "127.0.0.1",
-                                 "spark.connect.grpc.binding.port": str(port),
-                                 "spark.connect.authenticate.token": token})
-    connect_mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
-    # As in a notebook on Spark Connect; this also flags the process as a Connect client (pyspark sets
-    # SPARK_CONNECT_MODE_ENABLED), so pyspark.sql.functions build Connect expressions.
-    client = SparkSession.builder.remote(f"sc://localhost:{port}/;token={token}").create()
-    try:
-        assert type(client).__module__.startswith("pyspark.sql.connect")
+    with spark_connect() as client:
         cdf = client.createDataFrame([(i, x[i].tolist()) for i in range(200)], "id long, features array<float>")
         path, expected = models["keras"]
         rows = inference.predict(cdf, str(path), input_cols=["features"]).collect()
         _assert_matches(rows, expected[:200])
         with pytest.raises(ConfigError, match="output_col='id' already exists"):
             inference.predict(cdf, str(path), input_cols=["features"], output_col="id")
-    finally:
-        client.stop()
-        if connect_mode is None:  # this process goes on hosting classic sessions
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-        spark_session("local[2]")  # give the shared session back to the tests that follow

@@ -83,9 +83,10 @@ WORKERS = pytest.mark.parametrize("workers", ["0", "2"])
 def run_pytest(folder: Path, source: str, workers: str, **env: str) -> subprocess.CompletedProcess:
     (folder / "test_inner.py").write_text(textwrap.dedent(source))
     env = dict(os.environ, TFNB_PREIMPORT="json", **env)  # what the standby imports does not matter
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-s",
-                           "-q", "-n", workers, "test_inner.py"], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=300)
+    # --rootdir: node ids stay "test_inner.py::..." whatever setup.py or ini file a folder above holds
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-s", "-q",
+                           "-n", workers, "--rootdir", str(folder), "test_inner.py"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def running(pid: int) -> bool:

@@ -16,7 +16,7 @@ from tfnb.errors import ConfigError, WorkerError
 from tfnb._protocol import RunEvent
 from tfnb._task.callbacks import keras_callback
 from tfnb.notebook import ProgressWidget
-from tfnb.monitor.display import auto_display
+from tfnb.monitor.display import make_display
 from tfnb.monitor.progress import CHART_TASKS, SUMMARY_ABOVE
 from tfnb.notebook.console import ConsoleDisplay
 
@@ -201,18 +201,18 @@ def test_console_on_a_terminal_draws_a_tqdm_bar():
 
 def test_auto_display_modes(monkeypatch, capsys):
     monkeypatch.delenv("TFNB_DISPLAY", raising=False)
-    assert isinstance(auto_display(num_workers=2), ConsoleDisplay)  # pytest is no notebook
+    assert isinstance(make_display(None, num_workers=2), ConsoleDisplay)  # pytest is no notebook
     monkeypatch.setenv("TFNB_DISPLAY", "widget")
-    widget = auto_display(num_workers=2, max_attempts=2)
+    widget = make_display(None, num_workers=2, max_attempts=2)
     assert isinstance(widget, ProgressWidget) and list(widget.workers) == [("chief", 0), ("worker", 1)]
     monkeypatch.setenv("TFNB_DISPLAY", "none")
-    quiet = auto_display(num_workers=2)
+    quiet = make_display(None, num_workers=2)
     quiet(_ev("log", "chief", 0, line="not shown"))
     quiet.close()
     assert "not shown" not in capsys.readouterr().out
     monkeypatch.setenv("TFNB_DISPLAY", "fancy")
     with pytest.raises(ConfigError, match="TFNB_DISPLAY"):
-        auto_display(num_workers=2)
+        make_display(None, num_workers=2)
 
 
 @pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"interval": -1}, {"every_n_steps": 0}])

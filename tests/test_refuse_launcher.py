@@ -102,6 +102,12 @@ def run_display_env(env):
     tfnb.run(one, num_workers=2, spark=env.spark)
 
 
+@case("launcher", "`display='panel'`", ConfigError, "display='panel'", "a callable taking RunEvents",
+      "False for none", says="a callable, False, or None for the default")
+def run_display_text(env):
+    tfnb.run(one, num_workers=2, display="panel")
+
+
 def keras3_fit(ctx, version=None):
     """A Keras 3 model's fit under the run's strategy; ``version`` stands in for another installed Keras."""
     import keras

@@ -4,15 +4,12 @@ here, with the words the table quotes, on a real Spark Connect session (what sta
 and Databricks Connect run)."""
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from pathlib import Path
 
 import pytest
 
 import tfnb
-from components import free_port
 from tfnb import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,25 +64,10 @@ def test_the_connect_modes_are_refused_alike_and_only_what_this_file_raises():
 
 @pytest.fixture(scope="module")
 def connect():
-    """A Spark Connect client of a real Spark Connect server (a local Spark with the Connect plugin)."""
-    from conftest import spark_session
-    from pyspark.sql import SparkSession
+    from conftest import spark_connect
 
-    port, token = free_port(), uuid.uuid4().hex
-    spark_session("local[2]", **{"spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-                                 "spark.connect.grpc.binding.address": "127.0.0.1",
-                                 "spark.connect.grpc.binding.port": str(port),
-                                 "spark.connect.authenticate.token": token})
-    connect_mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
-    client = SparkSession.builder.remote(f"sc://localhost:{port}/;token={token}").create()
-    try:
-        assert type(client).__module__.startswith("pyspark.sql.connect")
+    with spark_connect() as client:
         yield client
-    finally:
-        client.stop()
-        if connect_mode is None:  # this process goes on hosting classic sessions
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-        spark_session("local[2]")
 
 
 def _elastic(spark):

@@ -1,9 +1,6 @@
 """Settings resolve once, on the driver: explicit keyword, then TFNB_* environment, then default.
 
-Inside a train_fn process the environment is the driver's: ``tfnb.run`` carries the driver's ``TFNB_*``
-settings in the task's context and the process installs them (:func:`use_settings`) before train_fn
-runs, so ``tfnb.stage`` or ``EventSync`` there resolve what the driver would, whatever the executor's
-own environment says.
+A train_fn process reads the driver's ``TFNB_*`` settings (:func:`use_settings`), not the executor's environment.
 """
 from __future__ import annotations
 
@@ -37,17 +34,8 @@ def use_settings(pairs: tuple) -> None:
 
 
 def setting(name: str, explicit: T | None, default: T, cast: type | None = None) -> T:
-    """Resolve one setting.
-
-    Args:
-        name: the setting's name; its environment variable is ``TFNB_<NAME>``.
-        explicit: the caller's keyword value, used when not None.
-        default: used when neither keyword nor environment gives a value.
-        cast: type to parse the environment string into (defaults to ``type(default)``).
-
-    Raises:
-        ConfigError: when the environment value does not parse.
-    """
+    """``explicit`` unless None, else ``TFNB_<NAME>`` parsed as ``cast`` (default: ``type(default)``), else
+    ``default``; ConfigError when the variable does not parse."""
     if explicit is not None:
         return explicit
     var = "TFNB_" + name.upper()

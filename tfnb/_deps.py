@@ -15,7 +15,8 @@ from .errors import MissingDependencyError
 
 # module -> what to pip install, where that is not the module's own name
 _HINTS = {"tensorflow": "'tfnb[tf]' (tensorflow and tf-keras)", "tf_keras": "tf-keras", "IPython": "ipython",
-          "pyspark": "'tfnb[spark]' (pyspark)", "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)"}
+          "pyspark": "'tfnb[spark]' (pyspark)",
+          "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)"}
 
 # Floors, and why (README "Requirements" says the same).
 SPARK_FLOOR = (3, 5)       # DataFrame.mapInArrow(..., barrier=True) is Spark 3.5+
@@ -27,7 +28,7 @@ KERAS_FLOOR = (3, 3, 3)  # Databricks Runtime 15.4 LTS ML's Keras
 
 
 def tested_range() -> dict:
-    """The tested Keras range, for messages: ``low`` and ``high`` (full versions)."""
+    """The tested Keras range, for messages."""
     return {"low": ".".join(map(str, KERAS_FLOOR)), "high": ".".join(map(str, TESTED_NEWEST["keras"]))}
 
 
@@ -38,8 +39,7 @@ _TF_FIX = ("on Databricks use Runtime ML 15.4 LTS or later, or %pip install 'ten
 
 
 def require(module: str, purpose: str = "") -> ModuleType:
-    """Import ``module`` (dotted name) or raise MissingDependencyError naming the package to install
-    and ``purpose``, what the caller wanted it for. ``tensorflow`` also gets its floor checked."""
+    """Import ``module`` or raise MissingDependencyError naming the package to install and ``purpose``."""
     if module == "tensorflow":
         return require_tensorflow(purpose)
     try:
@@ -64,8 +64,7 @@ def _floor(name: str, found: str, floor: tuple[int, ...], why: str, fix: str) ->
 
 
 def require_spark(spark=None) -> ModuleType:
-    """Import pyspark and check it is Spark >= 3.5, and so is ``spark``'s version when given (a Spark
-    Connect server may run another version than the local client); else MissingDependencyError."""
+    """Import pyspark and check it, and ``spark``'s server when given, is Spark >= 3.5."""
     pyspark = require("pyspark", "tfnb.run")
     why = "tfnb launches TensorFlow as one barrier DataFrame.mapInArrow job"
     _floor("Spark", getattr(pyspark, "__version__", "0"), SPARK_FLOOR, why, _SPARK_FIX)
@@ -92,10 +91,8 @@ def require_tensorflow(purpose: str = "") -> ModuleType:
 
 
 def tensorflow_with_tf_keras(purpose: str = "") -> ModuleType:
-    """:func:`require_tensorflow`, with ``tf.keras`` meaning tf-keras (where installed) when this process imports
-    TensorFlow first, as in tfnb.run's workers: TF_USE_LEGACY_KERAS is set only while TensorFlow is imported and
-    ``tf.keras`` resolved, then put back. A notebook's environment stays its user's (its child processes, and a
-    local session's Spark workers, inherit it)."""
+    """:func:`require_tensorflow` with ``tf.keras`` meaning tf-keras (where installed) when this process imports
+    TensorFlow first; TF_USE_LEGACY_KERAS is set only meanwhile, so the notebook's environment stays its user's."""
     import os
     import sys
 
@@ -115,8 +112,7 @@ def tensorflow_with_tf_keras(purpose: str = "") -> ModuleType:
 
 
 def keras_for(path: str) -> ModuleType:
-    """The Keras that loads the model file at ``path``: Keras 3 for a ``.keras`` file Keras 3 saved, else tf-keras
-    (or Keras 3 where tf-keras is not installed)."""
+    """The Keras that loads the model at ``path``: Keras 3 for a file Keras 3 saved, else tf-keras where installed."""
     import json
     import zipfile
 

@@ -1,10 +1,8 @@
 """Per-user private folders for the state tfnb keeps on a machine (TensorBoard bookkeeping, model cache).
 
-Drivers and executors are often shared by several users, and folder names under ``/tmp`` are
-predictable: a folder another user created first could plant files that tfnb would trust (a model to
-run, a bookkeeping entry that names a file to delete or a process to kill). So every such folder is
-created 0700 and checked on each use: it must be a real directory owned by this user with no group or
-other write bit. Otherwise nothing in it is read, run, killed or deleted.
+Names under ``/tmp`` are predictable, and another user could plant files tfnb would trust (a model to run, an entry
+naming a process to kill). So each folder is created 0700 and checked on each use: a real directory owned by this
+user, writable by no one else; otherwise nothing in it is read, run, killed or deleted.
 """
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from .errors import UnsafePathError
 
 
 def check_private(path: str, setting: str = "TFNB_STATE_DIR") -> str:
-    """Raise UnsafePathError unless ``path`` is a directory owned by this user, writable by no one else;
-    the error names ``setting``, the TFNB_* setting that moves the folder elsewhere."""
+    """UnsafePathError (naming ``setting``, which moves it) unless ``path`` is this user's private directory."""
     st = os.lstat(path)
     problem = None
     if not stat.S_ISDIR(st.st_mode):
@@ -40,8 +37,7 @@ def state_dir() -> str:
 
 
 def private_dir(name: str, base: str | None = None, setting: str = "TFNB_STATE_DIR") -> str:
-    """``<base>/tfnb-<name>-<uid>``, created mode 0700 if missing and verified (see :func:`check_private`). ``base``
-    defaults to :func:`state_dir`; ``setting`` is what moves this folder, for the error."""
+    """``<base or state_dir()>/tfnb-<name>-<uid>``, created 0700 if missing, checked (:func:`check_private`)."""
     path = os.path.join(base or state_dir(), f"tfnb-{name}-{os.getuid()}")
     with contextlib.suppress(FileExistsError):
         os.makedirs(path, mode=0o700)

@@ -1,27 +1,18 @@
 """What crosses the wire, one vocabulary for both ends: the channel's frames and handshake, the message
 kinds, the events of a run, and the files, signals and variables between a task and its train_fn process.
 
-**The channel.** The driver listens on one TCP port bound to the driver host (loopback for local
-masters); its end is :mod:`tfnb.launcher.channel`, the task's :mod:`tfnb._task.channel`. A frame is a
-4-byte big-endian length and a body. The handshake proves the run's secret both ways without sending it:
+**The channel** (driver end :mod:`tfnb.launcher.channel`, task end :mod:`tfnb._task.channel`): one TCP port on
+the driver host; a frame is a 4-byte big-endian length and a body. The handshake proves the run's secret both
+ways without sending it: driver -> task ``{"nonce": sn}``; task -> driver ``{"auth": HMAC(secret,
+"task"|sn|tn), "nonce": tn, "peer": {...}}`` (at most ``_MAX_HELLO`` bytes, within ``_HANDSHAKE_TIMEOUT`` s);
+driver -> task ``{"kind": "welcome", "auth": HMAC(secret, "driver"|tn|sn)}``, or the task hangs up. Every later
+body is ``MAC || JSON``, MAC = HMAC-SHA256(key, sequence || JSON), a key per direction derived from the secret and
+both nonces: a forged, altered, replayed, reordered or dropped frame closes the connection. Frames are
+authenticated, not encrypted (docs/security.md, "The run's channel").
 
-1. driver -> task: ``{"nonce": sn}`` (JSON body)
-2. task -> driver: ``{"auth": HMAC(secret, "task"|sn|tn), "nonce": tn, "peer": {...}}`` (at most
-   ``_MAX_HELLO`` bytes, within ``_HANDSHAKE_TIMEOUT`` seconds of connecting)
-3. driver -> task: ``{"kind": "welcome", "auth": HMAC(secret, "driver"|tn|sn)}``; the task hangs up
-   unless it checks out, so a server that does not know the secret learns nothing and can send nothing.
-
-Every later frame body is ``MAC || JSON`` where MAC = HMAC-SHA256(key, sequence || JSON) with a key per
-direction derived from the secret and both nonces and a sequence number counted by both ends: a
-forged, altered, replayed, reordered or dropped frame fails the check and the connection is closed.
-Frames are authenticated, not encrypted (logs and tracebacks are readable on the wire; see docs/security.md, "The run's channel").
-
-**Messages** are JSON objects with a ``kind``, one of :class:`Msg` (log, event, state, failed, stack, addr,
-feed from a task; welcome, cluster, stop, end, dump, feed from the driver; batch either way): both ends
-write the kinds from :class:`Msg` only, and :meth:`_Sealer.seal` refuses any other. **Events**
-(:class:`RunEvent`, kinds :class:`EventKind`) are what the driver's display, run log and MLflow tracking
-receive; train_fn sends them with ``ctx.report`` and the Keras callback, through the events pipe of
-:mod:`tfnb._task.events`, and they cross the channel as ``event`` messages.
+**Messages** are JSON objects whose ``kind`` is one of :class:`Msg` (:meth:`_Sealer.seal` refuses any other).
+**Events** (:class:`RunEvent`, kinds :class:`EventKind`) are what the display, run log and MLflow tracking
+receive; train_fn sends them through :mod:`tfnb._task.events`, and they cross the channel as ``event`` messages.
 """
 from __future__ import annotations
 
@@ -45,8 +36,7 @@ _HEAD = struct.Struct(">I")
 
 
 def batch_window(num_tasks: int) -> float:
-    """Seconds a task gathers messages into one frame: 0.1 s, longer above 600 tasks (0.34 s at 2,048,
-    at most 0.4 s), so the driver gets at most ~6,000 frames/s up to 2,400 tasks."""
+    """Seconds a task gathers messages into one frame: 0.1 s, up to 0.4 s above 600 tasks (~6,000 frames/s)."""
     return min(0.4, max(0.1, num_tasks / 6000))
 
 
@@ -60,10 +50,8 @@ def _key(token: str, direction: str, server_nonce: str, task_nonce: str) -> byte
 
 
 class _Sealer:
-    """MACs outgoing or checks incoming frame bodies of one direction, counting the sequence. HMAC-SHA256 as RFC
-    2104 defines it (the same bytes as ``hmac.digest``), with the key's inner and outer pads hashed once: per frame
-    that saves two SHA-256 blocks and the key set-up (about a third of the MAC's cost for a 1 KB frame) and reads
-    the frame in place, without copies."""
+    """MACs or checks frame bodies of one direction, counting the sequence: RFC 2104 HMAC-SHA256 (``hmac.digest``'s
+    bytes) with the key's pads hashed once (a third of the cost for a 1 KB frame) and the frame read in place."""
 
     __slots__ = ("inner", "outer", "seq")
 
@@ -96,8 +84,7 @@ class _Sealer:
 
 
 class Msg(str, Enum):
-    """The ``kind`` of a channel message. A ``str`` enum: a member equals, hashes, prints and serialises as
-    its value, so the frames are the same JSON whichever end (or version) wrote them."""
+    """The ``kind`` of a channel message; a ``str`` enum, so it equals, prints and serialises as its value."""
 
     __str__, __repr__ = str.__str__, str.__repr__
 
@@ -162,12 +149,8 @@ def _recv_body(sock: socket.socket, limit: int) -> bytes | None:
 VERSION = "0.1.0"  # tfnb's version (tfnb.__version__): the driver's and each executor's must be the same
 
 
-ENV_FD = "TFNB_EVENT_FD"
-
-
 class EventKind(str, Enum):
-    """The kinds of :class:`RunEvent`, for displays and add-ons: ``event.kind == EventKind.STATE``. A ``str``
-    enum, like :class:`Msg`: ``EventKind.STATE == "state"``."""
+    """The kinds of :class:`RunEvent`, for displays and add-ons; a ``str`` enum: ``EventKind.STATE == "state"``."""
 
     __str__, __repr__ = str.__str__, str.__repr__
 
@@ -213,13 +196,13 @@ def number(value: Any) -> float | None:
         return None
 
 
+# between a task and its train_fn process
 PAYLOAD, CONTEXT, RESULT, ERROR = "payload.pkl", "ctx.pkl", "result.pkl", "error.json"
 STACKS = "stacks.txt"  # the Python stack of every thread, appended on each DUMP_SIGNAL
 DUMP_SIGNAL = signal.SIGUSR1
-ENV_HELD_PORT_FD = "TFNB_HELD_PORT_FD"
+ENV_FD, ENV_HELD_PORT_FD, ENV_KEPT_PORT_FD = "TFNB_EVENT_FD", "TFNB_HELD_PORT_FD", "TFNB_KEPT_PORT_FD"
 ENV_PREIMPORT = "TFNB_PREIMPORT"
 GO = b"go\n"
 END = b"end\n"  # after train_fn returned (payload "linger"): every peer's train_fn has returned too
 FINISHED = "finished"  # the event this process sends when train_fn returned and it waits for END
 PIPE_KINDS = frozenset(EventKind) | {FINISHED}  # what the events pipe carries
-ENV_KEPT_PORT_FD = "TFNB_KEPT_PORT_FD"

@@ -115,12 +115,8 @@ FIRST_LINE = 200  # the most an error's first line holds: what failed and the fi
 
 
 def summary(e: BaseException, limit: int = 240) -> str:
-    """``e`` in one short line for the message of an error that wraps it (``raise ... from e`` keeps it whole).
-
-    A tfnb error: its first line, which ends with its fix, with long asides such as
-    ``(SignatureDoesNotMatch: <the server's sentence>)`` cut to their head. Any other exception:
-    ``Type: first line``, at most ``limit`` characters.
-    """
+    """``e`` in one short line for an error that wraps it: a tfnb error's first line (its fix) with long asides
+    such as ``(SignatureDoesNotMatch: <the server's sentence>)`` cut to their head; else ``Type: first line``."""
     text = (str(e).strip().splitlines() or [""])[0]
     if isinstance(e, TfnbError):
         return re.sub(r"\(([^():]{1,60}): [^()]{30,}\)", r"(\1)", text)
@@ -137,8 +133,7 @@ def suggest(unknown, known) -> str:
 
 
 def below(e: BaseException) -> str:
-    """The rest of ``e``'s message after its first line, newline first ("" if there is none): what an error
-    that wraps ``e`` puts below its own first line, which ends with ``summary(e)``."""
+    """The rest of ``e``'s message after its first line, newline first ("" if none): below ``summary(e)``."""
     rest = str(e).strip().partition("\n")[2]
     return f"\n{rest}" if rest.strip() else ""
 
@@ -162,9 +157,8 @@ class WorkerError(TfnbError):
 
     def _text(self) -> str:
         failure = self.failure
-        # The first line ends with the worker's own first line (a tfnb error's ends with its fix), so it gets what
-        # room there is: tfnb's own types by their short name, the host below. Another library's long first line
-        # is cut there and given whole below.
+        # The first line ends with the worker's own (a tfnb error's ends with its fix): tfnb's types by their short
+        # name, the host below; another library's long first line is cut there and given whole below.
         first, _, rest = failure.message.strip().partition("\n")
         kind = failure.exc_type.rpartition(".")[2] if failure.exc_type.startswith("tfnb.") else failure.exc_type
         head = f"{failure.label} failed (attempt {failure.attempt}): {kind}: "

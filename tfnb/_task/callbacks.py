@@ -1,9 +1,5 @@
-"""Worker-side Keras callback: reports epoch, step, loss, metrics and throughput to the driver,
-and takes the profiler trace of ``tfnb.run(profile_steps=...)`` (see :mod:`tfnb._task.profiling`).
-
-It runs inside the train_fn processes (``ctx.progress_callback()`` builds it) and sends
-:mod:`tfnb._task.events` over the run's channel; the driver's display (console or notebook widget) shows
-them. Nothing here touches the notebook layer.
+"""The Keras progress callback of ``ctx.progress_callback()``: epoch, step, loss, metrics and throughput sent as
+events (tfnb._task.events) to the driver's display, and the profiler trace of ``profile_steps`` (tfnb._task.profiling).
 """
 from __future__ import annotations
 
@@ -22,12 +18,8 @@ def _emit(**data: Any) -> None:
 
 
 def _replica_divisor(model: Any) -> int:
-    """How many replicas' values tf-keras summed into each per-batch log value. tf-keras reduces a train step's
-    outputs with ``distribute_reduction_method``, whose "auto" means "sum" outside TPUs: under
-    MultiWorkerMirroredStrategy in multi-worker mode, an all-reduce of each replica's running mean, so a per-batch
-    accuracy of 1.6 shows with 2 workers. Dividing by the replica count gives the means Keras reports at epoch end
-    (exact when replicas see equal batches, as tfnb feeds them). Keras 3 averages (tfnb._task.keras3 makes that the
-    mean over every worker)."""
+    """How many replicas' values tf-keras summed into each per-batch log value: its "auto" reduction is "sum"
+    outside TPUs, so multi-worker per-batch accuracy shows 1.6 on 2 workers. Keras 3 averages (tfnb._task.keras3)."""
     keras3 = sys.modules.get("keras")
     if str(getattr(keras3, "__version__", "")).startswith("3.") and isinstance(model, keras3.Model):
         return 1
@@ -49,16 +41,14 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
                    every_n_steps: int | None = None):
     """A Keras callback that reports epoch, step, loss, metrics and throughput to the driver's display.
 
-    Add it to ``model.fit(callbacks=[...])`` on every worker (``ctx.progress_callback()`` builds
-    it), so each task has its own row. It sends at most one update per ``interval`` seconds (or
-    every ``every_n_steps`` batches) plus one at each epoch end; logs are converted to numbers
-    only when sent, so the training loop is not synchronised every batch.
+    Add it to ``model.fit(callbacks=[...])`` on every worker, so each task has its own row. It sends at most one
+    update per ``interval`` seconds (or every ``every_n_steps`` batches) plus one per epoch end, converting logs
+    only when it sends (no sync every batch).
 
     Args:
         ctx: the WorkerContext (optional; reports go to the run this process belongs to).
-        batch_size: examples one training step consumes on this worker (usually the batch size of
-            the dataset given to ``fit``); the display then shows examples/s = steps/s x batch_size.
-            Keras does not tell callbacks the batch size, so without it only steps/s is shown.
+        batch_size: examples one step consumes on this worker; the display then shows examples/s (Keras does
+            not tell callbacks the batch size: without it, steps/s only).
         interval: minimum seconds between two step updates.
         every_n_steps: report every N batches instead of by time.
 
@@ -95,13 +85,9 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             super().__init__()
             # tf-keras then hands us tensors and skips its per-batch device sync; we convert only what we send
             self._supports_tf_logs = True
-            self.epoch = 0
-            self.epochs = None
-            self.steps = None
-            self._batches = 0        # batches done in this epoch
-            self._done = 0           # batches done in this fit
-            self._mark = (time.monotonic(), 0)  # (time, _done) at the last rate measurement
-            self._epoch_start = (time.monotonic(), 0)
+            self.epoch, self.epochs, self.steps = 0, None, None
+            self._batches = self._done = 0  # batches done in this epoch, in this fit
+            self._mark = self._epoch_start = (time.monotonic(), 0)  # (time, _done) at the last rate measurement
             self._last_batch_time = time.monotonic()
             self._divisor = 1        # per-batch logs are sums over this many replicas
             self.epochs_begun = 0    # in this fit: the first (maybe resumed) epoch is no boundary

@@ -17,22 +17,10 @@ _BATCH_BYTES = 256 << 10  # a task sends its batch early when this much is waiti
 
 
 class TaskChannel:
-    """Task end: one authenticated connection to the driver.
-
-    :meth:`send` goes out at once (with whatever :meth:`post` gathered before it, in order);
-    :meth:`post` waits up to ``window`` seconds to share a frame with others. Both are thread-safe.
-
-    Args:
-        address: the driver channel's (host, port).
-        token: the run's secret.
-        peer: who this task is (role, index, host), shown with its messages on the driver.
-        on_message: called from a reader thread for each message the driver sends.
-        on_lost: called once if the driver goes away.
-        window: seconds a posted message may wait for company; None: only :meth:`flush` sends them.
-
-    Raises:
-        ConnectionError: the driver refused the secret, or could not prove it knows it.
-    """
+    """Task end: one authenticated connection to the driver (ConnectionError when either side fails the secret).
+    :meth:`send` goes out at once, after what :meth:`post` gathered; :meth:`post` waits up to ``window`` seconds
+    (None: until :meth:`flush`) to share a frame. ``on_message`` runs on a reader thread; ``on_lost`` once if the
+    driver goes away. Thread-safe."""
 
     def __init__(self, address, token: str, peer: dict, on_message: Callable[[dict], None] | None = None,
                  on_lost: Callable[[], None] | None = None, timeout: float = 30.0, window: float | None = 0.1):
@@ -106,9 +94,8 @@ class TaskChannel:
             return self._write([{"kind": kind, **fields}])
 
     def post(self, kind: Msg, merge: str | None = None, **fields) -> None:
-        """Queue one message for the next batch. A message with a ``merge`` key replaces the waiting one with the
-        same key (its ``data`` is updated field by field: only the latest progress matters; a progress bar's latest
-        state). A message without a key ends that: later ones queue after it, so the order of lines is kept."""
+        """Queue one message for the next batch; one with a ``merge`` key replaces the waiting one with that key
+        (``data`` updated field by field), one without ends that, keeping the order of lines."""
         msg = {"kind": kind, **fields}
         with self._pending_lock:
             at = self._merged.get(merge) if merge is not None else None
@@ -124,9 +111,8 @@ class TaskChannel:
             self.flush()
 
     def post_line(self, stream: str, line: str) -> None:
-        """Queue one finished output line for the next batch, in order with what :meth:`post` queues. A run of lines
-        of one stream travels as one ``{"kind": "log", "stream": ..., "lines": [...]}`` item: the driver parses a
-        string per line instead of an object, and handles the run at once."""
+        """Queue one output line, in order with :meth:`post`; a run of lines of one stream travels as one ``log``
+        item with ``lines`` (a string per line for the driver to parse, not an object)."""
         with self._pending_lock:
             last = self._pending[-1] if self._pending else None
             if last is not None and last.get("stream") == stream and "lines" in last:
@@ -139,9 +125,8 @@ class TaskChannel:
             self.flush()
 
     def _append(self, msg: dict, merge: str | None, size: int) -> bool:
-        # under _pending_lock; True when the batch is full: the driver is behind or the output is huge,
-        # so the caller sends it from its own thread and waits for the socket (and so does the process
-        # writing the output) instead of queueing without bound
+        # under _pending_lock; True when the batch is full: the caller sends it and waits for the socket
+        # (as does the process writing the output) instead of queueing without bound
         if merge is None:
             self._merged.clear()
         else:
@@ -172,8 +157,7 @@ class TaskChannel:
         self._closing = True
         with self._pending_lock:
             self._pending_lock.notify_all()
-        # Closing now could reset the connection while the driver is still behind on reading it
-        # (the kernel drops what it had not read): end the sending side, wait for its hang-up.
+        # closing now could reset the connection before the driver read it all: end our side, wait for its
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)
         if threading.current_thread() is not self._reader:

@@ -1,18 +1,12 @@
-"""The process that runs ``train_fn``: one fresh Python per task and attempt.
+"""The process that runs ``train_fn``: one fresh Python per task and attempt (TensorFlow configures collective ops
+once per process; the supervising task captures its output and kills it as a group).
 
-A fresh process per run is what makes ``tfnb.run`` rerunnable in one Spark session (TensorFlow
-configures collective ops once per process) and lets the supervising task capture its output and
-kill it as a group.
-
-Started by tfnb._task.supervisor only: ``python -c <_CHILD_MAIN> WORKDIR``, which calls :func:`main`; or forked
-by a warm standby that a later task claims (see tfnb._task.warm), which calls :func:`run_claimed`. The supervisor
-starts this process as soon as its task starts, so that importing TensorFlow (seconds) overlaps the tasks'
-address exchange. WORKDIR holds ``payload.pkl`` (train_fn,
-args, mode) from the start; once the cluster is known the supervisor writes ``ctx.pkl`` and sends
-``go`` on stdin. This process then sets TF_CONFIG and runs train_fn, writing ``result.pkl`` or
-``error.json``; with ``linger`` in the payload it then sends a ``finished`` event and stays up (its
-TensorFlow server with it) until the supervisor sends ``end``, once every task's train_fn has
-returned. End-of-file on stdin means the supervisor died, and this process group exits.
+Started by tfnb._task.supervisor as ``python -c <_CHILD_MAIN> WORKDIR`` (:func:`main`) as soon as its task starts,
+so importing TensorFlow overlaps the address exchange, or forked by a claimed warm standby (:func:`run_claimed`).
+WORKDIR holds ``payload.pkl`` from the start; once the cluster is known the supervisor writes ``ctx.pkl`` and sends
+``go``. This process sets TF_CONFIG, runs train_fn and writes ``result.pkl`` or ``error.json``; with ``linger`` it
+then sends ``finished`` and keeps its TensorFlow server up until ``end``. End-of-file on stdin (the supervisor died)
+ends the process group.
 """
 from __future__ import annotations
 
@@ -29,15 +23,12 @@ from .._config import use_settings
 from .._protocol import (CONTEXT, DUMP_SIGNAL, END, ENV_HELD_PORT_FD, ENV_PREIMPORT, ERROR, FINISHED, GO, PAYLOAD,
                          RESULT, STACKS)
 from ..storage import atomic_write
-
-
-ENV_SUPERVISOR = "TFNB_SUPERVISOR_PID"  # set by tfnb._task.supervisor for a fresh process: the pid it started from
+from .setup import ENV_SUPERVISOR
 
 
 def _die_with_supervisor() -> None:
-    """A fresh process: the kernel SIGKILLs it when its supervisor's thread ends, since :func:`_watch_parent`
-    cannot act in a stopped process (SIGSTOP: a debugger, kill -STOP, a cgroup freezer). A process forked by a
-    warm standby has the standby for that (tfnb._task.warm)."""
+    """The kernel SIGKILLs a fresh process when its supervisor's thread ends: :func:`_watch_parent` cannot act in a
+    stopped process (SIGSTOP). A forked one has its standby for that."""
     expected = os.environ.pop(ENV_SUPERVISOR, None)
     if not expected or not sys.platform.startswith("linux"):
         return
@@ -75,10 +66,8 @@ def _preimport() -> None:
 
 
 class _KerasWatch:
-    """Import hook: when train_fn imports Keras 3 (``import keras``), tfnb._task.keras3 corrects it for
-    tf.distribute (or, for an untested version, makes ``fit`` refuse) before train_fn sees it; when it imports
-    tf-keras (``tf.keras`` with TF_USE_LEGACY_KERAS=1), tfnb._task.legacy_keras does. Either is imported only if
-    train_fn does (it costs seconds)."""
+    """Import hook: as train_fn imports Keras 3 or tf-keras, tfnb._task.keras3 / legacy_keras corrects it for
+    tf.distribute before train_fn sees it (never imported here: it costs seconds)."""
 
     def __init__(self):
         self.waiting = {"keras", "tf_keras"}
@@ -98,24 +87,17 @@ class _KerasWatch:
                     with contextlib.suppress(ValueError):
                         sys.meta_path.remove(self)
                 exec_module(module)
-                _INSTALL[name](module)
+                _install(name, module)
             spec.loader.exec_module = run_then_install
         return spec
 
 
-def _install_keras3(keras) -> None:
-    from .keras3 import install
-
-    install(keras)
-
-
-def _install_legacy(tf_keras) -> None:
-    from .legacy_keras import install
-
-    install(tf_keras)
-
-
-_INSTALL = {"keras": _install_keras3, "tf_keras": _install_legacy}
+def _install(name: str, module) -> None:
+    if name == "keras":
+        from .keras3 import install
+    else:
+        from .legacy_keras import install
+    install(module)
 
 
 def _serve_forever(ctx) -> None:
@@ -130,12 +112,11 @@ def _serve_forever(ctx) -> None:
 
 
 def prepare() -> None:
-    """What every train_fn process does before it imports anything: Keras 3 made ready for tf.distribute (see
-    _KerasWatch)."""
+    """Before train_fn imports anything: Keras made ready for tf.distribute (see _KerasWatch)."""
     watch = _KerasWatch()
-    for name, install in _INSTALL.items():
+    for name in list(watch.waiting):
         if name in sys.modules:
-            install(sys.modules[name])
+            _install(name, sys.modules[name])
             watch.waiting.discard(name)
     if watch.waiting:
         sys.meta_path.insert(0, watch)
@@ -154,8 +135,7 @@ def run_claimed(conn, workdir: str) -> None:
 
 
 def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: bool) -> None:
-    # The stall watchdog asks for every thread's stack: faulthandler writes from its C signal handler, so the
-    # dump works even while the main thread is stuck in C code (a sleep, a blocking TensorFlow op).
+    # the stall watchdog's stack dump: faulthandler writes from its C signal handler, even while stuck in C code
     stacks = open(os.path.join(workdir, STACKS), "a")  # kept open: faulthandler writes to its descriptor
     faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True)
     faulthandler.enable()  # segfaults in native code print the Python stack to stderr, forwarded as logs
@@ -189,8 +169,7 @@ def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: boo
             ) from e
         atomic_write(os.path.join(workdir, RESULT), data)
         if payload.get("linger"):
-            # A peer may still be in its last collective with this process' TensorFlow server:
-            # exiting now would abort it ("Socket closed"). Wait until every train_fn has returned.
+            # a peer may still be in its last collective with this TensorFlow server: exiting would abort it
             from .events import emit
 
             emit(FINISHED)
@@ -215,9 +194,8 @@ def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: boo
 
 
 def _remove_generated_sources() -> None:
-    """TensorFlow's autograph writes a temporary ``__autograph_generated_file*.py`` for each function it converts
-    and removes it at interpreter exit, which ``os._exit`` skips: without this, every run would leave them in
-    the executor's temporary folder."""
+    """Autograph's temporary ``__autograph_generated_file*.py``, removed at interpreter exit, which ``os._exit``
+    skips."""
     for name, module in list(sys.modules.items()):
         if name.startswith("__autograph_generated_file"):
             with contextlib.suppress(OSError, TypeError):

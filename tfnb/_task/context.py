@@ -119,10 +119,10 @@ class WorkerContext:
     def profile(self, step: int) -> Iterator[None]:
         """Wrap one step of a custom training loop: traces the steps of ``tfnb.run(profile_steps=...)``.
 
-        The trace starts before the first of those steps and is written after the last one to
-        ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (TensorBoard's Profile
-        tab). A trace that cannot be written is reported once and never stops training.
-        ``ctx.progress_callback()`` does the same for Keras ``fit``.
+        The trace is written after the last of them to
+        ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (TensorBoard's Profile tab); one that
+        cannot be written is reported once, never stopping training.
+        ``ctx.progress_callback()`` does the same for ``fit``.
 
         Args:
             step: this step's number, counted from 1.
@@ -137,7 +137,6 @@ class WorkerContext:
         if tracer.state == "tracing":
             import tensorflow as tf
 
-            # marks the step in the trace, so the profile's overview shows step times
             with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
                 yield
         else:
@@ -146,19 +145,17 @@ class WorkerContext:
 
     @cached_property
     def _tracer(self):
-        # one per process and context, shared with the progress callback; cached_property writes the
-        # instance __dict__ directly, which a frozen dataclass allows
+        # shared with the progress callback; cached_property writes __dict__, which a frozen dataclass allows
         from .profiling import Tracer
 
         return Tracer(self)
 
     def epoch_boundary(self, strategy: Any = None, epoch: int | None = None) -> None:
-        """In a custom training loop of an elastic run, call at the start of each epoch after the first, on every
-        worker, once the last epoch's checkpoint is written: when the run is resized (executors returned, or one is
-        leaving), it raises on every worker at once (let it propagate: tfnb relaunches from that checkpoint; it is a
-        ``BaseException``, which ``except Exception`` lets through, and one re-raised as another error still counts).
-        A no-op in a run without ``min_workers``. ``ctx.progress_callback()`` does this for Keras ``fit``; call one or
-        the other on every worker, or the run stops with a ConfigError (the vote is a collective).
+        """In a custom loop of an elastic run, call at each epoch start after the first, on every worker, once the
+        last checkpoint is written: when the run is resized it raises on every worker at once (a ``BaseException``:
+        let it propagate, tfnb relaunches from that checkpoint). A no-op without ``min_workers``.
+        ``ctx.progress_callback()`` does this for ``fit``; call one or the other on every worker (the vote is a
+        collective), or the run stops with a ConfigError.
 
         Example:
             >>> for epoch in range(start, epochs):
@@ -173,9 +170,8 @@ class WorkerContext:
     def reserved_port(self):
         """The socket holding this task's reserved port, or None.
 
-        Part of the launcher surface for add-ons such as tfnb.compat: with ``LaunchHooks(keep_port=True)``
-        the port in ``cluster_spec`` stays bound while train_fn runs, so no other process takes it before
-        the add-on's own server does. The first call hands the socket over (close it to free the port).
+        For add-ons such as tfnb.compat: with ``LaunchHooks(keep_port=True)`` the port in ``cluster_spec`` stays
+        bound while train_fn runs, until the add-on's server takes it. The first call hands the socket over.
         """
         from .._protocol import ENV_KEPT_PORT_FD
 

@@ -1,10 +1,6 @@
-"""The train_fn half of ``tfnb.run(train_fn, data=df)``: ``ctx.dataset`` and ``ctx.steps_per_epoch``.
-
-The task writes its partition to a local Arrow file (:mod:`tfnb._task.feed`) and publishes how far it is
-whole and the rows every worker is known to have; :func:`worker_dataset` follows that file and hands
-tf.data whole numpy batches, never more rows than every worker has, so MultiWorkerMirroredStrategy never
-waits for a batch that does not come. Later epochs read the finished file.
-"""
+"""The train_fn half of ``tfnb.run(train_fn, data=df)``: ``ctx.dataset`` and ``ctx.steps_per_epoch``. It follows
+the file the task writes (tfnb._task.feed) and never hands tf.data more rows than every worker has, so
+MultiWorkerMirroredStrategy never waits for a batch that does not come."""
 from __future__ import annotations
 
 import itertools
@@ -49,11 +45,8 @@ def _steps_for(rows_per_worker: Sequence[int], batch_size: int, drop_remainder: 
 
 
 def steps_per_epoch(ctx, batch_size: int, *, drop_remainder: bool = True) -> int:
-    """Batches per epoch that ``ctx.dataset(batch_size)`` yields on every worker (the same on all).
-
-    It is ``min_rows // batch_size``, ``min_rows`` being the smallest worker's row count: known at once
-    when the driver counted the partitions before launch, else once every task has received its whole
-    partition (train_fn's set-up runs meanwhile).
+    """Batches per epoch that ``ctx.dataset(batch_size)`` yields on every worker: the smallest worker's rows //
+    ``batch_size``, known at once when the driver counted them, else once every task has its whole partition.
 
     Raises:
         ConfigError: the run has no ``data=``, or a worker has fewer than ``batch_size`` rows.
@@ -67,7 +60,7 @@ def steps_per_epoch(ctx, batch_size: int, *, drop_remainder: bool = True) -> int
 
 
 def _label_dtype(col: FeedColumn) -> str:
-    # Integer labels stay integers (class ids for sparse losses); the rest become float32.
+    # integer labels stay class ids for sparse losses
     return "int64" if col.dtype.startswith("int") else "float32"
 
 
@@ -82,9 +75,8 @@ class _Plan:
     drop_remainder: bool
 
     def bound(self, st: dict) -> int:
-        """Rows this worker may serve in an epoch, as far as ``st`` tells: exact once the counts are final. Before
-        that, whole batches of the rows every worker already has, which is never more than the final number (the
-        smallest part only grows, and the final number is whole batches of it)."""
+        """Rows this worker may serve in an epoch, as far as ``st`` tells: exact once the counts are final, before
+        that whole batches of the rows every worker has (never more than the final number)."""
         counts = known_counts(st)
         if counts is None:
             return st["safe"] // self.batch_size * self.batch_size
@@ -125,10 +117,8 @@ def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remaind
 
 
 class _Part:
-    """This worker's rows as numpy pieces, read from the spill file as the task writes it. Sequential epochs convert
-    one Arrow batch at a time (a float32 array column is used without a copy), so memory stays at about one batch;
-    shuffled epochs keep the whole feature matrix in memory to draw random rows from it, and so start once the whole
-    part has arrived."""
+    """This worker's rows as numpy pieces, read as the task writes them. Sequential epochs hold about one Arrow
+    batch; shuffled ones the whole feature matrix, once the whole part has arrived."""
 
     def __init__(self, info: FeedInfo, plan: _Plan):
         self.info = info
@@ -138,7 +128,6 @@ class _Part:
         self._passes = 0
 
     def _arrow_batches(self) -> Iterator:
-        """This worker's Arrow batches in order, each as soon as the task has written it whole."""
         import pyarrow as pa
 
         pos, schema, f = _MAGIC_BYTES, None, None
@@ -192,8 +181,7 @@ class _Part:
         return x, y
 
     def _sequential(self) -> Iterator:
-        """The epoch in file order: each Arrow batch's rows as they are (no copy), up to what every worker has;
-        tf.data's ``rebatch`` cuts them into batches across pieces."""
+        """The epoch in file order, each Arrow batch as it is, up to what every worker has."""
         plan, info = self._plan, self.info
         given = 0  # rows handed out this epoch
         limit = plan.bound(info.state(lambda s: True))
@@ -227,9 +215,8 @@ class _Part:
             yield x[idx], None if y is None else y[idx]
 
     def epoch(self, rows: int, shuffle: bool, seed: int | None) -> Iterator:
-        """One epoch: every row this worker serves, as (features, label or None) pieces (of ``rows`` rows when
-        shuffled, else as they lie in the file). Each call is a new epoch: with ``shuffle`` and a ``seed``, epoch k
-        draws order ``(seed, k)``."""
+        """One epoch of (features, label or None) pieces; with ``shuffle`` and a ``seed``, epoch k draws order
+        ``(seed, k)``."""
         self._passes += 1
         if shuffle:
             return self._shuffled(rows, seed, self._passes - 1)
@@ -265,30 +252,20 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
                    strategy: Any = None):
     """This worker's part of ``tfnb.run(..., data=df)`` as a tf.data dataset (``ctx.dataset``).
 
-    Every worker yields exactly ``steps_per_epoch(ctx, batch_size)`` batches of ``batch_size`` rows
-    per epoch, from the smallest worker's row count, so MultiWorkerMirroredStrategy never hangs. The
-    price: each worker leaves out its rows beyond ``steps * batch_size`` per epoch (fewer than
-    ``batch_size``, plus the imbalance between the parts: at most one row per input partition after
-    tfnb's round-robin split, at most 1% of the rows when the DataFrame is fed as it is); the same rows
-    every epoch without ``shuffle``, different ones with it.
+    Every worker yields exactly ``steps_per_epoch(ctx, batch_size)`` batches per epoch, from the smallest
+    worker's row count, so MultiWorkerMirroredStrategy never hangs; each worker leaves out its rows beyond
+    ``steps * batch_size`` (fewer than ``batch_size`` plus the imbalance between parts: at most one row per input
+    partition, or 1% of the rows when the DataFrame is fed as it is), other ones each epoch with ``shuffle``.
+    The first epoch streams while the task still receives the partition; later ones read the finished file.
 
-    The first epoch streams while the task still receives the partition (never more rows than every
-    worker is known to have); later epochs read the finished local file. The cardinality is known once
-    the final counts are (``ctx.steps_per_epoch`` waits for them, as do shuffled epochs and
-    ``drop_remainder=False``).
+    Elements are ``(features, label)`` (``features`` alone without ``label_col``): ``features`` is a float32
+    ``[batch, width]`` matrix of the feature columns side by side (an array column gives its length); ``label``
+    is int64 for an integer column, else float32, ``[batch]`` or ``[batch, length]`` for an array column.
 
-    Elements are ``(features, label)`` when ``label_col`` is given, else ``features`` alone:
-    ``features`` is one float32 matrix ``[batch, width]``, the feature columns side by side in
-    ``feature_cols`` order (a number column gives one column, an array column its length);
-    ``label`` is int64 for an integer column (class ids), float32 otherwise, ``[batch]`` for a number
-    column and ``[batch, length]`` for an array column.
-
-    With several workers, pass ``strategy=``: each worker already holds its own rows, and Keras'
-    ``fit`` (like ``strategy.experimental_distribute_dataset``) would otherwise split every batch
-    across all workers again and stop each epoch after a fraction of the data. With ``strategy`` the
-    result is ``strategy.distribute_datasets_from_function(...)``: each step takes ``batch_size`` rows
-    on every worker (global batch ``batch_size * num_workers``); Keras then needs
-    ``steps_per_epoch=ctx.steps_per_epoch(batch_size)`` and the dataset repeats by default.
+    With several workers pass ``strategy=``: each worker holds its own rows, and ``fit`` would otherwise split
+    every batch across all workers again. The result is then ``strategy.distribute_datasets_from_function(...)``
+    (global batch ``batch_size * num_workers``, repeating by default); Keras needs
+    ``steps_per_epoch=ctx.steps_per_epoch(batch_size)``.
 
     Args:
         ctx: the WorkerContext of a run given ``data=``.
@@ -351,10 +328,8 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
 
 def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffle: bool,
              seed: int | None, drop_remainder: bool):
-    """tf.data over ``part``: batches of ``rows`` rows, the same number of batches per epoch on every worker. The
-    generator hands over pieces of many batches (an Arrow batch of the file as it lies, without a copy; shuffled,
-    blocks of a few MB), which tf.data's ``rebatch`` cuts into batches in C++: one Python call per piece instead of
-    one per batch runs the loop about 2.5x faster for small batches."""
+    """tf.data over ``part``: the generator hands over pieces of many batches, which ``rebatch`` cuts in C++ (one
+    Python call per piece, not per batch: about 2.5x faster for small batches)."""
     block = rows * max(1, _BLOCK_BYTES // (rows * 4 * (plan.width + (plan.label_width or 1))))
     x_spec = tf.TensorSpec((None, plan.width), tf.float32)
     if plan.label is None:
@@ -368,8 +343,7 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
             for x, y in part.epoch(block, shuffle, seed):
                 yield x if y is None else (x, y)
 
-    # Batch sizes of one epoch, cycled by rebatch, so a short last batch ends every epoch; that
-    # needs the final counts, which whole batches (drop_remainder) do not wait for.
+    # one epoch's batch sizes, cycled by rebatch: a short last batch needs the final counts
     st = part.info.state(lambda s: drop_remainder or known_counts(s) is not None)
     final = known_counts(st) is not None
     full, rest = divmod(plan.bound(st), rows) if final else (0, 0)
@@ -381,9 +355,7 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
     elif final:
         ds = ds.apply(tf.data.experimental.assert_cardinality((full + (rest > 0)) * epochs))
     options = tf.data.Options()
-    # Each worker already holds only its own rows: sharding them again would drop most of them.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    # No autotuning: nothing above has a knob for it, and its bookkeeping made the same epoch take one time or
-    # about twice that, at random (./dev bench feeding --autotune; docs/data.md has the numbers)
+    # autotuning's bookkeeping made an epoch take one time or twice that, at random (docs/data.md)
     options.autotune.enabled = False
     return ds.with_options(options).prefetch(2)

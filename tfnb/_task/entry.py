@@ -1,9 +1,5 @@
-"""What runs inside one barrier task: learn the peers, set TF_CONFIG, run train_fn in a child process.
-
-Everything here executes on an executor, in Spark's Python worker. It receives a
-:class:`TaskSpec` of plain values (no SparkContext, nothing of the driver's) and
-the task's Arrow batches, and yields one Arrow batch (the chief's pickled result).
-"""
+"""One barrier task, in Spark's Python worker: learn the peers, set TF_CONFIG, run train_fn in a child process.
+It takes a :class:`TaskSpec` of plain values and the task's Arrow batches, and yields the chief's pickled result."""
 from __future__ import annotations
 
 import os
@@ -27,12 +23,10 @@ BOOT_MARK = "tfnb-boot"  # <tfnb-boot>{json}</tfnb-boot>: why a task could not s
 
 
 def task_entry(spec_blob: bytes, version: str, package: str = __name__.split(".")[0]):
-    """The run's ``mapInArrow`` function: ``run_task`` behind a bootstrap that Spark can always unpickle. The
-    closure holds plain values and imports what it needs itself, so cloudpickle ships it by value: an executor whose
-    Python lacks tfnb or cloudpickle (or has another tfnb) still runs it, and it fails with one line the driver
-    finds in the job's error (tfnb.launcher.verdict reads it) instead of a ModuleNotFoundError inside Spark's
-    unpickling. ``spec_blob`` is the pickled TaskSpec; ``version`` the driver's tfnb version; ``package`` the name
-    the executor imports it by."""
+    """The run's ``mapInArrow`` function: ``run_task`` behind a bootstrap Spark can always unpickle. The closure
+    holds plain values and imports what it needs, so cloudpickle ships it by value: an executor lacking tfnb or
+    cloudpickle (or with another tfnb) fails with one line the driver finds in the job's error
+    (tfnb.launcher.verdict), not a ModuleNotFoundError inside Spark's unpickling."""
     def tfnb_task(batches):
         info = None
         try:
@@ -46,8 +40,7 @@ def task_entry(spec_blob: bytes, version: str, package: str = __name__.split("."
                 import pickle
 
                 run_task = importlib.import_module("tfnb._task.entry").run_task
-                # the task ships train_fn and its result with cloudpickle: missing, it is an executor that cannot
-                # start tfnb, reported here, not a train_fn failure later
+                # train_fn and its result travel by cloudpickle: missing, the executor cannot start tfnb
                 importlib.import_module("cloudpickle")
                 spec = pickle.loads(spec_blob)
         except BaseException as e:  # noqa: BLE001 - whatever stops tfnb loading goes to the driver
@@ -75,9 +68,8 @@ def task_entry(spec_blob: bytes, version: str, package: str = __name__.split("."
 
 
 def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> Iterator:
-    """The barrier task body (``mapInArrow`` function): one TensorFlow task of the cluster. ``place`` is ``(rank,
-    host, resources)`` for a task outside Spark (a ps on the driver, see tfnb._task.local); by default the barrier
-    task's own."""
+    """The barrier task body: one TensorFlow task of the cluster. ``place`` is ``(rank, host, resources)`` for a
+    task outside Spark (a ps on the driver, tfnb._task.local); by default the barrier task's own."""
     import pyarrow as pa
 
     from .._protocol import batch_window
@@ -99,7 +91,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         holder: dict = {}
         chan = TaskChannel(spec.channel, spec.token, peer, window=batch_window(spec.num_workers + spec.num_ps),
                            on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
-                           on_lost=lambda: holder["sup"].on_driver_lost() if "sup" in holder else None)
+                           on_lost=lambda: holder["sup"].stop() if "sup" in holder else None)  # nobody reads it
         sup = holder["sup"] = _Supervisor(spec, chan, workdir)
         gpus = assigned_gpus(resources, spec.use_gpu, job_name)
         chan.send(Msg.STATE, state="starting", pid=os.getpid(), gpus=list(gpus))
@@ -114,9 +106,8 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         elif spec.feed is None:
             for _ in batches:
                 pass
-        # Every task's address through the driver, which answers once all of them reported: Spark's
-        # allGather answers at its next one-second poll, a second of every launch and rerun. A frame of its
-        # own: the driver answers it as it arrives, never from inside a batch of output lines.
+        # Addresses through the driver, not Spark's allGather (a one-second poll); a frame of its own, answered
+        # as it arrives
         chan.send_apart(Msg.ADDR, addr=f"{host}:{port}", rows=fed.rows if fed is not None else 0)
         sup.gathered.wait()
         if sup.tasks is None:  # stopped first
@@ -130,7 +121,6 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         elif spec.feed is not None:
             from .feed import FeedStream
 
-            # Streamed: train_fn starts now and reads the partition while this task receives it.
             stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers, tasks_here=here, counts=sup.counts)
             if sup.stop_requested.is_set():
                 stream.abort()
@@ -161,9 +151,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
             failure = _failure_from_child(workdir, code, "TensorFlow server process" if mode == "serve" else
                                           "train_fn process")
             if chan.send(Msg.FAILED, failure=failure):
-                # The driver has the details and stops the other tasks; ending quietly spares the
-                # executor log a second, longer copy of the same traceback.
-                return
+                return  # the driver has the details: no second copy of the traceback in the executor log
             raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
         if not done_sent:
             chan.send(Msg.STATE, state="done")

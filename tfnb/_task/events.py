@@ -1,6 +1,5 @@
-"""Events from inside the train_fn process to the driver: one JSON object per line on the file descriptor
-named by ``TFNB_EVENT_FD``, which the supervising task forwards over the run's channel. Outside a tfnb
-task, :func:`emit` does nothing."""
+"""Events from the train_fn process to the driver: one JSON object per line on the descriptor ``TFNB_EVENT_FD``,
+forwarded by the supervising task. Outside a tfnb task, :func:`emit` does nothing."""
 from __future__ import annotations
 
 import contextlib

@@ -1,8 +1,6 @@
-"""The task half of ``tfnb.run(train_fn, data=df)`` (see :mod:`tfnb.data.feeding`): :class:`FeedStream`
-writes the partition's Arrow record batches to a local Arrow IPC file while train_fn already reads it
-(:mod:`tfnb._task.dataset`), publishing how far the file is whole and telling the driver its row count;
-the driver answers with the smallest count, the rows train_fn may already serve.
-"""
+"""The task half of ``tfnb.run(train_fn, data=df)`` (driver half: tfnb.data.feeding): :class:`FeedStream` writes
+the partition to a local Arrow IPC file while train_fn reads it (tfnb._task.dataset), publishing how far it is whole
+and telling the driver its row count; the driver answers with the smallest count, the rows train_fn may serve."""
 from __future__ import annotations
 
 import contextlib
@@ -52,7 +50,7 @@ class FeedSpec:
 
     @functools.cached_property
     def arrays_first(self) -> tuple[FeedColumn, ...]:
-        """The columns in the order a fed part's batches hold them (readers take columns by name)."""
+        """The columns in the order a fed part's batches hold them."""
         return tuple(sorted(self.columns, key=lambda c: not c.is_array))
 
     def column(self, name: str) -> FeedColumn:
@@ -64,9 +62,7 @@ class FeedSpec:
 
 STATE_FILE = "tfnb-feed.json"  # how far the task has written, replaced atomically on every change
 WAKE_FIFO = "tfnb-feed.wake"   # one byte per state change, so train_fn waits without polling
-# A task tells the driver its row count at most this often while it receives (and once at the end);
-# the driver answers with the smallest count, the rows train_fn may already serve.
-_TELL_EVERY = 0.05
+_TELL_EVERY = 0.05  # seconds between two row counts told to the driver while the task receives
 
 
 @dataclass(frozen=True)
@@ -121,10 +117,8 @@ def _check_batch(spec: FeedSpec, batch, lengths: dict[str, int]) -> None:
 
 
 def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
-    """The batch's fed columns, checked, arrays first and as fixed-size lists. A fixed-size list shares Spark's
-    values (no copy) and has no offsets: the file is 4 bytes a row smaller, and the array column written first
-    starts its message's body, so the reader's buffer is 64-byte aligned and TensorFlow takes it without a copy (a
-    copy of each 4 MB piece into fresh memory was half of ``ctx.dataset``'s cost per row)."""
+    """The batch's fed columns, checked, arrays first as fixed-size lists: no offsets, and the first array starts
+    its message's body, 64-byte aligned, so TensorFlow takes it without a copy (half of ``ctx.dataset``'s cost)."""
     import pyarrow as pa
 
     _check_batch(spec, batch, lengths)
@@ -137,14 +131,7 @@ def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
 
 
 def spill_partition(spec: FeedSpec, batches: Iterable, workdir: str) -> Spilled:
-    """Write a whole partition (an iterator of pyarrow.RecordBatch) to ``workdir``, batch by batch.
-
-    ``tfnb.run`` streams instead (:class:`FeedStream`); this is the same write without the
-    agreement between tasks, for callers that have the whole partition before train_fn starts.
-
-    Raises:
-        ConfigError: a column has nulls or arrays of different lengths.
-    """
+    """Write a whole partition to ``workdir`` before train_fn starts (``tfnb.run`` streams: :class:`FeedStream`)."""
     start = time.perf_counter()
     spill = ArrowSpill(os.path.join(workdir, SPILL_FILE), _arrow_schema(spec))
     lengths: dict[str, int] = {}
@@ -170,13 +157,10 @@ def _no_rows_message(rows_per_worker: Sequence[int]) -> str:
 
 
 class FeedStream:
-    """Task side of ``tfnb.run(data=df)``: writes the partition while train_fn already reads it. Made before
-    train_fn starts (``info`` becomes ``ctx.feed``). :meth:`pump` then writes the partition batch by batch,
-    publishing after each batch how far the file is whole, and tells the driver how many rows it has so far; the
-    driver answers every task with the smallest count (:meth:`heard`), a number of rows every worker will have, so
-    train_fn may hand out that many (in whole batches) before the final counts are known. Once every task has its
-    whole partition the driver sends the final counts, so every worker serves the same number of batches without a
-    counting job before launch."""
+    """Writes the partition while train_fn reads it (``info`` becomes ``ctx.feed``). :meth:`pump` publishes after
+    each batch how far the file is whole and tells the driver its rows; the driver answers with the smallest count
+    (:meth:`heard`), rows every worker will have, then with the final counts: every worker serves the same number
+    of batches without a counting job before launch."""
 
     def __init__(self, spec: FeedSpec, workdir: str, num_workers: int, tasks_here: int = 1,
                  counts: Sequence[int] | None = None):
@@ -192,14 +176,12 @@ class FeedStream:
         self._state: dict = {"end": 0, "rows": 0, "safe": 0, "lengths": None, "final": None, "error": None,
                              "counts": None}
         if counts is not None:  # counted on the driver before launch: known to train_fn at once
-            self._counts = [int(r) for r in counts][:num_workers]
-            self._state.update(counts=self._counts, safe=min(self._counts, default=0))
-            self._final.set()
+            self._set_counts(counts)
         self._publish()
         self.info = FeedInfo(path=os.path.join(self._spill_dir, SPILL_FILE), spec=spec, state_dir=workdir)
 
     def remove(self) -> None:
-        """Delete the spill when it lives outside the task's folder (memory-backed); the task's folder goes anyway."""
+        """Delete a spill outside the task's folder (memory-backed)."""
         if self._spill_dir != self._dir:
             shutil.rmtree(self._spill_dir, ignore_errors=True)
 
@@ -214,19 +196,21 @@ class FeedStream:
             os.write(self._wake, b"\0")
 
     def heard(self, msg: dict) -> None:
-        """The driver's answer (channel reader thread): ``safe`` rows every worker has, or the final ``counts``."""
+        """The driver's ``safe`` rows every worker has, or the final ``counts`` (channel reader thread)."""
         with self._lock:
             if self._final.is_set():
                 return
             if isinstance(msg.get("counts"), list):
-                self._counts = [int(r) for r in msg["counts"]][: self.num_workers]
-                self._final.set()
-                if self._state["counts"] is None:
-                    self._state.update(counts=self._counts, safe=min(self._counts, default=0))
-                    self._publish()
+                self._set_counts(msg["counts"])
+                self._publish()
             elif int(msg.get("safe", 0)) > self._state["safe"]:
                 self._state["safe"] = int(msg["safe"])
                 self._publish()
+
+    def _set_counts(self, counts: Sequence[int]) -> None:
+        self._counts = [int(r) for r in counts][:self.num_workers]
+        self._state.update(counts=self._counts, safe=min(self._counts, default=0))
+        self._final.set()
 
     def abort(self) -> None:
         """The run is being stopped: :meth:`pump` stops waiting for the final counts."""
@@ -234,7 +218,7 @@ class FeedStream:
 
     def _write_all(self, queue: Queue, spill: ArrowSpill, tell: Callable[[int, bool], Any],
                    failed: list) -> None:
-        """The writer thread: each queued batch into the file, then the new state for train_fn."""
+        """The writer thread: each queued batch into the file, then the new state."""
         told = None
         while (item := queue.get()) is not None:
             if failed:
@@ -251,20 +235,13 @@ class FeedStream:
                 failed.append(e)
 
     def pump(self, batches: Iterable, tell: Callable[[int, bool], Any]) -> list[int] | None:
-        """Write the partition and agree on the counts; returns the rows per worker (None: stopped).
-
-        ``tell(rows, done)`` reports this task's rows to the driver: after the first batch, then at
-        most every ``_TELL_EVERY`` seconds, and once when the partition is whole.
-
-        Raises:
-            ConfigError: nulls or ragged arrays in a batch, or a worker without rows.
-        """
+        """Write the partition and agree on the counts: the rows per worker (None: stopped). ``tell(rows, done)``
+        reports this task's rows to the driver. ConfigError: nulls or ragged arrays, or a worker without rows."""
         start = time.perf_counter()
         spill = ArrowSpill(self.info.path, _arrow_schema(self.spec))
         lengths: dict[str, int] = {}
         first = None
-        # A writer thread writes and publishes while this one takes the next batch from Spark (file
-        # writes release the GIL); the queue bounds what waits in memory to a few batches.
+        # a writer thread writes while this one takes the next batch from Spark; the queue bounds memory
         queue: Queue = Queue(maxsize=4)
         failed: list[BaseException] = []
         writer = threading.Thread(target=self._write_all, args=(queue, spill, tell, failed),
@@ -310,15 +287,13 @@ class FeedStream:
 
 
 def known_counts(st: dict) -> list[int] | None:
-    """Every worker's rows, once known: counted on the driver before launch, or when every part is whole."""
+    """Every worker's rows, once known (counted before launch, or every part whole)."""
     return st.get("counts") or (st["final"] or {}).get("rows_per_worker")
 
 
 @dataclass(frozen=True)
 class FeedInfo:
-    """This worker's part of the fed DataFrame, as ``ctx.feed`` (read it with ``ctx.dataset``). The counts
-    (``rows``, ``min_rows``, ``rows_per_worker``...) are known once every task has its whole partition; reading them
-    waits until then. ``ctx.dataset`` does not wait for them."""
+    """This worker's part of the fed DataFrame, as ``ctx.feed``; reading the counts waits until they are known."""
 
     path: str  # an Arrow IPC file, whole (footer included) once the part is final
     spec: FeedSpec
@@ -337,7 +312,6 @@ class FeedInfo:
 
     @property
     def rows_per_worker(self) -> tuple[int, ...]:
-        """Rows of every worker: known before the part is whole when the driver counted them before launch."""
         st = self.state(lambda s: s.get("counts") is not None)
         return tuple(known_counts(st))
 
@@ -377,7 +351,7 @@ class _Live:
                     f"the Spark task feeding this worker failed: {st['error']}")
             if st["final"] is not None or ready(st):
                 return st
-            # The timeout only covers a wake-up taken by another reader thread of this process.
+            # the timeout covers a wake-up taken by another reader thread
             if select.select([self._wake], [], [], 0.5)[0]:
                 with contextlib.suppress(BlockingIOError):
                     if not os.read(self._wake, 1 << 16):

@@ -1,11 +1,6 @@
-"""tf-keras (``tf.keras`` with TF_USE_LEGACY_KERAS=1) under MultiWorkerMirroredStrategy, in the train_fn process: the
-values ``train_on_batch`` and ``test_on_batch`` return are the global ones.
-
-tf-keras sums each step's per-replica results across workers (``reduce_per_replica(reduction="auto")`` is "sum"
-outside TPUs), so on N workers those two return N times the batch's loss and metrics, while the weights, ``fit``'s
-history and ``evaluate`` are exact. The metrics themselves hold the global values: they are read back across the
-workers (every worker calls the method, so every worker takes part in the read) instead.
-"""
+"""tf-keras under MultiWorkerMirroredStrategy: ``train_on_batch`` and ``test_on_batch`` return the global values.
+tf-keras sums each step's per-replica results ("auto" is "sum" outside TPUs): N times the loss on N workers. The
+metrics hold the global values, read across the workers instead (every worker calls the method)."""
 from __future__ import annotations
 
 import functools

@@ -1,12 +1,6 @@
-"""A ps task on the driver (``tfnb.run(..., ps_placement="driver")``): the barrier task's body without Spark.
-
-The launcher (tfnb.launcher.jobs.DriverPs) starts ``python -m tfnb._task.local`` and writes the pickled
-``(TaskSpec, rank, host)`` to its stdin, never to argv or a file, since the spec holds the run's secret.
-The process then runs :func:`tfnb._task.entry.run_task` as an executor's task would: it connects to the
-run's channel, starts its TensorFlow server process and serves until the driver says stop. The launcher
-keeps stdin open: end-of-file means the launcher is gone, and the process stops its TensorFlow server
-and exits.
-"""
+"""A ps task on the driver (``ps_placement="driver"``): :func:`tfnb._task.entry.run_task` without Spark. The
+launcher (tfnb.launcher.jobs.DriverPs) writes the pickled ``(TaskSpec, rank, host)`` to stdin (the spec holds the
+run's secret) and keeps it open: end-of-file means the launcher is gone, and the process stops."""
 from __future__ import annotations
 
 import contextlib

@@ -1,16 +1,10 @@
-"""Profiler traces of a tfnb run (``tfnb.run(..., profile_steps=(20, 25))``; docs/monitoring.md, "Profiler").
+"""Profiler traces of ``tfnb.run(..., profile_steps=(20, 25))`` (docs/monitoring.md, "Profiler").
 
-Each train_fn process traces the steps (counted from 1 across epochs, both included, as Keras'
-``profile_batch``) from ``ctx.progress_callback()`` or ``ctx.profile(step)``, and the trace lands at
-``<log_dir>/plugins/profile/<run>/<role>-<index>.xplane.pb``: ``<run>`` is the attempt's start time
-in TensorFlow's own format (the newest sorts first), and the task's name (``chief-0``, ``worker-1``)
-makes TensorBoard's Profile tab show one host per traced worker even when they share a machine.
-TensorFlow names its file after the hostname and writes only to paths it can open itself, so the
-trace goes to a private local folder first, then through tfnb's storage layer. A trace that cannot
-be taken or written never stops training: the process says so once, in one log line. Under
-MultiWorkerMirroredStrategy only the chief traces, and never its first step: stopping TensorFlow's
-profiler after tracing collectives that another task leads, or that are being set up, can kill the
-process (see :func:`collective_role`). The driver checks ``profile_steps`` with :func:`check_profile_steps`.
+Each train_fn process traces those steps (from 1, both included, as Keras' ``profile_batch``) from
+``ctx.progress_callback()`` or ``ctx.profile(step)`` into ``<log_dir>/plugins/profile/<run>/<role>-<index>.xplane.pb``
+(one host per worker in TensorBoard's Profile tab), through a private local folder (TensorFlow writes only where
+it can open files) and tfnb's storage. A trace that fails never stops training: one log line says so. Under
+MultiWorkerMirroredStrategy only the chief traces, never its first step (see :func:`collective_role`).
 """
 from __future__ import annotations
 
@@ -28,11 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def check_profile_steps(profile_steps: Any, log_dir: str | None) -> tuple[int, int] | None:
-    """``profile_steps`` as ``(first, last)``, checked on the driver before anything is launched.
-
-    Raises:
-        ConfigError: not a step or a pair of steps >= 1 in order, or no ``log_dir`` to write to.
-    """
+    """``profile_steps`` as ``(first, last)``, checked on the driver; ConfigError when not steps >= 1 in order, or
+    no ``log_dir``."""
     if profile_steps is None:
         return None
     pair = (profile_steps, profile_steps) if isinstance(profile_steps, int) else profile_steps
@@ -52,18 +43,12 @@ def check_profile_steps(profile_steps: Any, log_dir: str | None) -> tuple[int, i
 def collective_role(tf_config: Any) -> str:
     """``"leader"`` or ``"follower"`` when this process runs collectives with other tasks, else ``""``.
 
-    Stopping TensorFlow's profiler can kill the process when the trace holds a collective activity that
-    started on one thread and ended on another (``CollectiveExecutor::CompleteParams``): as the trace
-    stops, ``TraceMeRecorder::Consume`` keeps raw pointers to such ends while the per-thread buffers
-    holding them are copied and freed (the vector of them grows, and ``std::deque`` moves are not
-    ``noexcept``), then writes through them: SIGSEGV, SIGABRT ("free(): invalid pointer"), or a
-    corrupted heap. A follower (every MultiWorkerMirroredStrategy worker but the chief) resolves every
-    collective of every step with an RPC to the leader and ends those activities on a gRPC thread, so
-    its trace always holds them; the leader only in the step that sets the collectives up (its first),
-    where it waits for the others. Measured with TensorFlow 2.21, 2 workers, every worker tracing
-    steps 3-5: worker 1 died in 3 of 24 runs, the chief in none (``./dev bench profiler --all-workers``
-    tells whether a newer TensorFlow still does). No profiler option avoids it: those activities are
-    recorded at level 1, as every op is, and draining the step's async work first does not help.
+    Stopping TensorFlow's profiler can kill the process (SIGSEGV, SIGABRT, a corrupted heap) when the trace holds
+    a collective activity begun on one thread and ended on another (``CollectiveExecutor::CompleteParams``):
+    ``TraceMeRecorder::Consume`` writes through pointers into per-thread buffers it has freed. A follower ends
+    those activities on a gRPC thread in every step; the leader only in its first, where the collectives are set
+    up. TensorFlow 2.21, 2 workers tracing steps 3-5: worker 1 died in 3 of 24 runs, the chief in none
+    (``./dev bench profiler --all-workers``); no profiler option avoids it.
     """
     from tensorflow.python.eager import context
 
@@ -75,9 +60,8 @@ def collective_role(tf_config: Any) -> str:
 
 
 class Tracer:
-    """One train_fn process's trace: started at the first profiled step, shipped after the last. ``ctx.profile`` and
-    the Keras progress callback share the context's tracer, so a process takes one trace whichever of them drives
-    it."""
+    """One train_fn process's trace, started at the first profiled step and shipped after the last (``ctx.profile``
+    and the progress callback share it)."""
 
     def __init__(self, ctx: Any):
         self.ctx = ctx

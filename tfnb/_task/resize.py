@@ -1,17 +1,11 @@
-"""An elastic run resized at an epoch boundary: every train_fn process stops at the same boundary, after that epoch's
-checkpoint, so the driver can relaunch the run at another size (tfnb.run's ``min_workers``, tfnb.launcher.elastic):
-wider once executors returned, narrower when Spark gives notice that one is leaving (decommissioning).
+"""An elastic run resized at an epoch boundary (``min_workers``, tfnb.launcher.elastic): every train_fn process stops
+at the same boundary, after that epoch's checkpoint, and the driver relaunches at another size.
 
-The driver asks by ``Msg.RESIZE``; each task's supervisor marks it with the file :data:`RESIZE` in its working
-folder (``ctx.local_dir``). Workers hear it at different moments, so they agree collectively: at the start of each
-epoch after the first, :func:`epoch_boundary` sums every worker's "asked" over the strategy, and if any was asked,
-all raise :class:`Resize` together (a scalar all-reduce per epoch, which every worker of an elastic run calls in the
-same order). Raising, not returning, keeps a ``BackupAndRestore`` backup: Keras deletes it only when ``fit`` ends
-normally.
-
-Each train_fn process that takes part in the vote says so once (:func:`join_vote`: the progress callback at ``fit``'s
-start, or the first ``ctx.epoch_boundary`` call): the driver stops a run where only some workers do (the vote would
-hang), and says so when a resize could not happen because none does.
+The driver's ``Msg.RESIZE`` becomes the file :data:`RESIZE` in ``ctx.local_dir``. Workers hear it at different
+moments, so at each epoch start after the first :func:`epoch_boundary` sums every worker's "asked" (a scalar
+all-reduce) and all raise :class:`Resize` together; raising keeps a ``BackupAndRestore`` backup (Keras deletes it
+only when ``fit`` ends normally). Each process that votes says so once (:func:`join_vote`), so the driver can stop
+a run where only some workers vote (the vote would hang).
 """
 from __future__ import annotations
 
@@ -22,21 +16,17 @@ RESIZE = "tfnb-resize"
 
 
 class Resize(BaseException):
-    """Raised on every worker at an epoch boundary when the run is resized; tfnb relaunches it (not a failure, not
-    counted against max_attempts).
-
-    A ``BaseException``, like ``SystemExit``: a stop on purpose, not an error, so train_fn's ``except Exception``
-    (logging and re-raising as its own error, or carrying on) lets it through. One caught all the same and re-raised
-    as another exception (``raise MyError(...) from e``, or raised while handling it) still counts as the resize:
-    tfnb._task.child finds it in the ``__cause__``/``__context__`` chain."""
+    """Raised on every worker at an epoch boundary when the run is resized; tfnb relaunches it (not a failure).
+    A ``BaseException`` like ``SystemExit``, so ``except Exception`` lets it through; re-raised as another error it
+    still counts (tfnb._task.child finds it in the ``__cause__``/``__context__`` chain)."""
 
 
 _joined = False
 
 
 def join_vote(ctx: Any, at: str = "fit") -> None:
-    """Tell the driver, once per process, that this worker takes part in the epoch-boundary vote (elastic runs
-    only): as ``fit`` starts (the progress callback), or ``at`` its first ``"boundary"`` (a custom loop)."""
+    """Tell the driver, once per process of an elastic run, that this worker votes: at ``fit``'s start or the
+    first ``"boundary"``."""
     global _joined
     if _joined or getattr(ctx, "min_workers", None) is None or not getattr(ctx, "local_dir", None):
         return
@@ -59,11 +49,8 @@ def found_in(error: BaseException) -> BaseException | None:
 
 
 def epoch_boundary(ctx: Any, strategy: Any = None, epoch: int | None = None) -> None:
-    """The start of an epoch after the first, on every worker, once the last epoch's checkpoint is written.
-
-    Raises:
-        Resize: the driver asked this run to stop for a resize (on every worker at once).
-    """
+    """The start of an epoch after the first, on every worker, once the last checkpoint is written; Resize when
+    the driver asked for one (on every worker at once)."""
     if getattr(ctx, "min_workers", None) is None or not ctx.local_dir:
         return  # not elastic: nothing to agree on, no collective
     join_vote(ctx, "boundary")

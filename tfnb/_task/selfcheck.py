@@ -1,12 +1,8 @@
-"""The self-check, in the train_fn process: SGD steps of a tiny linear model trained under the run's strategy, on
-every worker, against the same steps computed with numpy in this process (the one-process result): two steps of
-``fit`` (its weights after each, its epoch loss), one of a custom loop, one ``train_on_batch`` (and its loss).
-
-tfnb's Keras 3 corrections (tfnb._task.keras3) are proven on the tested versions (``TESTED_NEWEST`` in
-tfnb._deps). A newer Keras, TensorFlow or Spark is not refused: at the first ``fit`` (or other model method) under
-a strategy this check runs once, through ``fit``, a custom loop (``strategy.run`` + ``apply_gradients``) and
-``train_on_batch``; every worker takes part in each step and in the verdict, so all train or all stop together.
-``tfnb.selfcheck`` (tfnb.launcher.selfcheck) runs it on its own, before a long job.
+"""The self-check, in the train_fn process: SGD steps of a tiny linear model under the run's strategy against the
+same steps in numpy (one process): two steps of ``fit`` (weights after each, epoch loss), one of a custom loop, one
+``train_on_batch`` (and its loss). It runs once where Keras, TensorFlow or Spark is newer than the tested ones
+(``TESTED_NEWEST`` in tfnb._deps), at the first model method under a strategy; every worker takes part in each
+step and in the verdict, so all train or all stop. ``tfnb.selfcheck`` (tfnb.launcher.selfcheck) runs it alone.
 """
 from __future__ import annotations
 
@@ -75,8 +71,8 @@ def _data(n: int):
 
 
 def one_process(batches):
-    """SGD on mean squared error over each of ``batches`` in turn, from :func:`_start`, as one process takes them:
-    the weights at the start and after each step (flat), and the epoch's loss (the mean of the steps' losses)."""
+    """SGD on mean squared error over ``batches`` from :func:`_start`, in one process: the flat weights at the start
+    and after each step, and the epoch's loss."""
     import numpy as np
 
     w, b = _start()
@@ -175,9 +171,9 @@ def _train_on_batch(keras, tf, strategy, batches):
 
 
 def check(keras, strategy) -> dict:
-    """Run the check on this worker (every worker must call it, in the same order): ``passed`` (the same verdict
-    on every worker), ``ratio`` (the worst way's update over the one-process update, averaged over the workers),
-    ``detail`` (what differs, or "") and ``ratios`` (each way's)."""
+    """The check on this worker (every worker calls it): ``passed`` (the same on every worker), ``ratio`` (the worst
+    way's update over the one-process update, averaged over workers), ``detail`` (what differs, or "") and
+    ``ratios``."""
     import numpy as np
     import tensorflow as tf
 
@@ -223,13 +219,8 @@ def check(keras, strategy) -> dict:
             "details": details, "ratios": dict(zip(WAYS, mean_ratio))}
 
 
-def _is_chief(strategy) -> bool:
-    return bool(getattr(strategy.extended, "should_checkpoint", True))
-
-
 def check_or_refuse(keras, strategy, newer: list[str]) -> bool:
-    """The self-check for a run on versions newer than the tested ones: a log line (on the chief) when it passes;
-    ConfigError on every worker when it fails."""
+    """The self-check on untested versions: a log line on the chief when it passes, ConfigError when it fails."""
     import tensorflow as tf
 
     from ..errors import KERAS3_SELFCHECK, ConfigError
@@ -240,7 +231,7 @@ def check_or_refuse(keras, strategy, newer: list[str]) -> bool:
             what=f"Keras {keras.__version__}", detail=result["detail"], strategy=strategy_name(strategy),
             untested=" and ".join(newer) + (" is" if len(newer) == 1 else " are"),
             checks=_checks(result), **tested_range()))
-    if _is_chief(strategy):
+    if getattr(strategy.extended, "should_checkpoint", True):  # the chief
         print(f"tfnb: {', '.join(newer)}: untested, passed tfnb's self-check under {strategy_name(strategy)} "
               f"(fit, custom loop and train_on_batch trained as one process; TensorFlow {tf.__version__})",
               file=sys.stderr, flush=True)

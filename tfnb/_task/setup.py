@@ -1,5 +1,4 @@
-"""What a barrier task is given (:class:`TaskSpec`) and the small pure functions it sets itself up with: its
-role, TF_CONFIG, GPUs, the train_fn process environment, its port."""
+"""What a barrier task is given (:class:`TaskSpec`) and the pure functions it sets itself up with."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,8 +10,9 @@ from typing import Any
 
 from .._protocol import ENV_PREIMPORT
 
-# Start-up lines TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL: on every
-# import, in every process, and never actionable. Dropped unless TF_CPP_MIN_LOG_LEVEL is 0.
+ENV_SUPERVISOR = "TFNB_SUPERVISOR_PID"  # a fresh train_fn process' supervisor: it dies with it (tfnb._task.child)
+
+# What TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL, never actionable: dropped unless it is 0
 _TF_STARTUP_NOISE = re.compile(
     r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
     r"|^[IWE]\d{4} [\d:.]+\s+\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc|cuda_platform\.cc|"
@@ -75,8 +75,7 @@ def assign_role(rank: int, num_workers: int, num_ps: int) -> tuple[str, int]:
 
 
 def build_cluster(addresses: list[str], num_workers: int, num_ps: int) -> dict[str, list[str]]:
-    """TF cluster spec for the ordered task addresses. Without ps tasks every task is a ``worker`` (worker 0 acts as
-    chief), the layout MultiWorkerMirroredStrategy expects. With ps tasks the chief gets its own job."""
+    """TF cluster spec: every task a ``worker`` for MultiWorkerMirroredStrategy; with ps tasks, a ``chief`` job."""
     if num_ps == 0:
         return {"worker": list(addresses)}
     return {"chief": [addresses[0]], "worker": list(addresses[1:num_workers]), "ps": list(addresses[num_workers:])}
@@ -93,9 +92,7 @@ def tf_config_for(cluster: dict, job_name: str, task_index: int, num_ps: int) ->
 
 
 def assigned_gpus(resources: dict, use_gpu: bool | None, job_name: str = "worker") -> tuple[str, ...]:
-    """GPU addresses Spark gave this task (the stage's resource profile: ``gpus_per_worker`` or
-    ``spark.task.resource.gpu.amount``), honouring ``use_gpu``; a ps task needs none (use_gpu=True is the
-    workers' requirement)."""
+    """GPU addresses Spark gave this task, honouring ``use_gpu`` (a ps task needs none)."""
     info = resources.get("gpu")
     gpus = tuple(info.addresses) if info is not None else ()
     if use_gpu and not gpus and job_name != "ps":
@@ -131,8 +128,7 @@ def reserve_port() -> socket.socket:
 
 
 def _spark_local_dir() -> str | None:
-    # Spark deletes its local dirs when the application ends: nothing is left behind even if a
-    # task is killed before its cleanup runs.
+    # Spark deletes its local dirs when the application ends, even after a task killed before its clean-up
     dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
     first = dirs.split(",")[0] if dirs else ""
     return first if first and os.path.isdir(first) else None

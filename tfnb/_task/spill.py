@@ -1,9 +1,5 @@
-"""Where a task writes its part of the fed data, and the Arrow IPC file a reader may follow while it grows.
-
-The part goes to memory-backed ``/dev/shm`` when the host has room for it, else to Spark's local disk
-after a free-space check; a full disk fails with the fix. Both tfnb's feed and tfnb.compat's write
-through :class:`ArrowSpill`.
-"""
+"""Where a task writes its part of the fed data (``/dev/shm`` when the host has room, else Spark's local disk),
+and :class:`ArrowSpill`, the Arrow IPC file a reader may follow while it grows (tfnb's feed and tfnb.compat's)."""
 from __future__ import annotations
 
 import contextlib
@@ -19,15 +15,14 @@ _MAGIC_BYTES = 8  # "ARROW1" and padding before the first message of an Arrow IP
 
 
 class ArrowSpill:
-    """An Arrow IPC file written batch by batch that a reader may follow while it grows: ``end`` is the
-    offset just past the last whole batch, up to which a reader may parse messages (see ``_arrow_batches``).
-    """
+    """An Arrow IPC file written batch by batch; ``end`` is the offset past the last whole batch, up to which a
+    reader may parse messages."""
 
     def __init__(self, path: str, empty_schema):
         self.path = path
         self._empty_schema = empty_schema  # the file's schema when no batch comes
         self._sink = self._writer = None
-        self.rows = self.batches = self.end = 0
+        self.rows = self.end = 0
 
     def _open(self, schema) -> None:
         import pyarrow as pa
@@ -40,7 +35,6 @@ class ArrowSpill:
             self._open(batch.schema)
         self._writer.write_batch(batch)
         self.rows += batch.num_rows
-        self.batches += 1
         self.end = self._sink.tell()
 
     def close(self) -> int:
@@ -71,16 +65,8 @@ def _free_bytes(path: str) -> int:
 
 
 def spill_dir(nbytes: int | None, memory_share: float, workdir: str, num_workers: int, tasks_here: int) -> str:
-    """Where this task writes its partition: memory-backed ``/dev/shm`` when the host has room, else ``workdir``.
-
-    Room means this host's expected spill (the size of the DataFrame in Spark's cache, split over the
-    workers, plus a quarter) fits in ``memory_share`` of the host's free memory and of the tmpfs. Otherwise,
-    and when the size is unknown (an uncached DataFrame), the partition goes to Spark's local disk,
-    whose free space is checked first.
-
-    Raises:
-        ConfigError: the local disk has less free space than the expected spill.
-    """
+    """``/dev/shm`` when this host's expected spill (its share of the cached DataFrame, plus a quarter) fits in
+    ``memory_share`` of its free memory and tmpfs, else ``workdir`` (ConfigError when its disk has too little)."""
     expected = None if not nbytes else nbytes * tasks_here // max(1, num_workers)
     if expected and memory_share > 0 and os.path.isdir(_SHM):
         room = min(_free_bytes(_SHM), _mem_available()) * memory_share

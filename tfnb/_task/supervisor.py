@@ -18,20 +18,18 @@ from .._protocol import (CONTEXT, DUMP_SIGNAL, END, ENV_HELD_PORT_FD, ENV_KEPT_P
                          STACKS, Msg)
 from .context import WorkerContext
 from .resize import RESIZE
-from .setup import TaskSpec, child_env, is_startup_noise
+from .setup import ENV_SUPERVISOR, TaskSpec, child_env, is_startup_noise
 
 _MAX_STACK = 64 << 10  # characters of a stack dump sent to the driver
-_MAX_LINE = 64 << 10    # characters of one output line sent to the driver; longer ones are cut with a marker
-_PARTIAL_EVERY = 1.0    # seconds between two updates of a carriage-return line (a progress bar) sent on
+_MAX_LINE = 64 << 10    # characters of one output line sent; longer ones are cut with a marker
+_PARTIAL_EVERY = 1.0    # seconds between two updates of a carriage-return line (a progress bar)
 _LINE_END = re.compile(rb"[\r\n]")
-ENV_SUPERVISOR = "TFNB_SUPERVISOR_PID"  # read by tfnb._task.child (which this module does not import: it is heavier)
 
 
 class _Lines:
-    """Splits a child's output into lines for ``emit(line, partial=False)``. A carriage return rewrites the current
-    line (Keras' ``verbose=1`` bar, tqdm): those updates are folded to the latest state, sent as ``partial`` at most
-    every _PARTIAL_EVERY seconds, and the state the line ends in (at its newline) is sent as the line. Backspaces
-    are dropped; lines past _MAX_LINE characters are cut with a marker."""
+    """Splits output into lines for ``emit(line, partial=False)``. Carriage-return rewrites (a progress bar) are
+    sent as ``partial`` at most every _PARTIAL_EVERY seconds, and the state at the newline as the line; backspaces
+    are dropped."""
 
     def __init__(self, emit, clock=time.monotonic):
         self._emit = emit
@@ -59,7 +57,6 @@ class _Lines:
                     self._send(seg, True)
         self._buf = buf[pos:]
         if len(self._buf) > 4 * _MAX_LINE:
-            # no line end in sight: don't hold an unbounded line
             self._send(self._buf, False)
             self._buf = b""
 
@@ -72,14 +69,11 @@ class _Lines:
         line = seg.replace(b"\x08", b"").decode("utf-8", "replace")
         if len(line) > _MAX_LINE:
             line = f"{line[:_MAX_LINE]} … [{len(line) - _MAX_LINE} more characters cut]"
-        if partial:
-            self._emit(line, True)
-        else:
-            self._emit(line)  # the events pipe's handler takes the line alone
+        self._emit(*(line, True) if partial else (line,))  # the events pipe's handler takes the line alone
 
 
-# How the train_fn process starts: the standard library alone until tfnb._child is imported, so that a
-# failing import reaches the driver from error.json like any other error (with -m it was an exit code 1).
+# The standard library alone until tfnb._task.child is imported: a failing import reaches the driver from
+# error.json like any other error.
 _CHILD_MAIN = f"""import sys
 try:
     import tfnb._task.child as child
@@ -112,7 +106,6 @@ class _Supervisor:
         self._waiter: threading.Thread | None = None
         self._progressed = False  # a progress report was sent
 
-    # messages from the driver
     def on_driver(self, msg: dict) -> None:
         kind = msg.get("kind")
         if kind == Msg.STOP:
@@ -130,16 +123,15 @@ class _Supervisor:
         elif kind == Msg.RESIZE:
             self._ask_resize()
         elif kind == Msg.DUMP:
-            # off the channel's reader thread: a stop may follow while the dump is being written
+            # off the reader thread: a stop may follow while the dump is written
             threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
 
     def _ask_resize(self) -> None:
-        """train_fn's next epoch boundary reads it (tfnb._task.resize)."""
         with contextlib.suppress(OSError):
             open(os.path.join(self.workdir, RESIZE), "w").close()
 
     def send_stacks(self) -> None:
-        """Send the driver the Python stack of every thread of the train_fn process (stall watchdog)."""
+        """Send the driver every thread's stack of the train_fn process (stall watchdog)."""
         p, path = self.proc, os.path.join(self.workdir, STACKS)
         before = os.path.getsize(path) if os.path.exists(path) else 0
         try:
@@ -164,10 +156,6 @@ class _Supervisor:
             text = ""
         self.chan.send(Msg.STACK, text=text[-_MAX_STACK:] or "(the train_fn process did not answer)")
 
-    def on_driver_lost(self) -> None:
-        # The notebook went away: nobody will read the result, so don't train on.
-        self.stop()
-
     def stop(self) -> None:
         self.stop_requested.set()
         self.released.set()
@@ -175,8 +163,7 @@ class _Supervisor:
         if self.feed is not None:
             self.feed.abort()
         self._signal(signal.SIGTERM)
-        # A stopped process (SIGSTOP: a debugger, kill -STOP, a cgroup freezer) holds SIGTERM pending until it is
-        # continued, and Spark may kill this task's Python worker before the SIGKILL below is due.
+        # a stopped process (SIGSTOP) holds SIGTERM until continued, and Spark may kill us before the SIGKILL
         self._signal(signal.SIGCONT)
         t = threading.Timer(self.spec.stop_grace, self._signal, args=(signal.SIGKILL,))
         t.daemon = True
@@ -201,7 +188,7 @@ class _Supervisor:
         self._threads.append(t)
 
     def _claim_standby(self, env: dict, gpus: tuple, held: socket.socket):
-        """A warm standby that matches this run, now running as this task's child; None to start one."""
+        """A matching warm standby's process, now this task's child; None to start one."""
         if not self.spec.warm or self.spec.hooks.keep_port:
             return None
         from . import warm as _warm
@@ -215,7 +202,7 @@ class _Supervisor:
                     return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno(), _CHILD_MAIN)
                 except OSError:
                     conn.close()  # another task of this host took that standby first
-        except _warm.Unavailable as e:  # the run goes on in fresh processes: say why, and the fix
+        except _warm.Unavailable as e:  # the run goes on in fresh processes: say why and the fix
             self.chan.post_line("stderr", f"tfnb: no warm standby on this executor, train_fn starts fresh: {e}")
         except OSError:
             pass
@@ -227,7 +214,8 @@ class _Supervisor:
 
         fn, args, kwargs = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, (), {})
         with open(os.path.join(self.workdir, PAYLOAD), "wb") as f:
-            cloudpickle.dump({"fn": fn, "args": args, "kwargs": kwargs, "mode": mode, "linger": self.spec.linger and mode == "train"}, f)
+            cloudpickle.dump({"fn": fn, "args": args, "kwargs": kwargs, "mode": mode,
+                              "linger": self.spec.linger and mode == "train"}, f)
         env = child_env(os.environ, self.spec, gpus)
         claimed = self._claim_standby(env, gpus, held) if mode == "train" else None
         if claimed is not None:
@@ -237,7 +225,7 @@ class _Supervisor:
             return
         ev_read, ev_write = os.pipe()
         env[events.ENV_FD] = str(ev_write)
-        # this thread runs the task until the process has ended: the process dies with it (tfnb._task.child)
+        # the process dies with this thread (tfnb._task.child)
         env[ENV_SUPERVISOR] = str(os.getpid())
         env[ENV_HELD_PORT_FD] = str(held.fileno())
         pass_fds = (ev_write, held.fileno())
@@ -283,8 +271,8 @@ class _Supervisor:
         with open(path + ".part", "wb") as f:
             cloudpickle.dump(ctx, f)
         os.replace(path + ".part", path)
-        try:  # before go: a claimed standby's pid also closes the claim's spare copy of the held port, which TF
-            pid = self.proc.pid  # binds once it has go
+        try:  # before go: a claim's pid closes its spare copy of the held port, which TF binds after go
+            pid = self.proc.pid
         except ProcessLookupError:
             pid = None  # the standby ended before it forked: wait() reports it
         with contextlib.suppress(OSError):  # the child is already gone; wait() reports how it ended
@@ -301,8 +289,8 @@ class _Supervisor:
         if kind == FINISHED:
             self._settled.set()
             return
-        # progress: only the latest values matter, merged while a batch gathers; an epoch's end is kept, and so
-        # is the first report (the epoch this attempt began at: a relaunch's resumed_epoch)
+        # progress merges while a batch gathers; an epoch's end and the first report (a relaunch's resumed
+        # epoch) are kept
         if kind == events.PROGRESS and not self._progressed:
             self._progressed = True
             self.chan.send(Msg.EVENT, event=kind, data=msg, first=True)  # in order, and never merged away
@@ -331,13 +319,12 @@ class _Supervisor:
         self._settled.set()
 
     def _ended(self) -> int:
-        # Take down anything the child left in its group, so the pipes close and no process outlives us.
-        self._signal_group_anyway()
+        self._kill_group()  # what the child left in its group: the pipes close, no process outlives us
         for t in self._threads:
             t.join(timeout=5)
         return self._code
 
-    def _signal_group_anyway(self) -> None:
+    def _kill_group(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -346,7 +333,7 @@ class _Supervisor:
             self._signal(signal.SIGKILL)
             self.proc.wait()
         if self.proc is not None:
-            self._signal_group_anyway()
+            self._kill_group()
             if self.proc.stdin:
                 self.proc.stdin.close()
             close = getattr(self.proc, "conn", None)
@@ -363,15 +350,12 @@ def _failure_from_child(workdir: str, code: int | None, what: str = "train_fn pr
     from .warm import UNKNOWN_EXIT
 
     if code == UNKNOWN_EXIT:
-        return {"exc_type": "ProcessDied", "message": f"the {what} died without an exit status "
-                "(killed by a signal, a crash in native code, or out of memory)", "traceback": "", "exit_code": None}
-    if code is None:
-        return {"exc_type": "ProcessDied", "message": f"the {what} exited with code 0 before train_fn "
-                "returned (os._exit or sys.exit from another thread)", "traceback": "", "exit_code": 0}
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        return {"exc_type": "ProcessDied", "message": f"the {what} was killed by {name}",
-                "traceback": "", "exit_code": code}
-    return {"exc_type": "ProcessDied", "message": f"the {what} exited with code {code} "
-            "without raising an exception (os._exit, a crash in native code, or out of memory)",
-            "traceback": "", "exit_code": code}
+        code, how = None, "died without an exit status (killed by a signal, a crash in native code, or out of memory)"
+    elif code is None:
+        code, how = 0, "exited with code 0 before train_fn returned (os._exit or sys.exit from another thread)"
+    elif code < 0:
+        how = f"was killed by {signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else -code}"
+    else:
+        how = (f"exited with code {code} without raising an exception (os._exit, a crash in native code, or out "
+               "of memory)")
+    return {"exc_type": "ProcessDied", "message": f"the {what} {how}", "traceback": "", "exit_code": code}

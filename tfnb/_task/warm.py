@@ -1,30 +1,16 @@
-"""Warm standbys: a process that imported TensorFlow once and forks a train_fn process for each run of its executor.
+"""Warm standbys: a process that imported TensorFlow once and forks a fresh train_fn process for each run.
 
-Every run still gets a fresh process (one per task and attempt, never reused after train_fn ran): a copy of the
-standby made by ``fork``, which has TensorFlow imported but never used it (no eager context, no Python threads,
-CUDA untouched), with a random state of its own. A task whose settings have no standby in its executor starts
-one, which imports the run's ``preimport`` modules and then waits on a Unix socket in this user's private
-folder, and claims it like any later task. A task whose settings match (same Python, ``preimport``, legacy Keras,
-``env=``, GPU addresses: a run given other GPUs gets a fresh process, as CUDA_VISIBLE_DEVICES must be set before
-TensorFlow is imported) connects and hands over the run's pipes, port and environment with SCM_RIGHTS; the
-standby forks, and from then on the copy behaves exactly like a freshly started process: the connection is
-its parent-death watch and carries ``go``, and the standby, its parent, sends its exit code on it. The
-standby stays for the next run, and serves every task of its executor at once (each executor keeps its own,
-so the processes stay in its process tree and container). It is claimable while it still
-imports (its socket is then named ``.sock.part``; warm ones are preferred): the task waits for the rest of
-that import only, as it would for a fresh process (the pid comes once the standby has forked). A claim the
-standby never served (it stopped taking runs while the claim waited in its queue) becomes a fresh process, in
-the same attempt; where no standby can work at all (the folder is not this user's alone, or TFNB_STATE_DIR is
-too long for a socket's path), :func:`ensure` raises :class:`Unavailable`, which the task shows before it
-starts fresh.
-
-A standby stops taking runs after ``TFNB_WARM_IDLE`` seconds without one (default 600), when the executor's
-Python daemon that its creator belonged to exits (session stopped, executor lost), or when a task with other
-settings, or GPUs that overlap its own, discards it (a sibling task's standby, on other GPUs of the host, is
-left alone); it exits once the processes it forked have ended. Spark kills idle Python workers after one
-minute, so tying a standby to the worker that made it would make it vanish before most reruns; the daemon
-lives as long as the executor. A ``preimport`` module that starts threads makes forking it unsafe: leave
-such modules to train_fn, or set ``warm=False``.
+A standby imports the run's ``preimport`` modules, then waits on a Unix socket in this user's private folder
+(``.sock.part`` while it imports: claimable already, warm ones preferred). A task whose settings match (same Python,
+``preimport``, legacy Keras, ``env=``, GPU addresses: CUDA_VISIBLE_DEVICES must be set before TensorFlow is
+imported) hands over its pipes, port and environment with SCM_RIGHTS; the standby forks, and the copy (TensorFlow
+imported, never used: no eager context, no threads, CUDA untouched) behaves like a fresh process: the connection is
+its parent-death watch and carries ``go``, and the standby sends its exit code on it. A claim the standby never
+served becomes a fresh process in the same attempt; where no standby can work, :func:`ensure` raises
+:class:`Unavailable`. A standby stops taking runs after ``TFNB_WARM_IDLE`` seconds idle (default 600), when the
+executor's Python daemon that made it exits (Spark kills idle Python workers after a minute; the daemon lives as
+long as the executor), or when a task with other settings or overlapping GPUs discards it; it exits once its
+children ended. A ``preimport`` module that starts threads makes forking unsafe: set ``warm=False``.
 """
 from __future__ import annotations
 
@@ -43,6 +29,7 @@ import time
 from typing import Iterator
 
 from .._private import private_dir, state_dir
+from .._protocol import ENV_FD, ENV_HELD_PORT_FD
 from ..errors import UnsafePathError
 
 _FOLDER = "warm"
@@ -53,16 +40,12 @@ _HANGUP = getattr(select, "POLLRDHUP", 0)  # the peer closed (Linux); elsewhere 
 
 
 class Unavailable(Exception):
-    """No standby can serve this executor's tasks (the message says why and what fixes it); they start
-    their train_fn processes fresh."""
+    """No standby can serve this executor's tasks (the message says why and the fix): they start fresh."""
 
 
 def _path(want: str) -> str:
-    """The socket of this executor's standby keyed ``want`` (``.part`` added while it imports).
-
-    Raises:
-        Unavailable: the warm folder is not this user's alone, or the path is too long for a Unix socket.
-    """
+    """The socket of this executor's standby keyed ``want``; Unavailable when the warm folder is not this user's
+    alone or the path is too long for a Unix socket."""
     try:
         folder = private_dir(_FOLDER)
     except UnsafePathError as e:
@@ -80,17 +63,15 @@ def _path(want: str) -> str:
 
 
 def key(preimport: tuple, legacy_keras: bool, env: tuple, gpus: tuple) -> str:
-    """What a standby must share with a run to serve it (all of it fixed before TensorFlow is imported;
-    PYTHONPATH too, since the standby's sys.path was built from it): ``<settings>.<GPUs>``, the GPU
-    addresses it was started with readable, so a task can tell a sibling's standby from a stale one."""
+    """What a standby must share with a run, all fixed before TensorFlow is imported: ``<settings>.<GPUs>``, the
+    GPUs readable so a task can tell a sibling's standby from a stale one."""
     fixed = [sys.executable, list(preimport), legacy_keras, [list(kv) for kv in env],
              os.environ.get("TF_CPP_MIN_LOG_LEVEL", ""), os.environ.get("PYTHONPATH", "")]
     return hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:16] + "." + _gpu_tag(gpus)
 
 
 def _gpu_tag(gpus: tuple) -> str:
-    """``none``, the addresses joined by ``_`` when they are short and plain (Spark's usual 0, 1, ...), else a
-    hash (``@...``) whose overlap with another set cannot be told."""
+    """``none``, short plain addresses joined by ``_``, else a hash (``@...``) whose overlap cannot be told."""
     if not gpus:
         return "none"
     if all(re.fullmatch(r"[A-Za-z0-9]{1,12}", g) for g in gpus) and len("_".join(gpus)) <= 40:
@@ -99,9 +80,8 @@ def _gpu_tag(gpus: tuple) -> str:
 
 
 def _stale(want: str, other: str) -> bool:
-    """Whether the standby keyed ``other`` can serve no task of this host once one keyed ``want`` runs:
-    other settings, or another GPU set that shares a GPU with ours (the host's GPUs were dealt anew).
-    A sibling task's standby, holding GPUs disjoint from ours, is left for that sibling."""
+    """Whether the standby keyed ``other`` is useless once ``want`` runs: other settings, or GPUs overlapping ours
+    (dealt anew); a sibling's standby on disjoint GPUs is left alone."""
     mine, theirs = want.split("."), other.split(".")
     if len(theirs) != 2 or mine[0] != theirs[0]:
         return True
@@ -141,8 +121,7 @@ def _connect(path: str) -> socket.socket | None:
 
 
 def claim(want: str) -> Iterator[socket.socket]:
-    """Connections to this executor's standbys with key ``want``, warm ones first (when handing the run over
-    fails, the caller tries the next); stale standbys with other keys (:func:`_stale`) are told to exit."""
+    """Connections to this executor's standbys keyed ``want``, warm ones first; stale ones are told to exit."""
     mine = []
     for path in _sockets():
         name, owner = _name_of(path)
@@ -158,7 +137,7 @@ def claim(want: str) -> Iterator[socket.socket]:
 
 
 def _owner() -> str:
-    """This executor: its Python daemon, the parent of the worker a task runs in (see the module docstring)."""
+    """This executor: its Python daemon, the parent of the worker a task runs in."""
     return str(os.getppid())
 
 
@@ -173,11 +152,7 @@ def count(want: str) -> int:
 
 
 def ensure(want: str, env: dict, idle: float, wait: float = 5.0) -> None:
-    """Start a standby with key ``want`` unless one is there, and wait (up to ``wait`` seconds) until it listens.
-
-    Raises:
-        Unavailable: no standby can work on this executor (see :func:`_path`).
-    """
+    """Start a standby keyed ``want`` unless one is there, and wait up to ``wait`` seconds until it listens."""
     _path(want)
     if count(want):
         return
@@ -188,8 +163,7 @@ def ensure(want: str, env: dict, idle: float, wait: float = 5.0) -> None:
 
 
 def spawn(want: str, env: dict, idle: float) -> None:
-    """Start a standby with key ``want`` for this executor in the background (it lives in its own session); of
-    two started at once, one stays (the socket's name is the key and the executor)."""
+    """Start a standby keyed ``want`` in its own session; of two started at once, one stays."""
     path = _path(want)
     subprocess.Popen(
         [sys.executable, "-m", "tfnb._task.warm", path, str(idle), _owner()],
@@ -217,42 +191,11 @@ def _readline(sock: socket.socket) -> bytes:
     return buf
 
 
-class _Stdin:
-    """What the supervisor writes to the process (``go``, ``end``): to the standby's connection, or, once a
-    fresh process has replaced the claim, to that process' stdin, which first gets what was written before."""
-
-    def __init__(self, conn: socket.socket):
-        self._file = conn.makefile("wb")
-        self._written = b""
-        self._lock = threading.Lock()
-
-    def write(self, data: bytes) -> None:
-        with self._lock:
-            self._written += data
-            self._file.write(data)
-
-    def flush(self) -> None:
-        with self._lock:
-            self._file.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
-
-    def switch(self, file) -> None:
-        with self._lock:
-            with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = file
-            with contextlib.suppress(OSError):  # already gone: its exit code says how
-                file.write(self._written)
-                file.flush()
-
-
 class Claimed:
-    """The process a claimed standby forked, seen through the small part of ``subprocess.Popen`` the
-    supervisor uses. Until the standby has forked, the claim keeps its own ends of the process' pipes and its
-    held port, for a fresh process should the standby stop taking runs first (nothing of train_fn ran)."""
+    """The process a claimed standby forked, as the part of ``subprocess.Popen`` the supervisor uses. Until the
+    standby forks, the claim keeps its ends of the pipes and the held port for a fresh process, should the
+    standby stop taking runs first. Nothing is written to ``stdin`` before :attr:`pid` is read (the supervisor
+    reads it before ``go``), so a fresh process' stdin replaces the connection's with nothing lost."""
 
     def __init__(self, conn: socket.socket, workdir: str, cwd: str, env: dict, held_fd: int, main: str):
         out_r, out_w = os.pipe()
@@ -270,7 +213,7 @@ class Claimed:
         self._fresh: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self.conn = conn
-        self.stdin = _Stdin(conn)
+        self.stdin = conn.makefile("wb")
         self.stdout = os.fdopen(out_r, "rb")
         self.stderr = os.fdopen(err_r, "rb")
         self.events = ev_r
@@ -279,8 +222,8 @@ class Claimed:
 
     @property
     def pid(self) -> int:
-        """The process' pid: the one the standby sends once it has forked (after its imports: reading it waits
-        for them), or a fresh process' when the standby ended first; ProcessLookupError when that cannot start."""
+        """The pid the standby sends once it forked (after its imports), or a fresh process' when the standby ended
+        first; ProcessLookupError when that cannot start."""
         with self._lock:
             if self._pid is None:
                 try:
@@ -294,8 +237,6 @@ class Claimed:
             return self._pid
 
     def _start_fresh(self) -> int:
-        from .._protocol import ENV_FD, ENV_HELD_PORT_FD
-
         out_w, err_w, ev_w, held = self._spare
         main, workdir, cwd, env = self._fresh_args
         self.conn.close()
@@ -308,7 +249,9 @@ class Claimed:
             self.returncode = UNKNOWN_EXIT
             raise ProcessLookupError("the warm standby ended before it forked this task's process, and no fresh "
                                      "process could start") from None
-        self.stdin.switch(self._fresh.stdin)
+        with contextlib.suppress(OSError):
+            self.stdin.close()
+        self.stdin = self._fresh.stdin
         return self._fresh.pid
 
     def wait(self) -> int:
@@ -342,9 +285,9 @@ class Claimed:
 
 
 def standby(path: str, idle: float, watch_pid: int):
-    """The standby: import, then fork one train_fn process per claim, and report each one's exit code as
-    its parent. Returns only in a forked process, as ``(connection to the task, workdir)``; the standby
-    itself exits once it stops taking claims (idle, stale, its creator's daemon gone) and its children ended."""
+    """Import, then fork one train_fn process per claim and send each one's exit code. Returns only in a forked
+    process, as ``(connection to the task, workdir)``; the standby exits once it stops taking claims and its
+    children ended."""
     import signal
 
     from . import child
@@ -355,8 +298,7 @@ def standby(path: str, idle: float, watch_pid: int):
     except OSError:
         os._exit(0)  # one with these settings is starting already
     os.chmod(path + ".part", 0o600)
-    # Claimable from the start: a task that connects while this process still imports waits in the listen
-    # queue for the rest of the import only, never longer than a fresh process would take.
+    # claimable at once: a task that connects meanwhile waits for the rest of the import only
     listener.listen(16)
     child.prepare()
     child._preimport()
@@ -398,9 +340,7 @@ def standby(path: str, idle: float, watch_pid: int):
             os.read(wake_r, 512)
         for pid, conn in running.items():
             if pid not in hung and ready.get(conn.fileno(), 0) & (_HANGUP | select.POLLHUP):
-                # The task is gone (its Spark Python worker killed) while its process runs. The process ends
-                # itself when it sees that, unless it is stopped (SIGSTOP): then only SIGKILL ends it, and this
-                # standby would wait for it forever.
+                # the task is gone while its process runs: a stopped process (SIGSTOP) ends by SIGKILL only
                 hung.add(pid)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
@@ -445,9 +385,8 @@ TRAIN_FN = b"tfnb-train_fn"  # what a forked process calls itself (its /proc/PID
 
 
 def _take_over(info: dict, fds: list[int]) -> str:
-    """In the forked process: its own process group (the supervisor signals it as a group), the run's output
-    pipes, environment, port and folder; a random state of its own; a name of its own (``ps -o comm``, ``top``),
-    since its command line stays the standby's. Returns the workdir."""
+    """In the forked process: its own process group, the run's pipes, environment, port and folder, a random
+    state and a name of its own (its command line stays the standby's). Returns the workdir."""
     os.setsid()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):  # no libc prctl: only the name is missing
@@ -461,7 +400,7 @@ def _take_over(info: dict, fds: list[int]) -> str:
         os.dup2(fd, std)
         os.close(fd)
     os.environ.clear()
-    os.environ.update(info["env"], TFNB_EVENT_FD=str(ev_w), TFNB_HELD_PORT_FD=str(held))
+    os.environ.update(info["env"], **{ENV_FD: str(ev_w), ENV_HELD_PORT_FD: str(held)})
     os.chdir(info["cwd"])
     return info["workdir"]
 

@@ -6,10 +6,9 @@
     from spark_tensorflow_distributor import MirroredStrategyRunner   # before
     from tfnb.compat import MirroredStrategyRunner                   # after
 
-``TFCluster`` (:mod:`tfnb.compat.cluster`) has ``run``, ``InputMode`` and the cluster's ``train``,
-``inference`` and ``shutdown``; ``TFNode`` (:mod:`tfnb.compat.node`) has ``DataFeed``, ``hdfs_path``
-and ``release_port``. The helpers of ``tensorflowonspark.compat`` (``export_saved_model``,
-``disable_auto_shard``, ``is_gpu_available``) are here too, for ``from tfnb import compat``.
+``TFCluster`` (:mod:`tfnb.compat.cluster`: ``run``, ``InputMode``, the cluster's ``train``, ``inference``,
+``shutdown``), ``TFNode`` (:mod:`tfnb.compat.node`: ``DataFeed``, ``hdfs_path``, ``release_port``) and the helpers
+of ``tensorflowonspark.compat`` (``export_saved_model``, ``disable_auto_shard``, ``is_gpu_available``).
 """
 from __future__ import annotations
 
@@ -17,15 +16,15 @@ from . import cluster as TFCluster  # noqa: N812 - TensorFlowOnSpark's module na
 from . import node as TFNode  # noqa: N812
 from .mirrored import MirroredStrategyRunner
 
-__all__ = ["TFCluster", "TFNode", "MirroredStrategyRunner", "export_saved_model", "disable_auto_shard", "is_gpu_available"]
+__all__ = ["TFCluster", "TFNode", "MirroredStrategyRunner", "export_saved_model", "disable_auto_shard",
+           "is_gpu_available"]
 
 
 def export_saved_model(model, export_dir: str, is_chief: bool = False) -> None:
     """Save a Keras model as a SavedModel, as TensorFlowOnSpark's ``compat.export_saved_model`` does.
 
-    Every node must call it (MultiWorkerMirroredStrategy saves collectively); the chief writes
-    ``export_dir``, the other nodes a scratch copy that is deleted (TensorFlowOnSpark leaves it in
-    ``worker_model`` in the working directory).
+    Every node must call it (MultiWorkerMirroredStrategy saves collectively); the chief writes ``export_dir``,
+    the others a scratch copy that is deleted (TensorFlowOnSpark leaves it in ``worker_model``).
 
     Example:
         >>> compat.export_saved_model(model, args.export_dir, ctx.job_name == "chief")

@@ -1,21 +1,11 @@
 """RDD rows -> TensorFlowOnSpark's ``DataFeed`` in each node, over tfnb's barrier launcher.
 
-TensorFlowOnSpark pushes every row through a multiprocessing queue. Here the rows travel in
-pickled chunks and are on the node's disk before ``map_fun`` starts:
-
-1. driver (:func:`prepare`): each RDD partition becomes chunks of up to 1,000 rows (fewer when
-   rows are large), cached; one small job counts the rows per partition. Every feeding node is
-   given one contiguous range of the rows in RDD order: for ``train()`` the same number of rows
-   on every node (so MultiWorkerMirroredStrategy never waits for a batch that does not come; the
-   ``rows % nodes`` rows left over are not fed), for ``inference()`` all rows. Chunks that straddle
-   two ranges are split, and one shuffle moves each range to the partition of its node's barrier task.
-2. barrier task (:meth:`RddFeeder.spill`): the partition's Arrow batches go to a local Arrow file.
-3. map_fun process (:class:`FeedManager`): ``DataFeed.next_batch`` reads that file memory-mapped,
-   chunk by chunk, ``epochs`` times over.
-
-Because every node's range is contiguous and ranges follow node order, concatenating the nodes'
-inference results in node order gives the results in RDD order; :func:`results_rdd` cuts them
-back into the input's partitions.
+The rows travel in pickled chunks and are on the node's disk before ``map_fun`` starts: :func:`prepare` chunks and
+counts the RDD and gives every feeding node one contiguous range of rows in RDD order (``train()``: the same number
+on every node, so MultiWorkerMirroredStrategy never waits for a batch; ``inference()``: all rows), one shuffle moves
+each range to its node's barrier task, :meth:`RddFeeder.spill` writes it to a local Arrow file and
+:class:`FeedManager` hands it to ``DataFeed.next_batch`` ``epochs`` times. As ranges follow node order, the nodes'
+inference results in node order are in RDD order; :func:`results_rdd` cuts them back into the input's partitions.
 """
 from __future__ import annotations
 
@@ -35,8 +25,7 @@ SCHEMA = "part int, seq int, rows int, data binary"
 SPILL_FILE = "tfnb-compat-feed.arrow"
 TRAIN, INFERENCE = "train", "inference"
 
-# Chunks hold at most this many rows and grow toward this many pickled bytes: big enough that
-# per-chunk costs vanish, small enough that a chunk of images stays a few MB.
+# Chunks hold at most this many rows and grow toward this many pickled bytes (a chunk of images stays a few MB).
 _CHUNK_ROWS = 1000
 _CHUNK_BYTES = 1 << 20
 _FIRST_CHUNK_ROWS = 16
@@ -57,15 +46,11 @@ def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
 
 
 def ranges(total: int, ranks: Sequence[int], mode: str) -> tuple[tuple[int, int, int], ...]:
-    """(rank, first row, end row) per feeding node: contiguous, in node order.
-
-    ``train``: the same number of rows per node, the remainder left out (10 rows on 3 nodes: 0-3,
-    3-6, 6-9); ``inference``: every row, the nodes' shares differing by at most one (0-3, 3-6, 6-10).
-    """
+    """(rank, first row, end row) per feeding node, contiguous, in node order. ``train``: the same number per node,
+    the remainder left out (10 rows on 3 nodes: 0-3, 3-6, 6-9); ``inference``: every row (0-3, 3-6, 6-10)."""
     n = len(ranks)
     if mode == TRAIN:
-        q = total // n
-        return tuple((r, i * q, (i + 1) * q) for i, r in enumerate(ranks))
+        total -= total % n
     return tuple((r, i * total // n, (i + 1) * total // n) for i, r in enumerate(ranks))
 
 
@@ -104,12 +89,8 @@ class Prepared:
 
 @contextlib.contextmanager
 def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Iterator[Prepared]:
-    """Chunk ``rdd``, count its rows and lay them out as one DataFrame partition per barrier task.
-
-    ``feed_ranks`` are the tasks that read data (chief/master/worker nodes, not ps or evaluator). The
-    chunks stay cached until the block ends. Raises ConfigError when ``rdd`` is not an RDD, or
-    ``train()`` got fewer rows than there are nodes.
-    """
+    """Chunk ``rdd``, count its rows and lay them out as one DataFrame partition per barrier task (cached until the
+    block ends); ``feed_ranks`` are the tasks that read data (chief/master/worker nodes)."""
     from pyspark import RDD, StorageLevel
 
     if not isinstance(rdd, RDD):
@@ -142,8 +123,7 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
 
 
 def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
-    """The nodes' inference results as an RDD partitioned like the input: partition i holds the
-    results for input partition i, in row order."""
+    """The nodes' inference results as an RDD partitioned like the input, in row order."""
     flat = [result for rank, _, _ in prepared.bounds for result in per_rank[rank] or ()]
     starts = tuple(accumulate(prepared.part_rows, initial=0))
     per_part = [flat[lo:hi] for lo, hi in zip(starts, starts[1:])]
@@ -192,8 +172,8 @@ class RddFeeder:
 
 
 class FeedManager:
-    """What ``ctx.mgr`` is: this node's rows, handed out in order ``epochs`` times to every DataFeed of
-    the map_fun process, and the inference results ``DataFeed.batch_results`` collects."""
+    """``ctx.mgr``: this node's rows, handed out in order ``epochs`` times to the process's DataFeeds, and the
+    inference results ``DataFeed.batch_results`` collects."""
 
     def __init__(self, feed: FeedFile | None = None):
         self.feed = feed         # None in InputMode.TENSORFLOW

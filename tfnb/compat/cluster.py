@@ -1,19 +1,11 @@
 """TensorFlowOnSpark's ``TFCluster`` API (``run``, ``train``, ``inference``, ``shutdown``) on tfnb's launcher.
 
-Each node is a task of one barrier-mode Spark stage (:func:`tfnb.run`): there is no reservation
-server, nothing polls, and a cluster Spark cannot schedule is refused at ``run()`` instead of
-waiting for reservations that never come. How the two input modes map onto it:
-
-* ``InputMode.TENSORFLOW``: ``run()`` starts the job in a background thread and returns once
-  every node runs ``map_fun``; ``shutdown()`` waits for it and raises a node's failure.
-* ``InputMode.SPARK``: ``run()`` checks and reserves nothing; each ``train(rdd)`` and
-  ``inference(rdd)`` runs ``map_fun`` once on every node with the RDD's rows on the nodes' disks
-  (see :mod:`tfnb.compat._feed`) and returns when ``map_fun`` has finished on all of them, raising
-  a node's failure. (TensorFlowOnSpark keeps one ``map_fun`` alive across calls and feeds it
-  through queues; here a second ``train()`` runs ``map_fun`` again.) ``inference()`` computes its
-  result RDD right away, and the results pass through the driver.
-
-A failure in any node reaches the driver as :class:`tfnb.WorkerError` with the node's traceback.
+Each node is a task of one barrier-mode Spark stage (:func:`tfnb.run`): no reservation server, and a cluster Spark
+cannot schedule is refused at ``run()``. ``InputMode.TENSORFLOW``: ``run()`` starts the job in a background thread
+and returns once every node runs ``map_fun``; ``shutdown()`` waits and raises a node's failure.
+``InputMode.SPARK``: each ``train(rdd)``/``inference(rdd)`` runs ``map_fun`` once on every node with the RDD's rows
+on the nodes' disks (:mod:`tfnb.compat._feed`) and returns when all are done (TensorFlowOnSpark keeps one
+``map_fun`` alive across calls); ``inference()`` computes its result RDD right away, through the driver.
 """
 from __future__ import annotations
 
@@ -45,16 +37,11 @@ _FEEDING_JOBS = ("chief", "master", "worker")
 def cluster_template(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool) -> dict:
     """Executor ids per job, in TensorFlowOnSpark's order: ps, master/chief, evaluator, workers
     (``cluster_template(4, 1, "chief", False)`` is ``{'ps': [0], 'chief': [1], 'worker': [2, 3]}``)."""
-    executors = list(range(num_executors))
-    template: dict = {}
-    if num_ps > 0:
-        template["ps"], executors = executors[:num_ps], executors[num_ps:]
-    if master_node:
-        template[master_node], executors = executors[:1], executors[1:]
-    if eval_node:
-        template["evaluator"], executors = executors[:1], executors[1:]
-    if executors:
-        template["worker"] = executors
+    executors, template = list(range(num_executors)), {}
+    for job, n in (("ps", num_ps), (master_node, 1 if master_node else 0), ("evaluator", int(bool(eval_node))),
+                   ("worker", num_executors)):
+        if n > 0 and executors:
+            template[job], executors = executors[:n], executors[n:]
     return template
 
 
@@ -93,14 +80,15 @@ def _int(name: str, value, low: int) -> int:
 
 
 class _StartWatch:
-    """Display sink that also sets ``started`` once every node runs map_fun."""
+    """Display sink that sets ``started`` once every node runs map_fun."""
 
     def __init__(self, inner: Callable[[RunEvent], None], num_tasks: int, started: threading.Event):
         self.inner, self.num_tasks, self.started = inner, num_tasks, started
         self.running: set = set()
 
     def __call__(self, event: RunEvent) -> None:
-        if event.kind == EventKind.STATE and event.job_name != "driver" and event.data.get("state") in ("training", "serving"):
+        state = event.data.get("state") if event.kind == EventKind.STATE and event.job_name != "driver" else None
+        if state in ("training", "serving"):
             self.running.add((event.job_name, event.task_index))
             if len(self.running) >= self.num_tasks:
                 self.started.set()
@@ -150,12 +138,10 @@ class TFCluster:
     def _run_nodes(self, display, *, data=None, feeder=None, all_results=False, cancel=None):
         from ..launcher import LaunchHooks, run
 
-        hooks = LaunchHooks(feeder=feeder, all_results=all_results,
-                                     daemon_ranks=frozenset(self._daemons), cancel=cancel,
-                                     keep_port=not self._meta.release_port, task_cwd=True)
-        return run(
-            run_node, hooks=hooks, num_workers=self.num_executors, args=(self._map_fun, self._tf_args, self._meta),
-            spark=self.spark, log_dir=self._log_dir, display=display, data=data)
+        hooks = LaunchHooks(feeder=feeder, all_results=all_results, daemon_ranks=frozenset(self._daemons),
+                            cancel=cancel, keep_port=not self._meta.release_port, task_cwd=True)
+        return run(run_node, hooks=hooks, num_workers=self.num_executors, spark=self.spark, log_dir=self._log_dir,
+                   args=(self._map_fun, self._tf_args, self._meta), display=display, data=data)
 
     def _start_background(self, reservation_timeout: float) -> None:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
@@ -179,8 +165,7 @@ class TFCluster:
             interrupted="TFCluster.run was interrupted; the cluster was stopped",
             timed_out=f"the TensorFlow nodes did not all start within reservation_timeout={reservation_timeout} s; "
                       "the job was cancelled. Check the executors' logs, or raise reservation_timeout")
-        if len(sink.running) < self.num_executors and self._error is not None:
-            # The run ended before every node reached map_fun: that is a failure to start the cluster.
+        if len(sink.running) < self.num_executors and self._error is not None:  # ended before every node started
             self._shut_down = True
             raise self._error
 
@@ -225,9 +210,8 @@ class TFCluster:
     def train(self, dataRDD, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input") -> None:
         """Run ``map_fun`` on every node with ``dataRDD``'s rows fed to ``TFNode.DataFeed`` (InputMode.SPARK).
 
-        Each chief/master/worker node gets the same number of rows, a contiguous run of the RDD in
-        order, ``num_epochs`` times over (``0`` means 10, as in TensorFlowOnSpark). Returns when
-        ``map_fun`` has finished on every node.
+        Each chief/master/worker node gets the same number of rows, a contiguous run of the RDD, ``num_epochs``
+        times over (``0`` means 10, as in TensorFlowOnSpark). Returns when ``map_fun`` has finished on every node.
 
         Args:
             dataRDD: the rows, e.g. ``(features, label)`` tuples.
@@ -255,9 +239,8 @@ class TFCluster:
     def inference(self, dataRDD, feed_timeout: float = 600, qname: str = "input"):
         """Run ``map_fun`` on every node over ``dataRDD``; returns the RDD of its ``batch_results``.
 
-        The returned RDD has ``dataRDD``'s partitions: partition i holds the results for input
-        partition i, in row order. Unlike TensorFlowOnSpark's lazy RDD it is computed now, and the
-        results pass through the driver (write large outputs to storage from map_fun instead).
+        Partition i of the result holds the results for input partition i, in row order. Unlike TensorFlowOnSpark's
+        lazy RDD it is computed now, through the driver (write large outputs to storage from map_fun instead).
 
         Raises:
             ConfigError: the cluster runs InputMode.TENSORFLOW or was shut down; on a node, map_fun
@@ -275,8 +258,7 @@ class TFCluster:
 
         Args:
             ssc: Spark Streaming is not supported; must be None.
-            grace_secs: accepted for compatibility; shutdown already waits for ``map_fun`` to return
-                on every node, exports included.
+            grace_secs: accepted for compatibility; shutdown already waits for ``map_fun`` on every node.
             timeout: seconds to wait before the nodes are stopped (RunTimeoutError); -1 waits forever.
 
         Raises:
@@ -335,10 +317,9 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
         eval_node: bool = False, release_port: bool = True, *, display=None) -> TFCluster:
     """Start a TensorFlow cluster of ``num_executors`` nodes running ``map_fun(tf_args, ctx)``.
 
-    TensorFlowOnSpark 2.2.5's ``TFCluster.run``, on tfnb's barrier launcher. Nodes are laid out as
-    TensorFlowOnSpark does: ``num_ps`` ps nodes first, then the ``master_node`` (e.g. ``"chief"``),
-    an evaluator with ``eval_node``, then workers; ``ctx.job_name``/``ctx.task_index``/
-    ``ctx.cluster_spec`` and TF_CONFIG (set when there is a chief/master node) follow that layout.
+    TensorFlowOnSpark 2.2.5's ``TFCluster.run`` on tfnb's barrier launcher, with its layout: ``num_ps`` ps nodes,
+    the ``master_node`` (e.g. ``"chief"``), an evaluator with ``eval_node``, then workers; ``ctx.job_name``,
+    ``ctx.task_index``, ``ctx.cluster_spec`` and TF_CONFIG (set when there is a chief/master node) follow it.
     ps and evaluator nodes are stopped once every other node's ``map_fun`` has returned.
 
     Args:
@@ -348,18 +329,17 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
             ``sys.argv`` in the node).
         num_executors: nodes in the cluster; Spark must have that many task slots.
         num_ps: ps nodes among them.
-        tensorboard: start TensorBoard on the driver for ``log_dir`` (default ``tensorboard_<id>`` in
-            the working directory, the path TensorFlowOnSpark uses); stopped by ``shutdown()``.
-        input_mode: ``InputMode.TENSORFLOW`` (map_fun reads its data) or ``InputMode.SPARK``
-            (``cluster.train(rdd)`` / ``cluster.inference(rdd)`` feed it).
+        tensorboard: start TensorBoard on the driver for ``log_dir`` (default TensorFlowOnSpark's
+            ``tensorboard_<id>`` in the working directory); stopped by ``shutdown()``.
+        input_mode: ``InputMode.TENSORFLOW`` (map_fun reads its data) or ``InputMode.SPARK`` (``train(rdd)``).
         log_dir: TensorBoard directory (also ``ctx.tfnb.log_dir``).
         driver_ps_nodes: not supported (raises ConfigError when True).
         master_node: name of the chief node, ``"chief"`` for Keras/MultiWorkerMirroredStrategy, or None.
         reservation_timeout: seconds to wait for every node to start (InputMode.TENSORFLOW).
         queues: accepted for compatibility.
         eval_node: one evaluator node (InputMode.TENSORFLOW only).
-        release_port: free each node's reserved port before ``map_fun`` (default); False keeps it
-            reserved as ``ctx.tmp_socket`` until ``map_fun`` calls ``ctx.release_port()``.
+        release_port: free each node's port before ``map_fun`` (default); False keeps it reserved as
+            ``ctx.tmp_socket`` until ``ctx.release_port()``.
         display: tfnb extension: where logs and progress go (see :func:`tfnb.run`); False for none.
 
     Returns:
@@ -367,8 +347,7 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
 
     Raises:
         ConfigError: bad arguments (the message names the fix).
-        ClusterError: Spark cannot host ``num_executors`` nodes at once (fewer task slots, or dynamic
-            allocation) — raised here, where TensorFlowOnSpark waits for reservations.
+        ClusterError: Spark cannot host ``num_executors`` nodes at once (raised here, where TensorFlowOnSpark waits).
         RunTimeoutError: the nodes did not all start within ``reservation_timeout``.
 
     Example:

@@ -1,19 +1,12 @@
 """spark-tensorflow-distributor's ``MirroredStrategyRunner`` on tfnb: change one import (see :mod:`tfnb.compat`).
 
-The constructor and ``run`` keep their meaning. Underneath, :func:`tfnb.run` launches the tasks, so
-each run's ``train`` executes in a fresh process (reruns in one session work without resetting
-TensorFlow's private state), its output streams into the notebook cell, a dead task relaunches the
-job, the stop button cancels it, and Spark Connect sessions work. ``train`` may use ``tf.keras`` (tf-keras where it is
-installed, as in ``tfnb.run``) or Keras 3 (``import keras``), which tfnb corrects for MultiWorkerMirroredStrategy in
-each task's process, also when ``fit`` runs inside the strategy's scope as it does here (local mode runs the driver's
-Keras as it is).
-
-What does not carry over: ``train`` runs outside Spark's task, so ``BarrierTaskContext.get()`` inside it
-raises an error that points to the equivalents (``TF_CONFIG`` holds the rank and the peers'
-addresses). GPUs come from Spark's ``gpu`` resource: ``spark.task.resource.gpu.amount`` as in the
-original, or, when that conf is unset, one GPU per task asked for in the run (a task resource profile,
-``tfnb.run(gpus_per_worker=1)``) where the cluster supports it; CPU training (``use_gpu=False``) on a
-cluster whose conf gives every task GPUs asks for none, so it holds no GPU it would hide.
+The constructor and ``run`` keep their meaning; :func:`tfnb.run` launches the tasks, so ``train`` runs in a fresh
+process per run (reruns work), its output streams into the cell, a dead task relaunches the job, the stop button
+cancels it and Spark Connect works. ``train`` may use ``tf.keras`` (tf-keras) or Keras 3, which tfnb corrects for
+MultiWorkerMirroredStrategy also inside the strategy's scope. ``BarrierTaskContext.get()`` inside ``train`` raises,
+naming ``TF_CONFIG`` instead. GPUs come from ``spark.task.resource.gpu.amount``, or when it is unset from one GPU per
+task asked for in the run (``tfnb.run(gpus_per_worker=1)``); CPU training on a cluster whose conf gives every task
+GPUs asks for none where it can.
 """
 from __future__ import annotations
 
@@ -41,8 +34,8 @@ def _conf(spark, key: str) -> str | None:
         return None
 
 
-def _is_true(value: str | None) -> bool:
-    return (value or "false").strip().lower() == "true"
+def _conf_true(spark, key: str) -> bool:
+    return (_conf(spark, key) or "false").strip().lower() == "true"
 
 
 class _NotInSparkTask:
@@ -95,15 +88,13 @@ class MirroredStrategyRunner:
 
     Args:
         num_slots: total GPUs (GPU training) or Spark tasks (CPU training); must be > 0.
-        local_mode: run ``train`` on the driver instead (with GPUs: ``num_slots`` of the driver's GPUs
-            through ``CUDA_VISIBLE_DEVICES``, restored afterwards; without: ``num_slots`` must be 1).
-        use_gpu: train on GPUs from Spark's GPU-aware scheduling (default, as in the original); False
-            hides GPUs from ``train``.
-        gpu_resource_name: the Spark resource that holds GPUs. Distributed runs take GPUs from the
-            ``gpu`` resource (the name Spark and Databricks use); local mode reads the driver's resource
-            of this name.
-        use_custom_strategy: False: tfnb creates the strategy and runs ``train`` inside its scope, so
-            single-process Keras code trains distributed. True: ``train`` creates its own strategy.
+        local_mode: run ``train`` on the driver instead (with GPUs: ``num_slots`` of the driver's GPUs through
+            ``CUDA_VISIBLE_DEVICES``, restored afterwards; without: ``num_slots`` must be 1).
+        use_gpu: train on GPUs from Spark's GPU-aware scheduling (default); False hides GPUs from ``train``.
+        gpu_resource_name: the Spark resource that holds GPUs: ``gpu`` for distributed runs (as Spark and
+            Databricks name it); local mode reads the driver's resource of this name.
+        use_custom_strategy: False: ``train`` runs inside the strategy's scope, so single-process Keras code
+            trains distributed. True: ``train`` creates its own strategy.
         spark: the SparkSession (classic or Spark Connect); default: the active one or a local one.
 
     Raises:
@@ -132,12 +123,9 @@ class MirroredStrategyRunner:
                         "driver competes with it for resources")
 
     def get_num_tasks(self) -> int:
-        """The number of Spark tasks a distributed run uses.
-
-        With GPUs: ``ceil(num_slots / spark.task.resource.gpu.amount)``, or ``num_slots`` tasks of one GPU
-        each (``tfnb.run(gpus_per_worker=1)``) when that conf is unset and the cluster can give a run its
-        own task resources; without GPUs: ``num_slots``.
-        """
+        """The number of Spark tasks a distributed run uses: with GPUs ``ceil(num_slots /
+        spark.task.resource.gpu.amount)``, or when that conf is unset ``num_slots`` tasks of one GPU each (where
+        a run can ask for its own task resources); without GPUs ``num_slots``."""
         if not self._use_gpu:
             return self._num_slots
         key = f"spark.task.resource.{self._gpu_resource_name}.amount"
@@ -160,9 +148,8 @@ class MirroredStrategyRunner:
         return math.ceil(self._num_slots / int(amount))
 
     def _gpus_asked(self) -> int | None:
-        """``gpus_per_worker`` for tfnb.run: 1 when GPUs come per run (no conf), 0 for CPU training on a
-        cluster whose conf gives every task GPUs (so CPU tasks hold none) where a run can ask that, else
-        None (the conf's amount, as the original)."""
+        """``gpus_per_worker`` for tfnb.run: 1 when GPUs come per run (no conf), 0 for CPU training where the conf
+        gives every task GPUs and a run can ask for none, else None (the conf's amount, as the original)."""
         amount = _conf(self._spark, f"spark.task.resource.{self._gpu_resource_name}.amount")
         if self._use_gpu:
             return 1 if amount is None else None
@@ -201,17 +188,14 @@ class MirroredStrategyRunner:
     def _run_local(self, train_fn: Callable, kwargs: dict) -> Any:
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         try:
-            if self._use_gpu:
-                owned = self._driver_gpus()
-                if self._num_slots > len(owned):
-                    raise ClusterError(f"num_slots={self._num_slots} GPUs requested for local training but the "
-                                       f"driver has {len(owned)} ({self._gpu_resource_name}); lower num_slots")
-                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(owned[: self._num_slots])
-            else:
-                if self._num_slots > 1:
-                    raise ConfigError(f"num_slots={self._num_slots} but local CPU training runs one process; "
-                                      "set num_slots=1")
-                os.environ["CUDA_VISIBLE_DEVICES"] = ""
+            owned = self._driver_gpus() if self._use_gpu else []
+            if self._use_gpu and self._num_slots > len(owned):
+                raise ClusterError(f"num_slots={self._num_slots} GPUs requested for local training but the "
+                                   f"driver has {len(owned)} ({self._gpu_resource_name}); lower num_slots")
+            if not self._use_gpu and self._num_slots > 1:
+                raise ConfigError(f"num_slots={self._num_slots} but local CPU training runs one process; "
+                                  "set num_slots=1")
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(owned[: self._num_slots])
             # One machine: MirroredStrategy, which (unlike the multi-worker one) can be created again on rerun.
             return _run_program(train_fn, kwargs, self._use_custom_strategy, "MirroredStrategy")
         finally:
@@ -241,9 +225,9 @@ class MirroredStrategyRunner:
 
     def _check_encryption(self) -> None:
         # As the original: TensorFlow's collectives do not encrypt, so a TLS cluster must opt in.
-        if not _is_true(_conf(self._spark, "spark.ssl.enabled")):
+        if not _conf_true(self._spark, "spark.ssl.enabled"):
             return
-        if _is_true(_conf(self._spark, _IGNORE_SSL)):
+        if _conf_true(self._spark, _IGNORE_SSL):
             log.warning("spark.ssl.enabled is true but TensorFlow sends model parameters and data between "
                         "workers unencrypted (%s=true)", _IGNORE_SSL)
             return

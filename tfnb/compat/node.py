@@ -1,10 +1,8 @@
 """TensorFlowOnSpark's ``TFNode`` API inside ``map_fun``: the node context, ``DataFeed`` and ``hdfs_path``.
 
-Differences from TensorFlowOnSpark 2.2.5, all on the side of failing instead of hanging:
-``DataFeed`` in an ``InputMode.TENSORFLOW`` cluster raises (TensorFlowOnSpark blocks forever);
-``should_stop()`` is True as soon as the last row has been handed out (TensorFlowOnSpark answers
-True only after a further, empty ``next_batch``); an inference ``map_fun`` that does not return
-one result per row fails with the counts (TensorFlowOnSpark waits for the missing results).
+Unlike TensorFlowOnSpark 2.2.5 it fails instead of hanging: ``DataFeed`` in an ``InputMode.TENSORFLOW`` cluster
+raises; ``should_stop()`` is True once the last row is handed out; an inference ``map_fun`` that does not return one
+result per row fails with the counts.
 """
 from __future__ import annotations
 
@@ -106,8 +104,8 @@ def export_saved_model(sess, export_dir, tag_set, signatures):
 class NodeContext:
     """The ``ctx`` a TensorFlowOnSpark ``map_fun(args, ctx)`` receives.
 
-    A plain mutable object rather than tfnb's frozen WorkerContext, because TensorFlowOnSpark
-    programs rely on ``ctx.release_port()`` clearing ``ctx.tmp_socket``.
+    Mutable, unlike tfnb's WorkerContext: TensorFlowOnSpark programs rely on ``ctx.release_port()`` clearing
+    ``ctx.tmp_socket``.
 
     Attributes:
         executor_id: this node's index in 0..num_executors-1 (``worker_num`` is the same).
@@ -118,8 +116,8 @@ class NodeContext:
         defaultFS: Hadoop's ``fs.defaultFS`` on the driver, e.g. ``"file://"`` or ``"hdfs://nn:8020"``.
         working_dir: the driver's working directory when ``TFCluster.run`` was called.
         mgr: the data feed handle for ``TFNode.DataFeed(ctx.mgr, ...)``.
-        tmp_socket: the socket keeping this node's port reserved when ``release_port=False``; None
-            once released (and always None with the default ``release_port=True``).
+        tmp_socket: the socket keeping this node's port reserved with ``release_port=False``; else or once
+            released None.
         tfnb: the underlying :class:`tfnb.WorkerContext` (model_dir, log_dir, ``report()``, ...).
     """
 
@@ -167,12 +165,11 @@ class DataFeed:
 
     Args:
         mgr: ``ctx.mgr``.
-        train_mode: False makes ``next_batch`` stop at the end of each input partition (as
-            TensorFlowOnSpark's inference feeding does); True lets batches run across partitions.
+        train_mode: False makes ``next_batch`` stop at the end of each input partition (as TensorFlowOnSpark's
+            inference feeding does); True lets batches run across partitions.
         qname_in, qname_out: must be ``"input"`` and ``"output"`` (TensorFlowOnSpark internals).
-        input_mapping: ``{column: tensor name}``; with it ``next_batch`` returns
-            ``{tensor name: [values]}``, tensors ordered by column name, values taken by position
-            from each row.
+        input_mapping: ``{column: tensor name}``; ``next_batch`` then returns ``{tensor name: [values]}``,
+            tensors ordered by column name, values taken by position from each row.
 
     Raises:
         ConfigError: the cluster runs InputMode.TENSORFLOW, ``mgr`` is not ``ctx.mgr``, or another
@@ -195,7 +192,8 @@ class DataFeed:
             raise ConfigError(f"qname_in={qname_in!r}, qname_out={qname_out!r}: tfnb.compat feeds one input "
                               "and one output queue; leave them at 'input' and 'output'")
         if input_mapping is not None and not isinstance(input_mapping, dict):
-            raise ConfigError(f"input_mapping must be a dict of column -> tensor name, got {type(input_mapping).__name__}")
+            raise ConfigError(f"input_mapping must be a dict of column -> tensor name, got "
+                              f"{type(input_mapping).__name__}")
         self.mgr, self.train_mode, self.qname_in, self.qname_out = mgr, train_mode, qname_in, qname_out
         self.input_tensors = [t for _, t in sorted(input_mapping.items())] if input_mapping is not None else None
         mgr.open()  # fails here, at construction, in an InputMode.TENSORFLOW cluster

@@ -1,17 +1,8 @@
-"""Spark DataFrame -> tf.data inside each barrier task, for ``tfnb.run(train_fn, data=df)``.
+"""Spark DataFrame -> tf.data inside each barrier task, for ``tfnb.run(train_fn, data=df)``: the driver's half.
 
-The rows travel as Arrow end to end and are never pickled one by one:
-
-1. driver: :func:`feed_spec` checks the schema (numeric columns and fixed-length numeric arrays)
-   and :func:`split_for_workers` gives the DataFrame one balanced partition per worker;
-2. barrier task (Spark's Python worker): once the tasks know each other's addresses train_fn
-   starts, and :class:`FeedStream` writes the partition's Arrow record batches to a local Arrow
-   IPC file while train_fn already reads it, publishing how far the file is whole;
-3. train_fn process: :func:`worker_dataset` (``ctx.dataset``) follows that file as it grows and
-   hands tf.data whole numpy batches; later epochs read the finished file.
-
-The driver's half of agreeing on the rows every worker serves (no counting job before launch) is
-:func:`agree_counts`.
+Rows travel as Arrow end to end: :func:`feed_spec` checks the schema and :func:`split_for_workers` gives one balanced
+partition per worker; in the task ``tfnb._task.feed`` writes the partition to a local Arrow file that train_fn's
+``ctx.dataset`` follows as it grows. :func:`agree_counts` agrees on the rows every worker serves.
 """
 from __future__ import annotations
 
@@ -25,47 +16,25 @@ from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# A DataFrame that already has one partition per worker is fed as it is when its row counts differ
-# so little that equalising the batches drops at most this share of the rows; anything less even
-# is worth a shuffle.
+# One partition per worker is fed as it is when equalising the batches drops at most this share of the rows.
 _MAX_IMBALANCE = 0.01
-# The fed partitions go to memory-backed /dev/shm when they fit in this share of a host's free memory
-# (TFNB_SPILL_MEMORY; 0 writes them to Spark's local disk).
+# The fed partitions go to /dev/shm when they fit in this share of a host's free memory (TFNB_SPILL_MEMORY).
 _SPILL_MEMORY = 0.5
+_HINTS = {"VectorUDT": "convert with pyspark.ml.functions.vector_to_array(col)", "DecimalType": "cast to double",
+          "ArrayType": "cast to array<float>", "NestedArray": "flatten with F.flatten(col)",
+          "StringType": "index or encode it (e.g. pyspark.ml.feature.StringIndexer), or drop it"}
 
 
 def _unsupported_hint(dtype) -> str:
     kind = type(dtype).__name__
-    if kind == "VectorUDT":
-        return "convert with pyspark.ml.functions.vector_to_array(col)"
-    if kind == "DecimalType":
-        return "cast to double"
-    if kind == "ArrayType":
-        if type(dtype.elementType).__name__ == "ArrayType":
-            return "flatten with F.flatten(col)"
-        return "cast to array<float>"
-    if kind == "StringType":
-        return "index or encode it (e.g. pyspark.ml.feature.StringIndexer), or drop it"
-    return "cast to a number or drop it"
+    if kind == "ArrayType" and type(dtype.elementType).__name__ == "ArrayType":
+        kind = "NestedArray"
+    return _HINTS.get(kind, "cast to a number or drop it")
 
 
 def feed_spec(df) -> FeedSpec:
-    """Check ``df``'s columns and describe them for the tasks.
-
-    Supported: numeric columns (byte, short, int, long, float, double, boolean) and arrays of
-    those (every row of a column must hold the same number of elements; the length is read from
-    the data).
-
-    Args:
-        df: the Spark DataFrame (classic or Spark Connect) given as ``tfnb.run(..., data=df)``.
-
-    Returns:
-        A small picklable FeedSpec.
-
-    Raises:
-        ConfigError: ``df`` is not a DataFrame, has no columns, repeats a column name, or has
-            columns of other types (named, with the cast or drop that fixes each).
-    """
+    """``data=df``'s columns described for the tasks: numeric ones and arrays of numbers (the same length on every
+    row, read from the data). ConfigError for anything else, named with the cast or drop that fixes it."""
     if not (hasattr(df, "schema") and hasattr(df, "mapInArrow")):
         raise ConfigError(
             f"data must be a Spark DataFrame, got {type(df).__name__}; convert it with "
@@ -137,9 +106,8 @@ def cached_nbytes(df) -> int | None:
 
 
 def _split_evenly(df, n: int) -> bool:
-    """True when ``df`` is a cached ``repartition(n)`` (or a single partition for one worker): balanced by
-    construction, nothing to count. Reads the cached plan (classic sessions only): its last step must be Spark's
-    round-robin exchange into ``n`` partitions, with no filter or projection after the cache."""
+    """``df`` is a cached ``repartition(n)`` (or one partition for one worker), balanced by construction: the cached
+    plan ends in Spark's round-robin exchange into ``n`` partitions, with nothing after the cache."""
     try:
         rel = df._jdf.queryExecution().optimizedPlan()
         if rel.getClass().getSimpleName() != "InMemoryRelation":
@@ -159,25 +127,12 @@ def _split_evenly(df, n: int) -> bool:
 
 
 def split_for_workers(df, num_workers: int, num_ps: int = 0) -> tuple[Any, list[int] | None]:
-    """``df`` as exactly ``num_workers + num_ps`` balanced partitions; partition i feeds task i.
+    """``(part, counts)``: ``df`` as exactly ``num_workers + num_ps`` balanced partitions (partition i feeds task i),
+    and the rows of each when a counting job gave them (train_fn then knows its steps per epoch early), else None.
 
-    A cached DataFrame that already has that many partitions with (nearly) equal row counts, say
-    one the notebook split once with ``df = df.repartition(n).cache()``, is fed as it is, with no
-    shuffle (deciding costs nothing for that ``repartition(n).cache()`` on a classic session, else one
-    quick counting job over the cache). Anything else is repartitioned
-    round-robin (one shuffle), which leaves the partitions at most one row per input partition apart.
-
-    Uses the DataFrame API only, so it works on classic and Spark Connect sessions.
-
-    Args:
-        df: the DataFrame given as ``data=``.
-        num_workers: chief + worker tasks.
-        num_ps: parameter-server tasks (0 when feeding data).
-
-    Returns:
-        ``(part, counts)``: a DataFrame with ``num_workers + num_ps`` partitions, and the rows of each
-        when a counting job gave them (train_fn then knows its steps per epoch before its rows arrive),
-        else None.
+    A cached DataFrame that already has that many (nearly) equal partitions, e.g. ``df.repartition(n).cache()``, is
+    fed as it is (deciding costs one quick counting job over the cache, or nothing for that exact plan on a classic
+    session); anything else is repartitioned round-robin (one shuffle). DataFrame API only (Spark Connect too).
     """
     n = num_workers + num_ps
     if _is_cached(df) and _split_evenly(df, n):

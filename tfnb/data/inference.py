@@ -1,21 +1,11 @@
-"""DataFrame -> predictions: run a saved Keras model or TF SavedModel over a Spark DataFrame.
+"""DataFrame -> predictions, the driver's side of ``tfnb.predict``: check the call, read what it needs of the model
+once and add the column, lazily and through the DataFrame API only (classic and Spark Connect sessions).
 
-``tfnb.predict(df, model_path, input_cols=[...])`` returns ``df`` with a prediction column added,
-lazily, through the DataFrame API only, so it works on classic and Spark Connect sessions. This
-module is the driver's side: it checks the call, reads what it needs of the model once and adds the
-column; :mod:`tfnb.data.scoring` is what Spark's Python workers run, :mod:`tfnb.data.model` finds,
-fetches and loads the model.
-
-How it runs: the input columns reach Spark's Python workers as Arrow batches through a scalar
-iterator Arrow UDF (``pyspark.sql.functions.arrow_udf``, pyspark >= 4.1; before that ``mapInArrow``,
-which carries whole rows through Python). Each batch becomes one numpy matrix, the model runs on
-``batch_size`` rows at a time, and the predictions go back as one Arrow array. Only the input columns
-travel to Python; the rest of the row stays in the JVM, so row order and identity are Spark's own.
-Per CPU-second (``bench/inference.py``) this matched ``mapInArrow`` on a narrow frame, was 1.6x
-faster with a 1 KB column carried along and 1.6-2x faster than ``predict_batch_udf`` on a small MLP.
-
-``TFNB_PREDICT_TRACE_DIR`` (diagnostics only): when set on the driver, each Python worker appends a
-line per model load and per Arrow batch to ``<dir>/<pid>.log``.
+Only the input columns reach Spark's Python workers (:mod:`.scoring`), as Arrow batches through a scalar iterator
+Arrow UDF (pyspark >= 4.1; before that ``mapInArrow``, which carries whole rows); the rest of the row stays in the
+JVM. Per CPU-second (``bench/inference.py``) this matched ``mapInArrow`` on a narrow frame, was 1.6x faster with a
+1 KB column carried along and 1.6-2x faster than ``predict_batch_udf`` on a small MLP.
+``TFNB_PREDICT_TRACE_DIR`` (diagnostics): each Python worker logs its model loads and batches to ``<dir>/<pid>.log``.
 """
 from __future__ import annotations
 
@@ -44,32 +34,25 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
 
     Args:
         df: a Spark DataFrame (classic or Spark Connect).
-        model_path: the saved model: a Keras ``.keras`` or ``.h5`` file or a TF SavedModel directory,
-            as a local path readable at the same place on the executors (``/dbfs/...``; ``dbfs:/x``
-            is read as ``/dbfs/x``) or a URL (``s3://bucket/model.keras`` through boto3; other
-            schemes through fsspec), downloaded once per executor. Keras files are loaded with
-            tf-keras (Keras 2), or with Keras 3 when the ``.keras`` file was saved by Keras 3.
-        input_cols: columns that make one model input row, in order: numeric columns (one value
-            each), fixed-length arrays of numbers (``array<float>`` etc., the same length on every
-            row) and/or ``binary`` columns of packed values, the same length on every row: the raw
-            bytes of the row's values in the model's input dtype (``ndarray.astype("float32").tobytes()``)
-            or one byte per value (``uint8`` pixels, as in the ``data`` of Spark's image source).
-            Packed bytes reach the model without Spark converting each value (a 784-float array costs
-            Spark ~15 CPU-us per row before Python sees it). The values are concatenated into one row
-            of features and reshaped to the model's input shape (e.g. 64 values -> ``(8, 8, 1)``) and
-            dtype. Nulls are an error. Models with more than one input are not supported.
+        model_path: a Keras ``.keras``/``.h5`` file or a TF SavedModel directory: a local path readable at the
+            same place on the executors (``/dbfs/...``; ``dbfs:/x`` is read as ``/dbfs/x``) or a URL
+            (``s3://...`` through boto3, other schemes through fsspec), downloaded once per executor. Keras files
+            load with tf-keras, or Keras 3 when Keras 3 saved the ``.keras`` file.
+        input_cols: columns that make one model input row, in order: numeric columns, fixed-length arrays of
+            numbers and/or ``binary`` columns of packed values of the same length on every row: the row's values
+            in the model's input dtype (``ndarray.astype("float32").tobytes()``) or one byte per value (``uint8``
+            pixels, as in Spark's image source), which spares Spark converting each value (~15 CPU-us per row for
+            784 floats). The values are concatenated and reshaped to the model's input shape (64 values ->
+            ``(8, 8, 1)``) and dtype. Nulls are an error; models with more than one input are not supported.
         output_col: name of the new column; it must not exist in ``df``.
-        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else the largest
-            whose input, layer outputs and prediction fit in 256 MiB, at most one Arrow batch of
-            ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows; logged and in the column metadata).
-        output_type: ``"float"`` or ``"array"``, read from the model by default: ``float`` (Spark
-            FloatType) when it has one output with one value per row, else ``array`` (``array<float>``:
-            all outputs flattened per row and concatenated in ``tf.nest.flatten`` order: list order,
-            dict outputs by sorted key). Reading it, and the automatic batch size, loads the model once
-            per version on the driver: here if TensorFlow is imported, else in a subprocess (~4 s).
-            Pass both to skip that, e.g. on a Spark Connect client without TensorFlow.
-        storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (docs/data.md,
-            "Storage URLs and options"); sent to the executors with the task, never logged.
+        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else the most whose input, layer
+            outputs and prediction fit in 256 MiB, at most one Arrow batch; logged and in the column metadata).
+        output_type: ``"float"`` (one output with one value per row) or ``"array"`` (``array<float>``: all
+            outputs flattened per row, in ``tf.nest.flatten`` order), read from the model by default. Reading it,
+            and the automatic batch size, loads the model once per version on the driver (in a subprocess, ~4 s,
+            unless TensorFlow is imported); pass both to skip that, e.g. on a Connect client without TensorFlow.
+        storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (docs/data.md, "Storage
+            URLs and options"); sent to the executors with the task, never logged.
 
     Returns:
         ``df`` with ``output_col`` appended; all other columns and rows unchanged. The column's
@@ -124,10 +107,7 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
         if size is None:
             rows = _conf_int(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", 10000)
             size = _batch_size(desc, rows if rows > 0 else _MAX_ROWS) if desc else 0  # <= 0: whole partitions
-            if size:
-                log.info("tfnb.predict: %d rows per model call for %s", size, source)
-            else:
-                log.info("tfnb.predict: rows per model call for %s chosen on each worker", source)
+            log.info("tfnb.predict: rows per model call for %s: %s", source, size or "chosen on each worker")
     spec = _Spec(source=source, version=version, remote=bool(files), files=files, input_cols=cols,
                  scalar_output=output_type == "float", batch_size=size,
                  threads=_conf_int(spark, "spark.task.cpus", 1),

@@ -1,11 +1,8 @@
 """The model ``tfnb.predict`` runs: where it is, its version, this machine's copy of it, and loading it.
 
-A model's version is the file's mtime, or the remote files' sizes and ETags, read on the driver; every
-cache key holds it, so a changed model is fetched and loaded again. A model at a URL is downloaded once
-per (URL, version) into this user's private cache folder on each executor (``tfnb-model-cache-<uid>``
-under ``TFNB_MODEL_CACHE_DIR`` or the temp folder, read only when it is 0700 and this user's; see
-:func:`_fetch`). Loaded, it is a :class:`_Model`: a function of numpy rows with the input shape and dtype
-the features are cast to. Rows per model call, unless given: see :func:`_batch_size`.
+The version (the file's mtime, or the remote files' sizes and ETags, read on the driver) is in every cache key,
+so a changed model is fetched and loaded again. A model at a URL is downloaded once per (URL, version) into this
+user's private cache on each executor (:func:`_fetch`). Loaded, it is a :class:`_Model`.
 """
 from __future__ import annotations
 
@@ -62,23 +59,19 @@ def _locate(model_path, options: Mapping[str, Any]) -> tuple[str, str, tuple]:
 
 @functools.lru_cache(maxsize=None)
 def _fresh_cache() -> str:
-    """This process's own cache, for when the usual one is not private: mkdtemp makes it 0700."""
+    """This process's own cache (mkdtemp makes it 0700), for when the usual one is not private."""
     return tempfile.mkdtemp(prefix="tfnb-model-cache-")
 
 
-def _cache_root(base: str) -> str:
-    try:
-        return private_dir("model-cache", base or None, "TFNB_MODEL_CACHE_DIR")
+def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cache_base: str) -> str:
+    """The local copy of the model at ``url``, downloaded once per (url, version). A cached copy is used only when
+    a record written after its download names this version and every file has the size the driver listed."""
+    try:  # tfnb-model-cache-<uid> under TFNB_MODEL_CACHE_DIR or the temp folder, when 0700 and this user's
+        root = private_dir("model-cache", cache_base or None, "TFNB_MODEL_CACHE_DIR")
     except UnsafePathError as e:
         log.warning("%s; downloading models to %s instead", e, _fresh_cache())
-        return _fresh_cache()
-
-
-def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cache_base: str) -> str:
-    """The local copy of the model at ``url``: downloaded once per (url, version), verified before use. A cached
-    copy is used only when a record written after its download names this version and every file has the size the
-    driver listed; anything else in the cache is replaced, not trusted."""
-    folder = os.path.join(_cache_root(cache_base), hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24])
+        root = _fresh_cache()
+    folder = os.path.join(root, hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:24])
     name = os.path.basename(url.split("::")[0].rstrip("/")) or "model"
     dest, record = os.path.join(folder, name), os.path.join(folder, "source.json")
     want = json.dumps({"url": url, "version": version, "files": files})
@@ -114,7 +107,8 @@ def _verified(dest: str, record: str, want: str, files: tuple) -> bool:
 
 @dataclass(frozen=True)
 class _Model:
-    """A loaded model reduced to what prediction needs."""
+    """A loaded model reduced to what prediction needs: a function of numpy rows, and the input shape and dtype
+    the features are cast to."""
 
     call: Any                   # numpy (rows, *input_shape) -> numpy float32 (rows, values per row)
     input_shape: list           # per-row dims, None where unknown
@@ -174,11 +168,8 @@ def _values(shapes) -> int:
 def _load_saved_model(tf, path: str) -> _Model:
     loaded = tf.saved_model.load(path)
     sigs = dict(loaded.signatures)
-    if "serving_default" in sigs:
-        sig = sigs["serving_default"]
-    elif len(sigs) == 1:
-        sig = next(iter(sigs.values()))
-    else:
+    sig = sigs.get("serving_default", next(iter(sigs.values())) if len(sigs) == 1 else None)
+    if sig is None:
         raise ConfigError(f"the SavedModel at {path!r} has no serving_default signature (signatures: "
                           f"{sorted(sigs)}); save it with signatures={{'serving_default': fn}}")
     args, kwargs = sig.structured_input_signature
@@ -206,10 +197,8 @@ def _run(tf, fn, input_name: str | None, x):
 
 @functools.lru_cache(maxsize=16)   # per model version: reading costs ~1 s, plus ~4 s to import TensorFlow
 def _describe(path: str, version: str) -> dict:
-    """Input shape/dtype and output shapes of the model at the local ``path``, read on the driver: in
-    this process when TensorFlow is already imported here (the model is loaded and dropped; no
-    environment or thread settings are touched), else in a short-lived subprocess so the notebook
-    does not pay TensorFlow's import and memory."""
+    """:meth:`_Model.describe` of the model at the local ``path``, read on the driver: here when TensorFlow is
+    imported (no environment or thread settings touched), else in a subprocess, sparing the notebook TensorFlow."""
     if "tensorflow" in sys.modules:
         try:
             return _load(path, threads=None).describe()
@@ -248,11 +237,9 @@ def _unloadable(source: str, why: str) -> ConfigError:
 
 
 def _batch_size(desc: Mapping[str, Any], arrow_rows: int) -> int:
-    """Rows per model call: the largest whose float32 tensors (input, every layer's output, prediction; for a
-    SavedModel, input and outputs) fit in _CALL_BYTES, at most one Arrow batch. Fewer, larger calls matter for small
-    models (64-256-256-10 MLP on one core: 2.1 us/row at 1024 rows per call, 1.3 at 10000); conv nets run at the
-    same speed from ~1024 rows up. Below one Arrow batch the size is a power of two, a shape oneDNN kernels handle
-    well."""
+    """Rows per model call: the most whose float32 tensors (``values_per_row``) fit in _CALL_BYTES, at most one Arrow
+    batch, else a power of two (oneDNN kernels like it). Larger calls matter for small models (64-256-256-10 MLP on
+    one core: 2.1 us/row at 1024 rows per call, 1.3 at 10000); conv nets are as fast from ~1024 rows up."""
     fit = _CALL_BYTES // (4 * max(1, desc["values_per_row"]))
     if fit >= arrow_rows:
         return arrow_rows

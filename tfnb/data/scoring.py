@@ -1,9 +1,6 @@
-"""What each Spark Python worker runs for ``tfnb.predict``: Arrow batches of the input columns in,
-one Arrow array of predictions out.
-
-The model is loaded once per Python worker process, which Spark reuses across tasks and ``predict``
-calls, keyed by (model path, version): see :func:`_model_for`. A batch's columns are checked and
-concatenated into one matrix of the model's input shape and dtype: see :func:`_features`.
+"""What each Spark Python worker runs for ``tfnb.predict``: Arrow batches of the input columns in (as one matrix of
+the model's input shape and dtype, :func:`_features`), one Arrow array of predictions out. The model is loaded once
+per Python worker, which Spark reuses across tasks and calls (:func:`_model_for`).
 """
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ class _Spec:
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)   # storage options: secrets
 
 
-# Spark reuses Python workers, so this cache lives across tasks and predict() calls; the version in
-# the key makes a changed model load again.
+# lives across tasks and predict() calls; the version in the key makes a changed model load again
 _loaded: "OrderedDict[tuple, _Model]" = OrderedDict()
 
 
@@ -159,8 +155,8 @@ def _packed_bytes(np, pa, arr, name: str):
 
 
 def _unpack(np, parts: list, packed: list, names: Sequence[str], model: "_Model") -> list:
-    """Packed bytes read as one uint8 per value when that makes the model's row (image pixels), else as
-    the model's dtype (little-endian); a byte count that fits neither is refused with both."""
+    """Packed bytes as one uint8 per value when that makes the model's row (pixels), else as its dtype (little-endian);
+    a byte count that fits neither is refused with both."""
     dtype = np.dtype(model.input_dtype)
     known = sum(p.shape[1] for i, p in enumerate(parts) if i not in packed)
     raw = sum(parts[i].shape[1] for i in packed)

@@ -1,21 +1,14 @@
-"""Storage -> this worker's local disk: each worker copies its own byte-balanced shard of the files.
+"""Storage -> this worker's local disk: each worker copies its own byte-balanced shard of the files (:func:`stage`).
 
-The Databricks pattern: inside ``train_fn`` every worker stages a distinct subset of the training
-files from object storage to its local disk, then ``tf.data`` reads local files (see :func:`stage`).
-The source is any URL or path of tfnb's storage layer (``s3://`` through obstore with the
-``s3-native`` extra, else boto3: objects up to ``chunk_size`` are one GET each, many in flight, bigger
-ones up to 8 chunks too while ``concurrency`` files are unfinished, else parallel ranged GETs; the
-listing's size and ETag spare a HEAD per object; local paths such as ``/dbfs/...``; other schemes
-through fsspec). Sharding: :func:`assign_shard`.
+The source is any URL or path of :mod:`tfnb.storage`. Objects up to ``chunk_size`` are one GET each, many in
+flight; bigger ones too (up to 8 chunks) while ``concurrency`` files are unfinished, else parallel ranged GETs.
+The listing's size and ETag spare a HEAD per object and make each GET conditional.
 
-Staging is idempotent and resumable. A file is downloaded to a hidden temporary name
-(``.NAME.tfnb-part``, which ``*.tfrecord``-style globs do not match) and renamed when whole; the
-manifest ``.tfnb-stage.json`` in ``dest`` records each complete file's source URL, size, ETag (or
-checksum / mtime for fsspec sources) and local mtime, and is rewritten atomically under a file lock,
-so several workers may share one ``dest``. A rerun downloads only what is missing or changed;
-leftovers of a killed run are removed, and a file it renamed into place before recording it is kept
-when its MD5 equals the object's (single-part) ETag. (This holds for a killed process, not for a
-power loss: files are not fsynced.) Nothing here prints, except a tqdm bar when asked for.
+Idempotent and resumable: a file is downloaded to a hidden ``.NAME.tfnb-part`` (no ``*.tfrecord`` glob matches
+it) and renamed when whole; the manifest ``.tfnb-stage.json`` in ``dest`` records each complete file's source,
+size, version and local mtime, merged atomically under a file lock (workers may share one ``dest``). A rerun
+fetches only what is missing or changed, removes a killed run's leftovers, and keeps a file renamed but not yet
+recorded when its MD5 equals the object's single-part ETag (files are not fsynced: a power loss is not covered).
 """
 from __future__ import annotations
 
@@ -46,12 +39,9 @@ log = logging.getLogger(__name__)
 MANIFEST_NAME = ".tfnb-stage.json"
 PART_SUFFIX = PART
 _MANIFEST_VERSION = 1
-# GETs in flight per worker, for small objects and for the parts of big ones each; never more
-# threads than files. 16 oversubscribed a 2-core worker on boto3: 16 x 32 MiB over 2 workers (8 MiB
-# parts, rclone on loopback) ran at 0.64-0.68 x a sequential download_file loop with 16 and
-# 1.03-1.13 x with 8. On obstore, 32 in flight ran below 8 in every cell, 256 x 1 MiB at 20 ms added
-# RTT included (1.19 against 1.57 x s5cmd, medians of 3; bench/staging.py): on 2 shared cores the CPU
-# per request, not the round trips, bounds small objects.
+# GETs in flight per worker, for small objects and for the parts of big ones each; never more threads than files.
+# bench/staging.py on 2 cores: 16 ran 16 x 32 MiB at 0.64-0.68 x a sequential boto3 loop and 8 at 1.03-1.13 x; on
+# obstore 32 ran below 8 in every cell (256 x 1 MiB at 20 ms RTT: 1.19 against 1.57 x s5cmd): CPU bounds it.
 _DEFAULT_CONCURRENCY = 8
 _DEFAULT_CHUNK = 8 * 1024 * 1024
 _WHOLE_PARTS = 8  # an object up to this many chunks may be one GET (s5cmd: below its 50 MB part size)
@@ -62,15 +52,8 @@ _MD5_ETAG = re.compile(r"[0-9a-f]{32}")  # S3's ETag of a single-part, non-KMS o
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file of the source listing.
-
-    Attributes:
-        url: the file's full source URL (named in errors, kept in the manifest).
-        rel: its path below the source prefix, ``/``-separated; the path below ``dest``.
-        size: bytes.
-        version: ETag, checksum or modification time; a change means the file must be fetched again.
-        key: its path below the store's root ("" when the URL names this one file).
-    """
+    """One file of the source listing: its full URL, its path below ``dest`` (``rel``), size, version (ETag,
+    checksum or mtime) and path below the store's root (``key``, "" when the URL names this one file)."""
 
     url: str
     rel: str
@@ -137,22 +120,9 @@ def _human(n: float) -> str:
 
 
 def assign_shard(files: Sequence[RemoteFile], index: int, count: int) -> list[RemoteFile]:
-    """The files of shard ``index`` out of ``count``, balanced by bytes; deterministic given ``files``.
-
-    Files sorted by (size desc, rel) go one by one to the shard with the fewest bytes so far (then the
-    fewest files, then the lowest index), so any two shards differ by at most the largest file's size.
-
-    Args:
-        files: the whole listing, in any order.
-        index: which shard, ``0 <= index < count``.
-        count: number of shards.
-
-    Returns:
-        This shard's files sorted by ``rel``.
-
-    Example:
-        >>> mine = assign_shard(listing, index=ctx.task_index, count=ctx.num_workers)
-    """
+    """Shard ``index`` of ``count`` of ``files``, sorted by ``rel``; deterministic given ``files``. Files sorted by
+    (size desc, rel) go one by one to the shard with the fewest bytes so far (then fewest files, then lowest index),
+    so any two shards differ by at most the largest file's size."""
     _check_shard_args(index, count)
     heap = [(0, 0, i) for i in range(count)]
     mine = []
@@ -179,8 +149,8 @@ def _safe_rel(rel: str, url: str) -> str | None:
     if not parts:
         return None
     if ".." in parts:
-        raise StorageError(f"{url} would be written outside dest ('..' in its key); rename the "
-                           "object or stage a prefix below it")
+        raise StorageError(f"{url} would be written outside dest ('..' in its key); rename the object or stage a "
+                           "prefix below it")
     return None if parts[-1].startswith(MANIFEST_NAME) else "/".join(parts)
 
 
@@ -200,12 +170,9 @@ class _Manifest:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as e:
-            log.warning("ignoring unreadable staging manifest %s (%s); files will be checked again",
-                        self.path, e)
+            log.warning("ignoring unreadable staging manifest %s (%s); files will be checked again", self.path, e)
             return {}
-        if not isinstance(data, dict) or data.get("version") != _MANIFEST_VERSION:
-            return {}
-        files = data.get("files")
+        files = data.get("files") if isinstance(data, dict) and data.get("version") == _MANIFEST_VERSION else None
         return files if isinstance(files, dict) else {}
 
     @staticmethod
@@ -242,8 +209,8 @@ def _local(dest: Path, rel: str) -> Path:
 
 
 def _verify(f: RemoteFile, local: Path) -> bool:
-    """True when ``local`` is ``f`` whole: its MD5 equals a single-part S3 ETag (which is an MD5). Finds files a
-    killed run renamed into place but had not yet written to the manifest."""
+    """True when ``local``'s MD5 equals ``f``'s single-part S3 ETag: a file a killed run renamed but had not
+    recorded."""
     try:
         if not (_MD5_ETAG.fullmatch(f.version) and local.stat().st_size == f.size):
             return False
@@ -271,7 +238,7 @@ def _remove_leftovers(locals_: Sequence[Path]) -> None:
         except FileNotFoundError:
             continue
         for entry in entries:
-            # .NAME.tfnb-part, the store's ..NAME.tfnb-part.tfnb-part-X, s3transfer's .RANDOM8 behind
+            # .NAME.tfnb-part, and the store's ..NAME.tfnb-part.tfnb-part-X (or any other suffix) behind
             n = entry.name
             if n.startswith(".") and PART_SUFFIX in n and n.lstrip(".").split(PART_SUFFIX)[0] in names:
                 with contextlib.suppress(FileNotFoundError):
@@ -414,9 +381,8 @@ def _list(store: Store) -> list[RemoteFile]:
 def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _Manifest, *,
               concurrency: int, progress: bool, callback: Callable[[StageProgress], None] | None,
               label: str, whole_max: int) -> None:
-    """Fetch ``todo``, ``concurrency`` files at a time; record each in the manifest when whole. Download threads
-    only post events to a queue; this thread does every manifest update and callback, so none of that state is
-    shared."""
+    """Fetch ``todo``, ``concurrency`` files at a time, recording each when whole. Download threads only post
+    events; this thread does every rename, manifest update and callback."""
     total = sum(f.size for f in todo)
     events: queue.SimpleQueue = queue.SimpleQueue()
     cancel = threading.Event()
@@ -438,10 +404,8 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
 
     def fetch(f: RemoteFile) -> None:
         try:
-            # the listing's size and version make the GET conditional: a file replaced meanwhile fails.
-            # While at least `concurrency` files are unfinished, one GET each keeps every connection busy;
-            # parallel ranges of one big file pay off only for the last ones (or a few big files). Objects
-            # over `whole_max` are split anyway, so a dropped connection costs one part, not the object.
+            # while `concurrency` files are unfinished one GET each keeps every connection busy; ranges pay off
+            # for the last (or a few big) files, and above `whole_max`, where a dropped connection costs one part
             store.get(f.key, str(_part(_local(dest, f.rel))), size=f.size, version=f.version or None,
                       on_bytes=lambda n: events.put(("bytes", f.rel, n)), cancel=cancel,
                       whole=len(files) >= concurrency and f.size <= whole_max)
@@ -468,8 +432,7 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
                 if value is not None:
                     raise value
                 del files[rel]
-                # renamed here, not in the download thread: after an interruption only files the
-                # manifest records look complete
+                # renamed here, not in a download thread: after an interruption only recorded files look complete
                 local = _local(dest, rel)
                 os.replace(_part(local), local)
                 manifest.record(f, local.stat())
@@ -493,11 +456,7 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tfnb stage SRC DEST [--index I --count N ...]``; a tqdm bar when on a terminal.
-
-    Example:
-        $ python -m tfnb stage s3://bucket/train/ /local_disk0/train --index 0 --count 2
-    """
+    """``python -m tfnb stage SRC DEST [--index I --count N ...]``; a tqdm bar when on a terminal."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m tfnb stage",
@@ -518,7 +477,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(result.summary())
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

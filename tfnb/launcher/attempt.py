@@ -1,8 +1,7 @@
 """One launch of the barrier job, watched from the driver's main thread until it has an outcome.
 
-The job runs in a thread; the tasks' messages (logs, progress, states, failures, stacks) come over the
-run's channel into a bounded inbox the main thread drains, handing the display batches of events and
-watching the clock (timeout), the tasks' silence (stall watchdog) and the first failure (grace period).
+The job runs in a thread; the tasks' messages come over the run's channel into a bounded inbox the main thread
+drains into the display, watching the clock (timeout), the tasks' silence (stall watchdog) and the first failure.
 """
 from __future__ import annotations
 
@@ -28,10 +27,8 @@ log = logging.getLogger(__name__)
 _CANCEL_WAIT = 20.0     # seconds to let Spark kill tasks after a cancel before giving up waiting
 _STACK_WAIT = 5.0       # seconds to wait for the stacks of a stalled run's train_fn processes
 _DRAIN_SLICE = 0.05     # seconds of task messages handled before the watch loop looks at its clock again
-# events handed to the display at once: enough to fold them in one call, few enough that they die
-# young (thousands held for a whole pass outlive the garbage collector's young generation, and each
-# survivor brings its next sweep of every object in the process nearer: with 2,048 tasks the
-# collector took 0.04 CPU-s/s at 500 events, 0.02 at 100)
+# events handed to the display at once: few enough to die young (at 2,048 tasks the garbage collector took
+# 0.04 CPU-s/s at 500 events, 0.02 at 100)
 _SHOW_EVERY = 100
 _RESIZE = "tfnb._task.resize.Resize"  # how a task reports the epoch-boundary stop of a run being resized
 _MAX_SHOWN_LINE = 2000  # characters of a log line the display gets; the run's log file has it whole
@@ -46,18 +43,18 @@ class _Attempt:
                  daemon_ranks: frozenset = frozenset(), cancel: threading.Event | None = None,
                  grace: float = 3.0, stall_timeout: float | None = None, placement: Placement | None = None,
                  ps_job_wait: float = 300.0, resize: threading.Event | None = None):
-        from .jobs import Exchange
-
-        self.spark = spark
-        self.placement = placement or Placement(workers=Ask(1, 0.0))  # what the tasks ask for, where ps go
-        # ps tasks in a barrier job of their own: how long one job waits for the other at the exchange
-        self.exchange = Exchange(num_tasks - num_ps, num_ps, ps_job_wait) if self.placement.ps is not None else None
-        self.refused: str | None = None  # Spark refused the run's resource profile (read from the job's error)
-        self.display, self.deadline, self.num_tasks, self.num_ps = display, deadline, num_tasks, num_ps
         from .channel import Inbox
+        from .jobs import Exchange
         from .runlog import RunLog
 
-        self.q = Inbox()  # bounded for the tasks' messages; see Inbox
+        self.spark, self.data, self.spec_kwargs, self.attempt = spark, data, spec_kwargs, spec_kwargs["attempt"]
+        self.placement = placement or Placement(workers=Ask(1, 0.0))
+        # ps tasks in a barrier job of their own: how long one job waits for the other at the exchange
+        self.exchange = Exchange(num_tasks - num_ps, num_ps, ps_job_wait) if self.placement.ps is not None else None
+        self.display, self.deadline, self.num_tasks, self.num_ps = display, deadline, num_tasks, num_ps
+        self.daemon_ranks, self.cancel, self.stall_timeout, self.resize = daemon_ranks, cancel, stall_timeout, resize
+        self.grace = grace  # seconds to collect reports after the first sign of failure before deciding
+        self.q = Inbox()
         self.runlog = RunLog.for_run(spec_kwargs["run_id"], spec_kwargs.get("model_dir"))
         resized = spec_kwargs.get("resized_from")
         self.runlog.note(f"attempt {spec_kwargs['attempt']} (failed launches allowed: {spec_kwargs['max_attempts']}), "
@@ -65,17 +62,11 @@ class _Attempt:
         if spec_kwargs["attempt"] == 1 and self.runlog.path:
             display(RunEvent(events.STATE, "driver", 0, {"log_file": self.runlog.path}))
         self._dropped_shown = (0, time.monotonic())
-        self.failures: list[TaskFailure] = []
         self.tag = f"tfnb-{spec_kwargs['run_id']}-{spec_kwargs['attempt']}"
-        self.data = data
-        self.spec_kwargs = spec_kwargs
-        self.attempt = spec_kwargs["attempt"]
-        self.daemon_ranks = daemon_ranks
+        self.failures: list[TaskFailure] = []
         self.done_ranks: set[int] = set()
-        self.cancel = cancel
-        self.grace = grace  # seconds to collect reports after the first sign of failure before deciding
-        self.stall_timeout = stall_timeout
         self.lives: dict[int, _Life] = {}
+        self.refused: str | None = None  # Spark refused the run's resource profile (read from the job's error)
         self.lost: list[TaskFailure] = []  # tasks whose executor or Python worker vanished
         self.job_error: BaseException | None = None
         self.boot: dict | None = None  # why tfnb could not start in a task or its train_fn process
@@ -86,10 +77,8 @@ class _Attempt:
         self._addrs: dict[int, dict] = {}  # rank -> its TensorFlow server's address and rows, as tasks report
         self._feed_told = 0.0
         self._counts: list[int] | None = None  # rows per worker, when counted before launch
-        self.resize = resize  # set when an elastic run should be resized (tfnb.launcher.elastic.Watch)
         self.resizing = False  # asked: every task, connected or still to come, stops at its next epoch boundary
-        # ranks whose train_fn takes part in an elastic run's epoch-boundary vote (tfnb._task.resize.join_vote), and
-        # when to check that every worker does: a few seconds after the first epoch end a voter reported
+        # ranks in an elastic run's epoch-boundary vote (tfnb._task.resize), and when to check every worker is
         self.voters: set[int] = set()
         self._vote_check: float | None = None
 
@@ -140,7 +129,8 @@ class _Attempt:
         for line in lines:
             line = line if type(line) is str else str(line)
             if len(line) > _MAX_SHOWN_LINE:
-                line = f"{line[:_MAX_SHOWN_LINE]} … [{len(line) - _MAX_SHOWN_LINE} more characters in the run's log file]"
+                more = len(line) - _MAX_SHOWN_LINE
+                line = f"{line[:_MAX_SHOWN_LINE]} … [{more} more characters in the run's log file]"
             # partial: a carriage-return update, which the next line of this task replaces
             data = {"stream": stream, "line": line, "partial": True} if partial else {"stream": stream, "line": line}
             self._show(RunEvent(events.LOG, job, idx, data, now))
@@ -159,14 +149,6 @@ class _Attempt:
             n = self.num_tasks - self.num_ps if p.ps is not None or p.ps_on_driver else self.num_tasks
             source = self.spark.range(0, n, 1, n)
         run_jobs(self.spark, spec, self.placement, source, self.num_ps, self.tag, self.q.put)
-
-    def _cancel(self) -> None:
-        from .spark import interrupt_jobs
-
-        try:
-            interrupt_jobs(self.spark, self.tag)
-        except Exception as e:  # noqa: BLE001 - the session may already be gone
-            log.debug("interruptTag failed: %s", e)
 
     def _handle(self, peer: dict, msg: dict) -> None:
         self._note(peer, msg)
@@ -194,10 +176,9 @@ class _Attempt:
             self._show(RunEvent(msg.get("event", events.PROGRESS), job, idx, data))
         elif kind == Msg.STATE:
             self._show(RunEvent(events.STATE, job, idx, {k: v for k, v in msg.items() if k != "kind"}))
-            if msg.get("state") == "done" and job == "chief" and self.num_ps > 0:
-                # ps and worker tasks serve until the coordinator is finished
-                self.channel.broadcast({"kind": Msg.STOP})
             if msg.get("state") == "done":
+                if job == "chief" and self.num_ps > 0:  # ps and worker tasks serve until the coordinator is done
+                    self.channel.broadcast({"kind": Msg.STOP})
                 self.done_ranks.add(int(peer.get("rank", -1)))
                 if self.daemon_ranks and \
                         len(self.done_ranks - self.daemon_ranks) == self.num_tasks - len(self.daemon_ranks):
@@ -249,21 +230,18 @@ class _Attempt:
             "exc_type": "ProcessDied", "message": died_message(code, err), "traceback": err, "exit_code": code}})
 
     def _stop_everything(self, job: threading.Thread) -> None:
+        from .spark import interrupt_jobs
+
+        self.decided = True  # from here on, disconnects are tfnb's own stopping of the tasks
         self.channel.broadcast({"kind": Msg.STOP})
-        self._cancel()
+        try:
+            interrupt_jobs(self.spark, self.tag)
+        except Exception as e:  # noqa: BLE001 - the session may already be gone
+            log.debug("interruptTag failed: %s", e)
         end = time.monotonic() + _CANCEL_WAIT
         while job.is_alive() and time.monotonic() < end:
             self._drain(0.2)
         self.channel.wait_disconnected(max(0.0, end - time.monotonic()))
-
-    def _stop_quietly(self, job: threading.Thread) -> None:
-        # A second press of the notebook's stop button must not cut the cleanup short.
-        while True:
-            try:
-                self._stop_everything(job)
-                return
-            except KeyboardInterrupt:
-                continue
 
     def _drain(self, timeout: float):
         """Handle the tasks' messages for up to _DRAIN_SLICE s; returns a driver item ("done", ...) if one came."""
@@ -317,7 +295,6 @@ class _Attempt:
                     self._resize()
                 one_sided = self._one_sided_vote()
                 if one_sided is not None:
-                    self.decided = True
                     self._stop_everything(job)
                     return one_sided
                 if self.first_bad is not None and self._settled():
@@ -327,7 +304,6 @@ class _Attempt:
                     return self._on_stall(job, stalled)
                 late = self.exchange.overdue() if self.exchange is not None and self.first_bad is None else None
                 if late is not None:  # other jobs hold the slots one of the run's two jobs needs
-                    self.decided = True
                     self._stop_everything(job)
                     failure = TaskFailure(job_name="driver", task_index=0, exc_type="ClusterError",
                                           message=str(late), attempt=self.attempt)
@@ -340,15 +316,12 @@ class _Attempt:
                     self._drain_rest()
                     if self.failures or self.lost:
                         return self._failed(job)
-                    rows = item[1]
                     import cloudpickle
 
-                    if self.spec_kwargs["hooks"].all_results:
-                        values = [None] * self.num_tasks
-                        for row in rows:
-                            values[row["rank"]] = cloudpickle.loads(row["result"])
-                        return _Outcome(value=values, resumed_epoch=self._resumed_epoch())
-                    value = cloudpickle.loads(rows[0]["result"]) if rows else None
+                    values = [None] * self.num_tasks  # by rank: the chief's alone, unless hooks ask for all
+                    for row in item[1]:
+                        values[row["rank"]] = cloudpickle.loads(row["result"])
+                    value = values if self.spec_kwargs["hooks"].all_results else values[0]
                     return _Outcome(value=value, resumed_epoch=self._resumed_epoch())
                 # The job failed. Spark's verdict says whether an executor was lost; what the tasks
                 # themselves report (collected until _settled) says more than Spark's wrapper text.
@@ -356,17 +329,24 @@ class _Attempt:
                 # tfnb's bootstrap could not start, or Spark's Python worker failed before it ran
                 self.boot = self.boot or _boot_report(str(item[1])) or _worker_report(str(item[1]))
                 self.refused = self.refused or refused_by_spark(str(item[1]))
-                first = next((l for l in str(item[1]).splitlines() if l.strip()), type(item[1]).__name__)
                 if _EXECUTOR_LOST.search(str(item[1])):
-                    self.lost.append(self._lost_in_spark(str(item[1]), first))
+                    # "barrier task ResultTask(<stage>, <partition>) finished unsuccessfully": the partition is the rank
+                    m = re.search(r"ResultTask\(\d+, (\d+)\)", str(item[1]))
+                    first = next((l for l in str(item[1]).splitlines() if l.strip()), type(item[1]).__name__)
+                    self._lost(self.lives.get(int(m.group(1))) if m else None, first.strip()[:500])
                 self._trouble()
         except KeyboardInterrupt:
-            self._stop_quietly(job)
+            while True:  # a second press of the stop button must not cut the cleanup short
+                try:
+                    self._stop_everything(job)
+                    break
+                except KeyboardInterrupt:
+                    continue
             raise RunCancelledError("tfnb.run was interrupted; the Spark job was cancelled and every "
                                     "process it started was stopped") from None
 
     def _note(self, peer: dict, msg: dict) -> None:
-        """Bookkeeping on every message from a task: its last sign of life, step, line and state."""
+        """Every message from a task: its last sign of life, step, line and state."""
         rank = int(peer.get("rank", -1))
         life = self.lives.get(rank)
         if life is None:
@@ -378,12 +358,7 @@ class _Attempt:
                     not any(not f.retryable for f in self.failures):
                 # Gone without a word: its executor or Python worker died. (After the job failed, or
                 # after a task raised, Spark itself kills the remaining tasks: that is no news.)
-                life.final = True
-                self.lost.append(TaskFailure(
-                    job_name=life.job_name, task_index=life.task_index, exc_type="ExecutorLost",
-                    message="the task ended without a report: its executor or Spark Python worker was lost",
-                    attempt=self.attempt, host=life.host))
-                self._trouble()
+                self._lost(life, "the task ended without a report: its executor or Spark Python worker was lost")
             life.final = True
             return
         life.seen = time.monotonic()
@@ -409,13 +384,12 @@ class _Attempt:
         elif kind == Msg.STACK:
             life.stack = str(msg.get("text", ""))
 
-    def _lost_in_spark(self, text: str, first: str) -> TaskFailure:
-        # "barrier task ResultTask(<stage>, <partition>) finished unsuccessfully": the partition is the rank
-        m = re.search(r"ResultTask\(\d+, (\d+)\)", text)
-        life = self.lives.get(int(m.group(1))) if m else None
-        return TaskFailure(job_name=life.job_name if life else "spark", task_index=life.task_index if life else -1,
-                           exc_type="ExecutorLost", message=first.strip()[:500], attempt=self.attempt,
-                           host=life.host if life else "")
+    def _lost(self, life: _Life | None, message: str) -> None:
+        """A task (``life``; None: unknown) whose executor or Spark Python worker vanished."""
+        self.lost.append(TaskFailure(job_name=life.job_name if life else "spark",
+                                     task_index=life.task_index if life else -1, exc_type="ExecutorLost",
+                                     message=message, attempt=self.attempt, host=life.host if life else ""))
+        self._trouble()
 
     def _trouble(self) -> None:
         if self.first_bad is None:
@@ -424,9 +398,7 @@ class _Attempt:
     def _settled(self) -> bool:
         """Enough is known to decide the attempt's outcome (or the failure grace is over)."""
         if self.boot or self.refused or any(f.died or f.exc_type == _RESIZE for f in self.failures):
-            # tfnb cannot start somewhere, a process died, or the workers agreed to stop for a resize (all of them
-            # did): whatever else arrives changes nothing
-            return True
+            return True  # nothing else that arrives changes the verdict
         if self.lost:
             # Let Spark declare the executor lost (the job fails) before cancelling, or the relaunch
             # may be scheduled on the executor that is gone.
@@ -436,10 +408,8 @@ class _Attempt:
         return time.monotonic() >= self.first_bad + self.grace
 
     def _verdict(self) -> tuple[TaskFailure, bool]:
-        """(the failure that explains the attempt, whether a relaunch may fix it). A dead task or lost executor
-        wins: the other tasks' errors are its consequences. Otherwise a plain exception is a bug, even when peers
-        then fail with collective errors; only when every report is a peer-loss error (the dead peer's own report
-        never came) is it bad luck."""
+        """(the failure that explains the attempt, whether a relaunch may fix it). A death wins (the other errors
+        are its consequences); else a plain exception is a bug; only peer-loss errors alone are bad luck."""
         deaths = sorted((f for f in (*self.failures, *self.lost) if f.died),
                         key=lambda f: (f.task_index < 0, f.exc_type != "ProcessDied"))
         if deaths:
@@ -484,21 +454,17 @@ class _Attempt:
                         resumed_epoch=self._resumed_epoch())
 
     def _resize(self) -> None:
-        """tfnb.launcher.elastic's watch set ``resize``: the tasks stop at their next epoch boundary, once. Tasks
-        still being scheduled or starting hear it with the cluster's addresses (every task waits for those before
-        train_fn runs): set first, broadcast second, so each task hears it one way or the other."""
+        """The elastic watch set ``resize``: the tasks stop at their next epoch boundary. Tasks still starting hear
+        it with the cluster's addresses: set first, broadcast second, so each hears it one way or the other."""
         self.resize = None
         self.resizing = True
         self.runlog.note("the run is resized: the tasks stop at their next epoch boundary")
         self.channel.broadcast({"kind": Msg.RESIZE})
 
     def _one_sided_vote(self) -> _Outcome | None:
-        """An elastic run where some workers take part in the epoch-boundary vote and others do not (the progress
-        callback on the chief only): the vote is a collective, matched against the others' next step, so the run
-        hangs there or fails with a collective error. Checked once, a few seconds after a voter's first epoch end
-        (every worker began ``fit`` before that: the epoch's steps are collectives too, and a voter joins at ``fit``'s
-        start), _VOTE_SKEW after a custom loop's worker joined at its first boundary, or as soon as a failure arrives
-        after either: the one-sided vote explains that failure."""
+        """An elastic run where some workers take no part in the epoch-boundary vote (a collective: the run would
+        hang or fail there). Checked once: a grace after a voter's first epoch end, _VOTE_SKEW after a custom loop's
+        worker joined at its first boundary, or at a failure after either (which the one-sided vote explains)."""
         if self._vote_check in (None, float("inf")) or time.monotonic() < self._vote_check and self.first_bad is None:
             return None
         self._vote_check = float("inf")  # checked
@@ -522,7 +488,7 @@ class _Attempt:
         return _Outcome(failure=failure, error=error, cause=str(error).split(":")[0])
 
     def _stalled(self) -> list[_Life]:
-        """Tasks whose train_fn runs but has sent nothing (no progress, no output) for stall_timeout."""
+        """Tasks whose train_fn runs but has sent nothing for stall_timeout, quietest first."""
         if not self.stall_timeout or self.first_bad is not None:
             return []
         now = time.monotonic()
@@ -553,7 +519,6 @@ class _Attempt:
         end = now + _STACK_WAIT
         while any(l.stack is None for l in running) and time.monotonic() < end:
             self._drain(0.1)
-        self.decided = True
         stall["stacks"] = {l.label: l.stack for l in running if l.stack}
         failure = dataclasses.replace(failure, traceback=worst.stack or "")
         self._stop_everything(job)
@@ -564,7 +529,7 @@ class _Attempt:
     def _drain_rest(self) -> None:
         while True:
             try:
-                item = self.q.get_nowait()
+                item = self.q.get(timeout=0)
             except queue.Empty:
                 return
             if item[0] == "msg":

@@ -1,5 +1,4 @@
-"""The driver's end of the run's channel: authenticated task connections served by one thread, and the
-bounded inbox the main thread drains (see :mod:`tfnb._protocol` for the frames and the handshake)."""
+"""The driver's end of the run's channel (frames and handshake: :mod:`tfnb._protocol`) and its bounded inbox."""
 from __future__ import annotations
 
 import collections
@@ -39,17 +38,9 @@ class _Conn:
 
 
 class DriverChannel:
-    """Driver end: accepts authenticated task connections and hands each message to ``on_message``.
-
-    Args:
-        host: address to bind (the driver host; loopback for local masters).
-        on_message: called from the channel thread with ``(peer, message)``; peer is the task's hello
-            dict. A batch arrives as one ``{"kind": "batch", "items": [...]}`` message. It may block:
-            reading stops meanwhile, which slows the senders down (TCP back-pressure).
-        token: the per-run secret; generated when not given.
-        max_pending: connections served at once before they authenticate.
-        handshake_timeout: seconds a connection has to authenticate.
-    """
+    """Driver end: binds ``host``, accepts authenticated task connections (at most ``max_pending`` at once before
+    they authenticate, each within ``handshake_timeout`` s) and calls ``on_message(peer, message)`` from its thread
+    (peer: the task's hello dict; a batch is one message). ``on_message`` may block: the senders slow down."""
 
     def __init__(self, host: str, on_message: Callable[[dict, dict], None], token: str | None = None, *,
                  max_pending: int = _MAX_PENDING, handshake_timeout: float = _HANDSHAKE_TIMEOUT):
@@ -64,8 +55,7 @@ class DriverChannel:
         self._listener = socket.create_server((host, 0), backlog=1024)
         self._listener.setblocking(False)
         self.address = (host, self._listener.getsockname()[1])
-        # one receive buffer for every connection (only the channel thread reads): a fresh 256 KiB
-        # bytes object per recv() costs an mmap/munmap pair, a third of the thread's time at 2,000 tasks
+        # one receive buffer for every connection: a fresh 256 KiB one per recv() costs an mmap/munmap pair
         self._rx = memoryview(bytearray(1 << 18))
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
@@ -99,8 +89,7 @@ class DriverChannel:
                 return
             c = _Conn(sock, time.monotonic() + self._handshake_timeout)
             try:
-                # blocking with a timeout: reads happen only once the selector says data is there,
-                # and a stop sent from another thread waits for a full send buffer instead of failing
+                # blocking with a timeout: reads follow the selector, and a send waits for a full buffer
                 sock.settimeout(_SEND_TIMEOUT)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.sendall(_plain({"nonce": c.nonce}))
@@ -126,8 +115,7 @@ class DriverChannel:
 
     def _read(self, c: _Conn) -> None:
         try:
-            # readv, not recv_into: a socket with a timeout polls before every recv, a second system
-            # call per frame when the selector has just said there is data (its fd is non-blocking)
+            # readv, not recv_into: a socket with a timeout polls before every recv (a second system call)
             n = os.readv(c.sock.fileno(), (self._rx,))
         except (BlockingIOError, InterruptedError, socket.timeout):
             return
@@ -217,7 +205,7 @@ class DriverChannel:
                 c.sock.sendall(c.tx.seal(msg))
 
     def wait_disconnected(self, timeout: float) -> bool:
-        """Wait until every task has hung up (its processes are gone); True if they all did in time."""
+        """Wait until every task has hung up; True if they all did in time."""
         with self._lock:
             return self._all_gone.wait_for(lambda: not self._conns, timeout=timeout)
 
@@ -242,16 +230,11 @@ _ENDS = ("done", "error", "closed")
 class Inbox:
     """The driver's bounded queue from the channel thread to the main thread.
 
-    Log lines, states and failures are kept in order, never dropped: when ``bound`` messages wait,
-    :meth:`put_message` blocks, so the channel stops reading and the tasks slow down. Progress waits at most
-    once per task: a newer report merges into the one not yet handled (``dropped`` counts them). The job's
-    end (:meth:`put` of a "done", "error" or "closed" item) lifts the bound, since what the tasks still have
-    to send is then finite and the channel thread must not wait on a queue nobody drains any more.
-
-    A waiting :meth:`get` returns once the first message has waited ``gather`` seconds or ``bound``/10 are
-    waiting (at once for an item of :meth:`put`): at thousands of frames a second, waking the main thread for
-    each one meant ~1,000 passes a second of a few messages each, and five times the context switches. Items
-    come out as ``("msg", peer, message, size)`` or as put.
+    Lines, states and failures keep their order and are never dropped: with ``bound`` messages waiting,
+    :meth:`put_message` blocks (the tasks slow down). Progress waits once per task: a newer report merges into
+    the waiting one (``dropped`` counts them). The job's end (:meth:`put` of "done", "error", "closed") lifts the
+    bound. A waiting get returns once the first message has waited ``gather`` s or ``bound``/10 wait, not once per
+    frame. Items come out as ``("msg", peer, message, size)`` or as put.
     """
 
     def __init__(self, bound: int = 10_000, gather: float = 0.02):
@@ -317,8 +300,8 @@ class Inbox:
         return self.get_many(timeout, 1)[0]
 
     def get_many(self, timeout: float | None = None, most: int = 256) -> list:
-        """Up to ``most`` waiting items at once (one round of the lock for all), oldest first; an item
-        of :meth:`put` ends the list. Raises ``queue.Empty`` when nothing came within ``timeout``."""
+        """Up to ``most`` waiting items, oldest first; an item of :meth:`put` ends the list. ``queue.Empty`` when
+        nothing came within ``timeout``."""
         with self._cv:
             if not self._items:
                 if timeout is not None and timeout <= 0:
@@ -345,13 +328,10 @@ class Inbox:
             return out
 
     def unget(self, items: list) -> None:
-        """Put items of :meth:`get_many` back in front, in order (their handling was interrupted)."""
+        """Put items of :meth:`get_many` back in front (their handling was interrupted)."""
         with self._cv:
             self._items.extendleft(reversed(items))
             self._size += sum(item[3] for item in items if item[0] == "msg")
-
-    def get_nowait(self):
-        return self.get(timeout=0)
 
     def qsize(self) -> int:
         with self._cv:

@@ -1,16 +1,10 @@
-"""Elastic runs (``tfnb.run(..., min_workers=M)``): how many workers the next launch gets, and when a running launch
-should be resized.
+"""Elastic runs (``tfnb.run(..., min_workers=M)``): the next launch's size, and when a running launch resizes.
 
-MultiWorkerMirroredStrategy has a fixed membership, so a resize is a relaunch from the last checkpoint, as after a
-lost executor. After a loss tfnb waits ``replace_wait`` seconds for a replacement; then it relaunches with as many
-workers as the executors left can hold, never fewer than ``min_workers``. While a launch runs, :class:`Watch` looks at
-the executors every few seconds: once a smaller launch's whole run fits again, or when Spark gives notice that an
-executor that runs one of its tasks is leaving (decommissioning, ``spark.decommission.enabled``: how cloud spot
-clusters hear of a reclaimed node), it asks the tasks to stop at the next epoch boundary (tfnb._task.resize), so the
-epoch's checkpoint is kept and the run relaunches at the size that fits. The room counted is the executors' free task
-slots (cores less the tasks other jobs run there, as Spark's status store has them), the launch's own tasks counted
-as free: a run does not stop to grow into slots another job (a sweep's other trial, a colleague's query) holds. Only
-classic sessions: a Spark Connect client cannot see the executors.
+A resize is a relaunch from the last checkpoint (MultiWorkerMirroredStrategy's membership is fixed). After a loss
+tfnb waits ``replace_wait`` s for a replacement, then relaunches with what the executors left hold, never fewer than
+``min_workers``. While a launch runs, :class:`Watch` asks the tasks to stop at the next epoch boundary once the whole
+run fits again, or when an executor running one of its tasks is decommissioning (how spot clusters hear of a
+reclaimed node). Room is free task slots: a run does not grow into slots another job holds. Classic sessions only.
 """
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ import time
 from typing import Callable
 
 from ..errors import ClusterError
-from .resources import Placement, _conf, _describe, _executors, _is_connect, room
+from .resources import Placement, _describe, _executors, _is_local, room
 from .spark import _local_slots
 
 _POLL = 2.0  # seconds between two counts of the executors' room
@@ -37,8 +31,7 @@ def leaving(spark) -> frozenset:
 
 
 def run_executors(spark, tag: str) -> dict[str, int] | None:
-    """Executor id -> how many of the launch's running tasks it holds (the launch's jobs run in job group ``tag``;
-    fewer than its ``tasks`` while Spark still schedules them); None where Spark cannot say."""
+    """Executor id -> running tasks of the launch in job group ``tag``; None where Spark cannot say."""
     try:
         tracker, store = spark.sparkContext.statusTracker(), spark.sparkContext._jsc.sc().statusStore()
         where: dict[str, int] = {}
@@ -58,38 +51,14 @@ def run_executors(spark, tag: str) -> dict[str, int] | None:
     return where
 
 
-def _free(spark, leaving: frozenset, own: dict[str, int]) -> list[tuple[int, float]] | None:
-    """(cores, GPUs) of each registered executor not ``leaving``, less what other jobs' running tasks hold there
-    (``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` each: Spark's status store counts tasks, not what
-    each asked for); the ``own`` tasks (executor id -> count) are counted as free."""
-    if _is_connect(spark):
-        return None
-    store = spark.sparkContext._jsc.sc().statusStore().executorList(True)
-    task_cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
-    task_gpus = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
-    fallback = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
-    out = []
-    for i in range(store.size()):
-        e = store.apply(i)
-        if e.id() == "driver" or e.id() in leaving:
-            continue
-        gpu = e.resources().get("gpu")
-        gpus = float(len(gpu.get().addresses())) if gpu.isDefined() else fallback
-        others = max(int(e.activeTasks()) - own.get(e.id(), 0), 0)
-        out.append((max(int(e.totalCores()) - others * task_cpus, 0), max(gpus - others * task_gpus, 0.0)))
-    return out
-
-
 def worker_room(spark, placement: Placement, num_ps: int, own: dict[str, int] | None = None, *,
                 total: bool = False) -> int | None:
-    """How many chief/worker tasks the registered executors have free slots for, leaving ones left out (and ps
-    tasks in the same stage taken out); the ``own`` tasks of a running launch (:func:`run_executors`) count as free
-    slots, as they will be once it stops (``total``: every core counts, where the launch's tasks cannot be told
-    apart). None where Spark cannot say (Spark Connect)."""
-    local = _local_slots(spark.conf.get("spark.master", ""))
-    if local is not None and not spark.conf.get("spark.master", "").startswith("local-cluster"):
-        return local // max(placement.workers.cpus, 1) - (num_ps if placement.ps is None else 0)  # one JVM
-    executors = _executors(spark, leaving(spark)) if total else _free(spark, leaving(spark), own or {})
+    """Chief/worker tasks the free slots of the executors not leaving hold, less ps tasks of the same stage; the
+    ``own`` tasks of a running launch count as free (``total``: every core does). None on Spark Connect."""
+    master = spark.conf.get("spark.master", "")
+    if _is_local(master):  # one JVM
+        return _local_slots(master) // max(placement.workers.cpus, 1) - (num_ps if placement.ps is None else 0)
+    executors = _executors(spark, leaving(spark), None if total else own or {})
     if executors is None:
         return None
     in_stage = num_ps if placement.ps is None and not placement.ps_on_driver else 0
@@ -98,8 +67,7 @@ def worker_room(spark, placement: Placement, num_ps: int, own: dict[str, int] | 
 
 def next_size(spark, placement: Placement, num_ps: int, wanted: int, minimum: int, wait: float,
               cancelled: Callable[[], bool] = lambda: False) -> int:
-    """The size of the next launch: ``wanted`` as soon as the executors can hold it, else after ``wait`` seconds as
-    many as they hold, never fewer than ``minimum``.
+    """``wanted`` as soon as the executors hold it, else after ``wait`` s as many as they hold, at least ``minimum``.
 
     Raises:
         ClusterError: after ``wait`` the executors hold fewer than ``minimum`` workers (the slots it had and needed).
@@ -123,9 +91,8 @@ def next_size(spark, placement: Placement, num_ps: int, wanted: int, minimum: in
 
 
 class Watch:
-    """While a launch of ``size`` workers runs (its jobs in job group ``tag``), looks at the executors every few
-    seconds and calls ``resize`` once: when the run's ``wanted`` workers fit in the free slots again (``why``
-    "executors returned"), or when an executor running one of its tasks is leaving."""
+    """While a launch of ``size`` workers runs (job group ``tag``), calls ``resize`` once: when ``wanted`` workers fit
+    the free slots again (``why``: "executors returned"), or when an executor running one of its tasks leaves."""
 
     def __init__(self, spark, placement: Placement, num_ps: int, size: int, wanted: int, resize: Callable[[], None],
                  tag: str | None = None):
@@ -144,10 +111,7 @@ class Watch:
         self._thread.join(timeout=5)
 
     def _watch(self, spark, placement, num_ps, size, wanted, resize) -> None:
-        try:
-            known = leaving(spark)  # leaving before this launch: it runs on the others already
-        except Exception:  # noqa: BLE001 - a session going away: the attempt itself reports that
-            return
+        known = leaving(spark)  # leaving before this launch: it runs on the others already
         while not self._stop.wait(_POLL):
             try:
                 gone = leaving(spark) - known

@@ -1,10 +1,4 @@
-"""The launcher surface add-ons build on (tfnb.compat does): hooks into one launch, and the payload check.
-
-:class:`LaunchHooks` changes what one ``tfnb.run`` does without a new keyword on it: feed each task its
-own partition through the add-on's spill, return every task's value, keep some tasks serving until the
-others are done, cancel from another thread, keep the task's port reserved for the add-on's own server,
-run in the task's working directory. ``tfnb.run(train_fn, hooks=LaunchHooks(...), ...)`` applies them.
-"""
+"""The launcher surface add-ons build on (tfnb.compat does): hooks into one launch, and the payload check."""
 from __future__ import annotations
 
 import threading
@@ -48,7 +42,6 @@ class LaunchHooks:
 
     @property
     def task(self) -> TaskHooks:
-        """What the tasks receive of these hooks."""
         return TaskHooks(feeder=self.feeder, all_results=self.all_results, keep_port=self.keep_port,
                          task_cwd=self.task_cwd)
 

@@ -1,11 +1,8 @@
 """How one launch's tasks start, as its :class:`~tfnb.launcher.resources.Placement` says: the workers' barrier
 job, the ps tasks' own barrier job beside it, or the ps tasks as processes on the driver.
 
-A stage carries one resource profile, so ps tasks that must not hold the workers' GPUs cannot be in the
-workers' stage: they run as a second barrier job (CPU-only), or on the driver. Either way the tasks meet
-through the driver's address exchange, not Spark's barrier, so the two halves need not share a stage;
-what they lose is Spark's gang scheduling across both (the slot check before launch makes sure both fit, and
-:class:`Exchange` bounds the wait of one for the other when other jobs take the slots in between).
+The tasks meet through the driver's address exchange, so the two halves need not share a stage; they lose Spark's
+gang scheduling across both (the slot check makes sure both fit; :class:`Exchange` bounds one's wait for the other).
 """
 from __future__ import annotations
 
@@ -32,8 +29,8 @@ _STOP_WAIT = 10.0  # seconds a driver ps process has to leave after the run ends
 
 
 def collect(source, spec, placement: Placement, ask: Ask | None) -> list:
-    """Run ``spec``'s tasks as one barrier stage over ``source``'s partitions, asking ``ask`` of each
-    (a task resource profile) or, when None, what the session's conf gives every task."""
+    """Run ``spec``'s tasks as one barrier stage over ``source``'s partitions, asking ``ask`` of each (None: the
+    session's conf)."""
     import cloudpickle
 
     from .._protocol import VERSION as __version__
@@ -52,8 +49,8 @@ def collect(source, spec, placement: Placement, ask: Ask | None) -> list:
 
 def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
              report: Callable[[tuple], None]) -> None:
-    """The launch's barrier job(s), from the calling thread; ``report`` gets ``("done", rows)`` once all
-    ended well, ``("error", e)`` as soon as one failed (the ps job's failure is reported at once)."""
+    """The launch's barrier job(s); ``report`` gets ``("done", rows)`` once all ended well, ``("error", e)`` as
+    soon as one failed."""
     from .spark import job_tag
 
     ps_thread, ps_failed = None, []
@@ -82,11 +79,9 @@ def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
 
 
 class Exchange:
-    """The address exchange of a launch whose ps tasks run as a barrier job of their own, as the driver sees it.
-    Spark starts each job's tasks together, but not the two jobs together: once one job's tasks have all reported
-    their addresses, the other's follow within seconds, unless other Spark jobs took its task slots after the slot
-    check. Its tasks would then wait at the exchange for as long as those jobs run; :meth:`overdue` ends that wait
-    after ``wait`` seconds (TFNB_PS_JOB_WAIT) with the error to raise."""
+    """The address exchange of a launch whose ps tasks run as a barrier job of their own. Once one job's tasks all
+    reported, the other's follow within seconds, unless other jobs took its slots: :meth:`overdue` ends that wait
+    after ``wait`` s (TFNB_PS_JOB_WAIT)."""
 
     def __init__(self, num_workers: int, num_ps: int, wait: float, clock: Callable[[], float] = time.monotonic):
         self.jobs = {"the chief/worker tasks'": range(num_workers),
@@ -97,14 +92,13 @@ class Exchange:
         self.ready: dict[str, float] = {}  # job -> when its last task reported its address
 
     def heard_from(self, rank: int) -> None:
-        """A task reported its address (called on the channel's thread)."""
         self.heard.add(rank)
         for job, ranks in self.jobs.items():
             if job not in self.ready and all(r in self.heard for r in ranks):
                 self.ready[job] = self.clock()
 
     def overdue(self) -> ClusterError | None:
-        """The error that ends the launch once one job has waited ``wait`` seconds for the other; else None."""
+        """The error that ends the launch once one job waited ``wait`` s for the other; else None."""
         ready = dict(self.ready)
         if len(ready) != 1:
             return None
@@ -122,11 +116,9 @@ class Exchange:
 
 
 class DriverPs:
-    """The ps tasks of one launch as processes on the driver (``ps_placement="driver"``). Each runs ``python -m
-    tfnb._task.local``: the barrier task's body without Spark (channel, supervisor, TensorFlow server process),
-    given its spec on stdin. The launcher keeps that stdin open: when the launcher goes away the process exits, and
-    its TensorFlow server process, watching it in turn, follows. ``on_exit(rank, code, stderr_tail)`` hears of a
-    process that ended with an error while the run still needed it."""
+    """The ps tasks of one launch as processes on the driver (``ps_placement="driver"``): ``python -m
+    tfnb._task.local``, the barrier task's body without Spark, given its spec on stdin, which the launcher keeps
+    open (the process exits when it closes). ``on_exit(rank, code, stderr_tail)`` hears of one that failed."""
 
     def __init__(self, spec, host: str, on_exit: Callable[[int, int, str], None]):
         self.spec, self.host, self.on_exit = spec, host, on_exit
@@ -157,7 +149,7 @@ class DriverPs:
             self.on_exit(rank, code, err.decode(errors="replace")[-2000:])
 
     def stop(self) -> None:
-        """End every process: they leave on the driver's stop; whatever remains is killed, with its group."""
+        """End every process; whatever remains after _STOP_WAIT is killed with its group."""
         self.stopping.set()
         for proc in self.procs.values():
             with contextlib.suppress(OSError):
@@ -172,7 +164,6 @@ class DriverPs:
 
 
 def died_message(code: int, err: str) -> str:
-    """What a driver ps process' exit says, for the run's failure."""
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         how = f"was killed by {name}"

@@ -1,10 +1,8 @@
 """What ``tfnb.run`` is asked to do, resolved and checked once, on the driver: :class:`RunOptions`.
 
-Every option is a keyword of ``tfnb.run`` and a field here. :meth:`RunOptions.resolve` fills what the call
-left out from the ``TFNB_*`` environment, then the defaults, and checks each value in one place, with
-errors that name the value, the rule and the fix. The tasks receive plain values fixed here, including
-the driver's other ``TFNB_*`` settings (:attr:`RunOptions.settings`), so tfnb calls inside train_fn
-(``tfnb.stage``, ``EventSync``) resolve them as the driver did.
+:meth:`RunOptions.resolve` takes each keyword, else its ``TFNB_*`` setting, else the default, and checks it. The
+tasks receive the plain values fixed here, and the driver's other ``TFNB_*`` settings (``settings``), so tfnb
+calls inside train_fn resolve them as the driver did.
 """
 from __future__ import annotations
 
@@ -14,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .._config import setting
 from ..errors import ConfigError, suggest
+from ..monitor.display import check_display
 
 _STALL_DEFAULT = 1800.0
 _REPLACE_WAIT = 120.0  # seconds an elastic run waits for a lost executor's replacement before it shrinks
@@ -38,7 +37,7 @@ def _int(name: str, value: Any, low: int, fix: str) -> int:
 
 
 def _seconds(name: str, value: Any, *, zero_is_off: bool = False) -> float | None:
-    """A number of seconds given as a keyword (an int or float, not text), or parsed from a TFNB_* setting."""
+    """Seconds given as a keyword (a number, not text) or parsed from a TFNB_* setting."""
     if value is None:
         return None
     try:
@@ -63,7 +62,7 @@ def _stall_timeout(value) -> float | None:
 
 
 def _elastic(given: Mapping, num_workers: int, num_ps: int) -> tuple[int | None, float]:
-    """min_workers= and replace_wait= checked: an elastic run is a MultiWorkerMirroredStrategy run of 1..num_workers."""
+    """min_workers= and replace_wait=, checked."""
     minimum = given.get("min_workers")
     wait = _seconds("replace_wait", setting("replace_wait", given.get("replace_wait"), _REPLACE_WAIT, float))
     if minimum is None:
@@ -79,7 +78,7 @@ def _elastic(given: Mapping, num_workers: int, num_ps: int) -> tuple[int | None,
 
 
 def _check_env(env: Any, legacy_keras: bool | None) -> tuple:
-    """env= as sorted (name, value) pairs; it may not set what tfnb sets itself (the error names the knob)."""
+    """env= as sorted (name, value) pairs, refusing what tfnb sets itself."""
     if env is None:
         return ()
     bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))} \
@@ -99,7 +98,7 @@ def _check_env(env: Any, legacy_keras: bool | None) -> tuple:
 
 
 def _check_resources(given: Mapping[str, Any]) -> tuple:
-    """(gpus_per_worker, cpus_per_worker, use_gpu, ps_placement) checked, alone and against each other."""
+    """(gpus_per_worker, cpus_per_worker, use_gpu, ps_placement), checked."""
     gpus, cpus, use_gpu = given.get("gpus_per_worker"), given.get("cpus_per_worker"), given.get("use_gpu")
     if gpus is not None:
         _int("gpus_per_worker", gpus, 0, "whole GPUs for each chief/worker task (0: none), or None for what "
@@ -123,7 +122,7 @@ def _check_resources(given: Mapping[str, Any]) -> tuple:
 
 
 def driver_settings() -> tuple:
-    """The driver's TFNB_* settings as (name, value) pairs, for the tasks to resolve theirs alike."""
+    """The driver's TFNB_* settings as (name, value) pairs, for the tasks."""
     return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TFNB_") and k not in _TASK_OWN))
 
 
@@ -173,7 +172,7 @@ class RunOptions:
 
     @classmethod
     def resolve(cls, base: "RunOptions | None" = None, **given: Any) -> "RunOptions":
-        """Options from ``given`` keywords over ``base``'s fields, then TFNB_* settings, then defaults; checked.
+        """``given`` keywords over ``base``'s fields, then TFNB_* settings, then defaults; checked.
 
         Raises:
             ConfigError: an unknown keyword, or a value that breaks its rule (the message names the fix).
@@ -184,13 +183,14 @@ class RunOptions:
             raise ConfigError(f"tfnb.run got unknown option(s) {', '.join(unknown)}; the options are below"
                               f"{suggest(unknown, names)}\n{', '.join(sorted(names))}")
         if base is not None:
-            given = {**{n: getattr(base, n) for n in names if n not in ("settings",)}, **given}
+            given = {**{n: getattr(base, n) for n in names}, **given}
         if "num_workers" not in given:
             raise ConfigError("tfnb.run needs num_workers=, the number of chief + worker tasks, e.g. num_workers=2")
         num_workers = _int("num_workers", given["num_workers"], 1, "pass num_workers=2 for two workers")
         num_ps = _int("num_ps", given.get("num_ps", 0), 0, "num_ps=0 runs MultiWorkerMirroredStrategy")
         if num_ps > 0 and num_workers < 2:
-            raise ConfigError(f"num_ps={num_ps} needs a chief and at least one worker; set num_workers >= 2 or num_ps=0")
+            raise ConfigError(f"num_ps={num_ps} needs a chief and at least one worker; "
+                              "set num_workers >= 2 or num_ps=0")
         args = given.get("args", ())
         if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
             raise ConfigError(f"args must be a tuple of positional arguments, got {type(args).__name__}; "
@@ -203,7 +203,8 @@ class RunOptions:
         if preimport is None:
             preimport = tuple(filter(None, setting("preimport", None, "tensorflow", str).split(",")))
         elif isinstance(preimport, str):
-            raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; write preimport=({preimport!r},)")
+            raise ConfigError(f"preimport={preimport!r} must be a sequence of module names; "
+                              f"write preimport=({preimport!r},)")
         elif not all(isinstance(m, str) for m in preimport):
             raise ConfigError(f"preimport={preimport!r} must name modules as strings, e.g. preimport=('tensorflow',)")
         gpus, cpus, use_gpu, ps_placement = _check_resources(given)
@@ -227,6 +228,7 @@ class RunOptions:
         from ..monitor.tracking import check_option
 
         check_option(given.get("mlflow"))  # a bad value or a missing MLflow fails here, before Spark starts
+        check_display(given.get("display"))
         env = given.get("env")
         env = env if isinstance(env, tuple) else _check_env(env, legacy_keras)
         # the train_fn processes resolve settings as the driver does, a TFNB_* given in env= winning
@@ -242,7 +244,8 @@ class RunOptions:
             stall_timeout=_stall_timeout(given.get("stall_timeout", "auto")),
             env=env, legacy_keras=legacy_keras,
             preimport=tuple(preimport), warm=setting("warm", given.get("warm"), True, bool),
-            display=given.get("display"), profile_steps=check_profile_steps(given.get("profile_steps"), given.get("log_dir")),
+            display=given.get("display"),
+            profile_steps=check_profile_steps(given.get("profile_steps"), given.get("log_dir")),
             mlflow=given.get("mlflow"), failure_grace=grace, warm_idle=setting("warm_idle", None, 600.0, float),
             ps_job_wait=ps_job_wait, settings=settings)
 

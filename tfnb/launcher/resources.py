@@ -1,29 +1,13 @@
 """Resources per run and per role: what the tasks ask Spark for, whether this Spark can give it per run,
 where the parameter servers go, and whether it all fits on the executors.
 
-Spark gives every task of a stage what the stage's resource profile asks for. By default that is the
-cluster's conf (``spark.task.cpus``, ``spark.task.resource.gpu.amount``), fixed when the cluster starts.
-``tfnb.run(gpus_per_worker=, cpus_per_worker=)`` asks for other amounts through a *task* resource
-profile (``TaskResourceRequests`` only: the executors already running, no new ones), which Spark runs
-with dynamic allocation off (a barrier stage needs it off anyway) on these managers:
-
-    =================  ========================================  =========================================
-    Spark              masters                                   how tfnb attaches the profile
-    =================  ========================================  =========================================
-    3.5.0              standalone (spark://), local-cluster       classic session: ``RDD.barrier()`` +
-    3.5.1 - 3.5.x      + YARN, Kubernetes                         ``withResources``; Spark Connect: never
-    4.0 and later      standalone, local-cluster, YARN, K8s       ``mapInArrow(..., profile=)``, classic
-                                                                  and Spark Connect
-    any                local, local[N]                            never: set the conf when the session starts
-    =================  ========================================  =========================================
-
-Other masters (Databricks runs its own cluster manager) are not assumed either way: on a classic session
-tfnb asks Spark's own ``ResourceProfileManager.isSupported`` before launch; on Spark Connect a refusal
-comes back as the job's error and is turned into the same :class:`ClusterError`.
-
-One stage carries one profile, so parameter servers that must not hold the workers' GPUs run as a
-second barrier job beside the workers' (``ps_placement="executors"``, the default) or as processes on
-the driver (``ps_placement="driver"``); see :func:`plan` and docs/resources.md.
+``gpus_per_worker=``/``cpus_per_worker=`` ask for other amounts than the cluster's conf through a *task*
+resource profile (the executors already running, no new ones). Spark runs one on standalone and
+local-cluster masters from 3.5.0, YARN and Kubernetes from 3.5.1, never on local[N]; tfnb attaches it with
+``RDD.barrier().withResources`` on 3.5 (classic sessions only) and ``mapInArrow(..., profile=)`` from 4.0.
+Other masters are asked (``ResourceProfileManager.isSupported``) on classic sessions; on Spark Connect a
+refusal comes back as the job's error. One stage carries one profile, so ps tasks that must not hold the
+workers' GPUs run as a second barrier job or on the driver (:func:`plan`, docs/resources.md).
 """
 from __future__ import annotations
 
@@ -34,7 +18,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from .._config import setting
 from ..errors import ClusterError
 
 log = logging.getLogger(__name__)
@@ -53,9 +36,14 @@ def _is_local(master: str) -> bool:
     return bool(re.fullmatch(r"local(\[.*\])?", master.strip()))
 
 
+def _local_cluster(master: str) -> tuple[int, int] | None:
+    """(executors, cores each) of a ``local-cluster[N,C,M]`` master."""
+    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def profile_support(version: tuple[int, int, int], master: str, *, connect: bool) -> str | None:
-    """Why a task resource profile cannot run with this Spark ``version`` and ``master``, or None when
-    nothing known rules it out (the session is then asked, or the job's answer is read).
+    """Why a task resource profile cannot run with this Spark ``version`` and ``master``; None if nothing rules it out.
 
     Examples:
         >>> profile_support((3, 5, 0), "yarn", connect=False)
@@ -75,8 +63,7 @@ def profile_support(version: tuple[int, int, int], master: str, *, connect: bool
 
 
 def build_method(version: tuple[int, int, int], client: tuple[int, int, int]) -> str:
-    """How a profiled barrier job is built: ``"profile"`` (mapInArrow's profile=, Spark 4.0+ on both
-    the server and this client) or ``"rdd"`` (RDD.barrier().withResources, classic sessions on 3.5)."""
+    """``"profile"`` (mapInArrow's profile=, Spark 4.0+ on server and client) or ``"rdd"`` (withResources, 3.5)."""
     return "profile" if min(version, client) >= (4, 0, 0) else "rdd"
 
 
@@ -94,17 +81,9 @@ class Ask:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a run's tasks go and what each asks for, as :func:`plan` decided it.
-
-    Attributes:
-        workers: what each chief/worker task asks for.
-        worker_profile: the workers' stage carries a task resource profile (else the session default).
-        ps: what each ps task asks for in a barrier job of its own, beside the workers'; None when the
-            ps tasks share the workers' stage (or run on the driver, or there are none).
-        ps_profile: that ps job carries a CPU-only task resource profile.
-        ps_on_driver: the ps tasks run as processes on the driver (``ps_placement="driver"``).
-        build: how a profiled job is built, "profile" (mapInArrow profile=) or "rdd" (Spark 3.5).
-    """
+    """Where a run's tasks go and what each asks for, as :func:`plan` decided it. ``ps``: what each ps task asks
+    in a barrier job of its own (None: they share the workers' stage, run on the driver, or there are none);
+    ``*_profile``: that stage carries a task resource profile; ``build``: see :func:`build_method`."""
 
     workers: Ask
     worker_profile: bool = False
@@ -115,7 +94,7 @@ class Placement:
     profiles: dict = field(default_factory=dict, compare=False, repr=False)  # Ask -> ResourceProfile, see with_profiles
 
     def profile(self, ask: Ask):
-        """The pyspark ResourceProfile asking ``ask`` of each task: :func:`with_profiles`' one, or a new one."""
+        """The pyspark ResourceProfile asking ``ask`` of each task."""
         if ask in self.profiles:
             return self.profiles[ask]
         from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
@@ -127,9 +106,8 @@ class Placement:
 
 
 def with_profiles(spark, placement: Placement) -> Placement:
-    """``placement`` with its resource profiles built once, on this thread, for every attempt of the run. A Spark
-    Connect profile is registered with the server through the calling thread's active session, and the thread that
-    runs the job has none: its id is taken here, with ``spark`` made active meanwhile."""
+    """``placement`` with its profiles built once for every attempt. A Spark Connect profile registers through the
+    calling thread's active session (the job's thread has none): its id is taken here, ``spark`` made active."""
     asks = [a for a, on in ((placement.workers, placement.worker_profile), (placement.ps, placement.ps_profile))
             if on and a is not None]
     profiles = {ask: placement.profile(ask) for ask in asks}
@@ -178,13 +156,12 @@ def _is_connect(spark) -> bool:
 
 
 def refused_by_spark(text: str) -> str | None:
-    """Spark's sentence refusing a resource profile, when ``text`` (an error) holds one."""
     m = _SPARK_REFUSAL.search(text)
     return m.group(0).strip() if m else None
 
 
 def _ask_session(spark, placement: Placement, ask: Ask) -> str | None:
-    """On a classic session, Spark's own answer (``ResourceProfileManager.isSupported``) for ``ask``."""
+    """Spark's own refusal of ``ask`` (``ResourceProfileManager.isSupported``), on a classic session."""
     if _is_connect(spark):
         return None  # no JVM to ask: a refusal comes back as the job's error (see refused_by_spark)
     try:
@@ -201,18 +178,10 @@ def _ask_session(spark, placement: Placement, ask: Ask) -> str | None:
 
 def plan(spark, *, num_workers: int, num_ps: int = 0, gpus_per_worker: int | None = None,
          cpus_per_worker: int | None = None, ps_placement: str = "executors") -> Placement:
-    """Decide what the workers and parameter servers ask for and where the ps tasks go.
-
-    The workers get a task resource profile only when ``gpus_per_worker``/``cpus_per_worker`` ask for
-    other amounts than the session's conf. With ``num_ps > 0`` and workers that hold GPUs, the ps tasks
-    get no GPU: by default (``"executors"``) they run as a second barrier job asking only
-    ``spark.task.cpus`` cores (with a CPU-only profile when the conf gives every task a GPU); where Spark
-    cannot run that profile they share the workers' stage as before and a warning says so.
-
-    Raises:
-        ClusterError: a per-run request where this Spark, master or session cannot attach a task
-            resource profile; the message names the version, the master and the conf to set instead.
-    """
+    """What the workers and ps tasks ask for, and where the ps tasks go. The workers get a profile only when
+    ``gpus_per_worker``/``cpus_per_worker`` differ from the session's conf. Beside GPU workers the ps tasks run as a
+    second, CPU-only barrier job (a profile when the conf gives every task a GPU; where Spark cannot run one they
+    share the workers' stage, with a warning). ClusterError: a per-run request this Spark cannot attach."""
     import pyspark
 
     master = _conf(spark, "spark.master", "") or ""
@@ -248,9 +217,8 @@ def plan(spark, *, num_workers: int, num_ps: int = 0, gpus_per_worker: int | Non
 
 def room(executors: Sequence[tuple[int, float]], workers: Ask, num_workers: int, ps: Ask | None = None,
          ) -> tuple[int, int]:
-    """(chief/worker tasks the executors hold, ps tasks that fit in what ``num_workers`` workers leave).
-    ``executors`` are (cores, GPUs) per executor. Workers are packed first-fit onto the executors with the most
-    room; Spark places tasks its own way, so this is what can fit, not where each task goes."""
+    """(chief/worker tasks ``executors`` (cores, GPUs) hold, ps tasks that fit beside ``num_workers`` workers packed
+    first-fit onto the roomiest executors): what can fit, not where Spark puts each task."""
     def each(cores: int, gpus: float) -> int:
         by_cpu = cores // max(workers.cpus, 1)
         return min(by_cpu, int(gpus // workers.gpus)) if workers.gpus else by_cpu
@@ -274,7 +242,7 @@ def _describe(executors: Sequence[tuple[int, float]]) -> str:
 
 def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Placement, num_workers: int,
               num_ps: int, knobs: str) -> ClusterError | None:
-    """The ClusterError for a run that cannot be placed on ``executors``, with the arithmetic; None if it fits."""
+    """The ClusterError, with the arithmetic, for a run ``executors`` cannot hold; None if it fits."""
     ps = placement.ps
     workers = num_workers + (num_ps if ps is None and not placement.ps_on_driver else 0)
     fit_w, fit_ps = room(executors, placement.workers, workers, ps)
@@ -303,12 +271,16 @@ def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Pl
     return None
 
 
-def _executors(spark, leaving: frozenset = frozenset()) -> list[tuple[int, float]] | None:
-    """(cores, GPUs) of each registered executor (the driver's entry and ``leaving`` ids left out); None on Spark
-    Connect."""
+def _executors(spark, leaving: frozenset = frozenset(), own: dict[str, int] | None = None,
+               ) -> list[tuple[int, float]] | None:
+    """(cores, GPUs) of each registered executor, the driver's entry and ``leaving`` ids left out; None on Spark
+    Connect. With ``own`` (executor id -> tasks of a running launch), what other jobs' running tasks hold there is
+    taken off (``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` each: the status store counts tasks)."""
     if _is_connect(spark):
         return None
     store = spark.sparkContext._jsc.sc().statusStore().executorList(True)
+    task_cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
+    task_gpus = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
     fallback = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
     out = []
     for i in range(store.size()):
@@ -316,16 +288,18 @@ def _executors(spark, leaving: frozenset = frozenset()) -> list[tuple[int, float
         if e.id() == "driver" or e.id() in leaving:
             continue
         gpu = e.resources().get("gpu")
-        out.append((int(e.totalCores()), float(len(gpu.get().addresses())) if gpu.isDefined() else fallback))
+        gpus = float(len(gpu.get().addresses())) if gpu.isDefined() else fallback
+        others = 0 if own is None else max(int(e.activeTasks()) - own.get(e.id(), 0), 0)
+        out.append((max(int(e.totalCores()) - others * task_cpus, 0), max(gpus - others * task_gpus, 0.0)))
     return out
 
 
 def _expected(spark, master: str) -> tuple[int | None, tuple[int, float] | None]:
-    """(executors the conf promises, (cores, GPUs) each) as far as the conf says; None where it does not."""
+    """(executors the conf promises, (cores, GPUs) each), None where the conf does not say."""
     gpus = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
-    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
-    if m:
-        return int(m.group(1)), (int(m.group(2)), gpus)
+    cluster = _local_cluster(master)
+    if cluster:
+        return cluster[0], (cluster[1], gpus)
     cores = _conf(spark, "spark.executor.cores")
     count = _conf(spark, "spark.executor.instances")
     if count is None and cores and _conf(spark, "spark.cores.max"):
@@ -333,19 +307,9 @@ def _expected(spark, master: str) -> tuple[int | None, tuple[int, float] | None]
     return (int(count) if count else None), ((int(cores), gpus) if cores else None)
 
 
-def check_fit(spark, placement: Placement, num_workers: int, num_ps: int, knobs: str,
-              wait: float | None = None) -> None:
-    """Refuse at once a run whose tasks cannot all be placed, naming the arithmetic.
-
-    The executors' cores and GPUs come from the executors registered with the driver (their status),
-    or from the conf (spark.executor.resource.gpu.amount, spark.executor.cores) on Spark Connect. When
-    the conf says how many executors to expect (spark.executor.instances, spark.cores.max /
-    spark.executor.cores, local-cluster), tfnb waits up to TFNB_SLOT_WAIT seconds (30) only for those
-    still registering, and refuses at once what even all of them could not hold.
-
-    Raises:
-        ClusterError: the arithmetic: tasks × what each asks vs executors × what each offers.
-    """
+def check_fit(spark, placement: Placement, num_workers: int, num_ps: int, knobs: str, wait: float) -> None:
+    """Refuse a run whose tasks cannot all be placed (ClusterError with the arithmetic): at once when even every
+    executor the conf promises could not hold it, else after up to TFNB_SLOT_WAIT s (30) for those registering."""
     master = _conf(spark, "spark.master", "") or ""
     count, each = _expected(spark, master)
     if count is not None and each is not None:
@@ -355,7 +319,7 @@ def check_fit(spark, placement: Placement, num_workers: int, num_ps: int, knobs:
     executors = _executors(spark)
     if executors is None:
         return  # Spark Connect without the cluster's size in its conf: Spark's own barrier check decides
-    deadline = time.monotonic() + setting("slot_wait", wait, 30.0, float)
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if count is not None and len(executors) >= count:
             break

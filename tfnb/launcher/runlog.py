@@ -1,10 +1,7 @@
-"""The run's log file: every line every task printed, with states and failures, in one local file.
+"""The run's log file: every line every task printed, with states and failures, uncut, in one local file.
 
-The display folds progress bars and cuts long lines so a large run stays readable; this file keeps
-the whole stream (every finished line, uncut up to the tasks' own bound) for reading afterwards. It
-lives in ``<model_dir>/tfnb-logs/run-<run_id>.log`` when model_dir is a local path, else in the
-user's private run folder (``<tmp>/tfnb-runs-<uid>/<run_id>/run.log``, the newest 100 runs kept): never
-written to a remote URL. Every attempt of a run appends to the same file.
+``<model_dir>/tfnb-logs/run-<run_id>.log`` when model_dir is a local path, else the user's private run folder
+(``<tmp>/tfnb-runs-<uid>/<run_id>/run.log``, the newest 100 runs kept). Every attempt appends to it.
 """
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ _FLUSH_EVERY = 1.0  # seconds: someone may be reading the file while the run goe
 
 
 def run_log_path(run_id: str, model_dir: str | None) -> str:
-    """Where the run's log file goes (see the module docstring)."""
     model_dir = (model_dir or "").removeprefix("file://")
     if model_dir and not _URL.match(model_dir):
         return os.path.join(model_dir, "tfnb-logs", f"run-{run_id}.log")
@@ -38,7 +34,6 @@ def run_log_path(run_id: str, model_dir: str | None) -> str:
 
 
 def _prune(base: str, current: str, keep: int = _KEEP_RUNS) -> None:
-    """Remove the oldest run folders in the private folder ``base`` beyond the newest ``keep``."""
     with contextlib.suppress(OSError):
         runs = [e for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name != current]
         runs.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime)
@@ -64,7 +59,6 @@ class RunLog:
 
     @classmethod
     def for_run(cls, run_id: str, model_dir: str | None) -> RunLog:
-        """The run's log file; in the private run folder when model_dir cannot take it."""
         from ..errors import UnsafePathError
 
         try:
@@ -77,11 +71,9 @@ class RunLog:
         return runlog
 
     def note(self, text: str) -> None:
-        """One line from the driver itself (an attempt starting, a relaunch)."""
         self._write(f"{_stamp()} tfnb: {text}\n")
 
     def message(self, peer: dict, msg: dict) -> None:
-        """Record one channel message (or batch) from the task ``peer``."""
         if self._file is None:
             return
         items = msg.get("items") if msg.get("kind") == Msg.BATCH else (msg,)

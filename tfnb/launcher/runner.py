@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from .. import _protocol as events
 from .._protocol import RunEvent
+from .._config import setting
 from ..errors import ConfigError, RunCancelledError, RunTimeoutError, WorkerError, WorkerStalledError
 from ..monitor.display import make_display
 from .attempt import _Attempt
@@ -33,90 +34,69 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
         **kwargs: Any) -> Any:
     """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
 
-    Each of the ``num_workers`` (+ ``num_ps``) tasks gets TF_CONFIG, its role and GPUs, then runs
-    ``train_fn`` in a fresh Python process, so any number of runs work in one Spark session.
-    Logs and progress stream to the notebook as they happen.
+    Each task gets TF_CONFIG, its role and GPUs, and runs ``train_fn`` in a fresh Python process (so any number of
+    runs work in one Spark session); logs and progress stream live.
 
     Args:
         train_fn: ``train_fn(ctx: WorkerContext, *args)``; the chief's return value is returned.
         num_workers: chief + worker tasks (>= 1). Without ps tasks this is MultiWorkerMirroredStrategy.
         args: extra positional arguments for ``train_fn`` (must pickle).
         kwargs: keyword arguments for ``train_fn`` (must pickle).
-        num_ps: parameter-server tasks; with ps tasks the chief runs the ParameterServerStrategy
-            coordinator (``train_fn``), and worker/ps tasks run TensorFlow servers until it finishes.
+        num_ps: parameter-server tasks; the chief then runs the ParameterServerStrategy coordinator
+            (``train_fn``), and worker/ps tasks run TensorFlow servers until it finishes.
         spark: the SparkSession (classic or Spark Connect); default: active session or a local one.
         use_gpu: None uses GPUs Spark assigned (``gpus_per_worker``, else spark.task.resource.gpu.amount);
             False hides GPUs; True requires them.
-        gpus_per_worker: whole GPUs each chief/worker task asks Spark for in this run (0: none), instead
-            of the cluster's spark.task.resource.gpu.amount; ``cpus_per_worker``: likewise CPU cores instead
-            of spark.task.cpus. Applied as a Spark task resource profile on the executors already running
-            (no restart), where the Spark version and cluster manager support one (standalone from 3.5,
-            YARN/Kubernetes from 3.5.1, never local[N]; docs/resources.md); elsewhere refused before launch
-            with the conf to set instead. Memory per task is out of reach (executor-level in Spark).
-        ps_placement: where the ``num_ps`` parameter servers run. ``"executors"`` (default): on the
-            executors; when the workers hold GPUs, as CPU-only tasks of a second barrier job beside the
-            workers' (a stage carries one resource profile), so no ps holds a GPU (should other jobs take
-            the slots one of the two jobs needs, the other waits TFNB_PS_JOB_WAIT seconds, default 300, then
-            ClusterError); with CPU workers, in the workers' stage as ever. Spark places, cancels and cleans
-            them like any task, and the shared driver of a Databricks cluster stays out of the training's
-            memory and network path.
-            ``"driver"``: as processes on the driver that tfnb supervises (no Spark slot, but the driver's
-            memory, CPU and network; for clusters that cannot run a CPU-only profile).
+        gpus_per_worker: whole GPUs each chief/worker task asks Spark for in this run (0: none) instead of
+            spark.task.resource.gpu.amount; ``cpus_per_worker``: CPU cores instead of spark.task.cpus. A Spark
+            task resource profile on the executors already running, where Spark supports one (standalone from
+            3.5, YARN/Kubernetes from 3.5.1, never local[N]; docs/resources.md); elsewhere refused before
+            launch with the conf to set instead. Memory per task is out of reach (executor-level in Spark).
+        ps_placement: ``"executors"`` (default): the ps tasks run on the executors, beside GPU workers as
+            CPU-only tasks of a second barrier job (which waits for the other at most TFNB_PS_JOB_WAIT s, default
+            300); ``"driver"``: as processes on the driver (no Spark slot, but the driver's memory and network).
         timeout: seconds before the run is cancelled (RunTimeoutError). Env: TFNB_TIMEOUT.
-        model_dir: checkpoint directory passed to ``ctx.model_dir``; tfnb also writes the run's status
-            there (``tfnb_status.json``) so an Evaluator knows when training ended.
-        log_dir: TensorBoard directory passed to ``ctx.log_dir``. When executors run on other hosts than
-            the driver, ``model_dir`` and ``log_dir`` must be storage every host sees (a URL, ``/Volumes``,
-            ``/dbfs``, ``/Workspace``, a network or FUSE mount, or a prefix in TFNB_SHARED_PATHS); a
-            driver-local path is refused before launch (not checked on Spark Connect).
+        model_dir: checkpoint directory (``ctx.model_dir``); tfnb also writes the run's status there
+            (``tfnb_status.json``) so an Evaluator knows when training ended.
+        log_dir: TensorBoard directory (``ctx.log_dir``). When executors run on other hosts, ``model_dir``
+            and ``log_dir`` must be storage every host sees (a URL, ``/Volumes``, ``/dbfs``, ``/Workspace``, a
+            network or FUSE mount, or a prefix in TFNB_SHARED_PATHS); a driver-local path is refused.
         storage_options: options for ``model_dir``/``log_dir`` URLs (``key``, ``secret``, ``token``,
-            ``endpoint_url``...; the vocabulary of :mod:`tfnb.storage`); never shown or logged.
+            ``endpoint_url``...; see :mod:`tfnb.storage`); never shown or logged.
         data: a Spark DataFrame split evenly across the workers; read it with ``ctx.dataset(...)``.
-        max_attempts: failed launches at most. tfnb relaunches when a task's process or executor died, when
-            train_fn failed because a peer vanished (TensorFlow's UnavailableError and kin from collective
-            ops / gRPC) and after a stall; any other exception in train_fn is a bug and is not retried.
-            Default 2. Env: TFNB_MAX_ATTEMPTS; TFNB_FAILURE_GRACE (default 3 s) is how long tfnb
-            collects the other tasks' reports after a first failure before deciding.
-        min_workers: makes the run elastic (MultiWorkerMirroredStrategy only): after a lost executor whose
-            replacement has not registered within ``replace_wait`` seconds (default 120, TFNB_REPLACE_WAIT), tfnb
-            relaunches from the last checkpoint with as many workers as the executors left can hold, never fewer
-            than ``min_workers`` (below it: ClusterError naming the room it had and needed); once executors
-            return, the run stops at its next epoch boundary (``ctx.progress_callback()``, or
-            ``ctx.epoch_boundary()`` in a custom loop) and relaunches at ``num_workers``. Resizes do not count
-            against ``max_attempts``; ``ctx.num_workers`` is each launch's size. Not on Spark Connect.
-        stall_timeout: seconds a train_fn process may stay alive without sending a progress event or an
-            output line before tfnb dumps every worker's Python stack, cancels the job and relaunches
-            it (WorkerStalledError on the last attempt). Default "auto": TFNB_STALL_TIMEOUT, else 30
-            minutes; None or 0 turns the watchdog off.
-        env: extra environment variables for the train_fn processes. It may not set what tfnb sets
-            itself (TF_CONFIG, CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED, TFNB_RUN_ID and tfnb's other
-            TFNB_* plumbing, and TF_USE_LEGACY_KERAS unless ``legacy_keras=False``): ConfigError names the
-            knob to use instead (``use_gpu=``, ``legacy_keras=``...).
-        legacy_keras: None (default) sets TF_USE_LEGACY_KERAS=1 where tf-keras is installed, so ``tf.keras``
-            code keeps tf-keras; True always, False never. ``import keras`` is Keras 3 either way, which tfnb
-            trains under MultiWorkerMirroredStrategy too (docs/keras3.md).
-        preimport: modules each train_fn process imports while the tasks exchange addresses,
-            hiding their import time (default ``("tensorflow",)``; ``()`` for train_fns without
-            TensorFlow). Env: TFNB_PREIMPORT (comma-separated).
-        warm: keep per executor a standby process with ``preimport`` imported, from which this run and later
-            runs with the same settings fork their train_fn processes, so reruns skip that import (default
-            True; ~600 MB per standby with TensorFlow; it exits after TFNB_WARM_IDLE seconds without a run,
-            default 600). Env: TFNB_WARM.
+        max_attempts: failed launches at most (default 2, TFNB_MAX_ATTEMPTS). tfnb relaunches after a dead
+            process or executor, a vanished peer (TensorFlow's UnavailableError and kin) or a stall; any other
+            exception is a bug. TFNB_FAILURE_GRACE (3 s): how long reports are collected after a first failure.
+        min_workers: makes the run elastic (MultiWorkerMirroredStrategy, classic sessions): after a lost executor
+            with no replacement within ``replace_wait`` s (default 120, TFNB_REPLACE_WAIT), tfnb relaunches from
+            the last checkpoint with the workers the executors hold, at least ``min_workers`` (else ClusterError);
+            once executors return, it stops at the next epoch boundary (``ctx.progress_callback()`` or
+            ``ctx.epoch_boundary()``) and relaunches at ``num_workers``. Resizes are not failed attempts.
+        stall_timeout: seconds a train_fn process may stay silent (no progress event, no output line) before
+            tfnb dumps every worker's stack, cancels and relaunches (WorkerStalledError on the last attempt).
+            Default "auto": TFNB_STALL_TIMEOUT, else 30 minutes; None or 0 turns the watchdog off.
+        env: extra environment variables for the train_fn processes; not what tfnb sets itself (TF_CONFIG,
+            CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED, TFNB_RUN_ID and other TFNB_* plumbing, TF_USE_LEGACY_KERAS
+            unless ``legacy_keras=False``): ConfigError names the knob to use instead.
+        legacy_keras: None (default) sets TF_USE_LEGACY_KERAS=1 where tf-keras is installed (``tf.keras`` is
+            tf-keras); True always, False never. ``import keras`` is Keras 3 either way (docs/keras3.md).
+        preimport: modules each train_fn process imports while the tasks exchange addresses (default
+            ``("tensorflow",)``; ``()`` without TensorFlow). Env: TFNB_PREIMPORT (comma-separated).
+        warm: keep per executor a standby process with ``preimport`` imported, from which runs with the same
+            settings fork train_fn (default True, TFNB_WARM; ~600 MB with TensorFlow; exits after TFNB_WARM_IDLE s).
         display: a callable receiving every RunEvent; False for none; default: a live widget in
             notebooks, prefixed log lines and a progress line on the console.
         profile_steps: ``(first, last)`` training steps (from 1, across epochs) each worker traces with
-            TensorFlow's profiler, from ``ctx.progress_callback()`` or ``ctx.profile(step)``, into
-            ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (needs ``log_dir``);
-            under MultiWorkerMirroredStrategy the chief alone, from its second step (TensorFlow's profiler
-            can crash the others as it stops; docs/monitoring.md, "Profiler").
+            TensorFlow's profiler into ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb``
+            (needs ``log_dir``); under MultiWorkerMirroredStrategy the chief alone, from its second step
+            (docs/monitoring.md, "Profiler").
         mlflow: True, an experiment name, or a dict (``experiment``, ``registered_model_name``,
             ``input_example``): log the run as one MLflow run from the driver (settings, the chief's per-epoch
-            metrics, relaunches, status, the model saved in ``model_dir`` with a signature, registered when named);
+            metrics, relaunches, status, the model in ``model_dir`` with a signature, registered when named);
             see :mod:`tfnb.monitor.tracking`. Needs ``pip install 'tfnb[mlflow]'``.
 
-    The options are the fields of :class:`RunOptions`: pass them as keywords, or a ``RunOptions`` as the
-    second argument (keywords override its fields). ``hooks`` (:class:`LaunchHooks`) is the launch surface
-    add-ons such as ``tfnb.compat`` build on.
+    The options are the fields of :class:`RunOptions`: keywords, or a ``RunOptions`` as the second argument
+    (keywords override its fields). ``hooks`` (:class:`LaunchHooks`) is the surface add-ons build on.
 
     Returns:
         What ``train_fn`` returned on the chief.
@@ -186,7 +166,9 @@ class _Run:
                               "cannot see the executors an elastic run sizes itself by; leave min_workers out")
         self.elastic = opts.min_workers is not None
         first = (opts.min_workers if self.elastic else opts.num_workers) + opts.num_ps
-        placement = check_cluster(self.spark, first, use_gpu=opts.use_gpu, num_ps=opts.num_ps,
+        # seconds for executors to register before a launch is judged too big, resolved once for the run
+        self.slot_wait = setting("slot_wait", None, 30.0, float)
+        placement = check_cluster(self.spark, first, self.slot_wait, use_gpu=opts.use_gpu, num_ps=opts.num_ps,
                                   gpus_per_worker=opts.gpus_per_worker, cpus_per_worker=opts.cpus_per_worker,
                                   ps_placement=opts.ps_placement)
         self.placement = with_profiles(self.spark, placement)
@@ -220,9 +202,7 @@ class _Run:
 
     def run(self) -> Any:
         opts = self.opts
-        from .._config import setting
-
-        size = self._size(opts.min_workers or opts.num_workers, setting("slot_wait", None, 30.0, float))
+        size = self._size(opts.min_workers or opts.num_workers, self.slot_wait)
         sink = self.sink = make_display(opts.display, size, opts.num_ps, opts.max_attempts)
         self._status("running", attempt=1)
         if opts.mlflow:
@@ -268,7 +248,8 @@ class _Run:
                     why = "executors returned" if size > previous else \
                         f"{reason if outcome.resize else 'executor lost'}, no replacement in {opts.replace_wait:g} s"
                     entry["resize"] = {"from": previous, "to": size, "why": why}
-                    reason = (f"{reason}; " if not outcome.resize else "") + f"resized {previous} → {size} workers ({why})"
+                    resized = f"resized {previous} → {size} workers ({why})"
+                    reason = resized if outcome.resize else f"{reason}; {resized}"
                 log.info("tfnb: launch %d ended: %s; relaunching", attempt, reason)
                 sink(RunEvent(events.ATTEMPT, "driver", 0, {
                     "attempt": attempt + 1, "max_attempts": opts.max_attempts, "reason": reason,
@@ -297,7 +278,7 @@ class _Run:
         opts = self.opts
         if self.elastic:  # at once when the whole run fits (executors returned), else after replace_wait
             return self._size(opts.min_workers, opts.replace_wait)
-        _wait_for_slots(self.spark, opts.num_tasks, self.placement, opts.num_ps)
+        _wait_for_slots(self.spark, opts.num_tasks, self.placement, opts.num_ps, self.slot_wait)
         return size
 
     def _launch(self, attempt: int, size: int, resized_from: int | None, started: float):

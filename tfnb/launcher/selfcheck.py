@@ -1,10 +1,5 @@
-"""``tfnb.selfcheck``: does Keras 3 train exactly on this runtime? One small ``tfnb.run`` answers before a long job.
-
-The train_fn side is tfnb._task.selfcheck: one SGD step of a linear model through ``fit``, a custom loop and
-``train_on_batch`` under MultiWorkerMirroredStrategy, on every worker, compared with the step computed in one
-process. A run on a Keras, TensorFlow or Spark newer than the tested ones does the same by itself at its first
-``fit``; this is the way to ask first.
-"""
+"""``tfnb.selfcheck``: does Keras 3 train exactly on this runtime? One small ``tfnb.run`` answers before a long job
+(the train_fn side is tfnb._task.selfcheck; a run on untested versions does the same at its first ``fit``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

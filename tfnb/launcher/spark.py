@@ -1,8 +1,7 @@
 """The launcher's Spark glue: the session, what the cluster can host, where tasks reach the driver, job tags.
 
-Everything here asks Spark (or the driver's machine) a question before or around a launch and refuses
-what could never run, with the fix: a stopped session, dynamic allocation, too few task slots, GPUs
-the cluster cannot give, a driver-local folder executors cannot see, a launch from inside a task.
+Each check refuses, with the fix, what could never run: a stopped session, dynamic allocation, too few task
+slots, GPUs the cluster cannot give, a driver-local folder executors cannot see, a launch from inside a task.
 """
 from __future__ import annotations
 
@@ -18,18 +17,13 @@ from typing import Sequence
 
 from .._config import setting
 from ..errors import ClusterError, ConfigError
-from .resources import _asked, _conf, _is_connect, check_fit, plan
+from .resources import _asked, _conf, _is_connect, _is_local, _local_cluster, check_fit, plan
 
 log = logging.getLogger(__name__)
 
 
 def _refuse_in_task(verb: str) -> None:
-    """Stop a driver verb at once inside train_fn or any Spark task, where it would start a second Spark.
-
-    Raises:
-        ConfigError: this process is a train_fn process (TFNB_RUN_ID, which tfnb sets in each) or runs
-            a Spark task (pyspark's TaskContext).
-    """
+    """Refuse a driver verb inside train_fn (TFNB_RUN_ID is set) or a Spark task: it would start a second Spark."""
     run_id = os.environ.get("TFNB_RUN_ID")
     pyspark = sys.modules.get("pyspark")  # a Spark task has imported it; the check imports nothing
     task = getattr(pyspark, "TaskContext", None)
@@ -46,15 +40,10 @@ def _refuse_in_task(verb: str) -> None:
 
 
 def get_spark(spark=None, num_slots: int = 2):
-    """The session to run on: ``spark``, else the active one, else a new embedded ``local[N]`` session.
-
-    For a new local session PYSPARK_PYTHON is set to this interpreter, so Spark's Python workers
-    import the same packages as the notebook.
-    """
+    """``spark``, else the active session, else a new ``local[N]`` one whose Python workers run this interpreter."""
     from .._deps import require_spark
 
     _refuse_in_task("tfnb's launcher")
-
     require_spark(spark)  # Spark >= 3.5, or one error naming the floor and the fix
     if spark is not None:
         return spark
@@ -72,7 +61,7 @@ def get_spark(spark=None, num_slots: int = 2):
 
 
 def _check_session(spark) -> None:
-    """Refuse what is not a live SparkSession before anything calls into it (Py4J/AttributeError walls)."""
+    """Refuse what is not a live SparkSession before anything calls into it."""
     if not (hasattr(type(spark), "conf") and callable(getattr(spark, "range", None))
             and callable(getattr(spark, "interruptTag", None))):
         hint = ("pass the SparkSession (spark), not its SparkContext" if type(spark).__name__ == "SparkContext"
@@ -99,14 +88,12 @@ def _local_slots(master: str) -> int | None:
     m = re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", master)
     if m:
         return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))
-    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
-    if m:
-        return int(m.group(1)) * int(m.group(2))
-    return None
+    cluster = _local_cluster(master)
+    return cluster[0] * cluster[1] if cluster else None
 
 
 def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
-    """(task slots Spark can run at once, master) — what a barrier stage needs to fit in."""
+    """(task slots Spark runs at once, master)."""
     master = _conf(spark, "spark.master", "") or ""
     local = _local_slots(master)
     if _is_connect(spark):
@@ -116,11 +103,10 @@ def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
     jsc = spark.sparkContext._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
     slots = jsc.maxNumConcurrentTasks(profile)
-    if master.startswith("local") and not master.startswith("local-cluster"):
+    if _is_local(master):
         return slots, master
-    # Executors register a little after the session starts; give them a moment before judging.
+    # executors register after the session starts: wait for what the run needs (local-cluster: what it promises)
     deadline = time.monotonic() + wait
-    # wait for what the run needs, or (local-cluster) for every executor the master string promises
     target = needed if local is None else min(needed, local)
     while slots < target and time.monotonic() < deadline:
         time.sleep(0.25)
@@ -131,20 +117,16 @@ def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
 def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None, *,
                   num_ps: int = 0, gpus_per_worker: int | None = None, cpus_per_worker: int | None = None,
                   ps_placement: str = "executors"):
-    """Fail fast when Spark could never schedule the run's barrier stage(s) of ``needed`` tasks.
-
-    Returns:
-        The run's :class:`~tfnb.launcher.resources.Placement`: what each task asks Spark for (the
-        session's conf, or ``gpus_per_worker``/``cpus_per_worker`` as a task resource profile) and where
-        the ``num_ps`` parameter servers go (see ``tfnb.run``'s ``ps_placement``).
+    """Fail fast when Spark could never schedule the run's barrier stage(s) of ``needed`` tasks; return the run's
+    :class:`~tfnb.launcher.resources.Placement` (what each task asks for, where the ps tasks go).
 
     Raises:
         ConfigError: ``spark`` is not a live SparkSession.
-        ClusterError: dynamic allocation is on, the cluster has fewer task slots than needed, GPUs are
-            asked for (``use_gpu=True`` or spark.task.resource.gpu.amount) that it cannot give, or a
-            per-run request this Spark cannot attach; the message holds the arithmetic or the conf to set.
+        ClusterError: dynamic allocation, too few task slots, GPUs it cannot give, or a per-run request this
+            Spark cannot attach; the message holds the arithmetic or the conf to set.
     """
     _check_session(spark)
+    wait = setting("slot_wait", wait, 30.0, float)  # seconds for executors to register before judging
     gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
     if use_gpu and gpus_per_worker is None and gpu_per_task <= 0:
         # Spark hands GPUs only to tasks that ask for them; without this conf every task would fail after launch.
@@ -160,7 +142,7 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
             "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)")
     master = _conf(spark, "spark.master", "") or ""
     # Local tasks get the driver's GPUs; a cluster's, the executors' (a Connect client may not see that conf).
-    owner = "driver" if re.fullmatch(r"local(\[.*\])?", master) else "executor"
+    owner = "driver" if _is_local(master) else "executor"
     have = _conf(spark, f"spark.{owner}.resource.gpu.amount")
     if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not _is_connect(spark)):
         raise ClusterError(
@@ -177,8 +159,6 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
         check_fit(spark, placement, needed - num_ps, num_ps, knobs, wait)
         return placement
     in_stage = needed - num_ps if placement.ps_on_driver else needed
-    # Seconds to let executors register on a cluster master before judging the slot count.
-    wait = setting("slot_wait", wait, 30.0, float)
     slots, master = _cluster_slots(spark, in_stage, wait)
     if slots is not None and slots < in_stage:
         gpus = (f", and spark.task.resource.gpu.amount={gpu_per_task:g} GPU of the {owner}'s "
@@ -218,9 +198,8 @@ def _mount_type(path: str, table: str = "/proc/mounts") -> str:
 
 
 def is_shared_path(path, shared_prefixes: Sequence[str] = ()) -> bool:
-    """Whether every host of a cluster sees ``path`` as the driver does. Shared: URLs (``s3://``, ``gs://``,
-    ``dbfs:/``...), ``/dbfs``, ``/Volumes``, ``/Workspace``, paths on a network or FUSE mount (per the driver's
-    /proc/mounts), and paths under ``shared_prefixes``."""
+    """Whether every host sees ``path`` as the driver does: URLs, ``/dbfs``, ``/Volumes``, ``/Workspace``, network or
+    FUSE mounts (the driver's /proc/mounts), and paths under ``shared_prefixes``."""
     from ..storage import normalize
 
     text = normalize(path)
@@ -234,18 +213,9 @@ def is_shared_path(path, shared_prefixes: Sequence[str] = ()) -> bool:
 
 
 def check_dirs_shared(spark, **dirs) -> None:
-    """Refuse directories (``model_dir=...``) on the driver's own disk when executors run on other hosts.
-
-    Local masters pass (``local[N]``: the executor is the driver; ``local-cluster``: executors on its
-    machine), and so does a cluster whose executors all run on the driver's machine, whatever address they
-    bind: a loopback one (a standalone Worker started with ``--host 127.0.0.1``), the machine's name or any
-    of its interfaces' addresses (see :func:`_is_this_machine`). Spark Connect sessions pass unchecked: a
-    Connect client cannot ask where the executors run short of running a job.
-    TFNB_SHARED_PATHS (comma-separated prefixes) declares shared disks tfnb cannot detect.
-
-    Raises:
-        ConfigError: names the directories, the executor hosts and the fix.
-    """
+    """Refuse directories (``model_dir=...``) on the driver's own disk when executors run on other hosts (local
+    masters, executors on the driver's machine at any of its addresses, and Spark Connect pass);
+    TFNB_SHARED_PATHS lists prefixes of shared disks tfnb cannot detect. ConfigError names the fix."""
     dirs = {k: v for k, v in dirs.items() if v}
     master = _conf(spark, "spark.master", "") or ""
     if not dirs or _is_connect(spark) or master.startswith("local"):
@@ -270,9 +240,8 @@ def check_dirs_shared(spark, **dirs) -> None:
 
 
 def _is_this_machine(host: str) -> bool:
-    """Whether an executor's ``host`` (a name or an address, as Spark reports it) is the driver's machine:
-    ``localhost``, its host name, or a name resolving to a loopback address or one of its interfaces' (which
-    the kernel, asked for a route to it, answers from that very address; no packet is sent)."""
+    """Whether an executor's ``host`` is the driver's machine: ``localhost``, its name, or resolving to a loopback
+    address or one of its interfaces' (a route asked to it leaves from that very address; no packet is sent)."""
     name = host.strip("[]")
     if name.lower() in ("localhost", socket.gethostname().lower()):
         return True
@@ -294,8 +263,7 @@ def _is_this_machine(host: str) -> bool:
 
 
 def _other_hosts(hosts, enough: int = 6) -> list[str]:
-    """The ``hosts`` (executors' names or addresses) that are not the driver's machine, sorted; the first
-    ``enough`` of them (all are looked at only on a one-machine cluster)."""
+    """The first ``enough`` of ``hosts`` (sorted) that are not the driver's machine."""
     found: list[str] = []
     for host in sorted(h for h in hosts if h):
         if not _is_this_machine(host):
@@ -308,7 +276,7 @@ def _other_hosts(hosts, enough: int = 6) -> list[str]:
 def _driver_host(spark) -> str:
     """Where tasks reach the driver: loopback for local masters, else spark.driver.host."""
     master = _conf(spark, "spark.master", "") or ""
-    if master.startswith("local") and not master.startswith("local-cluster"):
+    if _is_local(master):
         return "127.0.0.1"
     host = _conf(spark, "spark.driver.host")
     if master.startswith("local-cluster") or host in (None, "localhost"):
@@ -316,25 +284,23 @@ def _driver_host(spark) -> str:
     return host or socket.gethostbyname(socket.gethostname())
 
 
-def _wait_for_slots(spark, needed: int, placement=None, num_ps: int = 0) -> None:
-    """Before a relaunch, give a lost executor's replacement time to register (Spark would otherwise
-    wait its barrier slot-check interval, 15 s by default, before even scheduling the job)."""
+def _wait_for_slots(spark, needed: int, placement, num_ps: int, wait: float) -> None:
+    """Before a relaunch, let a lost executor's replacement register (else Spark waits its 15 s barrier check)."""
     if _is_connect(spark):
         return
     try:
-        if placement is not None and (placement.worker_profile or placement.ps is not None):
-            check_fit(spark, placement, needed - num_ps, num_ps, "as before")
+        if placement.worker_profile or placement.ps is not None:
+            check_fit(spark, placement, needed - num_ps, num_ps, "as before", wait)
             return
-        _cluster_slots(spark, needed, setting("slot_wait", None, 30.0, float))
+        _cluster_slots(spark, needed, wait)
     except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
         log.debug("slot check before relaunch failed: %s", e)
 
 
 @contextlib.contextmanager
 def job_tag(spark, tag: str):
-    """Tag the Spark jobs this thread starts inside the block, so :func:`interrupt_jobs` can cancel them. Classic
-    sessions get a job group (interrupting on cancel) instead: a classic session's tag (Spark 4.0+) is scoped to the
-    thread that added it, so the driver's interruptTag would miss the job."""
+    """Tag the jobs this thread starts in the block for :func:`interrupt_jobs`. Classic sessions get a job group
+    instead: their tags are scoped to the thread that added them, so the driver's interruptTag would miss the job."""
     connect = _is_connect(spark)
     if connect:
         spark.addTag(tag)

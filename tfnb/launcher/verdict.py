@@ -1,14 +1,11 @@
 """The launcher's verdicts: what a failure was, in one readable line, and whether a relaunch can help.
 
-A task that raised is a bug (no relaunch); a task whose process or executor died, or that lost a peer,
-is bad luck (relaunch); a task that could not even start tfnb, an executor Python that cannot run the task at
-all (Spark's Python worker failed before tfnb's code ran: a missing pyarrow, a pyarrow that fails to import,
-another minor Python version, a broken pyspark; or the driver's own Python lacks pyarrow), or a resource
-profile Spark refused, will fail alike everywhere (no relaunch, one error naming the host, the Python or the
-profile, and the fix). What a failure is decides, not where it happened: running out of memory, file handles or
-disk while a task starts is relaunched and named as such, and a failure at start (a crash of Spark's Python
-worker among them) that repeats identically on the next launch stops the run with what it is. Also here: what
-an attempt ends with (``_Outcome``) and what it last heard from each task (``_Life``).
+A task that raised is a bug (no relaunch); a dead process or executor, or a lost peer, is bad luck (relaunch).
+What fails alike everywhere is refused at once with one error naming the host, the Python or the profile and the
+fix: tfnb that cannot start, an executor Python that cannot run the task (Spark's Python worker failing before
+tfnb's code: a missing or broken pyarrow, another minor Python, a broken pyspark), a refused resource profile.
+Running out of memory, file handles or disk at start is relaunched, unless it repeats identically on the next
+launch. Also here: what a launch ends with (``_Outcome``) and what it last heard from each task (``_Life``).
 """
 from __future__ import annotations
 
@@ -22,21 +19,19 @@ from typing import Any
 
 from ..errors import STALLED, ClusterError, TaskFailure
 
-# Spark's words for a task whose executor (or its Python worker) went away, as opposed to a task that raised.
-_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (was )?lost|Executor heartbeat timed out|"
-                            r"Remote RPC client disassociated|Python worker exited unexpectedly|worker lost",
-                            re.IGNORECASE)
+# Spark's words for a task whose executor (_EXECUTOR_LOST: or Python worker) went away, as opposed to one that raised
+_GONE = r"ExecutorLostFailure|executor \S+ (was )?lost|Executor heartbeat timed out|Remote RPC client disassociated"
+_EXECUTOR_GONE = re.compile(_GONE, re.IGNORECASE)
+_EXECUTOR_LOST = re.compile(_GONE + r"|Python worker exited unexpectedly|worker lost", re.IGNORECASE)
 
 
 def _last_line(msg: dict) -> str:
-    """The last line a log message carries (one line, or a run of ``lines``)."""
     lines = msg.get("lines")
     return str(lines[-1] if lines else "") if isinstance(lines, list) else str(msg.get("line", ""))
 
 
 def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
-    """A TaskFailure for a job that failed without any task reporting why (a lost executor, say), or whose task
-    could not start tfnb for a passing reason (out of memory, file handles...): that reason, as what it is."""
+    """A TaskFailure for a job that failed without a task's report (a lost executor, a passing failure at start)."""
     text = str(exc).strip()
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
     info = _boot_info(text)
@@ -51,11 +46,9 @@ def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
 
 
 # ---------------------------------------------------------------- failures at start that repeat
-# Running out of memory, file handles or disk while a task starts is no missing install: a relaunch may well
-# start. What fails at start the same way on two launches in a row (of the run on this thread, minutes apart at
-# most) will fail on every launch: the second stops the run, named as what it is. The launches of one run are
-# watched on the thread that called tfnb.run; each ends in one _Outcome, which closes the launch's record (a
-# launch that succeeded forgets them all).
+# Out of memory, file handles or disk at start: a relaunch may well start. The same failure on two launches in a row
+# (of the run on this thread) fails on every launch: the second stops the run. Each launch ends in one _Outcome,
+# which closes its record (a success forgets them all).
 _PASSING = {  # errno -> (what it is, the fix)
     errno.ENOMEM: ("out of memory", "give the executors more memory, or fewer tasks per executor"),
     errno.EMFILE: ("too many open files", "raise the executors' open-files limit (ulimit -n; LimitNOFILE)"),
@@ -86,8 +79,14 @@ def _repeated(signature: tuple) -> bool:
     return again
 
 
+def _passing_again(source: str, info: dict) -> bool:
+    """:func:`_repeated` for a passing failure at start (its errno and the start-up step it failed at)."""
+    m = _ERRNO.match(str(info.get("message") or ""))
+    frames = re.findall(r'File "[^"]*", line \d+,? in \S+', info.get("traceback") or "")  # where in the start-up
+    return _repeated((source, info.get("exc_type"), m.group(1) if m else "", frames[-1] if frames else ""))
+
+
 def _launch_ended(succeeded: bool) -> None:
-    """Close the launch's record (a success forgets the failures before it)."""
     _repeats.before = set() if succeeded else _repeats.now
     _repeats.now, _repeats.when, _repeats.crashed = set(), time.monotonic(), False
 
@@ -101,7 +100,7 @@ def _raised(traceback: str) -> str:
 
 
 def _passing(info: dict) -> tuple[str, str] | None:
-    """(what it is, the fix) for a failure at start that a relaunch may not meet again; None otherwise."""
+    """(what it is, the fix) for a failure at start a relaunch may not meet again; None otherwise."""
     kind = str(info.get("exc_type") or "").rpartition(".")[2]
     if kind == "MemoryError":
         return _PASSING[errno.ENOMEM]
@@ -111,18 +110,12 @@ def _passing(info: dict) -> tuple[str, str] | None:
     return None
 
 
-def _step(traceback: str) -> str:
-    """Where in the start-up a failure happened: the last frame of its traceback."""
-    frames = re.findall(r'File "[^"]*", line \d+,? in \S+', traceback or "")
-    return frames[-1] if frames else ""
-
-
 _INSTALL_FIX = ("on Databricks %pip install it in the notebook (as the tfnb notebooks' tfnb_install() does) or add "
                 "it as a cluster library; elsewhere install it into the Python the executors run (PYSPARK_PYTHON)")
 
 
 def _boot_info(text: str) -> dict | None:
-    """What tfnb._task.entry.task_entry reported from a task that could not start tfnb, found in Spark's error."""
+    """What tfnb._task.entry.task_entry reported of a task that could not start tfnb, from Spark's error."""
     from .._task.entry import BOOT_MARK
 
     m = re.search(f"<{BOOT_MARK}>(.*?)</{BOOT_MARK}>", text)
@@ -133,15 +126,11 @@ def _boot_info(text: str) -> dict | None:
 
 
 def _boot_report(text: str) -> dict | None:
-    """A task that could not start tfnb, from Spark's error: the report, which fails the run as it is; None for a
-    passing reason (out of memory, file handles...) the first time, so the launch is relaunched."""
+    """A task that could not start tfnb, from Spark's error; None for a passing reason the first time (relaunch)."""
     info = _boot_info(text)
     if info is None or not _passing(info):
         return info
-    m = _ERRNO.match(str(info.get("message") or ""))
-    if not _repeated(("boot", info.get("exc_type"), m.group(1) if m else "", _step(info.get("traceback", "")))):
-        return None
-    return {**info, "repeated": True}
+    return {**info, "repeated": True} if _passing_again("boot", info) else None
 
 
 def _boot_error(info: dict, max_attempts: int) -> ClusterError:
@@ -172,8 +161,8 @@ def _boot_error(info: dict, max_attempts: int) -> ClusterError:
 
 
 def _with_traceback(text: str, info: dict, every_launch: bool = True) -> ClusterError:
-    """The error, with the last lines of the executor's traceback below it. ``every_launch``: no task of any run
-    can start there (tfnb.sweep stops at it rather than failing one trial after another)."""
+    """The error with the traceback's last lines below it. ``every_launch``: no run can start there (tfnb.sweep
+    stops at it rather than failing one trial after another)."""
     tail = "".join(str(info.get("traceback") or "").splitlines(True)[-12:]).rstrip()
     where = "the driver's" if info.get("driver") else "the executor's"
     error = ClusterError(text + (f"\n\nLast lines of {where} traceback:\n{tail}" if tail else ""))
@@ -182,7 +171,6 @@ def _with_traceback(text: str, info: dict, every_launch: bool = True) -> Cluster
 
 
 def _passing_error(info: dict, max_attempts: int) -> ClusterError:
-    """A task that could not start for want of memory, file handles or disk: what it is, where, and the fix."""
     what, fix = _passing(info)
     who = "the train_fn process" if info.get("child") else "Spark's Python worker" if info.get("spark") else \
         "the Spark task"
@@ -200,9 +188,8 @@ def _passing_error(info: dict, max_attempts: int) -> ClusterError:
     return _with_traceback("\n".join([first, "", said_by, again]), info, every_launch=bool(info.get("repeated")))
 
 
-# Spark's Python worker failed before tfnb's task function ran: it raised while loading the task (a Python
-# traceback in the job's error text, without tfnb's frames), or it could not start at all ("Error from python
-# worker:", its stderr). The same on every launch: the executors' Python cannot run the task.
+# Spark's Python worker failed before tfnb's task ran: it raised loading the task (a traceback without tfnb's frames)
+# or could not start ("Error from python worker:", its stderr). The same on every launch.
 _TRACEBACK = "Traceback (most recent call last):"
 _TRACEBACK_END = ("\tat ", " SQLSTATE", "PYTHONPATH was:", "org.apache.spark.", "JVM stacktrace")
 _LOADING = re.compile(r", in (read_udfs|read_command|read_udtf|check_python_version)$", re.M)
@@ -221,8 +208,8 @@ def _imports(exc_type: Any) -> bool:
 
 
 def _culprit(traceback: str) -> str | None:
-    """The package whose code raised, from a traceback's innermost frame in an installed package (not pyspark's
-    or py4j's): an ImportError raised inside pyarrow names pyarrow, whatever its message says."""
+    """The installed package (not pyspark or py4j) of a traceback's innermost frame: an ImportError raised inside
+    pyarrow names pyarrow, whatever its message says."""
     for path in reversed(re.findall(r'File "([^"]+)"', traceback)):
         m = re.search(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_]\w*)", path) or \
             re.search(r"([A-Za-z_]\w*)[/\\]__init__\.py$", path)
@@ -236,13 +223,11 @@ def _culprit(traceback: str) -> str | None:
 _DRIVER_PACKAGE = re.compile(r"\[PACKAGE_NOT_INSTALLED\] (\w+) >= ([\w.]+) must be installed")
 # Spark's Python worker died (a segfault, the OOM killer), as opposed to its executor
 _WORKER_CRASH = re.compile(r"Python worker exited unexpectedly \(crashed\)")
-_EXECUTOR_GONE = re.compile(r"ExecutorLostFailure|executor \S+ (was )?lost|Executor heartbeat timed out|"
-                            r"Remote RPC client disassociated", re.IGNORECASE)
 
 
 def _driver_report(text: str) -> dict | None:
-    """The driver's own Python cannot import a package the job needs (pyspark checks pyarrow on the driver before
-    it submits an Arrow job, and says only that it was not found): the import's own error, tried here."""
+    """The driver's Python cannot import what the job needs (pyspark checks pyarrow before it submits an Arrow job,
+    saying only that it was not found): the import's own error, tried here."""
     m = _DRIVER_PACKAGE.search(text)
     if not m or _TRACEBACK in text:
         return None
@@ -262,9 +247,8 @@ def _driver_report(text: str) -> dict | None:
 
 
 def _crash_report(text: str) -> dict | None:
-    """Spark's Python worker crashed (not its executor): None the first time (a relaunch, as for a lost executor);
-    the second identical crash in a row (the same Python stack, when spark.python.worker.faulthandler.enabled
-    gives one) is no bad luck and comes back in the shape of a boot report (``crash``: True)."""
+    """Spark's Python worker crashed (not its executor): None the first time (relaunched); the same crash again is no
+    bad luck and comes back as a boot report (``crash``: True)."""
     m = _WORKER_CRASH.search(text)
     if not m or _EXECUTOR_GONE.search(text):
         return None
@@ -284,10 +268,9 @@ def _crash_report(text: str) -> dict | None:
 
 
 def _worker_report(text: str) -> dict | None:
-    """Why Spark's Python worker failed before tfnb's task ran, read from the job's error text, in the shape
-    of a boot report (``spark``: True); None when tfnb's own code ran, or the text holds no Python failure
-    (a lost executor, say). Also the driver's Python lacking what the job needs (``driver``: True), and a crash of
-    Spark's Python worker that repeats (``crash``: True)."""
+    """Why Spark's Python worker failed before tfnb's task ran, from the job's error, as a boot report (``spark``:
+    True; ``driver``: the driver's Python; ``crash``: a repeated crash); None when tfnb's code ran or no Python
+    failure is in the text."""
     driver = _driver_report(text)
     if driver is not None:
         return driver
@@ -329,23 +312,18 @@ def _worker_report(text: str) -> dict | None:
     if lost:
         info["host"] = lost.group(1)
     if passing:  # relaunched, unless it ended the launch before too
-        m = _ERRNO.match(str(info.get("message") or ""))
-        if not _repeated(("worker", exc_type, m.group(1) if m else "", _step(info["traceback"]))):
+        if not _passing_again("worker", info):
             return None
         info["repeated"] = True
     return info
 
 
 def _locate(spark, info: dict | None, tasks: int) -> dict | None:
-    """``info`` of a Spark Python worker failure with its executor's host and Python filled in. A small job of
-    ``tasks`` plain Python tasks asks the executors (at most ``_PROBE_WAIT`` s): where the worker runs at all, each
-    says its host, Python and whether it imports the missing module (PYSPARK_PYTHON may be a bare ``python3``, found
-    on each executor's PATH). Where it cannot (another minor version, a broken pyspark), that job fails too: the
-    host is the one Spark's error names, else the executors' hosts, and the Python is the one the driver tells the
-    executors to run (PYSPARK_PYTHON)."""
+    """``info`` of a Spark Python worker failure with its host and Python filled in: a small job of plain Python
+    tasks asks the executors (at most ``_PROBE_WAIT`` s) for their host, Python and the missing module. Where that
+    job fails too, the host is the one Spark's error names, else the executors', and the Python is PYSPARK_PYTHON."""
     if not info or not info.get("spark") or info.get("python"):
         return info
-    import threading
     import uuid
 
     from .spark import _is_connect, interrupt_jobs, job_tag
@@ -420,8 +398,7 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
 
 
 def _python_error(info: dict, max_attempts: int) -> ClusterError:
-    """One error for an executor whose Python cannot run tfnb's task (or a driver whose Python cannot submit it):
-    a first line with what, where and the fix; below it what it said, the fix in full and its traceback."""
+    """One error for an executor Python that cannot run tfnb's task (or a driver's that cannot submit it)."""
     import sys
 
     host, version, python = info.get("host"), info.get("python_version"), info.get("python")
@@ -514,7 +491,7 @@ def _python_error(info: dict, max_attempts: int) -> ClusterError:
 
 
 def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
-    """One readable line for the progress panel, the status file and the error: who, what, when."""
+    """One line for the progress panel, the status file and the error: who, what, when."""
     label = failure.label
     if failure.exc_type == "ExecutorLost" and _repeats.crashed:  # the task's Python worker, not its executor
         who = f"{label}'s" if failure.task_index >= 0 else "a task's"
@@ -539,8 +516,7 @@ def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
 
 
 def _refusal_error(said: str, worker_profile: bool) -> ClusterError:
-    """Spark refused a run's task resource profile when the job was submitted (Spark Connect, where tfnb
-    cannot ask before launch): the same refusal, with the fix."""
+    """Spark refused the run's task resource profile at submission (Spark Connect: tfnb cannot ask before)."""
     fix = ("leave gpus_per_worker and cpus_per_worker out and set spark.task.resource.gpu.amount and "
            "spark.task.cpus in the cluster's Spark conf instead" if worker_profile else
            "pass ps_placement='driver' to run the ps tasks on the driver")
@@ -568,7 +544,7 @@ class _Outcome:
 
 @dataclass
 class _Life:
-    """What the driver last heard from one task: input of the stall watchdog and of relaunch reasons."""
+    """What the driver last heard from one task (for the stall watchdog and relaunch reasons)."""
 
     job_name: str
     task_index: int

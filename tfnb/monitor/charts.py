@@ -1,9 +1,6 @@
-"""Line charts of training curves and evaluation metrics, drawn with matplotlib.
-
-Core (no notebook imports): the progress panel turns :class:`LiveChart` frames into an image
-widget, and :meth:`tfnb.Evaluator.plot` returns :func:`metrics_figure`'s Figure. matplotlib is
-optional and imported only when a chart is drawn; it draws off-screen (the Agg canvas, never
-pyplot), so nothing here touches the notebook's own matplotlib backend or figure list.
+"""Line charts of training curves and evaluation metrics: :class:`LiveChart` frames for the progress panel,
+:func:`metrics_figure` for :meth:`tfnb.Evaluator.plot`. matplotlib is optional, imported only when a chart is drawn,
+and draws off-screen (the Agg canvas, never pyplot): the notebook's own backend and figure list are left alone.
 """
 from __future__ import annotations
 
@@ -24,21 +21,21 @@ def matplotlib_missing() -> str | None:
     return None if found else f"live loss curve: `{INSTALL_HINT}` (then rerun) to see it"
 
 
-def _figure(width: float, height: float, dpi: int = 96):
+def figure(width: float, height: float, dpi: int = 96):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     class _Shown(Figure):
         # a Figure shows as a PNG in any IPython front end (Jupyter, Databricks), pyplot or not
         def _repr_png_(self) -> bytes:
-            return _png(self)
+            return png(self)
 
     fig = _Shown(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
     return fig
 
 
-def _png(fig) -> bytes:
+def png(fig) -> bytes:
     buf = io.BytesIO()
     fig.canvas.print_png(buf)
     return buf.getvalue()
@@ -50,7 +47,7 @@ class LiveChart:
     figure."""
 
     def __init__(self, width: float = 8.0, height: float = 2.4):
-        self.fig = _figure(width, height)
+        self.fig = figure(width, height)
         self.loss_ax, self.metric_ax = self.fig.subplots(1, 2)
         self.fig.subplots_adjust(left=0.07, right=0.99, bottom=0.2, top=0.88, wspace=0.22)
         for ax in (self.loss_ax, self.metric_ax):
@@ -90,7 +87,7 @@ class LiveChart:
             ax.autoscale_view()
         if new and len(curves) <= 8:
             self.loss_ax.legend(fontsize=7, loc="upper right", frameon=False)
-        return _png(self.fig)
+        return png(self.fig)
 
 
 def metrics_figure(evaluated: Mapping[str, Sequence[tuple[float, float]]],
@@ -100,7 +97,7 @@ def metrics_figure(evaluated: Mapping[str, Sequence[tuple[float, float]]],
     ``trained`` map a metric to its ``(x, value)`` points (``trained`` may lack some metrics, or be empty); ``unit``
     is what x counts. Returns a matplotlib Figure, shown as a PNG when it is a cell's value."""
     names = list(evaluated) or list(trained)
-    fig = _figure(min(4.2 * max(len(names), 1), 12.6), 3.0)
+    fig = figure(min(4.2 * max(len(names), 1), 12.6), 3.0)
     axes = fig.subplots(1, max(len(names), 1), squeeze=False)[0]
     for ax, name in zip(axes, names):
         for points, style in ((trained.get(name), {"color": "#1f6feb", "label": "training"}),

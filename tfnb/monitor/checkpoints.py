@@ -1,26 +1,16 @@
 """The checkpoints in a directory: which are new, which are complete, in what order to evaluate them.
 
-Three kinds, directly inside ``checkpoint_dir``:
+Three kinds, directly inside ``checkpoint_dir`` (subdirectories and other files are ignored):
 
-* TensorFlow checkpoints (tf-keras' ``save_weights``, ``tf.train.CheckpointManager``): a prefix ``NAME``
-  with ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files, as written by
-  ``tf.keras.callbacks.ModelCheckpoint(model_dir + "/ckpt-{epoch}", save_weights_only=True)`` or
-  ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model, ...), model_dir)``. *Complete* when its
-  ``.index`` (TensorFlow writes it last) and every data shard exist; TensorFlow's checksums catch the rest.
-* Keras weights files ``NAME.weights.h5``, what Keras 3's ``ModelCheckpoint(...,
-  save_weights_only=True)`` writes (tf-keras writes them too). Keras writes them in place, so a reader
-  can meet one half-written: *complete* when its HDF5 superblock says the file was closed (HDF5
-  writes the file's final length there, and clears its open-for-writing flag, when it closes it) and
-  the file is that long. A torn copy fails the same check.
-* Keras model files ``NAME.keras`` whose name carries a number (``ckpt-{epoch}.keras``): a zip,
-  *complete* when it ends with its central directory (written last). A ``model.keras`` saved at the
-  end of training is the trained model, not a checkpoint, and is left alone.
+* TensorFlow checkpoints (tf-keras' ``save_weights``, ``tf.train.CheckpointManager``): a prefix ``NAME`` with
+  ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files; complete when the index (written last) and every shard exist.
+* Keras weights files ``NAME.weights.h5``, written in place: complete when the HDF5 superblock records a close
+  (flags cleared, end-of-file address equal to the file's length), which a half-written or torn copy fails.
+* Numbered Keras model files (``ckpt-{epoch}.keras``): a zip, complete when it ends with its central directory.
+  A ``model.keras`` saved at the end of training is the trained model, not a checkpoint.
 
-Subdirectories (``backup/``, ``workertemp_*``, TensorFlow's ``*_temp``) and other files are ignored.
-Each version is handed out until it is marked done: a checkpoint rewritten under the same name (a fixed
-``filepath``, ``save_best_only=True``) is a new version. A file checkpoint is loaded from a private copy
-(:meth:`Checkpoints.local_copy`), checked whole and taken while the file stayed the version scanned; one
-that changed meanwhile raises :class:`Torn`.
+A checkpoint rewritten under the same name is a new version. A file checkpoint is loaded from a private copy
+(:meth:`Checkpoints.local_copy`) checked whole; one that changed meanwhile raises :class:`Torn`.
 """
 from __future__ import annotations
 
@@ -36,7 +26,7 @@ from ..storage import Store
 
 _SHARD_RE = re.compile(r"^(?P<prefix>.+)\.data-(?P<i>\d{5})-of-(?P<n>\d{5})$")
 H5, KERAS = ".weights.h5", ".keras"
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _ZIP_END = b"PK\x05\x06"  # end of central directory record: 22 bytes when the zip has no comment
 
 
@@ -60,19 +50,13 @@ class Candidate:
     mtime: float = 0.0
 
     @property
-    def is_file(self) -> bool:
-        """A Keras ``.weights.h5`` or ``.keras`` file, not a TensorFlow prefix."""
+    def is_file(self) -> bool:  # a Keras file, not a TensorFlow prefix
         return self.name.endswith((H5, KERAS))
 
 
 class Checkpoints:
-    """The checkpoint versions of one directory that are not done yet.
-
-    Args:
-        store: the directory.
-        max_retries: after training ended, scans with unchanged files before an incomplete checkpoint
-            is given up on.
-    """
+    """The checkpoint versions of ``store`` not done yet; after training ended, an incomplete one is given up on
+    after ``max_retries`` scans with unchanged files."""
 
     def __init__(self, store: Store, max_retries: int):
         self.store, self.max_retries = store, max_retries
@@ -81,15 +65,8 @@ class Checkpoints:
         self._done: dict[str, float] = {}
 
     def scan(self, finished: bool) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
-        """List the directory once.
-
-        Args:
-            finished: training has ended, so a missing shard or an unfinished file will never complete.
-
-        Returns:
-            The complete checkpoints in evaluation order (number, then time, then name), and the ones
-            to give up on, each with the reason.
-        """
+        """List the directory once: the complete checkpoints in evaluation order (number, time, name), and the ones
+        to give up on with the reason (``finished``: training ended, so an incomplete one never completes)."""
         listing = self.store.list(recursive=False)
         now = time.time()
         shards: dict[str, list[tuple[int, int, str]]] = {}
@@ -151,8 +128,7 @@ class Checkpoints:
     @contextlib.contextmanager
     def local_copy(self, cand: Candidate):
         """The checkpoint on a local disk: a local TensorFlow prefix as it is, anything else copied into a private
-        folder (TensorFlow cannot read every URL; HDF5 locks a file it opens, and the training must stay free to
-        rewrite its file).
+        folder (TensorFlow cannot read every URL; HDF5 locks a file it opens, and training may rewrite it).
 
         Raises:
             Torn: a file checkpoint whose copy is not the complete version scanned (it changed meanwhile).
@@ -175,8 +151,8 @@ class Checkpoints:
             yield path
 
     def _changed(self, cand: Candidate) -> bool:
-        """The file is no longer the version scanned (or is gone). Size and version only: a listing and a stat
-        may give the time at different precisions (S3: milliseconds, seconds)."""
+        """The file is no longer the version scanned, or gone (size and version: a listing and a stat may give
+        the time at different precisions)."""
         rel, size, _, version = cand.fingerprint[0]
         try:
             now = self.store.stat(rel)
@@ -190,29 +166,28 @@ class Checkpoints:
         return Torn(f"{cand.name} {what} (a write in progress)")
 
     def _whole(self, rel: str, size: int) -> bool:
-        """The file ``rel`` of ``size`` bytes is whole (see the module docstring); False when unreadable."""
+        """The file ``rel`` of ``size`` bytes is whole; False when unreadable (looked at again next scan)."""
         try:
-            if rel.endswith(H5):
-                return _hdf5_closed(self.store.read(rel, 0, 64), size)
-            return size >= 22 and _zip_ended(self.store.read(rel, size - 22, 22), size)
-        except Exception:  # noqa: BLE001 - gone or unreadable this time: looked at again next scan
+            return _is_whole(rel, size, lambda offset, n: self.store.read(rel, offset, n))
+        except Exception:  # noqa: BLE001
             return False
+
+
+def _is_whole(name: str, size: int, read) -> bool:
+    """A ``.weights.h5`` or ``.keras`` file of ``size`` bytes is whole; ``read(offset, n)`` gives its bytes."""
+    if name.endswith(H5):
+        return _hdf5_closed(read(0, 64), size)
+    return size >= 22 and _zip_ended(read(size - 22, 22), size)
 
 
 def _whole_file(path: str) -> bool:
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if path.endswith(H5):
-            return _hdf5_closed(f.read(64), size)
-        f.seek(max(0, size - 22))
-        return _zip_ended(f.read(22), size)
+        return _is_whole(path, os.fstat(f.fileno()).st_size, lambda offset, n: os.pread(f.fileno(), n, offset))
 
 
 def _hdf5_closed(head: bytes, size: int) -> bool:
-    """An HDF5 file whose superblock (at offset 0, as h5py writes it) records a close: its consistency flags
-    clear and its end-of-file address equal to the file's ``size``. While a writer has it open, the flags
-    say so and the address is the one from its creation."""
-    if not head.startswith(_HDF5_SIGNATURE) or len(head) < 48:
+    """The superblock at offset 0 (as h5py writes it) records a close: flags clear, end-of-file address ``size``."""
+    if not head.startswith(HDF5_SIGNATURE) or len(head) < 48:
         return False
     version = head[8]
     if version in (0, 1):
@@ -228,8 +203,7 @@ def _hdf5_closed(head: bytes, size: int) -> bool:
 
 
 def _zip_ended(tail: bytes, size: int) -> bool:
-    """A zip of ``size`` bytes whose last 22 are its end record, pointing right before itself (zip64: its
-    own records lie between)."""
+    """The last 22 bytes are the end record, pointing right before itself (zip64: its own records lie between)."""
     if len(tail) != 22 or not tail.startswith(_ZIP_END) or tail[20:22] != b"\0\0":
         return False
     cd_size, cd_offset = int.from_bytes(tail[12:16], "little"), int.from_bytes(tail[16:20], "little")

@@ -1,34 +1,33 @@
-"""How a run is shown: the display protocol, the registry the display layer plugs into, and the choice.
+"""How a run or a sweep is shown: the display protocol, the one registry the display layer plugs into, the choice.
 
-``tfnb.run`` hands every :class:`tfnb.RunEvent` to a *display*: any callable taking a RunEvent, with an
-optional ``batch(events)`` and ``close()`` (see :class:`Display`). This module is core: it never imports
-the display layer. ``none`` is built in; :mod:`tfnb.notebook` registers ``console`` and ``widget`` when it
-is imported (``import tfnb`` does that with the first public verb), and ``auto`` picks the widget in a
-notebook, the console elsewhere.
+``tfnb.run`` hands every :class:`tfnb.RunEvent` to a *display*, ``tfnb.sweep`` every SweepEvent: any callable
+taking one, with an optional ``batch(events)`` and ``close()`` (see :class:`Display`). This module is core: it
+never imports the display layer. ``none`` is built in; :mod:`tfnb.notebook` registers ``console`` and ``widget``
+of each kind when imported, and ``auto`` picks the widget in a notebook, the console elsewhere.
 """
 from __future__ import annotations
 
 import sys
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from .._config import setting
 from .._protocol import RunEvent
 from ..errors import ConfigError
 
 DISPLAY_MODES = ("auto", "widget", "console", "none")
+_EVENTS = {"run": "RunEvents", "sweep": "SweepEvents"}
 
 
 class Display(Protocol):
-    """What ``tfnb.run(display=...)`` accepts: called with every RunEvent on the driver's main thread. A display may
-    also have ``batch(events)``: the driver then hands it the events of one pass over its inbox (up to thousands at
-    scale) in one call instead of one call each, so it can fold them and redraw once. And ``close()``, called once
-    when the run ends (also on failure or Ctrl-C)."""
+    """Called with every event on the thread that called the verb. With ``batch(events)``, a run's driver hands it
+    the events of one pass over its inbox (thousands at scale) in one call, to fold and redraw once; ``close()`` is
+    called once when the run or sweep ends (also on failure or Ctrl-C)."""
 
     def __call__(self, event: RunEvent) -> None: ...
 
 
 def show(display: Display, batch: list) -> None:
-    """Hand ``batch`` (RunEvents, in order) to ``display``: one ``batch()`` call when it has one."""
+    """Hand ``batch`` (events, in order) to ``display``: one ``batch()`` call when it has one."""
     if not batch:
         return
     handle = getattr(display, "batch", None)
@@ -40,9 +39,12 @@ def show(display: Display, batch: list) -> None:
 
 
 class _NoDisplay:
-    """TFNB_DISPLAY=none: events are dropped (failures still raise from ``tfnb.run``)."""
+    """TFNB_DISPLAY=none or display=False: events are dropped (failures still raise from the verb)."""
 
-    def __call__(self, event: RunEvent) -> None:
+    def __init__(self, **shape: Any):
+        pass
+
+    def __call__(self, event: Any) -> None:
         pass
 
     def close(self) -> None:
@@ -52,86 +54,79 @@ class _NoDisplay:
 def in_notebook() -> bool:
     """True inside a Jupyter (ipykernel) or Databricks notebook kernel."""
     ip = sys.modules.get("IPython")
-    if ip is None:
-        return False
-    shell = ip.get_ipython() if hasattr(ip, "get_ipython") else None
-    if shell is None:
-        return False
-    return any(c.__name__ in ("ZMQInteractiveShell", "DatabricksShell") for c in type(shell).__mro__)
+    shell = ip.get_ipython() if ip is not None and hasattr(ip, "get_ipython") else None
+    return shell is not None and any(
+        c.__name__ in ("ZMQInteractiveShell", "DatabricksShell") for c in type(shell).__mro__)
 
 
-# mode -> factory(num_workers=, num_ps=, max_attempts=) -> display; the display layer (tfnb.notebook, which
-# ``import tfnb`` loads with the first public verb) adds "console" and "widget"
-_FACTORIES: dict = {"none": lambda num_workers, num_ps, max_attempts: _NoDisplay()}
+# kind -> mode -> factory(**shape) -> display; the display layer (tfnb.notebook, which ``import tfnb`` loads with
+# the first public verb) adds "console" and "widget" of each kind
+_FACTORIES: dict = {kind: {"none": _NoDisplay} for kind in _EVENTS}
 
 
-def register_display(mode: str, factory: Callable[..., Display]) -> None:
+def register_display(mode: str, factory: Callable[..., Display], kind: str = "run") -> None:
     """Add (or replace) a display mode for ``TFNB_DISPLAY=mode``; how the notebook layer plugs in.
 
     Args:
         mode: the name users give in ``TFNB_DISPLAY``.
-        factory: called as ``factory(num_workers=, num_ps=, max_attempts=)``; returns a display.
+        factory: returns a display; called as ``factory(num_workers=, num_ps=, max_attempts=)`` for a run,
+            ``factory(n_trials=, at_once=, metric=, direction=)`` for a sweep.
+        kind: ``"run"`` or ``"sweep"``: what the display shows.
 
     Example:
         >>> register_display("widget", ProgressWidget.for_run)   # done by tfnb.notebook
     """
-    _FACTORIES[mode] = factory
+    _FACTORIES[kind][mode] = factory
 
 
-def auto_display(num_workers: int, num_ps: int = 0, *, mode: str | None = None,
-                 max_attempts: int | None = None) -> Display:
-    """The display ``tfnb.run`` uses when none is given: a live widget in notebooks, console otherwise.
-
-    Args:
-        num_workers: chief + worker tasks of the run.
-        num_ps: parameter-server tasks of the run.
-        mode: ``"auto"``, ``"widget"``, ``"console"`` or ``"none"``. Env: TFNB_DISPLAY. Default auto.
-        max_attempts: launches the run may make (shown as "attempt n/N").
-
-    Returns:
-        A callable taking each RunEvent, with a ``close()`` to call when the run ends.
-
-    Raises:
-        ConfigError: an unknown mode, or ``widget`` while the notebook layer is not loaded.
-
-    Example:
-        >>> import os
-        >>> os.environ["TFNB_DISPLAY"] = "console"     # plain output even in a notebook
-        >>> tfnb.run(train_fn, num_workers=2)
-    """
-    chosen = setting("display", mode, "auto", str).strip().lower()
-    if chosen not in DISPLAY_MODES and chosen not in _FACTORIES:
-        raise ConfigError(
-            f"display mode {chosen!r} (TFNB_DISPLAY or mode=) is not one of {', '.join(DISPLAY_MODES)}; "
-            "set TFNB_DISPLAY=widget, console or none, or unset it")
-    if chosen == "auto":
-        chosen = next(m for m in ("widget" if in_notebook() else "", "console", "none") if m in _FACTORIES)
-    factory = _FACTORIES.get(chosen)
-    if factory is None:
-        raise ConfigError(f"TFNB_DISPLAY={chosen} needs the display layer: run `import tfnb.notebook` first "
-                          "(`import tfnb` loads it with the first verb you use), or set TFNB_DISPLAY=none")
-    return factory(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
+def check_display(display: Any, kind: str = "run") -> None:
+    """Refuse a ``display=`` that is neither a callable, False nor None (before anything starts)."""
+    if not (display is None or isinstance(display, bool) or callable(display)):
+        raise ConfigError(f"display={display!r} must be a callable taking {_EVENTS[kind]}, False for none, or None "
+                          "for the default (a live panel in notebooks, lines on the console)")
 
 
-def make_display(display: Display | bool | None, num_workers: int, num_ps: int = 0,
-                 max_attempts: int | None = None) -> Display:
-    """The display for ``tfnb.run(display=...)``: the launcher surface add-ons (tfnb.compat) use too.
+def make_display(display: Display | bool | None, num_workers: int | None = None, num_ps: int = 0,
+                 max_attempts: int | None = None, *, kind: str = "run", mode: str | None = None,
+                 **shape: Any) -> Display:
+    """The display for ``tfnb.run(display=...)`` and ``tfnb.sweep(display=...)``; add-ons (tfnb.compat) use it too.
 
     Args:
-        display: a callable taking RunEvents (used as is), False for none, None/True for the
-            default (:func:`auto_display`).
+        display: a callable taking events (used as is), False for none, None/True for the default: the mode's,
+            a live widget in a notebook, the console elsewhere.
         num_workers: chief + worker tasks of the run.
         num_ps: parameter-server tasks.
-        max_attempts: launches the run may make, when known.
+        max_attempts: launches the run may make (shown as "attempt n/N"), when known.
+        kind: ``"run"``, or ``"sweep"`` with the sweep's ``shape`` (see :func:`register_display`).
+        mode: ``"auto"``, ``"widget"``, ``"console"`` or ``"none"``. Env: TFNB_DISPLAY. Default auto.
 
     Returns:
         A display; call its ``close()`` (when it has one) once the run ends.
 
+    Raises:
+        ConfigError: ``display`` is none of those, an unknown mode, or ``widget`` while the notebook layer is not
+            loaded.
+
     Example:
+        >>> os.environ["TFNB_DISPLAY"] = "console"     # plain output even in a notebook
         >>> sink = make_display(None, num_workers=2)
     """
+    check_display(display, kind)
     if display is False:
         return _NoDisplay()
     if callable(display):
         return display
-    return auto_display(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
+    factories = _FACTORIES[kind]
+    chosen = setting("display", mode, "auto", str).strip().lower()
+    if chosen not in DISPLAY_MODES and chosen not in factories:
+        raise ConfigError(
+            f"display mode {chosen!r} (TFNB_DISPLAY or mode=) is not one of {', '.join(DISPLAY_MODES)}; "
+            "set TFNB_DISPLAY=widget, console or none, or unset it")
+    if chosen == "auto":
+        chosen = next(m for m in ("widget" if in_notebook() else "", "console", "none") if m in factories)
+    if chosen not in factories:
+        raise ConfigError(f"TFNB_DISPLAY={chosen} needs the display layer: run `import tfnb.notebook` first "
+                          "(`import tfnb` loads it with the first verb you use), or set TFNB_DISPLAY=none")
+    if kind == "run":
+        shape.update(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts)
+    return factories[chosen](**shape)

@@ -1,11 +1,7 @@
-"""The evaluator's TensorFlow side: the model and data built once, each checkpoint restored into the
-model and evaluated, the metrics written as TensorBoard scalars, the best model exported.
-
-Runs in the evaluator's thread (TensorFlow is imported there, not when ``tfnb`` is). The model is a
-tf-keras or a Keras 3 one, as ``model_fn`` builds it. A ``.weights.h5`` or ``.keras`` checkpoint is restored
-with ``model.load_weights`` (either Keras reads the other's); a TensorFlow checkpoint with
-``model.load_weights`` (tf-keras' ``ModelCheckpoint(..., save_weights_only=True)``: tf-keras models only), or
-with ``tf.train.Checkpoint(model=model)`` when its variables are under ``model/`` (``CheckpointManager``).
+"""The evaluator's TensorFlow side, in its thread: the model and data built once, each checkpoint restored and
+evaluated, the metrics written as TensorBoard scalars, the best model exported. Keras files are restored with
+``load_weights`` (either Keras reads the other's); a TensorFlow checkpoint with ``load_weights`` (tf-keras models
+only) or ``tf.train.Checkpoint(model=model)`` when its variables are under ``model/`` (``CheckpointManager``).
 """
 from __future__ import annotations
 
@@ -36,15 +32,13 @@ class _Fatal(Exception):
 
 
 class _Mismatch(Exception):
-    """The checkpoint's variables do not fit the model (raised from the restore's own error); its text is the fix."""
+    """The checkpoint's variables do not fit the model (raised from the restore's own error)."""
 
-    def __init__(self, fix: str = "make model_fn build the same layers as train_fn"):
-        super().__init__(fix)
-        self.fix = fix
+    fix = "make model_fn build the same layers as train_fn"
 
     @property
     def why(self) -> str:
-        """The restore's error, in a line or two (Keras 3 prints every value of the variable it names)."""
+        """The restore's error in a line or two (Keras 3 prints every value of the variable it names)."""
         text = re.sub(r"\s*Target variable: <.*?>(?=\s*(\n\n|$))", "", str(self.__cause__), flags=re.S)
         text = " ".join(text.split())
         return text if len(text) <= 400 else text[:399] + "…"
@@ -61,11 +55,8 @@ def _fatal_on_error(what: str, fix: str = ""):
 
 
 class EvalModel:
-    """What ``model_fn()`` and ``dataset_fn()`` gave, and the writer of the ``eval`` scalars.
-
-    Args:
-        model_fn, dataset_fn, metrics, tag_prefix: as :class:`tfnb.Evaluator` takes them.
-    """
+    """What ``model_fn()`` and ``dataset_fn()`` gave (arguments as :class:`tfnb.Evaluator` takes them), and the
+    writer of the ``eval`` scalars."""
 
     def __init__(self, model_fn: Callable[[], Any], dataset_fn: Callable[[], Any],
                  metrics: Sequence[Any] | None, tag_prefix: str):
@@ -77,11 +68,8 @@ class EvalModel:
         self._twin = self._sample = None
 
     def prepare(self, log_dir: str, options: Mapping[str, Any], interval: float) -> None:
-        """Build the model and data, evaluate one batch, open the writer of ``log_dir/eval``.
-
-        Raises:
-            _Fatal: model_fn or dataset_fn failed, or what they return does not fit together.
-        """
+        """Build the model and data, evaluate one batch, open the writer of ``log_dir/eval``; _Fatal when model_fn
+        or dataset_fn fail or do not fit together."""
         from .._deps import tensorflow_with_tf_keras
 
         # tf.keras in model_fn is tf-keras, as in tfnb.run's workers (`import keras` is Keras 3 either way); the
@@ -135,16 +123,8 @@ class EvalModel:
         tf.summary.scalar(self.tag_prefix + "warmup", 0.0, step=0)
 
     def restore(self, path: str) -> int | None:
-        """Load the checkpoint at the local ``path`` (a TensorFlow prefix, a ``.weights.h5`` or ``.keras``
-        file) into the model.
-
-        Returns:
-            The training step saved in it (a ``step`` variable, else the optimizer's iterations), or None.
-
-        Raises:
-            _Mismatch: its variables do not fit the model (the restore's error is the cause).
-            _Fatal: a TensorFlow checkpoint of tf-keras' ``save_weights`` for a Keras 3 model, which cannot read it.
-        """
+        """Load the checkpoint at the local ``path`` into the model; the training step saved in it (a ``step``
+        variable, else the optimizer's iterations) or None. _Mismatch: its variables do not fit the model."""
         if path.endswith((H5, KERAS)):
             target = self._model if self._keras3 else self._loader()
             # a private copy, checked whole (checkpoints.py): a ValueError is about the model, not the file
@@ -183,9 +163,8 @@ class EvalModel:
         return None
 
     def _loader(self):
-        """tf-keras only: a second ``model_fn()`` model, never evaluated, that reads Keras weights files. tf-keras
-        loads the metrics' variables from these files too once they exist (after the first evaluate), so it refuses
-        a file with other metrics (Keras 3 saves none; ``metrics=`` changes them); the layers' weights go across."""
+        """tf-keras only: a second ``model_fn()`` model, never evaluated, that reads Keras weights files (tf-keras
+        loads the metrics' variables too once they exist, so refuses files with other metrics)."""
         if self._twin is None:
             with _fatal_on_error("model_fn() failed (called again for a model that reads .weights.h5/.keras files)"):
                 twin = self.model_fn()
@@ -216,8 +195,8 @@ class EvalModel:
             self._event_sync.flush()
 
     def export(self, store: Store, fmt: str, info: Mapping[str, Any], tracker=None) -> str:
-        """Save the model into ``store`` as ``best`` (SavedModel) or ``best.keras``, then ``best.json``
-        holding ``info``; ``tracker`` (an ``EvalTracker``) logs the saved model too. Returns its URL."""
+        """Save the model into ``store`` as ``best`` (SavedModel) or ``best.keras``, then ``best.json`` holding
+        ``info``; ``tracker`` (an ``EvalTracker``) logs it too. Returns its URL."""
         name = "best.keras" if fmt == "keras" else "best"
         with tempfile.TemporaryDirectory(prefix="tfnb-eval-export-", ignore_cleanup_errors=True) as tmp:
             local = os.path.join(tmp, name)
@@ -240,26 +219,21 @@ class EvalModel:
         return store.url(name)
 
     def close(self) -> None:
-        """Close the writer and ship what it wrote (the evaluator's last step; failures are logged)."""
-        if self._writer is not None:
-            _log_failure("closing the eval summary writer", self._writer.close)
-        if self._event_sync is not None:
-            _log_failure(f"final sync of eval summaries to {self._event_sync.dest}", self._event_sync.stop)
+        """Close the writer and ship what it wrote (failures are logged)."""
+        sync = self._event_sync
+        for what, fn in (("closing the eval summary writer", self._writer and self._writer.close),
+                         (f"final sync of eval summaries to {sync and sync.dest}", sync and sync.stop)):
+            try:
+                if fn:
+                    fn()
+            except Exception:  # noqa: BLE001
+                log.exception("%s failed", what)
         if self._tmp_logs is not None:
             self._tmp_logs.cleanup()
 
 
-def _log_failure(what: str, fn: Callable, *args) -> None:
-    """``fn(*args)``, with a failure logged instead of raised."""
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001
-        log.exception("%s failed", what)
-
-
 def _saved_iterations(path: str) -> int | None:
-    """The optimizer's iterations in a Keras ``.weights.h5`` or ``.keras`` file (its first optimizer variable,
-    as Keras 3 and tf-keras save them), or None."""
+    """The optimizer's iterations (its first variable, as both Kerases save it) in a Keras file, or None."""
     with contextlib.ExitStack() as stack:
         try:
             import h5py

@@ -1,25 +1,10 @@
 """Driver-side evaluator: watch a checkpoint directory, evaluate each new checkpoint exactly once.
 
-Runs in the notebook process (a background thread, or in the foreground with :meth:`Evaluator.run`)
-while ``tfnb.run`` trains on the cluster. For every new checkpoint it restores the weights into the
-model ``model_fn()`` built, evaluates on ``dataset_fn()``, writes the metrics as TensorBoard scalars
-to ``log_dir/eval`` at the checkpoint's training step, and exports the best model so far.
-
-Checkpoints are what Keras' ``ModelCheckpoint`` writes inside ``checkpoint_dir`` (TensorFlow checkpoints,
-``.weights.h5`` and numbered ``.keras`` files): :mod:`tfnb.monitor.checkpoints` finds the complete ones,
-:mod:`tfnb.monitor.eval_model` restores and evaluates them. One that fails to load is retried while its
-files change, and skipped as corrupt after ``max_retries`` failures with unchanged files.
-
-Steps: ``step="epoch"`` (default) is the number in the checkpoint's name minus one: the 0-based epoch
-of Keras' TensorBoard callback, so ``eval`` lines up with ``train`` and ``validation`` for
-``ckpt-{epoch}`` files. ``step="name"`` uses the number as is; ``step="iterations"`` reads the training
-step saved in the checkpoint (a ``step`` variable, else the optimizer's iterations). Scalars are named
-``tag_prefix + metric`` (default ``epoch_loss``, ``epoch_accuracy``, as the Keras callback names them).
-
-Training is over when ``model_dir/tfnb_status.json`` (written by ``tfnb.run``) says succeeded, failed
-or cancelled; the evaluator then evaluates what is left and stops. A final status left by an earlier
-run counts too: start the evaluator on a fresh ``model_dir`` or after ``tfnb.run`` has marked the new
-run running. ``dataset_fn`` must give finite data.
+Runs in the notebook process (a background thread, or the foreground with :meth:`Evaluator.run`) while
+``tfnb.run`` trains. :mod:`.checkpoints` finds the complete checkpoints, :mod:`.eval_model` restores and evaluates
+them; one that fails to load is retried while its files change, and skipped as corrupt after ``max_retries``
+failures with unchanged files. Training is over when ``model_dir/tfnb_status.json`` says succeeded, failed or
+cancelled (a final status left by an earlier run counts too); the evaluator then evaluates what is left and stops.
 """
 from __future__ import annotations
 
@@ -87,7 +72,7 @@ class Evaluator:
             tf-keras as in ``tfnb.run``, or Keras 3's ``keras``); compiled with the loss/metrics to evaluate,
             or pass ``metrics=``. Called in the evaluator's thread: once, or twice for a tf-keras model that
             restores ``.weights.h5``/``.keras`` files (the second model only reads them).
-        dataset_fn: ``dataset_fn()`` -> the validation data: a ``tf.data.Dataset`` of (x, y) batches,
+        dataset_fn: ``dataset_fn()`` -> the finite validation data: a ``tf.data.Dataset`` of (x, y) batches,
             or an ``(x, y)`` tuple of arrays. Called once; the dataset is re-iterated per checkpoint.
         checkpoint_dir: where training writes checkpoints (local path, ``/dbfs/...``, ``s3://...``, URL).
         log_dir: TensorBoard directory; scalars go to ``log_dir/eval`` (local path or URL).
@@ -100,9 +85,14 @@ class Evaluator:
         export_dir: where the best model goes (default ``log_dir``): ``export_dir/best`` (SavedModel)
             or ``export_dir/best.keras``, plus ``export_dir/best.json`` naming its step and metrics.
         export_format: "savedmodel", "keras", or None to track the best without exporting.
-        step: "epoch", "name", "iterations" (see the module docstring) or ``fn(checkpoint) -> int``.
+        step: the step the metrics are written at: "epoch" (the number in the checkpoint's name minus one, the
+            0-based epoch of Keras' TensorBoard callback, so ``eval`` lines up with ``train`` for ``ckpt-{epoch}``
+            files), "name" (that number as is), "iterations" (the training step saved in the checkpoint: a
+            ``step`` variable, else the optimizer's iterations) or ``fn(checkpoint) -> int``.
         tag_prefix: prefix of the scalar names (default "epoch_", as Keras' TensorBoard callback).
         timeout: seconds before it stops even if training goes on (default none; env TFNB_EVAL_TIMEOUT).
+            Otherwise it stops once training has ended (``tfnb_status.json`` in ``model_dir``) and the last
+            checkpoint is done: start it on a fresh ``model_dir`` or once ``tfnb.run`` has marked the run running.
         max_retries: failed loads of an unchanged checkpoint before it counts as corrupt (default 3).
         storage_options: options for remote directories (see :class:`tfnb.EventSync`).
         mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best model to
@@ -131,29 +121,27 @@ class Evaluator:
                  export_format: str | None = "savedmodel", step: str | Callable[[str], int] = "epoch",
                  tag_prefix: str = "epoch_", timeout: float | None = None, max_retries: int = 3,
                  storage_options: Mapping[str, Any] | None = None, mlflow: bool | str | None = None):
-        if not callable(model_fn):
-            raise ConfigError(f"model_fn must be a function returning a Keras model, got {model_fn!r}")
-        if not callable(dataset_fn):
-            raise ConfigError(f"dataset_fn must be a function returning the validation data, got {dataset_fn!r}; "
-                              f"wrap a dataset as dataset_fn=lambda: val_ds")
         interval = setting("eval_interval", interval, 10.0, float)
-        if not positive(interval):
-            raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
         timeout = setting("eval_timeout", timeout, None, float)
-        if timeout is not None and not positive(timeout):
-            raise ConfigError(f"timeout={timeout!r} must be seconds > 0, or None to wait for training to end")
-        if mode not in ("auto", "min", "max"):
-            raise ConfigError(f"mode={mode!r} must be 'min', 'max' or 'auto'")
-        if export_format not in EXPORT_FORMATS + (None,):
-            raise ConfigError(f"export_format={export_format!r} must be one of {EXPORT_FORMATS} or None")
-        if not (callable(step) or step in STEP_RULES):
-            raise ConfigError(f"step={step!r} must be one of {STEP_RULES} or a function(checkpoint) -> int")
-        if not isinstance(max_retries, int) or max_retries < 1:
-            raise ConfigError(f"max_retries={max_retries!r} must be an int >= 1")
-        if metrics is not None and (isinstance(metrics, (str, bytes)) or not isinstance(metrics, Sequence)):
-            raise ConfigError(f"metrics={metrics!r} must be a list, e.g. metrics=['accuracy']")
-        if best_metric is not None and not isinstance(best_metric, str):
-            raise ConfigError(f"best_metric={best_metric!r} must be a metric name such as 'loss', or None")
+        for bad, message in (
+            (not callable(model_fn), f"model_fn must be a function returning a Keras model, got {model_fn!r}"),
+            (not callable(dataset_fn), f"dataset_fn must be a function returning the validation data, got "
+                                       f"{dataset_fn!r}; wrap a dataset as dataset_fn=lambda: val_ds"),
+            (not positive(interval), f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10"),
+            (timeout is not None and not positive(timeout),
+             f"timeout={timeout!r} must be seconds > 0, or None to wait for training to end"),
+            (mode not in ("auto", "min", "max"), f"mode={mode!r} must be 'min', 'max' or 'auto'"),
+            (export_format not in EXPORT_FORMATS + (None,),
+             f"export_format={export_format!r} must be one of {EXPORT_FORMATS} or None"),
+            (not (callable(step) or step in STEP_RULES),
+             f"step={step!r} must be one of {STEP_RULES} or a function(checkpoint) -> int"),
+            (not isinstance(max_retries, int) or max_retries < 1, f"max_retries={max_retries!r} must be an int >= 1"),
+            (metrics is not None and (isinstance(metrics, (str, bytes)) or not isinstance(metrics, Sequence)),
+             f"metrics={metrics!r} must be a list, e.g. metrics=['accuracy']"),
+            (best_metric is not None and not isinstance(best_metric, str),
+             f"best_metric={best_metric!r} must be a metric name such as 'loss', or None")):
+            if bad:
+                raise ConfigError(message)
         self.model_fn, self.dataset_fn = model_fn, dataset_fn
         self.checkpoint_dir = location("checkpoint_dir", checkpoint_dir, "the model_dir given to tfnb.run")
         self.log_dir = location("log_dir", log_dir, "the model_dir given to tfnb.run")
@@ -267,7 +255,8 @@ class Evaluator:
             return {}
         acc = EventAccumulator(folder, size_guidance={TENSORS: 0})
         acc.Reload()
-        return {tag[len(self.tag_prefix):]: [(e.step + 1, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+        return {tag[len(self.tag_prefix):]: [(e.step + 1, float(make_ndarray(e.tensor_proto)))
+                                             for e in acc.Tensors(tag)]
                 for tag in acc.Tags().get(TENSORS, []) if tag.startswith(self.tag_prefix)}
 
     def start(self) -> "Evaluator":
@@ -382,20 +371,16 @@ class Evaluator:
                     self._stop.wait(self.interval)
             else:
                 self.state = "stopped"
-        except _Fatal as e:
-            self._fail(e.__cause__ or e, str(e))
         except Exception as e:  # noqa: BLE001 - kept and raised from stop()/join()/run()
-            self._fail(e, f"the evaluator failed: {type(e).__name__}: {e}")
+            cause, message = ((e.__cause__ or e, str(e)) if isinstance(e, _Fatal)
+                              else (e, f"the evaluator failed: {type(e).__name__}: {e}"))
+            self._error, self.state = EvaluatorError(message), "failed"
+            self._error.__cause__ = cause
+            log.error("%s", message, exc_info=cause)
         finally:
             if self._mlflow is not None:
                 self._mlflow.close(failed=self._error is not None)
             self._tf.close()
-
-    def _fail(self, cause: BaseException, message: str) -> None:
-        self._error = EvaluatorError(message)
-        self._error.__cause__ = cause
-        self.state = "failed"
-        log.error("%s", message, exc_info=cause)
 
     def _training_finished(self) -> bool:
         try:

@@ -1,17 +1,9 @@
-"""What a run's events mean on the driver: the run model every display renders and tests inspect.
-
-:class:`RunProgress` (one :class:`WorkerProgress` per task) folds the run's :class:`tfnb.RunEvent` values into
-plain data; above :data:`SUMMARY_ABOVE` tasks its summary (counts by state, slowest/fastest task,
-stragglers, total examples/s) replaces the per-task view. The displays that render it live in the display
-layer (:mod:`tfnb.notebook`); how a display is chosen is :mod:`tfnb.monitor.display`.
-
-The numbers come from ``ctx.report(...)`` or the Keras callback of :mod:`tfnb._task.callbacks`
-(``ctx.progress_callback()``), which run in the train_fn processes and reach the driver over the
-run's authenticated channel.
+"""What a run's events mean on the driver: :class:`RunProgress` (one :class:`WorkerProgress` per task) folds the
+:class:`tfnb.RunEvent` values (``ctx.report(...)``, ``ctx.progress_callback()``, states, log lines) into the plain data
+every display (:mod:`tfnb.notebook`) renders; above :data:`SUMMARY_ABOVE` tasks a summary replaces the per-task view.
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -20,8 +12,6 @@ from typing import Any
 from .. import _protocol as events
 from .._protocol import RunEvent
 from .._protocol import number as _number
-
-log = logging.getLogger(__name__)
 
 
 # Progress fields with a column of their own; every other number is shown as a metric.
@@ -37,28 +27,12 @@ STATES = ("pending", "starting", "training", "serving", "stalled", "done", "stop
 
 @dataclass
 class WorkerProgress:
-    """What the display knows about one task of the current attempt.
-
-    Attributes:
-        job_name: ``"chief"``, ``"worker"`` or ``"ps"``.
-        task_index: the task's index (the worker's rank).
-        state: ``pending`` (no word yet), ``starting``, ``training``, ``serving``, ``stalled`` (alive
-            but silent too long), ``done``, ``stopped`` or ``failed``.
-        history: the states this task went through in this attempt, in order.
-        epoch: the epoch being trained (1-based), as last reported.
-        epochs: epochs the fit will run, when reported.
-        step: batches done in the current epoch.
-        steps: batches per epoch, when reported.
-        loss: latest loss.
-        examples_per_sec: latest throughput of this task, when the batch size is known.
-        steps_per_sec: latest batches per second of this task.
-        metrics: other numbers reported (accuracy, val_loss, ...).
-        error: ``"ExcType: message"`` when the task failed.
-        live: the task's current carriage-return line (a Keras ``verbose=1`` bar), as a terminal
-            would show it; None when its last such line has ended.
-        gpus: the GPU addresses Spark gave the task (``[]``: none), from its ``starting`` state;
-            None until then.
-    """
+    """What the display knows about one task of the current attempt: its latest report (``epoch`` 1-based of
+    ``epochs``, ``step`` of ``steps`` in the epoch, ``loss``, ``examples_per_sec``, ``steps_per_sec``, other numbers in
+    ``metrics``), its ``state`` (``pending`` until it says, then one of :data:`STATES`; ``stalled``: alive but silent
+    too long) and the ``history`` of them, ``error`` (``"ExcType: message"``) when it failed, ``live``: its current
+    carriage-return line (a Keras ``verbose=1`` bar) or None, and ``gpus``: the GPU addresses Spark gave it
+    (``[]``: none; None until it started)."""
 
     job_name: str
     task_index: int
@@ -107,19 +81,11 @@ def _int(value: Any) -> int | None:
 class RunProgress:
     """The state of a run as its events describe it; displays render this.
 
-    Attributes:
-        workers: ``(job_name, task_index) -> WorkerProgress``, pre-filled from the run's shape.
-        attempt: the current launch (1 first, 2.. after a relaunch).
-        max_attempts: launches tfnb will make at most, when known.
-        outcome: None while running, then ``"succeeded"`` or ``"failed"``; ``"stopped"`` when the
-            run ended without either (interrupted, timed out).
-        relaunch_reason: why the last relaunch happened.
-        log_file: where the driver keeps every line of the run (announced when the run starts).
-        logs: the latest log lines, ``"[worker 1] text"``.
-        curves: ``(job_name, task_index) -> [(x, {"loss": .., "accuracy": ..}), ...]`` for the first
-            :data:`CHART_TASKS` chief/worker tasks, across relaunches; x is the fractional epoch
-            when steps per epoch are known (``chart_unit == "epoch"``), else the step.
-        chart_version: bumped whenever a curve gets a point (charts redraw only then).
+    ``workers`` maps ``(job_name, task_index)`` to a :class:`WorkerProgress` (pre-filled from the run's shape);
+    ``attempt`` is the current launch of ``max_attempts``; ``outcome`` None while running, then ``succeeded``,
+    ``failed`` or ``stopped`` (interrupted, timed out); ``logs`` the latest lines, ``"[worker 1] text"``. ``curves``:
+    ``(job_name, task_index) -> [(x, {"loss": .., ...}), ...]`` of the first :data:`CHART_TASKS` chief/worker tasks
+    across relaunches, x the fractional epoch (``chart_unit``) or the step; ``chart_version`` bumps with each point.
     """
 
     workers: dict = field(default_factory=dict)
@@ -160,9 +126,6 @@ class RunProgress:
         if key not in self.workers:
             self.workers[key] = WorkerProgress(job_name, task_index)
         return self.workers[key]
-
-    def count(self, state: str) -> int:
-        return sum(1 for w in self.workers.values() if w.state == state)
 
     def counts(self) -> dict:
         """``state -> number of tasks`` in it."""
@@ -223,52 +186,51 @@ class RunProgress:
     def apply_batch(self, batch) -> tuple[bool, bool, set | None]:
         """Fold events in order, as :meth:`apply` does each, for a display that redraws per batch.
 
-        A plain log line (no carriage return) of a known task changes only :attr:`logs` and, when
-        its task shows a carriage-return line, ends that line: at scale such lines are nearly all of
-        a batch, so they are gathered and only the newest that :attr:`logs` keeps are formatted.
-
         Returns:
             ``(changed, lines, tasks)``: whether anything visible changed, whether log lines
             arrived, and the keys of the tasks whose row changed (None: every row, after a relaunch).
         """
         changed = lines = False
         tasks: set | None = set()
-        shown: list = []  # the runs of lines, added to logs when a line comes another way, or at the end
-        for plain, event in _runs(batch, self.workers):
+        for plain, event in self.fold(batch):
             if plain is not None:
-                self._add_lines(plain, shown)
                 changed = lines = True
-                continue
-            if shown and event.kind == events.LOG:
-                self._keep(shown)
-            if not self.apply(event):
-                continue
-            changed = True
-            if event.kind == events.LOG:
-                lines = True
-            elif event.job_name == "driver":
-                if event.kind == events.ATTEMPT:
-                    tasks = None
-            elif tasks is not None:
-                tasks.add((event.job_name, event.task_index))
-        self._keep(shown)
+            elif self.apply(event):
+                changed = True
+                if event.kind == events.LOG:
+                    lines = True
+                elif event.job_name == "driver":
+                    tasks = None if event.kind == events.ATTEMPT else tasks
+                elif tasks is not None:
+                    tasks.add((event.job_name, event.task_index))
         return changed, lines, tasks
 
-    def _add_lines(self, plain: list, shown: list) -> None:
-        """Fold plain log lines of known tasks (see :func:`_runs`) as :meth:`apply` does each; their
-        events go to ``shown``, which :meth:`_keep` adds to :attr:`logs` before any other line."""
-        if self.started is None:
-            self.started = plain[0].time
-        if self._live:
-            for e in plain:
-                key = (e.job_name, e.task_index)
-                if key in self._live:
-                    self._live.discard(key)
-                    self.workers[key].live = None  # the bar's line ended
-        shown += plain
+    def fold(self, batch):
+        """Split ``batch`` as :func:`_runs` does and fold its runs of plain log lines (nearly all of a large run's
+        events) as :meth:`apply` would each: they change only :attr:`logs` (of which only the newest kept lines are
+        formatted) and end their tasks' carriage-return lines. Yields ``(lines, None)`` once folded, and
+        ``(None, event)`` for the caller to apply."""
+        shown: list = []  # the lines not in logs yet: added before any line that comes another way, and at the end
+        try:
+            for plain, event in _runs(batch, self.workers):
+                if plain is None:
+                    if shown and event.kind == events.LOG:
+                        self._keep(shown)
+                    yield None, event
+                    continue
+                if self.started is None:
+                    self.started = plain[0].time
+                for e in plain if self._live else ():
+                    key = (e.job_name, e.task_index)
+                    if key in self._live:
+                        self._live.discard(key)
+                        self.workers[key].live = None  # the bar's line ended
+                shown += plain
+                yield plain, None
+        finally:
+            self._keep(shown)
 
     def _keep(self, shown: list) -> None:
-        # only the newest lines logs holds are formatted: at scale most scroll out at once
         keep = self.logs.maxlen
         self.logs.extend(f"[{e.job_name} {e.task_index}] {e.data['line'][:_MAX_LINE]}"
                          for e in (shown if keep is None else shown[-keep:]))
@@ -364,16 +326,13 @@ class RunProgress:
         for name in ("epoch", "epochs", "step", "steps"):
             if data.get(name) is not None:
                 setattr(w, name, _int(data[name]))
-        if _number(data.get("loss")) is not None:
-            w.loss = _number(data["loss"])
-        steps_rate = _number(data.get("steps_per_sec"))
-        if steps_rate is not None:
-            w.steps_per_sec = steps_rate
-        ex_rate = _number(data.get("examples_per_sec"))
-        if ex_rate is None and steps_rate is not None and _number(data.get("batch_size")):
-            ex_rate = steps_rate * _number(data["batch_size"])
-        if ex_rate is not None:
-            w.examples_per_sec = ex_rate
+        loss, steps_rate, ex_rate, batch = (_number(data.get(k)) for k in
+                                            ("loss", "steps_per_sec", "examples_per_sec", "batch_size"))
+        if ex_rate is None and steps_rate is not None and batch:
+            ex_rate = steps_rate * batch
+        w.loss = w.loss if loss is None else loss
+        w.steps_per_sec = w.steps_per_sec if steps_rate is None else steps_rate
+        w.examples_per_sec = w.examples_per_sec if ex_rate is None else ex_rate
         for key, value in data.items():
             if key not in _CORE_FIELDS and _number(value) is not None:
                 w.metrics[key] = _number(value)
@@ -402,13 +361,8 @@ class RunProgress:
             return f"Failed ({attempt}) after {elapsed}{why}"
         if self.outcome == "stopped":
             return f"Stopped ({attempt}) after {elapsed}: interrupted or timed out"
-        total = len(self.workers)
-        parts = [f"Running ({attempt}), {elapsed}"]
-        counts = self.counts()
-        for state in STATES[1:]:
-            n = counts.get(state)
-            if n:
-                parts.append(f"{n}/{total} {state}")
+        counts, total = self.counts(), len(self.workers)
+        parts = [f"Running ({attempt}), {elapsed}", *(f"{counts[s]}/{total} {s}" for s in STATES[1:] if counts.get(s))]
         rate = self.examples_per_sec()
         if rate is not None:
             parts.append(f"{_short(rate)} examples/s")

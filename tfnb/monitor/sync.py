@@ -1,31 +1,8 @@
-"""Incremental TensorBoard event-file sync between a local directory and persistent storage.
-
-One class, :class:`EventSync`, used at both ends of a run: on the chief, inside ``train_fn``, from
-the task's local ``log_dir`` to persistent storage (``/dbfs``, ``/Volumes``, ``s3://``, any fsspec URL
-or a plain path); on the driver, from persistent storage to a local directory TensorBoard reads. Both
-ends go through tfnb's storage layer, with the options of docs/data.md, "Storage URLs and options".
-
-Event files are append-only TFRecord streams (each record: 8-byte little-endian length, 4-byte
-masked CRC-32C of the length, the data, 4-byte masked CRC-32C of the data). The sync remembers,
-per file, how many bytes it has delivered, and each pass ships only the new bytes, cut at the last
-complete record, so a destination never holds a torn record written by the sync. Every byte
-produced is sent once, in one of two ways:
-
-``append`` (local disks, NFS): a file's first bytes go to a hidden temporary name (without
-    "tfevents", so TensorBoard never lists it), renamed into place; later records are appended.
-    (A reader racing an append can meet its record half there; TensorBoard's loader treats that as
-    a truncated record and resumes from it on its next reload: event_file_loader.py.)
-``parts`` (object stores, and the ``/dbfs`` and ``/Volumes`` FUSE mounts, which cannot append in
-    place): each pass uploads a file's new records as one new object ``<file>.part-NNNNNN`` (six or
-    more digits, from 1), itself a valid event file; no re-upload of a growing file (the quadratic
-    cost of tensorboard#5655). Reading a store with parts, :class:`EventSync` concatenates them in
-    order back into ``<file>``, so the driver side restores the original files byte for byte. The
-    price: up to one object per file per pass with new data (360 an hour at interval=10).
-
-A sync resumes where an earlier one stopped: its first pass measures what the destination already
-holds. One destination should have one writing sync at a time. Other files (plugin assets,
-profiles) are copied whole, through a temporary name, once they change and have been quiet for a
-second. ``stop()`` (and leaving the ``with`` block, also on an exception) runs a final pass.
+"""Incremental TensorBoard event-file sync (:class:`EventSync`) between a local directory and persistent storage,
+through tfnb's storage layer. Event files are append-only TFRecord streams (each record: 8-byte little-endian
+length, 4-byte masked CRC-32C of the length, the data, 4-byte masked CRC-32C of the data): each pass ships only a
+file's new bytes, cut at the last complete record, so a destination never holds a torn record written by the sync,
+and every byte is sent once. Other files (plugin assets, profiles) are copied whole once changed and quiet for 1 s.
 """
 from __future__ import annotations
 
@@ -38,7 +15,6 @@ import re
 import struct
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -55,16 +31,13 @@ _QUIET = 1.0                     # seconds a non-event file must be unchanged be
 _MAX_READ = 64 << 20             # bytes read from one file per pass; the rest follows next pass
 
 
-def _crc_table() -> list[int]:
-    table = []
-    for c in range(256):
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
+def _crc_entry(c: int) -> int:
+    for _ in range(8):
+        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    return c
 
 
-_CRC_TABLE = _crc_table()
+_CRC_TABLE = [_crc_entry(c) for c in range(256)]
 
 
 def _masked_crc32c(data: bytes) -> int:
@@ -76,15 +49,9 @@ def _masked_crc32c(data: bytes) -> int:
 
 
 def complete_records(buf: bytes | memoryview) -> int | None:
-    """Length of the longest prefix of ``buf`` made of whole TFRecords.
-
-    Only the length header's checksum is verified (12 bytes per record): that is enough to tell a
-    record boundary, and cheap in pure Python.
-
-    Returns:
-        The byte count (0 when not even the first record is complete), or None when ``buf`` does
-        not start with a valid record header (not a TFRecord stream at this offset).
-    """
+    """Length of the longest prefix of ``buf`` made of whole TFRecords (0 when not even the first is complete),
+    or None when ``buf`` does not start with a valid record header. Only the length header's checksum is checked:
+    enough to tell a record boundary, and cheap in pure Python."""
     pos, n = 0, len(buf)
     while n - pos >= 12:
         length, crc = struct.unpack_from("<QI", buf, pos)
@@ -107,11 +74,6 @@ def location(name: str, value: Any, example: str) -> str:
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. {example}")
     return os.fspath(value)
-
-
-def is_event_file(name: str) -> bool:
-    """TensorBoard's own rule: an event file has "tfevents" in its base name."""
-    return "tfevents" in posixpath.basename(name)
 
 
 @dataclass(frozen=True)
@@ -148,29 +110,23 @@ class _Track:
     raw: bool = False   # not TFRecord-framed: ship bytes as they come
 
 
-_live: "weakref.WeakSet[EventSync]" = weakref.WeakSet()
-
-
-def _stop_all_at_exit() -> None:
-    for sync in list(_live):
-        try:
-            sync.stop()
-        except Exception:  # noqa: BLE001 - interpreter exit: report, never raise
-            log.exception("final event sync to %s failed at exit", sync.dest)
-
-
-atexit.register(_stop_all_at_exit)
-
-
 class EventSync:
     """Copies new TensorBoard event data from ``src`` to ``dest`` every ``interval`` seconds.
+
+    A sync resumes where an earlier one stopped (its first pass measures what the destination holds); one
+    destination should have one writing sync at a time. :meth:`stop` (and leaving the ``with`` block, also on
+    an exception) runs a final pass.
 
     Args:
         src: directory (local path or URL) to read; event files may still be growing.
         dest: directory (local path, ``/dbfs/...``, ``s3://...`` or fsspec URL) to write.
         interval: seconds between passes (default 10; env TFNB_SYNC_INTERVAL).
-        mode: "auto" (append on local disks, parts on object stores and /dbfs, /Volumes),
-            "append" or "parts"; see the module docstring.
+        mode: "auto" (append on local disks, parts on object stores and the /dbfs, /Volumes mounts),
+            "append" (a file's first bytes go to a hidden temporary name, renamed into place; later records
+            are appended) or "parts" (for stores that cannot append in place: each pass uploads a file's new
+            records as one object ``<file>.part-NNNNNN``, itself a valid event file, instead of re-uploading a
+            growing file as tensorboard#5655 does; reading a store with parts joins them back into ``<file>``,
+            byte for byte. The price: up to one object per file per pass, 360 an hour at interval=10).
         storage_options: options for the remote side(s): ``key``, ``secret``, ``token``,
             ``endpoint_url``, ``region``, ... (docs/data.md, "Storage URLs and options").
 
@@ -211,14 +167,12 @@ class EventSync:
             raise ConfigError(f"mode='append' but {self.dest!r} cannot be appended to in place; "
                               f"use mode='parts' (or 'auto')")
         self.mode = mode if mode != "auto" else ("append" if self._dst.appendable else "parts")
-        self._tracks: dict[str, _Track] = {}
+        self._tracks: dict[str, _Track] | None = None   # learnt from the destination on the first pass
         self._copied: dict[str, Entry] = {}   # non-event files: what was copied last
-        self._resumed = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats = SyncStats()
-        self._stopped = False
 
     @property
     def stats(self) -> SyncStats:
@@ -238,9 +192,8 @@ class EventSync:
         if self.running:
             return self
         self._stop.clear()
-        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=f"tfnb-sync {self.src}", daemon=True)
-        _live.add(self)
+        atexit.register(self._stop_at_exit)
         self._thread.start()
         return self
 
@@ -265,14 +218,14 @@ class EventSync:
         Example:
             >>> stats = sync.stop(); print(stats.bytes_sent)
         """
+        if self._stop.is_set():
+            return self._stats  # stopped already: its final pass ran
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        _live.discard(self)
-        if not self._stopped:
-            self._stopped = True
-            self._pass(final=True, raise_errors=True)
+        atexit.unregister(self._stop_at_exit)
+        self._pass(final=True, raise_errors=True)
         return self._stats
 
     def __enter__(self) -> "EventSync":
@@ -286,6 +239,12 @@ class EventSync:
                 raise
             # the body's own exception is the one the user needs to see
             log.exception("final event sync %s -> %s failed", self.src, self.dest)
+
+    def _stop_at_exit(self) -> None:
+        try:
+            self.stop()
+        except Exception:  # noqa: BLE001 - interpreter exit: report, never raise
+            log.exception("final event sync to %s failed at exit", self.dest)
 
     def __repr__(self) -> str:
         return f"EventSync({self.src!r} -> {self.dest!r}, mode={self.mode!r}, interval={self.interval})"
@@ -318,9 +277,8 @@ class EventSync:
                             self.src, self.dest, self.interval, summary(e))
 
     def _sync_once(self, final: bool) -> None:
-        if not self._resumed:
-            self._resume()
-            self._resumed = True
+        if self._tracks is None:
+            self._tracks = self._resume()
         streams, others = _group(self._src.list())
         event_sent = copied = writes = 0
         for name, segments in sorted(streams.items()):
@@ -345,15 +303,13 @@ class EventSync:
             s, bytes_sent=s.bytes_sent + event_sent + copied, event_bytes=s.event_bytes + event_sent,
             writes=s.writes + writes, passes=s.passes + 1, files=len(self._tracks), last_pass=time.time())
 
-    def _resume(self) -> None:
-        """Learn what the destination already holds so a restarted sync continues, not repeats."""
-        streams, _ = _group(self._dst.list())
-        for name, segments in streams.items():
-            track = _Track(delivered=sum(size for _, size in segments))
-            if self.mode == "parts":
-                track.next_part = 1 + max((int(m.group("n")) for rel, _ in segments
-                                           if (m := _PART_RE.match(rel))), default=0)
-            self._tracks[name] = track
+    def _resume(self) -> dict[str, _Track]:
+        """What the destination already holds, so a restarted sync continues, not repeats."""
+        tracks = {}
+        for name, segments in _group(self._dst.list())[0].items():
+            parts = [int(m.group("n")) for rel, _ in segments if (m := _PART_RE.match(rel))]
+            tracks[name] = _Track(sum(size for _, size in segments), 1 + max(parts, default=0))
+        return tracks
 
     def _ship_stream(self, name: str, segments: list[tuple[str, int]]) -> int:
         """Ship the new whole records of one logical event file (in one write); returns the bytes sent."""
@@ -386,34 +342,33 @@ class EventSync:
         elif track.delivered == 0:
             self._dst.write(name, chunk)
         else:
+            # a reader meeting a record half appended takes it as truncated and resumes from it on its next
+            # reload (TensorBoard's event_file_loader.py)
             self._dst.append(name, chunk)
         track.delivered += cut
         return cut
 
 
 def _group(listing: Mapping[str, Entry]) -> tuple[dict[str, list[tuple[str, int]]], dict[str, Entry]]:
-    """Split a listing into logical event streams (name -> ordered segments) and other files."""
-    streams: dict[str, list[tuple[int, str, int]]] = {}
+    """Split a listing into logical event streams (name -> ordered (rel, size) segments) and other files."""
+    segments: dict[str, dict[int, tuple[str, int]]] = {}
     others: dict[str, Entry] = {}
     for rel, info in listing.items():
         m = _PART_RE.match(rel)
-        if m and is_event_file(m.group("base")):
-            streams.setdefault(m.group("base"), []).append((int(m.group("n")), rel, info.size))
-        elif is_event_file(rel):
-            streams.setdefault(rel, []).append((0, rel, info.size))
+        base, number = (m.group("base"), int(m.group("n"))) if m else (rel, 0)
+        if "tfevents" in posixpath.basename(base):  # TensorBoard's own rule for an event file
+            segments.setdefault(base, {}).setdefault(number, (rel, info.size))
         else:
             others[rel] = info
-    out: dict[str, list[tuple[str, int]]] = {}
-    for name, items in streams.items():
-        chain = out[name] = []
-        expect = 1
-        for number, rel, size in sorted(items):
-            # parts must be contiguous from 1: a later part may be listed before an earlier one lands
-            if number and number != expect:
-                break
-            expect += bool(number)
-            chain.append((rel, size))
-    return out, others
+    streams = {}
+    for name, found in segments.items():
+        # the base file, then parts contiguous from 1: a later part may be listed before an earlier one lands
+        chain, n = [found[0]] if 0 in found else [], 1
+        while n in found:
+            chain.append(found[n])
+            n += 1
+        streams[name] = chain
+    return streams, others
 
 
 def _read_range(store: Store, segments: list[tuple[str, int]], start: int, length: int) -> bytes:

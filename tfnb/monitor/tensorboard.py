@@ -1,52 +1,35 @@
-"""TensorBoard processes on the driver: start one, find and reuse one, clean stale ones, stop one.
-
-Core only: every function returns a typed outcome (:class:`Launched`, :class:`Reused`,
-:class:`Failed`, :class:`TimedOut`) and never prints; :mod:`tfnb.notebook.tensorboard` renders them.
-The bookkeeping told below, and signalling and awaiting the processes, is :mod:`tfnb.monitor.tb_registry`.
-
-Security: TensorBoard has no authentication; anyone who can reach its port reads everything under
-``log_dir``. Binding to loopback (``127.0.0.1``, the default) is what protects it: only processes on
-the driver machine (other users of it included) and a notebook proxy running there (which adds its
-own login) can reach it. Any other address makes the outcome carry a ``warning`` (also logged).
-
-Bookkeeping: one JSON info file per instance, in a private per-user folder (``tfnb-tensorboard-<uid>``
-under ``TFNB_STATE_DIR`` or the temp dir; ``TFNB_TENSORBOARD_DIR`` names another), checked on every
-use (else :class:`~tfnb.errors.UnsafePathError` and nothing in it is read, killed or deleted). An
-entry is stale when its process is gone or is not the TensorBoard recorded (start time, owner,
-command line, own process group), when its URL is not the host and port it was launched on, or when
-it no longer answers; listing instances removes stale entries (killing a hung TensorBoard of ours).
-Only log files tfnb created inside the folder are ever deleted. TensorBoard's own record of itself
-(``tensorboard.manager``, read by ``%tensorboard``) goes to the same folder, not to the temp dir shared by all
-users; ``tensorboard.manager`` itself is not used, since it trusts any record in that shared folder (writable
-by all) and reuses one whose process is gone.
-
-Lifetime: each TensorBoard runs in its own session, so interrupting the kernel does not hit it. An
-``atexit`` hook stops the instances this process launched when it exits normally (a kernel shut down
-or restarted from the UI does). After a SIGKILLed kernel its TensorBoard keeps running, and the next
-:func:`ensure_tensorboard` for that log_dir reuses it (or finds it stale and removes it).
+"""TensorBoard processes on the driver: start one, find and reuse one, clean stale ones, stop one. Core only: each
+verb returns a typed outcome (:class:`Launched`, :class:`Reused`, :class:`Failed`, :class:`TimedOut`) that
+:mod:`tfnb.notebook.tensorboard` renders. TensorBoard has no login: it binds to loopback unless told otherwise.
+Its records live in a private per-user folder, trusted only while their process is still the TensorBoard recorded
+(docs/security.md). ``tensorboard.manager`` is not used: its folder is shared and writable by all, it trusts any
+record there, reuses one whose process is gone, and its cache key cannot say "any reload_interval".
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import asdict, dataclass, fields
 from typing import Union
 from urllib.parse import urlsplit
 
 from .._config import setting
 from .._deps import require
+from .._private import check_private, private_dir
 from ..errors import ConfigError
-from .tb_registry import (_STOP_GRACE, TensorBoardInstance, _await_exit, _await_ready, _info_path, _interrupt_held,
-                          _is_ours, _kill_group, _live_instances, _locked, _new_log_path, _proc_start, _read_info,
-                          _remove_entry, _terminate_group, _unlink, _write_info)
+from ..storage import atomic_write, locked
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +37,38 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_RELOAD_INTERVAL = 5.0   # seconds; TensorBoard's own default
 DEFAULT_TIMEOUT = 90.0          # TensorBoard imports TensorFlow at start: ~7 s idle, much more on a busy driver
 
-_EXIT_GRACE = 2.0       # seconds the atexit hook waits before SIGKILL
+_INFO_FORMAT = 1
+_PROBE_TIMEOUT = 5.0    # seconds an alive instance gets to answer /data/environment before it counts as hung
+_STOP_GRACE = 10.0      # seconds between SIGTERM and SIGKILL; TensorBoard takes 3-5 s to exit on SIGTERM
+_EXIT_GRACE = 2.0       # the atexit hook's grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit
+_POLL = 0.1             # seconds between looks at a starting or exiting process
 _TAIL_LINES = 20
+_FIELD_TYPES = {"int": int, "float": (int, float), "str": str}
+_LOG_NAME = re.compile(r"tb-[0-9a-f]{12}\.log")
+_READY_LINE = re.compile(r"TensorBoard (\S+) at (https?://\S+) \(Press CTRL\+C")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
+_children: dict[int, subprocess.Popen] = {}  # the TensorBoards this process launched, reaped once stopped
+
+
+@dataclass(frozen=True)
+class TensorBoardInstance:
+    """One TensorBoard process serving a log_dir, as its info file records it: ``pid`` (also its process
+    group's id), ``port``, ``host`` it is bound to, ``log_dir`` (absolute path or URL), ``url`` where it answers
+    from the driver, ``reload_interval``, ``start_time`` (when it became ready), ``launched_by`` (the pid whose
+    atexit hook stops it), ``tensorboard_version``, ``log_path`` (its output) and ``proc_start`` (its start in
+    clock ticks since boot, 0 where unknown: a recycled pid does not share it)."""
+
+    pid: int
+    port: int
+    host: str
+    log_dir: str
+    url: str
+    reload_interval: float
+    start_time: float
+    launched_by: int
+    tensorboard_version: str = ""
+    log_path: str = ""
+    proc_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,33 +125,17 @@ Outcome = Union[Launched, Reused, Failed, TimedOut]
 
 def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
                        reload_interval: float | None = None, timeout: float | None = None) -> Outcome:
-    """Reuse the TensorBoard serving ``log_dir``, or start one.
-
-    TensorBoard has no authentication: it is bound to loopback unless ``host`` says otherwise, and
-    anyone who can reach the port reads all of ``log_dir``.
-
-    Args:
-        log_dir: directory (or ``gs://``-style URL) holding event files; local paths are made absolute.
-        host: address to bind; default ``127.0.0.1`` (env ``TFNB_TENSORBOARD_HOST``).
-        port: port to serve on; default: a free port chosen by the OS.
-        reload_interval: seconds between log_dir scans; default 5 (env ``TFNB_TENSORBOARD_RELOAD_INTERVAL``).
-            When given, only an instance with that interval is reused; when not, any for the log_dir.
-        timeout: seconds to wait for a new TensorBoard to serve; default 90 (env ``TFNB_TENSORBOARD_TIMEOUT``).
+    """Reuse the TensorBoard serving ``log_dir`` on ``host``, or start one; arguments as for
+    :func:`tfnb.tensorboard`. Given ``reload_interval``, only an instance with that interval is reused.
 
     Returns:
-        :class:`Reused` or :class:`Launched` with its url/port/pid, else :class:`Failed` (bad log_dir,
-        port in use, TensorBoard exited) or :class:`TimedOut` (the process was stopped), each with
-        the fix.
+        :class:`Reused` or :class:`Launched`, else :class:`Failed` (bad log_dir, port in use, TensorBoard
+        exited) or :class:`TimedOut` (the process was stopped), each with the fix.
 
     Raises:
         ConfigError: an argument has the wrong type or range.
         MissingDependencyError: the ``tensorboard`` package is not installed.
         UnsafePathError: the bookkeeping folder is not private to this user (see the module docs).
-
-    Example:
-        >>> outcome = ensure_tensorboard("/tmp/run1/logs")
-        >>> if isinstance(outcome, (Launched, Reused)):
-        ...     print(outcome.url)
     """
     log_dir = _normalize_logdir(log_dir)
     host = setting("tensorboard_host", host, DEFAULT_HOST, str)
@@ -150,8 +146,8 @@ def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = N
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} is not a TCP port (0-65535); pass port=None to pick a free one")
     asked_interval = setting("tensorboard_reload_interval", reload_interval, None, float)
-    interval = _positive("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
-    timeout = _positive("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
+    interval = _seconds("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
+    timeout = _seconds("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
     require("tensorboard", "tfnb.tensorboard")
     if problem := _logdir_problem(log_dir):
         return problem
@@ -171,33 +167,16 @@ def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = N
 
 
 def instances() -> list[TensorBoardInstance]:
-    """TensorBoard instances recorded by tfnb that are alive and answering; stale entries are removed.
-
-    Example:
-        >>> for inst in instances():
-        ...     print(inst.log_dir, inst.url, inst.pid)
-    """
+    """The TensorBoards tfnb runs for this user, alive and answering (``tfnb.tensorboard.instances()``);
+    stale entries are removed."""
     with _locked():
         return _live_instances()
 
 
 def stop(target) -> bool:
-    """Stop a TensorBoard (and its data-server helper) and remove its info file.
-
-    Args:
-        target: a :class:`TensorBoardInstance`, or a :class:`Launched` / :class:`Reused` outcome.
-
-    Returns:
-        True when a running TensorBoard was stopped; False when it was already gone.
-
-    Raises:
-        ConfigError: ``target`` is not an instance or a running outcome.
-
-    Example:
-        >>> outcome = ensure_tensorboard("/tmp/run1/logs")
-        >>> stop(outcome)
-        True
-    """
+    """Stop a TensorBoard (a :class:`TensorBoardInstance` or a Launched/Reused outcome) and its data-server
+    helper, and remove its info file (``tfnb.tensorboard.stop(outcome)``); False when it was already gone.
+    A ConfigError for anything else."""
     inst = target.instance if isinstance(target, _Serving) else target
     if not isinstance(inst, TensorBoardInstance):
         raise ConfigError(f"stop() takes a TensorBoardInstance or a Launched/Reused outcome, not "
@@ -212,12 +191,18 @@ def _stop(inst: TensorBoardInstance, grace: float) -> bool:
         mine = _read_info(_info_path(inst.pid)) == inst
         running = mine and _is_ours(inst)
         if running:
-            _terminate_group(inst.pid)
+            _terminate(inst.pid)
         if mine:
             _remove_entry(inst)
     if running:
         _await_exit(inst.pid, grace)  # outside the lock: other kernels need not wait for it
     return running
+
+
+def _stop_at_exit(inst: TensorBoardInstance) -> None:
+    # TensorBoard, sent SIGTERM, exits on its own even if the kernel is SIGKILLed after the short grace.
+    with contextlib.suppress(Exception):  # interpreter shutdown: never let cleanup raise
+        _stop(inst, _EXIT_GRACE)
 
 
 def _normalize_logdir(log_dir) -> str:
@@ -232,7 +217,7 @@ def _normalize_logdir(log_dir) -> str:
     return text if "://" in text else os.path.abspath(os.path.expanduser(text))
 
 
-def _positive(name: str, value) -> float:
+def _seconds(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
     return float(value)
@@ -250,8 +235,7 @@ def _logdir_problem(log_dir: str) -> Failed | None:
 
 
 def _port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
         except OSError:
@@ -276,17 +260,19 @@ def _serving(kind: type[_Serving], inst: TensorBoardInstance) -> _Serving:
 
 
 def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout: float) -> Outcome:
-    log_path = _new_log_path()
+    folder = _info_dir()
+    log_path = os.path.join(folder, f"tb-{uuid.uuid4().hex[:12]}.log")  # as _remove_entry recognizes it
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--host", host,
            "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
-    # TensorBoard writes its own record under $TMPDIR/.tensorboard-info: the private folder's (module docs)
-    folder = os.path.dirname(log_path)
+    # TensorBoard's own record (read by %tensorboard) goes to $TMPDIR/.tensorboard-info: in the private folder,
+    # not the temp dir shared by all users
     os.makedirs(os.path.join(folder, ".tensorboard-info"), mode=0o700, exist_ok=True)
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, "TMPDIR": folder}
     proc = None
     try:
-        # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid:
-        # hold it until `proc` is set, then raise it here, where the process is stopped.
+        # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid: hold it until
+        # `proc` is set, then raise it here, where the process is stopped. In its own session, TensorBoard is not hit
+        # by a kernel interrupt, and its pid is its process group's: signals reach its data server too.
         with _interrupt_held(), open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True)
@@ -317,10 +303,45 @@ def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout:
                                reload_interval=reload_interval, start_time=time.time(),
                                launched_by=os.getpid(), tensorboard_version=version, log_path=log_path,
                                proc_start=_proc_start(proc.pid) or 0)
-    _write_info(inst)
-    # Holding `proc` here also keeps Popen from warning that a child it never waited for still runs.
-    atexit.register(_stop_at_exit, inst, proc)
+    atomic_write(_info_path(inst.pid), json.dumps({"format": _INFO_FORMAT, **asdict(inst)}, indent=1).encode())
+    _children[proc.pid] = proc
+    # stopped when this process exits normally (a kernel shut down or restarted from the UI); after a SIGKILLed
+    # kernel, the next ensure_tensorboard for that log_dir reuses it, or finds it stale and removes it
+    atexit.register(_stop_at_exit, inst)
     return _serving(Launched, inst)
+
+
+@contextlib.contextmanager
+def _interrupt_held():
+    """Delay SIGINT (KeyboardInterrupt) to the end of the block; a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda *frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])
+
+
+def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
+    """Wait for TensorBoard's "serving at URL" line: (match, None, text); on exit (None, code, text);
+    on timeout (None, None, text)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_POLL)
+        text = ""
+        with contextlib.suppress(OSError), open(log_path, "rb") as fh:
+            text = fh.read().decode("utf-8", errors="replace")
+        ready = _READY_LINE.search(text)
+        if proc.returncode is not None:
+            return None, proc.returncode, text
+        if ready is not None or time.monotonic() >= deadline:
+            return ready, None, text
 
 
 def _exit_failure(log_dir: str, host: str, port: int, code: int, text: str) -> Failed:
@@ -339,16 +360,205 @@ def _exit_failure(log_dir: str, host: str, port: int, code: int, text: str) -> F
                   exit_code=code, output=_tail(text))
 
 
-def _stop_at_exit(inst: TensorBoardInstance, proc: subprocess.Popen) -> None:
-    del proc
-    # Short grace: Jupyter SIGKILLs a kernel that takes over 5 s to exit; TensorBoard, already
-    # sent SIGTERM, exits on its own even if that happens. Interpreter shutdown: never let cleanup raise.
-    with contextlib.suppress(Exception):
-        _stop(inst, _EXIT_GRACE)
+def _tail(text: str) -> str:
+    return "\n".join(text.rstrip().splitlines()[-_TAIL_LINES:])
 
 
-def _tail(text: str, lines: int = _TAIL_LINES) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+def _info_dir() -> str:
+    """The bookkeeping folder (``tfnb-tensorboard-<uid>`` under ``TFNB_STATE_DIR`` or the temp dir, or
+    ``TFNB_TENSORBOARD_DIR``), verified private on every call (raises UnsafePathError otherwise)."""
+    path = setting("tensorboard_dir", None, None, str)
+    if not path:
+        return private_dir("tensorboard", setting="TFNB_TENSORBOARD_DIR")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return check_private(path, "TFNB_TENSORBOARD_DIR")
+
+
+def _info_path(pid: int) -> str:
+    return os.path.join(_info_dir(), f"{pid}.json")
+
+
+def _locked():
+    """Serialize find-or-launch between kernels on this machine, so two cells do not both launch."""
+    return locked(os.path.join(_info_dir(), ".lock"))
+
+
+def _read_info(path: str) -> TensorBoardInstance | None:
+    """The instance an info file records, or None when it is unreadable or any field has the wrong type."""
+    try:
+        with open(path) as fh:
+            raw = json.load(fh)
+        if raw.pop("format", None) != _INFO_FORMAT:
+            return None
+        inst = TensorBoardInstance(**raw)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    typed = all(not isinstance(v := getattr(inst, f.name), bool) and isinstance(v, _FIELD_TYPES[f.type])
+                for f in fields(inst))
+    return inst if typed and inst.pid > 0 else None
+
+
+def _live_instances() -> list[TensorBoardInstance]:
+    """The entries whose process is still the TensorBoard recorded, at the URL it was launched on, answering;
+    the others are removed (a hung TensorBoard of ours is killed)."""
+    live = []
+    folder = _info_dir()
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(folder, name)
+        inst = _read_info(path)
+        if inst is None or name != f"{inst.pid}.json":
+            log.info("removing unreadable TensorBoard info file %s", path)
+            _unlink(path)
+            continue
+        if not _is_ours(inst):
+            log.info("removing stale TensorBoard entry for %s: pid %d is gone or is not that TensorBoard",
+                     inst.log_dir, inst.pid)
+        elif not _url_matches(inst):
+            # never show it: an iframe pointed elsewhere would hand the page to whoever serves there
+            log.warning("removing TensorBoard entry %s: its url %s is not host %s port %d it was launched on",
+                        path, inst.url, inst.host, inst.port)
+        elif not _answers(inst):
+            log.warning("TensorBoard pid %d for %s does not answer on port %d; stopping it",
+                        inst.pid, inst.log_dir, inst.port)
+            _kill_group(inst.pid)
+        else:
+            live.append(inst)
+            continue
+        _remove_entry(inst)
+    return live
+
+
+def _remove_entry(inst: TensorBoardInstance) -> None:
+    folder = _info_dir()
+    _unlink(_info_path(inst.pid))
+    real = os.path.realpath(inst.log_path)  # links and ".." resolved: only a tb-*.log directly in the folder
+    own = os.path.dirname(real) == os.path.realpath(folder) and _LOG_NAME.fullmatch(os.path.basename(real))
+    if inst.log_path and own:
+        _unlink(inst.log_path)
+    elif inst.log_path:
+        log.warning("not deleting %s named as a TensorBoard log by an info file: tfnb only deletes the "
+                    "tb-*.log files it created in %s", inst.log_path, folder)
+    _drop_tensorboard_record(inst.pid)
+
+
+def _drop_tensorboard_record(pid: int) -> None:
+    """Remove TensorBoard's own record of a dead pid (``.tensorboard-info`` in the private folder), which it deletes
+    on SIGTERM but not when SIGKILLed. A live pid's record is left alone: the pid may have been recycled."""
+    if not _alive(pid):
+        with contextlib.suppress(OSError):  # a folder found unsafe (UnsafePathError) is left as it is
+            os.unlink(os.path.join(_info_dir(), ".tensorboard-info", f"pid-{pid}.info"))
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _url_matches(inst: TensorBoardInstance) -> bool:
+    """The recorded URL is ``http://<host>:<port>/`` for the host and port the instance was launched on."""
+    try:
+        u = urlsplit(inst.url)
+        port = u.port
+    except ValueError:
+        return False
+    return (u.scheme == "http" and u.hostname == inst.host.strip("[]").lower() and port == inst.port
+            and u.path in ("", "/") and not u.query and not u.username)
+
+
+def _is_ours(inst: TensorBoardInstance) -> bool:
+    """True when the entry's process is alive and is still the TensorBoard tfnb launched. Every check must hold
+    before tfnb signals its process group or shows its URL: the recorded start time (pids get recycled), this user
+    as owner, "tensorboard" in the command line, and leader of its own process group (tfnb starts it in a new
+    session and signals the group)."""
+    if not _alive(inst.pid):
+        return False
+    if not os.path.isdir("/proc/self"):
+        return True  # not Linux: nothing better to check with than "alive"
+    try:
+        owner = os.stat(f"/proc/{inst.pid}").st_uid
+        with open(f"/proc/{inst.pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+        group = os.getpgid(inst.pid)
+    except OSError:
+        return False
+    return (owner == os.getuid() and b"tensorboard" in cmdline and group == inst.pid
+            and inst.proc_start != 0 and _proc_start(inst.pid) == inst.proc_start)
+
+
+def _answers(inst: TensorBoardInstance) -> bool:
+    """True when the instance serves ``/data/environment`` for its log_dir."""
+    import urllib.request  # only needed once an instance exists; keeps this module light to import
+
+    host = "127.0.0.1" if inst.host in ("", "0.0.0.0", "::") else f"[{inst.host}]" if ":" in inst.host else inst.host
+    url = f"http://{host}:{inst.port}/data/environment"
+    # No proxy: an HTTP(S)_PROXY in the environment must not see (or break) loopback requests.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=_PROBE_TIMEOUT) as resp:
+            env = json.loads(resp.read().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        log.debug("TensorBoard probe %s failed: %s", url, e)
+        return False
+    return env.get("data_location") == inst.log_dir
+
+
+def _alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    parts = _proc_stat(pid)
+    return parts[0] != b"Z" if parts else not os.path.isdir("/proc/self")
+
+
+def _proc_stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); [] where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
+    parts = _proc_stat(pid)
+    return int(parts[19]) if len(parts) > 19 else None
+
+
+def _kill_group(pid: int, proc: subprocess.Popen | None = None) -> None:
+    """SIGTERM the process group (TensorBoard and its data server), then SIGKILL what is left."""
+    _terminate(pid)
+    _await_exit(pid, _STOP_GRACE, proc)
+
+
+def _terminate(pid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGCONT):  # SIGCONT: a stopped process only acts on SIGTERM once resumed
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+
+def _await_exit(pid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
+    proc = proc or _children.pop(pid, None)
+    if not _wait_gone(pid, grace, proc):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        _wait_gone(pid, _STOP_GRACE, proc)
+    _drop_tensorboard_record(pid)
+
+
+def _wait_gone(pid: int, timeout: float, proc: subprocess.Popen | None) -> bool:
+    deadline = time.monotonic() + timeout
+    while (proc.poll() is None) if proc else _alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL / 2)
+    return True
 
 
 __all__ = ["TensorBoardInstance", "Launched", "Reused", "Failed", "TimedOut", "Outcome",

@@ -1,22 +1,12 @@
-"""MLflow tracking: one MLflow run per ``tfnb.run``, logged by the driver alone.
+"""MLflow tracking: one MLflow run per ``tfnb.run``, logged by the driver alone (docs/monitoring.md, "MLflow").
 
-What a run logs, and to which run, is in docs/monitoring.md ("MLflow"). Autologging on every rank
-would make one MLflow run per worker (mlflow#11782), so :func:`track` wraps the run's display (the
-callable that receives every :class:`~tfnb.RunEvent`) and hands what it sees (the chief's
-epoch-end metrics at ``step = epoch - 1``, relaunches, the final state) to one background thread
-that talks to MLflow: workers need no MLflow package and no credentials. Params never include the
-``env`` values or storage options (credentials live there). ``model_dir/tfnb_mlflow.json`` names
-the MLflow run, so an ``Evaluator(mlflow=True)`` watching that directory (:class:`EvalTracker`)
-logs to the same run, from any kernel.
-
-The model is logged with a signature, as a LoggedModel of the run with MLflow 3 and as the run's artifact
-``model`` with MLflow 2 (2.13, Databricks Runtime 15.4 LTS ML's, or later); ``mlflow={"experiment": ...,
-"registered_model_name": ..., "input_example": ...}`` adds an input example and registers it (:func:`settings`).
-
-MLflow never stops or slows the training: calls happen off the run's thread, and the first call
-that fails (after MLflow's own retries, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) is reported once as a
-warning and ends tracking for that run. ``tfnb.run`` returns once the final status and the model
-are logged.
+:func:`track` tees the run's display into a background thread that logs the chief's epoch-end metrics (at
+``step = epoch - 1``), relaunches and the final state, so workers need neither MLflow nor credentials (autologging
+on every rank would make one MLflow run per worker, mlflow#11782). Params never include ``env`` values or storage
+options. ``model_dir/tfnb_mlflow.json`` names the MLflow run, so an ``Evaluator(mlflow=True)`` on that directory
+(:class:`EvalTracker`) logs to the same run. The model is logged with a signature: a LoggedModel with MLflow 3, the
+run's artifact ``model`` with MLflow 2 (>= 2.13). The first MLflow call that fails (after MLflow's own retries) is
+reported once and ends tracking for that run; training never waits on MLflow.
 """
 from __future__ import annotations
 
@@ -51,9 +41,9 @@ _MAX_PARAM = 500    # characters of a param value logged from args
 _STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 # (MLflow run id, log the model) for the tfnb.run calls of this thread: see logging_to
 _LOGGING_TO: contextvars.ContextVar = contextvars.ContextVar("tfnb_mlflow_logging_to", default=None)
-_OPTION_PARAMS = ("gpus_per_worker", "cpus_per_worker", "ps_placement")  # RunOptions fields logged as params
-# the conf (and its default) that gives every task its share when the option is None
-_CONF_FOR = {"gpus_per_worker": ("spark.task.resource.gpu.amount", "0"), "cpus_per_worker": ("spark.task.cpus", "1")}
+# RunOptions fields logged as params, with the conf (and its default) that gives every task its share when None
+_OPTION_PARAMS = {"gpus_per_worker": ("spark.task.resource.gpu.amount", "0"),
+                  "cpus_per_worker": ("spark.task.cpus", "1"), "ps_placement": None}
 
 
 def settings(value: Any) -> dict:
@@ -65,15 +55,11 @@ def settings(value: Any) -> dict:
 
 
 def check_option(value: Any) -> bool:
-    """Validate ``mlflow=`` (True, an experiment name, a dict of :data:`_SETTINGS`, or None/False) and import MLflow
-    when it is on.
-
-    Returns:
-        True when tracking is on.
+    """Validate ``mlflow=`` and import MLflow when it is on; True when tracking is on.
 
     Raises:
-        ConfigError: any other value.
-        MissingDependencyError: tracking is on but MLflow is not installed (names ``tfnb[mlflow]``).
+        ConfigError: not True, an experiment name, a dict of :data:`_SETTINGS`, None or False.
+        MissingDependencyError: tracking is on but MLflow (>= 2.13) is not installed.
     """
     if value is None or value is False:
         return False
@@ -102,14 +88,6 @@ def check_option(value: Any) -> bool:
     return True
 
 
-def _mlflow_major() -> int:
-    import mlflow
-
-    from .._deps import _version
-
-    return _version(getattr(mlflow, "__version__", "0"))[0]
-
-
 def _experiment_id(client, value: Any) -> str | None:
     """The id of the experiment ``mlflow="name"`` names (created when missing); None: MLflow's default."""
     value = settings(value)["experiment"]
@@ -120,8 +98,7 @@ def _experiment_id(client, value: Any) -> str | None:
 
 
 class _Link:
-    """One MLflow run, used from one thread; the first failing call turns it off with one warning
-    (every later call does nothing)."""
+    """One MLflow run, used from one thread; the first failing call turns it off with one warning."""
 
     def __init__(self, what: str):
         self.what = what
@@ -146,8 +123,7 @@ class _Link:
         if active_run_id is not None:
             self.run_id = active_run_id
             return
-        client = mlflow.MlflowClient()
-        experiment_id = self.call(_experiment_id, client, experiment)
+        experiment_id = self.call(_experiment_id, mlflow.MlflowClient(), experiment)
         run = self.call(mlflow.start_run, experiment_id=experiment_id, tags=dict(tags))
         if run is not None:
             self.run_id, self.own = run.info.run_id, True
@@ -168,10 +144,9 @@ class _Link:
 
 @contextlib.contextmanager
 def logging_to(mlflow_run_id: str, *, log_model: bool = True):
-    """Inside the block, ``tfnb.run(mlflow=...)`` calls of this thread log to ``mlflow_run_id`` and leave it open
-    (as they do an active run); ``log_model=False`` leaves the model in model_dir to the caller. MLflow's active run
-    belongs to one thread; tfnb.sweep runs each trial in a thread of its own and gives each its child run this
-    way."""
+    """Inside the block, this thread's ``tfnb.run(mlflow=...)`` calls log to ``mlflow_run_id`` and leave it open;
+    ``log_model=False`` leaves the model to the caller. MLflow's active run is per thread, and tfnb.sweep runs each
+    trial in its own thread."""
     token = _LOGGING_TO.set((mlflow_run_id, log_model))
     try:
         yield
@@ -180,8 +155,8 @@ def logging_to(mlflow_run_id: str, *, log_model: bool = True):
 
 
 class Tracker:
-    """The display of a tracked ``tfnb.run``: passes every event on and logs to MLflow in the background. Built by
-    :func:`track`; ``tfnb.run`` calls ``close()`` once the run has ended."""
+    """The display of a tracked ``tfnb.run``: passes every event on and logs to MLflow in the background;
+    ``close()`` once the run has ended."""
 
     def __init__(self, display: Callable[[RunEvent], None], experiment: Any, *, run_id: str,
                  model_dir: str | None, params: Mapping[str, str]):
@@ -216,7 +191,18 @@ class Tracker:
     def _observe(self, event: RunEvent) -> None:
         data = event.data
         if event.kind == events.PROGRESS and event.job_name == "chief" and data.get("epoch_end"):
-            self._epoch_end(event)
+            from mlflow.entities import Metric
+
+            try:
+                step = int(data["epoch"]) - 1
+            except (KeyError, TypeError, ValueError):
+                return
+            stamp = int(event.time * 1000)
+            metrics = [Metric(k, float(v), stamp, step) for k, v in data.items()
+                       if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and math.isfinite(v)]
+            if metrics:
+                self._q.put(("metrics", metrics))
         elif event.kind == events.ATTEMPT:
             reason = f"{data.get('reason', '')}; relaunched as attempt {data.get('attempt')}"
             resize = data.get("resize") or {}
@@ -230,24 +216,9 @@ class Tracker:
         elif event.kind == events.STATE and event.job_name == "driver" and data.get("state") in _STATUS:
             self._state = data["state"]
 
-    def _epoch_end(self, event: RunEvent) -> None:
-        from mlflow.entities import Metric
-
-        try:
-            step = int(event.data["epoch"]) - 1
-        except (KeyError, TypeError, ValueError):
-            return
-        stamp = int(event.time * 1000)
-        metrics = [Metric(k, float(v), stamp, step) for k, v in event.data.items()
-                   if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and math.isfinite(v)]
-        if metrics:
-            self._q.put(("metrics", metrics))
-
     def close(self) -> None:
-        """Close the display, then log the final status (and model) and wait until that is done. The status comes
-        from the run's final state event; without one the run was interrupted (KILLED when a KeyboardInterrupt, i.e.
-        a cancel, is propagating) or timed out (FAILED)."""
+        """Close the display, then log the final status (and model) and wait for it. Without a final state event
+        the run was interrupted (KILLED while a KeyboardInterrupt propagates) or timed out (FAILED)."""
         close = getattr(self.display, "close", None)
         if close:
             close()
@@ -271,12 +242,8 @@ class Tracker:
             with contextlib.suppress(queue.Empty):  # what piled up while the last call ran goes in one batch
                 while batch[-1][0] != "end":
                     batch.append(self._q.get_nowait())
-            metrics, tags = [], {}
-            for kind, value in batch:
-                if kind == "metrics":
-                    metrics += value
-                elif kind == "tags":
-                    tags.update(value)
+            metrics = [m for kind, value in batch if kind == "metrics" for m in value]
+            tags = {k: v for kind, value in batch if kind == "tags" for k, v in value.items()}
             for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
                 link.log(mlflow, metrics=metrics[i:i + 1000], tags=tags if i == 0 else None)
             if not metrics and tags:
@@ -287,8 +254,7 @@ class Tracker:
 
     def _end(self, mlflow, state: str, error: str | None) -> None:
         link = self.link
-        tags = {"tfnb.state": state, **({"tfnb.error": error} if error else {})}
-        link.log(mlflow, tags=tags)
+        link.log(mlflow, tags={"tfnb.state": state, **({"tfnb.error": error} if error else {})})
         if state == "succeeded" and self.log_model and self.model_dir and link.run_id is not None and not link.broken:
             started = time.monotonic()
             if link.call(_log_model, mlflow, self.model_dir, link.run_id, self.settings["registered_model_name"],
@@ -301,16 +267,15 @@ class Tracker:
 def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spark, num_workers: int,
           num_ps: int, max_attempts: int, args: Sequence, model_dir: str | None, log_dir: str | None,
           timeout: float | None, options: Any = None) -> "Tracker":
-    """``display`` teed into MLflow; ``mlflow`` is tfnb.run's option, already accepted by :func:`check_option`.
-    ``options`` (the run's ``RunOptions``) adds the resource options; one left None is logged as what the session's
-    conf gives every task instead."""
+    """``display`` teed into MLflow (``mlflow`` already accepted by :func:`check_option`). ``options`` (the run's
+    ``RunOptions``) adds the resource options; one left None is logged as the share the conf gives every task."""
     params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
               "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
-    for name in _OPTION_PARAMS if options is not None else ():
+    for name, conf in _OPTION_PARAMS.items() if options is not None else ():
         params[name] = getattr(options, name, None)
-        if params[name] is None and name in _CONF_FOR:
+        if params[name] is None and conf:
             with contextlib.suppress(Exception):  # as for spark.master below
-                params[name] = spark.conf.get(*_CONF_FOR[name])
+                params[name] = spark.conf.get(*conf)
     for key in ("spark.master", "spark.app.id"):
         with contextlib.suppress(Exception):  # a Connect server may not say; the run goes on without it
             params[key] = spark.conf.get(key, None)
@@ -346,9 +311,9 @@ def _find_model(listing: Mapping[str, Any]) -> tuple[str, bool] | None:
 
 def _log_model(mlflow, model_dir: str, mlflow_run_id: str, registered_model_name: str | None = None,
                input_example: Any = None) -> str | None:
-    """Log the newest saved model in ``model_dir`` to the run (registered as ``registered_model_name`` when given);
-    returns its path in model_dir, None if none. The run's tag ``tfnb.model.uri`` says where the logged model is,
-    ``tfnb.model.registered`` which registered version it became (``models:/<name>/<version>``)."""
+    """Log the newest saved model in ``model_dir`` to the run, registered as ``registered_model_name`` when given;
+    its path in model_dir, None if none. Tags: ``tfnb.model.uri`` (the logged model), ``tfnb.model.registered``
+    (``models:/<name>/<version>``)."""
     from ..storage import open_store
 
     store = open_store(model_dir, purpose="reading the saved model in")
@@ -405,29 +370,23 @@ def _log_files(client, run_id: str, path: str, artifact_path: str) -> None:
         client.log_artifact(run_id, path, artifact_path)
 
 
-def _looks_like_a_model(path: str) -> bool:
-    """A .keras zip, an HDF5 file, or a SavedModel folder: what a Keras model may be saved as."""
+def _load_keras(path: str):
+    """The Keras model at ``path`` loaded by the Keras that saved it; None when it is not one or TensorFlow is
+    missing. What is not a .keras zip, an HDF5 file or a SavedModel folder is refused without importing TensorFlow."""
     import zipfile
 
-    if os.path.isdir(path):
-        return os.path.exists(os.path.join(path, "saved_model.pb"))
-    if zipfile.is_zipfile(path):
-        return True
+    from .checkpoints import HDF5_SIGNATURE
+
+    plausible = os.path.isdir(path) and os.path.exists(os.path.join(path, "saved_model.pb"))
     with contextlib.suppress(OSError), open(path, "rb") as f:
-        return f.read(8) == b"\x89HDF\r\n\x1a\n"
-    return False
-
-
-def _load_keras(path: str):
-    """The Keras model at ``path`` loaded by the Keras that saved it, or None when it is not one (or TensorFlow is
-    missing)."""
-    if not _looks_like_a_model(path):
-        return None  # without importing TensorFlow (seconds) to find out
+        plausible = f.read(8) == HDF5_SIGNATURE or zipfile.is_zipfile(f)
+    if not plausible:
+        return None
     try:
         from .._deps import keras_for, tensorflow_with_tf_keras
 
-        # tf.keras code trained with tf-keras (tfnb.run's legacy_keras): MLflow's tensorflow flavour saves and loads
-        # a tf.keras model through tf.keras, which must then be tf-keras (the notebook's environment is left alone)
+        # tf.keras code trained with tf-keras: MLflow's tensorflow flavour saves and loads a tf.keras model through
+        # tf.keras, which must then be tf-keras (the notebook's environment is left alone)
         tensorflow_with_tf_keras("logging the model to MLflow")
         return keras_for(path).models.load_model(path)
     except Exception as e:  # noqa: BLE001 - not a Keras model (a tf.Module SavedModel...)
@@ -436,8 +395,8 @@ def _load_keras(path: str):
 
 
 def _signature(model, input_example: Any):
-    """The model's MLflow signature: inferred from ``input_example`` and the model's predictions for it, else from
-    the model's input and output shapes (a single input and output), else None."""
+    """The model's MLflow signature: from ``input_example`` and the model's predictions for it, else from its single
+    input's and output's shapes, else None."""
     import numpy as np
     from mlflow.models import infer_signature
 
@@ -465,13 +424,15 @@ def _signature(model, input_example: Any):
 
 
 def _log_keras(model, mlflow_run_id: str, input_example: Any = None) -> str:
-    """Log ``model`` as the run's ``model``, with a signature (:func:`_signature`) and ``input_example`` when given:
-    a Keras 3 model in MLflow's ``keras`` flavour (Keras 3's own), a tf-keras one in its ``tensorflow`` flavour (which
-    saves and loads it through ``tf.keras``). MLflow 3 makes it a LoggedModel of the run, MLflow 2 the run's
-    artifact ``model``. Returns the model's URI."""
+    """Log ``model`` as the run's ``model`` with a signature (and ``input_example``): Keras 3 in MLflow's ``keras``
+    flavour, tf-keras in its ``tensorflow`` one; a LoggedModel with MLflow 3, the artifact ``model`` with MLflow 2.
+    Returns the model's URI."""
     import importlib.metadata
 
+    import mlflow
     from mlflow.models import Model
+
+    from .._deps import _version
 
     keras3 = type(model).__module__.split(".")[0] == "keras"
     reqs = []
@@ -497,22 +458,21 @@ def _log_keras(model, mlflow_run_id: str, input_example: Any = None) -> str:
 
         flavor = mlflow.tensorflow
         # "keras_v3" by name: from a thread other than the one that imported tf-keras, a ".keras" path
-        # with MLflow's default save_format would be written as HDF5 (see evaluator._export).
+        # with MLflow's default save_format would be written as HDF5 (see EvalModel.export).
         kwargs["keras_model_kwargs"] = {"save_format": "keras_v3"}
     # Model.log, as the flavours' log_model take no run_id before MLflow 3: this thread has no active run to log to
-    where = {"artifact_path": None, "name": "model"} if _mlflow_major() >= 3 else {"artifact_path": "model"}
-    info = Model.log(flavor=flavor, model=model, run_id=mlflow_run_id, **where, **kwargs)
-    return info.model_uri
+    major = _version(getattr(mlflow, "__version__", "0"))[0]
+    where = {"artifact_path": None, "name": "model"} if major >= 3 else {"artifact_path": "model"}
+    return Model.log(flavor=flavor, model=model, run_id=mlflow_run_id, **where, **kwargs).model_uri
 
 
 class EvalTracker:
-    """Logs an Evaluator's results to MLflow, from the evaluator's thread. Which run: the one the ``tfnb.run``
-    writing ``model_dir`` logs to (its ``tfnb_mlflow.json``, when its tfnb run id matches the status file's), else
-    the MLflow run active where the Evaluator was created, else a run of its own (in the experiment
-    ``mlflow="name"`` names), ended when the evaluator stops. Decided at the first evaluated checkpoint. Metrics are
-    ``eval_<name>`` at the evaluation's step; the best checkpoint's are ``best_eval_<name>`` (at its step), with
-    tags ``tfnb.eval.best_step`` and ``tfnb.eval.best_checkpoint``; the exported best model is the artifact
-    ``best_model``."""
+    """Logs an Evaluator's results to MLflow, from the evaluator's thread, to (decided at the first result) the run
+    of the ``tfnb.run`` writing ``model_dir`` (its ``tfnb_mlflow.json``, when its tfnb run id matches the status
+    file's), else the MLflow run active where the Evaluator was created, else a run of its own (ended when the
+    evaluator stops). Metrics ``eval_<name>``; the best checkpoint's also ``best_eval_<name>``, with tags
+    ``tfnb.eval.best_step`` and ``tfnb.eval.best_checkpoint``; the exported best model is the artifact ``best_model``.
+    """
 
     def __init__(self, experiment: Any, status_store):
         import mlflow
@@ -524,11 +484,6 @@ class EvalTracker:
         self.link = _Link("the evaluator")
         self._resolved = False
 
-    def _resolve(self, mlflow) -> None:
-        self._resolved = True
-        run_id = self.link.call(self._linked_run)
-        self.link.start(mlflow, self.experiment, run_id or self.active_run_id, {"tfnb.evaluator": "true"})
-
     def _linked_run(self) -> str | None:
         from .._status import read_status
 
@@ -536,8 +491,7 @@ class EvalTracker:
             linked = json.loads(self.store.read(LINK_FILE))
         except (FileNotFoundError, ValueError):
             return None
-        status = read_status(self.store) or {}
-        if linked.get("tfnb_run_id") != status.get("run_id"):
+        if linked.get("tfnb_run_id") != (read_status(self.store) or {}).get("run_id"):
             return None  # written by an earlier run in the same model_dir
         return linked.get("mlflow_run_id")
 
@@ -547,7 +501,9 @@ class EvalTracker:
         from mlflow.entities import Metric
 
         if not self._resolved:
-            self._resolve(mlflow)
+            self._resolved = True
+            run_id = self.link.call(self._linked_run) or self.active_run_id
+            self.link.start(mlflow, self.experiment, run_id, {"tfnb.evaluator": "true"})
         stamp = int(time.time() * 1000)
         prefixes = ("eval_", "best_eval_") if result.best else ("eval_",)
         metrics = [Metric(prefix + k, float(v), stamp, int(result.step))
@@ -557,9 +513,10 @@ class EvalTracker:
 
     def log_best_model(self, local_path: str) -> None:
         """Upload the exported best model (a file or a SavedModel folder) as the run's ``best_model``."""
+        import mlflow
+
         if self.link.run_id is not None:
-            client = __import__("mlflow").MlflowClient()
-            self.link.call(_log_files, client, self.link.run_id, local_path, "best_model")
+            self.link.call(_log_files, mlflow.MlflowClient(), self.link.run_id, local_path, "best_model")
 
     def close(self, failed: bool) -> None:
         """End the evaluator's own run (if it started one)."""

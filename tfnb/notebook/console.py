@@ -1,7 +1,6 @@
-"""The console display: prefixed log lines, epoch summaries and a progress line (a tqdm bar on a terminal).
-
-What a run shows outside a notebook widget (a script, a CI log, ``TFNB_DISPLAY=console``), rendered
-from the run model of :mod:`tfnb.monitor.progress`; registered as the ``console`` display mode.
+"""The consoles: :class:`Console`, what a run's and a sweep's share, and the run's :class:`ConsoleDisplay`: prefixed
+log lines, epoch summaries and a progress line (a tqdm bar on a terminal). What a run shows outside a notebook widget
+(a script, a CI log, ``TFNB_DISPLAY=console``), from the run model of :mod:`tfnb.monitor.progress`.
 """
 from __future__ import annotations
 
@@ -13,19 +12,42 @@ from .. import _protocol as events
 from .._protocol import RunEvent
 from .._protocol import number as _number
 from ..errors import ConfigError
-from ..monitor.progress import (_CORE_FIELDS, SUMMARY_ABOVE, RunProgress, WorkerProgress, _last_segment, _of, _runs,
+from ..monitor.progress import (_CORE_FIELDS, SUMMARY_ABOVE, RunProgress, WorkerProgress, _last_segment, _of,
                                 _short, format_metrics, gpu_list)
 
 
-class ConsoleDisplay:
+class Console:
+    """Lines to ``stream`` (default: the current ``sys.stdout``); while ``_held`` is a list they gather there for one
+    write, and above a tqdm bar they go through the bar."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream
+        self._bar = None
+        self._held: list | None = None
+
+    def _out(self) -> TextIO:
+        return self.stream or sys.stdout
+
+    def _print(self, text: str) -> None:
+        if self._held is not None:
+            self._held.append(text)
+        elif self._bar is not None:
+            self._bar.write(text, file=self._out())
+        else:
+            print(text, file=self._out(), flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class ConsoleDisplay(Console):
     """Console output of a run: ``[worker 1] ...`` log lines and a progress line.
 
-    On a terminal the progress is a tqdm bar below the log lines. Otherwise (a file, a CI log, a
-    notebook cell with TFNB_DISPLAY=console) it prints each task's epoch summary and, at most every
-    ``interval`` seconds, a progress line and each task's latest carriage-return line (a Keras
-    ``verbose=1`` bar). Above :data:`SUMMARY_ABOVE` tasks only the chief's epoch summaries and a
-    periodic summary (counts by state, slowest and fastest task, stragglers, total examples/s) are
-    printed, besides failures.
+    On a terminal the progress is a tqdm bar below the log lines. Otherwise (a file, a CI log, a notebook cell with
+    TFNB_DISPLAY=console) it prints each task's epoch summary and, at most every ``interval`` seconds, a progress line
+    and each task's latest carriage-return line (a Keras ``verbose=1`` bar). Above :data:`SUMMARY_ABOVE` tasks only
+    the chief's epoch summaries, failures and a periodic summary (counts by state, slowest and fastest task,
+    stragglers, total examples/s) are printed.
 
     Args:
         stream: where to write (default: the current ``sys.stdout``).
@@ -43,19 +65,12 @@ class ConsoleDisplay:
                  interval: float = 30.0, tty: bool | None = None):
         if _number(interval) is None or interval < 0:
             raise ConfigError(f"interval={interval!r} must be a number of seconds >= 0")
-        self.stream = stream
+        super().__init__(stream)
         self.interval = float(interval)
         self._tty = tty
         self.run = RunProgress.for_run(num_workers, num_ps)
-        self._bar = None
-        self._last_line = float("-inf")
-        self._last_live = float("-inf")
+        self._last_line = self._last_live = self._last_bar = float("-inf")
         self._live_pending: dict = {}  # task label -> its latest unprinted carriage-return line
-        self._last_bar = float("-inf")
-        self._held: list | None = None  # lines of the batch being shown, written at its end
-
-    def _out(self) -> TextIO:
-        return self.stream or sys.stdout
 
     def _is_tty(self) -> bool:
         if self._tty is None:
@@ -65,33 +80,19 @@ class ConsoleDisplay:
                 self._tty = False
         return self._tty
 
-    def _print(self, text: str) -> None:
-        if self._held is not None:
-            self._held.append(text)
-        elif self._bar is not None:
-            self._bar.write(text, file=self._out())
-        else:
-            print(text, file=self._out(), flush=True)
-
     def batch(self, events_: list) -> None:
         """Show a batch of events with one write: at scale a flush per line costs more than the line."""
         self._held = held = []
-        shown: list = []  # as in RunProgress.apply_batch
         try:
-            for plain, event in _runs(events_, self.run.workers):
+            for plain, event in self.run.fold(events_):
                 if plain is None:
-                    if shown and event.kind == events.LOG:
-                        self.run._keep(shown)
                     self(event)
                     continue
                 # plain lines, most of what a large run sends: what __call__ does, without the detours
-                self.run._add_lines(plain, shown)
-                if self._live_pending:
-                    for e in plain:
-                        self._live_pending.pop(e.label, None)
+                for e in plain if self._live_pending else ():
+                    self._live_pending.pop(e.label, None)
                 held.extend(f"[{e.job_name} {e.task_index}] {e.data['line']}" for e in plain)
         finally:
-            self.run._keep(shown)
             held, self._held = self._held, None
             if held:
                 self._print("\n".join(held))
@@ -188,15 +189,10 @@ class ConsoleDisplay:
 
     @staticmethod
     def _epoch_summary(w: WorkerProgress) -> str:
-        parts = [f"epoch {_of(w.epoch, w.epochs)}"]
-        if w.loss is not None:
-            parts.append(f"loss={w.loss:.4g}")
-        parts += [f"{k}={v:.4g}" for k, v in sorted(w.metrics.items())]
-        if w.examples_per_sec is not None:
-            parts.append(f"{_short(w.examples_per_sec)} examples/s")
-        elif w.steps_per_sec is not None:
-            parts.append(f"{_short(w.steps_per_sec)} steps/s")
-        return " ".join(parts)
+        rate = (f"{_short(w.examples_per_sec)} examples/s" if w.examples_per_sec is not None
+                else f"{_short(w.steps_per_sec)} steps/s" if w.steps_per_sec is not None else "")
+        metrics = (f"{k}={v:.4g}" for k, v in sorted(w.metrics.items()))
+        return _join(f"epoch {_of(w.epoch, w.epochs)}", _loss(w), *metrics, rate)
 
     def _lead(self) -> WorkerProgress | None:
         """The task that bounds the run's progress: the one with the fewest batches done."""
@@ -204,22 +200,12 @@ class ConsoleDisplay:
         return training[0] if training else None
 
     def _progress_line(self) -> str:
-        w = self._lead()
-        parts = []
-        if w is not None:
-            if w.epoch is not None:
-                parts.append(f"epoch {_of(w.epoch, w.epochs)}")
-            parts.append(f"step {_of(w.step, w.steps)}")
-            if w.loss is not None:
-                parts.append(f"loss={w.loss:.4g}")
-        rate = self.run.examples_per_sec()
-        if rate is not None:
-            parts.append(f"{_short(rate)} examples/s")
-        n = len(self.run.workers)
-        counts = self.run.counts()
-        parts.append(f"{counts.get('training', 0)}/{n} training")
-        parts += [f"{counts[s]} {s}" for s in ("stalled", "failed") if counts.get(s)]
-        return " ".join(parts)
+        w, rate, counts = self._lead(), self.run.examples_per_sec(), self.run.counts()
+        lead = () if w is None else (f"epoch {_of(w.epoch, w.epochs)}" if w.epoch is not None else "",
+                                     f"step {_of(w.step, w.steps)}", _loss(w))
+        return _join(*lead, f"{_short(rate)} examples/s" if rate is not None else "",
+                     f"{counts.get('training', 0)}/{len(self.run.workers)} training",
+                     *(f"{counts[s]} {s}" for s in ("stalled", "failed") if counts.get(s)))
 
     def _update_bar(self) -> None:
         w = self._lead()
@@ -238,12 +224,10 @@ class ConsoleDisplay:
             bar.total = w.total
         if w.epoch is not None:
             bar.set_description(f"epoch {_of(w.epoch, w.epochs)}", refresh=False)
-        postfix = [f"loss={w.loss:.4g}"] if w.loss is not None else []
         rate = self.run.examples_per_sec()
-        if rate is not None:
-            postfix.append(f"{_short(rate)} ex/s")
-        postfix.append(f"{self.run.count('training')}/{len(self.run.workers)} training")
-        bar.set_postfix_str(", ".join(postfix), refresh=False)
+        postfix = [_loss(w), f"{_short(rate)} ex/s" if rate is not None else "",
+                   f"{self.run.counts().get('training', 0)}/{len(self.run.workers)} training"]
+        bar.set_postfix_str(", ".join(p for p in postfix if p), refresh=False)
         delta = int(w.progress or 0) - bar.n
         if delta > 0:
             bar.update(delta)
@@ -259,3 +243,11 @@ class ConsoleDisplay:
     def close(self) -> None:
         self._flush_live(force=True)
         self._close_bar()
+
+
+def _loss(w: WorkerProgress) -> str:
+    return "" if w.loss is None else f"loss={w.loss:.4g}"
+
+
+def _join(*parts: str) -> str:
+    return " ".join(p for p in parts if p)

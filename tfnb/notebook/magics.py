@@ -1,11 +1,6 @@
-"""IPython magics: ``%load_ext tfnb`` (or ``%load_ext tfnb.notebook``) adds ``%tfnb_tensorboard``.
-
-``%tfnb_tensorboard --logdir DIR`` shows the same panel as ``tfnb.tensorboard(DIR)``.
-
-TensorBoard's own magic is left alone: ``%load_ext tensorboard`` then ``%tensorboard --logdir DIR``
-works as before, whether it is loaded before or after tfnb. tfnb does not register a
-``%tensorboard`` of its own, so there is never a question of which one runs. (TensorBoard's
-magic keeps its own instance list and does not see or reuse tfnb's instances, nor the reverse.)
+"""``%load_ext tfnb`` (or ``tfnb.notebook``) adds ``%tfnb_tensorboard --logdir DIR``: the panel of
+``tfnb.tensorboard(DIR)``. TensorBoard's own ``%tensorboard`` is left alone, loaded before or after tfnb, so there
+is never a question of which one runs (it keeps its own instance list, and tfnb's, neither seeing the other's).
 """
 from __future__ import annotations
 
@@ -26,11 +21,11 @@ class _Parser(argparse.ArgumentParser):
 _PARSER = _Parser(prog=f"%{MAGIC_NAME}", add_help=False,
                   description="Show TensorBoard for a log_dir inline (see tfnb.tensorboard).")
 _PARSER.add_argument("--logdir", "--log_dir", dest="log_dir", required=True, help="directory holding the event files")
-_PARSER.add_argument("--port", type=int, help="port (default: a free one)")
-_PARSER.add_argument("--host", help="bind address (default 127.0.0.1)")
-_PARSER.add_argument("--reload_interval", type=float, help="seconds between log_dir scans")
-_PARSER.add_argument("--timeout", type=float, help="seconds to wait for TensorBoard to start")
-_PARSER.add_argument("--height", type=int, help="iframe height in pixels")
+for _flag, _type, _help in (("--port", int, "port (default: a free one)"), ("--host", str, "bind address (127.0.0.1)"),
+                            ("--reload_interval", float, "seconds between log_dir scans"),
+                            ("--timeout", float, "seconds to wait for TensorBoard to start"),
+                            ("--height", int, "iframe height in pixels")):
+    _PARSER.add_argument(_flag, type=_type, help=_help)
 
 
 def tfnb_tensorboard_magic(line: str):
@@ -47,11 +42,9 @@ def tfnb_tensorboard_magic(line: str):
         words = shlex.split(line, comments=True)
     except ValueError as e:
         raise ConfigError(f"%{MAGIC_NAME}: cannot parse {line!r}: {e}; quote paths with spaces") from e
-    args = _PARSER.parse_args(words)
     from .tensorboard import tensorboard
 
-    tensorboard(**vars(args))
-    # nothing returned: the panel (or URL) is already shown, and a value would show as Out[n]
+    tensorboard(**vars(_PARSER.parse_args(words)))  # returns nothing: a value would show as Out[n] under the panel
 
 
 def load_ipython_extension(ipython) -> None:

@@ -1,7 +1,6 @@
-"""The live progress panel of a run in a notebook (ipywidgets), fed the same RunEvents as the console.
-
-``tfnb.notebook`` registers :meth:`ProgressWidget.for_run` as the ``widget`` display mode, which
-``tfnb.run`` picks by default inside a Jupyter or Databricks kernel.
+"""The live panels in a notebook (ipywidgets): :class:`Panel`, what a run's and a sweep's share, and the run's
+:class:`ProgressWidget`, fed the same RunEvents as the console. ``tfnb.notebook`` registers
+:meth:`ProgressWidget.for_run` as the ``widget`` display mode, picked by default in a Jupyter or Databricks kernel.
 """
 from __future__ import annotations
 
@@ -10,12 +9,11 @@ import logging
 import threading
 import time
 
+from .._protocol import number as _number
 from ..errors import ConfigError
-from .._protocol import RunEvent
 from ..monitor.charts import LiveChart, matplotlib_missing
 from ..monitor.display import in_notebook
 from ..monitor.progress import SUMMARY_ABOVE, RunProgress, _num, _of, _short, _sort_key, gpu_list
-from .._protocol import number as _number
 
 log = logging.getLogger(__name__)
 
@@ -23,87 +21,244 @@ PAGE_ROWS = SUMMARY_ABOVE  # rows of the table a large run shows at once
 _LARGE_REFRESH = 1.0       # seconds between re-renders of a large run: its summary is O(tasks)
 _LARGE_CHART = 5.0         # seconds between chart frames of a large run: a frame costs tens of ms of CPU
 
-_STATE_COLOURS = {"pending": "#888", "starting": "#888", "training": "#1f6feb", "serving": "#1f6feb",
-                  "stalled": "#8250df", "done": "#1a7f37", "stopped": "#bf8700", "failed": "#cf222e"}
-
-
+COLOURS = {"pending": "#888", "starting": "#888", "training": "#1f6feb", "serving": "#1f6feb", "running": "#1f6feb",
+           "stalled": "#8250df", "done": "#1a7f37", "complete": "#1a7f37", "succeeded": "#1a7f37", "failed": "#cf222e",
+           "stopped": "#bf8700", "pruning": "#bf8700", "pruned": "#bf8700", "cancelled": "#888"}  # tasks, trials, runs
 _PAD = 'style="padding:2px 14px 2px 0;text-align:left;vertical-align:top"'
-_HEAD = "<tr>" + "".join(f"<th {_PAD}>{name}</th>" for name in
-                         ("task", "GPUs", "state", "epoch", "step", "loss", "examples/s", "metrics")) + "</tr>"
+
+
+def tr(cells, tag: str = "td") -> str:
+    return "<tr>" + "".join(f"<{tag} {_PAD}>{c}</{tag}>" for c in cells) + "</tr>"
+
+
+def table(css: str, head, body) -> str:
+    return f'<table class="{css}" style="border-collapse:collapse">' + tr(head, "th") + "".join(body) + "</table>"
+
+
+def chip(state: str, text: str | None = None) -> str:
+    """A state in its colour (``text`` instead of its name, e.g. a count)."""
+    return f'<span style="color:{COLOURS.get(state, "#888")};font-weight:600">{html.escape(text or state)}</span>'
+
+
+def state_cell(state: str, error: str | None, limit: int) -> str:
+    """A state, and the error under it (escaped: error messages come from user code)."""
+    return chip(state) + (f'<br><span style="color:#cf222e">{html.escape(error[:limit])}</span>' if error else "")
+
+
+def note(text: str, css: str | None = None) -> str:
+    css = f' class="{css}"' if css else ""
+    return f'<div{css} style="font-size:smaller;opacity:.7">{text}</div>'
+
+
+def status_line(colour: str, text: str, log_file: str | None = None, what: str = "every line of this run") -> str:
+    line = f'<div style="color:{colour};font-weight:600">{html.escape(text)}</div>'
+    return line + (note(f"{what}: <code>{html.escape(log_file)}</code>") if log_file else "")
 
 
 def _render_row(w) -> str:
     """One task's row as HTML (escaped; log text and error messages come from user code)."""
-    colour = _STATE_COLOURS.get(w.state, "#888")
-    state = f'<span style="color:{colour};font-weight:600">{html.escape(w.state)}</span>'
-    if w.error:
-        state += f'<br><span style="color:#cf222e">{html.escape(w.error[:300])}</span>'
     if w.examples_per_sec is not None:
         speed = _short(w.examples_per_sec)
-    elif w.steps_per_sec is not None:
-        speed = f"({_short(w.steps_per_sec)} steps/s)"
     else:
-        speed = ""
+        speed = "" if w.steps_per_sec is None else f"({_short(w.steps_per_sec)} steps/s)"
     metrics = " ".join(f"{html.escape(k)}={v:.4g}" for k, v in sorted(w.metrics.items()))
-    cells = [html.escape(w.label), html.escape(gpu_list(w.gpus)), state, _of(w.epoch, w.epochs), _of(w.step, w.steps),
-             _num(w.loss), speed, metrics]
-    return "<tr>" + "".join(f"<td {_PAD}>{c}</td>" for c in cells) + "</tr>"
+    return tr([html.escape(w.label), html.escape(gpu_list(w.gpus)), state_cell(w.state, w.error, 300),
+               _of(w.epoch, w.epochs), _of(w.step, w.steps), _num(w.loss), speed, metrics])
 
 
 def _render_table(run: RunProgress, rows: list | None = None, cache: dict | None = None) -> str:
     """The per-task table as HTML; ``cache`` (task key -> row HTML) holds the rows that did not change."""
+    cache = {} if cache is None else cache
     body = []
     for w in run.rows() if rows is None else rows:
         key = (w.job_name, w.task_index)
-        row = None if cache is None else cache.get(key)
-        if row is None:
-            row = _render_row(w)
-            if cache is not None:
-                cache[key] = row
-        body.append(row)
-    return '<table class="tfnb-progress" style="border-collapse:collapse">' + _HEAD + "".join(body) + "</table>"
+        if key not in cache:
+            cache[key] = _render_row(w)
+        body.append(cache[key])
+    return table("tfnb-progress", ("task", "GPUs", "state", "epoch", "step", "loss", "examples/s", "metrics"), body)
 
 
 def _render_summary(run: RunProgress, page: int, pages: int) -> str:
     """A large run's summary: counts by state, slowest/fastest task, stragglers, which rows are shown."""
-    counts = run.counts()
-    chips = " ".join(
-        f'<span style="color:{_STATE_COLOURS.get(s, "#888")};font-weight:600">{n} {html.escape(s)}</span>'
-        for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    lines = [f"{len(run.workers)} tasks: {chips}"]
-    lines += [html.escape(line) for line in run.summary_lines()]
-    lines.append(f"<i>tasks of note first (failed, stalled, stragglers); page {page + 1}/{pages}</i>")
+    chips = " ".join(chip(s, f"{n} {s}") for s, n in sorted(run.counts().items(), key=lambda kv: -kv[1]))
+    lines = [f"{len(run.workers)} tasks: {chips}", *map(html.escape, run.summary_lines()),
+             f"<i>tasks of note first (failed, stalled, stragglers); page {page + 1}/{pages}</i>"]
     return '<div class="tfnb-summary">' + "<br>".join(lines) + "</div>"
 
 
 def _render_live(run: RunProgress, rows: list | None = None) -> str:
     """One line per task with a running carriage-return bar, as a terminal would show it."""
     lines = [f"[{w.label}] {w.live}" for w in (run.rows() if rows is None else rows) if w.live]
-    if not lines:
-        return ""
     text = html.escape("\n".join(lines))
-    return f'<pre class="tfnb-live" style="margin:2px 0;white-space:pre-wrap">{text}</pre>'
+    return f'<pre class="tfnb-live" style="margin:2px 0;white-space:pre-wrap">{text}</pre>' if lines else ""
 
 
-def _render_status(run: RunProgress) -> str:
-    colour = {"succeeded": "#1a7f37", "failed": "#cf222e", "stopped": "#bf8700"}.get(run.outcome or "", "inherit")
-    log = (f'<div style="font-size:smaller;opacity:.7">every line of this run: <code>{html.escape(run.log_file)}'
-           '</code></div>') if run.log_file else ""
-    return f'<div style="color:{colour};font-weight:600">tfnb: {html.escape(run.status_text())}</div>{log}'
+class Panel:
+    """A run's and a sweep's live widget: status line, chart, table and log area in one ``box``, re-rendered under a
+    lock at most every ``refresh_interval`` seconds (a timer renders the latest state when no further event comes)
+    and at :meth:`close`. Subclasses fold events (``_fold``), render (``_render_parts``) and say what the chart draws
+    (``_version``, ``_frame_args``, ``_new_chart``)."""
+
+    _what = "panel"
+
+    def __init__(self, refresh_interval: float, chart_interval: float):
+        for name, value in (("refresh_interval", refresh_interval), ("chart_interval", chart_interval)):
+            if _number(value) is None or value < 0:
+                raise ConfigError(f"{name}={value!r} must be a number of seconds >= 0")
+        from .._deps import require
+
+        self._widgets = widgets = require("ipywidgets", f"the tfnb {self._what}")
+        self.refresh_interval, self.chart_interval = float(refresh_interval), float(chart_interval)
+        self.status, self.table = widgets.HTML(), widgets.HTML()
+        missing = matplotlib_missing()
+        self.chart = None if missing else widgets.Image(format="png", layout=widgets.Layout(display="none"))
+        if missing:
+            self._chart_box = widgets.HTML(note(html.escape(missing), "tfnb-chart-missing"))
+        else:
+            self.chart.add_class("tfnb-chart")
+            self._chart_box = self.chart
+        self._chart = None  # made at the first frame
+        self._drawn = (0, float("-inf"))  # (chart version, time) of the last frame
+        self._frame: threading.Timer | None = None  # the frame being drawn or waiting for its time
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._last_render = float("-inf")
+        self.renders = self.frames = 0
+        self._dirty = self._closed = self._shown = False
+        self._notebook: bool | None = None
+
+    def _build(self, css: str, *parts) -> None:
+        self.box = self._widgets.VBox([self.status, self._chart_box, *parts])
+        self.box.add_class(css)
+        self._render()
+
+    @classmethod
+    def _in_cell(cls, **kwargs):
+        panel = cls(**kwargs)
+        panel._show()
+        return panel
+
+    def _show(self) -> None:
+        """Show the panel in the running cell, once, when in a notebook (in_notebook() is not free per event)."""
+        if self._notebook is None:
+            self._notebook = in_notebook()
+        if self._notebook and not self._shown:
+            from IPython.display import display
+
+            display(self)
+            self._shown = True
+
+    def _repr_mimebundle_(self, **kwargs):
+        self._shown = True
+        return self.box._repr_mimebundle_(**kwargs)
+
+    def __call__(self, event) -> None:
+        self.batch((event,))
+
+    def batch(self, batch) -> None:
+        """Fold a batch of events (in order) into the panel; renders at most once for all of them."""
+        self._show()  # passed as display= without being shown first
+        with self._lock:
+            if self._closed:
+                self._closed = False
+                self._reopen()
+            if not self._fold(batch):
+                return
+            self._dirty = True
+            interval = max(self.refresh_interval, _LARGE_REFRESH) if self._large() else self.refresh_interval
+            wait = self._last_render + interval - time.monotonic()
+            if wait <= 0 and self._timer is None:
+                self._render()
+            elif self._timer is None:  # render the latest state a little later even if no further event arrives
+                self._timer = threading.Timer(max(wait, 0.0), self._flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _large(self) -> bool:
+        return False
+
+    def _reopen(self) -> None:  # events after close(): the same panel reused
+        pass
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._dirty and not self._closed:
+                self._render()
+
+    def _render(self) -> None:
+        self._render_parts()
+        self._dirty = False
+        self._last_render = time.monotonic()
+        self.renders += 1
+        self._draw_chart()
+
+    def _draw_chart(self) -> None:
+        """Start a frame when the chart's data changed, at most every chart_interval seconds (a large run's further
+        apart: the driver's main thread shares the interpreter with the channel thread). The frame is drawn on a
+        thread of its own, outside the lock: events go on folding while matplotlib draws (tens of milliseconds)."""
+        version, drawn_at = self._drawn
+        if self.chart is None or self._frame is not None or self._closed or self._version() == version:
+            return
+        interval = max(self.chart_interval, _LARGE_CHART) if self._large() else self.chart_interval
+        self._frame = threading.Timer(max(drawn_at + interval - time.monotonic(), 0.0), self._draw_frame)
+        self._frame.daemon = True
+        self._frame.start()
+
+    def _draw_frame(self) -> None:
+        with self._lock:
+            if self.chart is None:
+                return
+            args, version = self._frame_args(), self._version()  # copies: events go on while the frame is drawn
+        try:
+            if self._chart is None:
+                self._chart = self._new_chart()
+            png = self._chart.png(*args)
+        except Exception as e:  # noqa: BLE001 - the chart is a view; the panel must go on without it
+            log.warning("tfnb %s: the chart failed and is turned off: %s: %s", self._what, type(e).__name__, e)
+            with self._lock:
+                self.chart.layout.display = "none"
+                self.chart = self._frame = None
+            return
+        with self._lock:
+            self.chart.value = png
+            self.chart.layout.display = ""
+            self._drawn = (version, time.monotonic())
+            self.frames += 1
+            if threading.current_thread() is self._frame:
+                self._frame = None
+                self._draw_chart()  # changes that came while it drew get the next frame
+
+    def close(self) -> None:
+        """Render the final state; called by ``tfnb.run`` or ``tfnb.sweep`` when it ends."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._end()
+            self._closed = True
+            self._render()
+            frame, self._frame = self._frame, None
+        if frame is not None:  # a frame waiting for its turn is drawn now, whatever chart_interval says
+            frame.cancel()
+            frame.join()
+        if self.chart is not None and self._version() != self._drawn[0]:
+            self._draw_frame()
+
+    def _end(self) -> None:
+        pass
 
 
-class ProgressWidget:
+class ProgressWidget(Panel):
     """Live ipywidgets panel of a run: status line, loss chart, per-task table and the latest log lines.
 
-    Pass it as ``tfnb.run(..., display=widget)`` (``tfnb.run`` builds one by itself in a notebook).
-    Events update :attr:`run` at once; the widgets re-render at most every ``refresh_interval`` seconds
-    (at least 1 s for a large run), only the rows whose task changed and the log area when lines arrived,
-    and once more when the run ends. The chart (loss and one metric by epoch, a line per task for the first
-    :data:`tfnb.monitor.progress.CHART_TASKS` tasks) is a matplotlib PNG drawn at most every
-    ``chart_interval`` seconds (5 s for a large run) once a task reported; without matplotlib the panel
-    says how to get it. A Keras ``verbose=1`` bar shows as one updating line per task. Above
-    :data:`tfnb.monitor.progress.SUMMARY_ABOVE` tasks it shows a summary (counts by state, slowest/fastest
-    task, stragglers, total examples/s) and pages of :data:`PAGE_ROWS` tasks, those of note first.
+    Pass it as ``tfnb.run(..., display=widget)`` (``tfnb.run`` builds one by itself in a notebook). Events update
+    :attr:`run` at once; the widgets re-render at most every ``refresh_interval`` seconds (1 s for a large run), only
+    the rows that changed, and once more at the end. The chart (loss and one metric by epoch, a line per task for the
+    first :data:`tfnb.monitor.progress.CHART_TASKS` tasks) is a matplotlib PNG drawn at most every ``chart_interval``
+    seconds (5 s for a large run); without matplotlib the panel says how to get it. A Keras ``verbose=1`` bar shows as
+    one updating line per task. Above :data:`tfnb.monitor.progress.SUMMARY_ABOVE` tasks a summary (counts by state,
+    slowest/fastest task, stragglers, total examples/s) heads pages of :data:`PAGE_ROWS` tasks, those of note first.
 
     Args:
         num_workers: chief + worker tasks, to show their rows before they report (optional).
@@ -133,6 +288,8 @@ class ProgressWidget:
         0.213
     """
 
+    _what = "progress panel"
+
     def __init__(self, num_workers: int | None = None, num_ps: int = 0, *, max_attempts: int | None = None,
                  log_lines: int = 30, refresh_interval: float = 0.5, metric: str | None = "auto",
                  chart_interval: float = 1.0):
@@ -140,34 +297,14 @@ class ProgressWidget:
             raise ConfigError(f"num_workers={num_workers!r} must be an int >= 1 or None")
         if not isinstance(log_lines, int) or log_lines < 1:
             raise ConfigError(f"log_lines={log_lines!r} must be an int >= 1 (lines of log kept on screen)")
-        for name, value in (("refresh_interval", refresh_interval), ("chart_interval", chart_interval)):
-            if _number(value) is None or value < 0:
-                raise ConfigError(f"{name}={value!r} must be a number of seconds >= 0")
         if metric is not None and not isinstance(metric, str):
             raise ConfigError(f"metric={metric!r} must be a metric name such as 'accuracy', 'auto' or None")
-        from .._deps import require
-
-        widgets = require("ipywidgets", "the tfnb progress widget")
-        self._shape = dict(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts,
-                           log_lines=log_lines)
+        super().__init__(refresh_interval, chart_interval)
+        widgets = self._widgets
+        self._shape = dict(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts, log_lines=log_lines)
         self.run = RunProgress.for_run(**self._shape)
-        self.refresh_interval = float(refresh_interval)
-        self.chart_interval = float(chart_interval)
         self.metric = metric
-        self.status = widgets.HTML()
-        self.summary = widgets.HTML()
-        self.table = widgets.HTML()
-        self.live = widgets.HTML()
-        missing = matplotlib_missing()
-        self.chart = None if missing else widgets.Image(format="png", layout=widgets.Layout(display="none"))
-        chart_box = widgets.HTML(f'<div class="tfnb-chart-missing" style="font-size:smaller;opacity:.7">'
-                                 f'{html.escape(missing)}</div>') if missing else self.chart
-        if self.chart is not None:
-            self.chart.add_class("tfnb-chart")
-        self._chart = None  # the LiveChart, made at the first frame
-        self._drawn = (0, float("-inf"))  # (run.chart_version, time) of the last frame
-        self._frame: threading.Timer | None = None  # the frame being drawn or waiting for its time
-        self.frames = 0
+        self.summary, self.live = widgets.HTML(), widgets.HTML()
         self.page = 0
         self._prev = widgets.Button(description="◀", tooltip="previous tasks", layout=widgets.Layout(width="3em"))
         self._next = widgets.Button(description="▶", tooltip="next tasks", layout=widgets.Layout(width="3em"))
@@ -177,28 +314,15 @@ class ProgressWidget:
         # No scroll box: a scrolled area would open at its oldest line (measured in JupyterLab 4),
         # so the newest lines would be hidden; log_lines bounds the height instead.
         self.logs = widgets.Output(layout=widgets.Layout(border="1px solid #ddd"))
-        self.box = widgets.VBox([self.status, chart_box, self.summary, self._pager, self.table, self.live,
-                                 self.logs])
-        self.box.add_class("tfnb-panel")
-        self.renders = 0
         self._rows: dict = {}  # task key -> its row's HTML while the task did not change
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-        self._last_render = float("-inf")
-        self._dirty = self._logs_dirty = self._closed = self._shown = False
-        self._notebook: bool | None = None  # in_notebook(), asked once: it is not free per event
-        self._render()
+        self._logs_dirty = False
+        self._build("tfnb-panel", self.summary, self._pager, self.table, self.live, self.logs)
 
     @classmethod
     def for_run(cls, num_workers: int | None = None, num_ps: int = 0, max_attempts: int | None = None,
                 **kwargs) -> "ProgressWidget":
         """The ``widget`` display mode: a new panel, shown in the running cell when in a notebook."""
-        widget = cls(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts, **kwargs)
-        if in_notebook():
-            from IPython.display import display
-
-            display(widget)
-        return widget
+        return cls._in_cell(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts, **kwargs)
 
     def show_page(self, page: int) -> None:
         """Show page ``page`` (0-based) of a large run's task table."""
@@ -211,83 +335,42 @@ class ProgressWidget:
         """``(job_name, task_index) -> WorkerProgress`` of the current attempt."""
         return self.run.workers
 
-    def _repr_mimebundle_(self, **kwargs):
-        self._shown = True
-        return self.box._repr_mimebundle_(**kwargs)
+    def _large(self) -> bool:
+        return self.run.large()
 
-    def __call__(self, event: RunEvent) -> None:
-        self.batch((event,))
+    def _reopen(self) -> None:
+        # the same widget reused for another run starts clean
+        self.run = RunProgress.for_run(**self._shape)
+        self._rows.clear()
+        self._drawn, self._chart = (0, float("-inf")), None
+        self._logs_dirty = True
 
-    def batch(self, batch) -> None:
-        """Fold a batch of events (in order) into the panel; renders at most once for all of them."""
-        if not self._shown:
-            if self._notebook is None:
-                self._notebook = in_notebook()
-            if self._notebook:
-                # passed as display= without being shown first: show it in the running cell
-                from IPython.display import display
+    def _fold(self, batch) -> bool:
+        changed, lines, tasks = self.run.apply_batch(batch)  # only the rows that changed are redrawn
+        if tasks is None:
+            self._rows.clear()
+        for key in tasks or ():
+            self._rows.pop(key, None)
+        self._logs_dirty = self._logs_dirty or lines
+        return changed
 
-                display(self)
-        with self._lock:
-            if self._closed:
-                # the same widget reused for another run starts clean
-                self._closed = False
-                self.run = RunProgress.for_run(**self._shape)
-                self._rows.clear()
-                self._drawn, self._chart = (0, float("-inf")), None
-                self._logs_dirty = True
-            changed, lines, tasks = self.run.apply_batch(batch)  # only the rows that changed are redrawn
-            if not changed:
-                return
-            if tasks is None:
-                self._rows.clear()
-            for key in tasks or ():
-                self._rows.pop(key, None)
-            self._logs_dirty = self._logs_dirty or lines
-            self._dirty = True
-            interval = max(self.refresh_interval, _LARGE_REFRESH) if self.run.large() else self.refresh_interval
-            wait = self._last_render + interval - time.monotonic()
-            if wait <= 0 and self._timer is None:
-                self._render()
-            else:
-                self._later(wait)
-
-    def _later(self, wait: float) -> None:
-        # render the latest state a little later even if no further event arrives
-        if self._timer is None:
-            self._timer = threading.Timer(max(wait, 0.0), self._flush)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _flush(self) -> None:
-        with self._lock:
-            self._timer = None
-            if self._dirty and not self._closed:
-                self._render()
-
-    def _render(self) -> None:
-        self.status.value = _render_status(self.run)
+    def _render_parts(self) -> None:
+        colour = COLOURS.get(self.run.outcome, "inherit")  # of the outcome; none while running
+        self.status.value = status_line(colour, f"tfnb: {self.run.status_text()}", self.run.log_file)
+        rows = None
         if self.run.large():
-            rows = self.run.notable()
-            pages = -(-len(rows) // PAGE_ROWS)
+            notable = self.run.notable()
+            pages = -(-len(notable) // PAGE_ROWS)
             self.page = min(max(self.page, 0), pages - 1)
-            shown = rows[self.page * PAGE_ROWS:(self.page + 1) * PAGE_ROWS]
-            self.summary.value = _render_summary(self.run, self.page, pages)
-            self._pager.layout.display = "flex"
-            self.table.value = _render_table(self.run, shown, self._rows)
-            self.live.value = _render_live(self.run, shown)
-        else:
-            self.summary.value = ""
-            self._pager.layout.display = "none"
-            self.table.value = _render_table(self.run, None, self._rows)
-            self.live.value = _render_live(self.run)
+            rows = notable[self.page * PAGE_ROWS:(self.page + 1) * PAGE_ROWS]
+        self.summary.value = "" if rows is None else _render_summary(self.run, self.page, pages)
+        self._pager.layout.display = "none" if rows is None else "flex"
+        self.table.value = _render_table(self.run, rows, self._rows)
+        self.live.value = _render_live(self.run, rows)
         if self._logs_dirty:
             text = "\n".join(self.run.logs) + "\n"
             self.logs.outputs = ({"output_type": "stream", "name": "stdout", "text": text},)
-        self._dirty = self._logs_dirty = False
-        self._last_render = time.monotonic()
-        self.renders += 1
-        self._draw_chart()
+            self._logs_dirty = False
 
     def _chosen_metric(self) -> str | None:
         if self.metric != "auto":
@@ -298,64 +381,19 @@ class ProgressWidget:
         plain = sorted(n for n in names if not n.startswith("val_"))
         return plain[0] if plain else min(names, default=None)
 
-    def _draw_chart(self) -> None:
-        """Start a frame when a task reported since the last one, at most every chart_interval seconds. The frame is
-        drawn on a thread of its own and outside the lock, so the driver's main thread goes on folding events while
-        matplotlib draws (tens of milliseconds; the first frame also imports matplotlib)."""
-        version, drawn_at = self._drawn
-        if (self.chart is None or self._frame is not None or self._closed or self.run.chart_version == version
-                or not self.run.curves):
-            return
-        # a large run's frames are spaced further: its curves are a few of hundreds of tasks, and the
-        # driver's main thread shares the interpreter with the channel thread reading those tasks
-        interval = max(self.chart_interval, _LARGE_CHART) if self.run.large() else self.chart_interval
-        self._frame = threading.Timer(max(drawn_at + interval - time.monotonic(), 0.0), self._draw_frame)
-        self._frame.daemon = True
-        self._frame.start()
+    def _version(self) -> int:
+        return self.run.chart_version
 
-    def _draw_frame(self) -> None:
-        with self._lock:
-            if self.chart is None:
-                return
-            # copies: tasks keep reporting while the frame is drawn
-            curves = {f"{job} {index}": list(points) for (job, index), points in
-                      sorted(self.run.curves.items(), key=lambda kv: _sort_key(kv[0]))}
-            metric, unit, version = self._chosen_metric(), self.run.chart_unit, self.run.chart_version
-        try:
-            if self._chart is None:
-                self._chart = LiveChart()
-            png = self._chart.png(curves, metric, unit)
-        except Exception as e:  # noqa: BLE001 - the chart is a view; the panel must go on without it
-            log.warning("tfnb progress panel: the chart failed and is turned off: %s: %s", type(e).__name__, e)
-            with self._lock:
-                self.chart.layout.display = "none"
-                self.chart = self._frame = None
-            return
-        with self._lock:
-            self.chart.value = png
-            self.chart.layout.display = ""
-            self._drawn = (version, time.monotonic())
-            self.frames += 1
-            if threading.current_thread() is self._frame:
-                self._frame = None
-                self._draw_chart()  # reports that came while it drew get the next frame
+    def _frame_args(self) -> tuple:
+        curves = {f"{job} {index}": list(points) for (job, index), points in
+                  sorted(self.run.curves.items(), key=lambda kv: _sort_key(kv[0]))}
+        return curves, self._chosen_metric(), self.run.chart_unit
+
+    _new_chart = LiveChart
 
     def log_text(self) -> str:
         """The log lines the widget shows, as text."""
         return "".join(o.get("text", "") for o in self.logs.outputs)
 
-    def close(self) -> None:
-        """Render the final state; called by ``tfnb.run`` when the run ends."""
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self.run.end()
-            self._closed = True
-            self._render()
-            frame, self._frame = self._frame, None
-        if frame is not None:  # a frame waiting for its turn is drawn now, whatever chart_interval says
-            frame.cancel()
-            frame.join()
-        if self.chart is not None and self.run.curves and self.run.chart_version != self._drawn[0]:
-            self._draw_frame()
+    def _end(self) -> None:
+        self.run.end()

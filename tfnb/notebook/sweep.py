@@ -1,34 +1,24 @@
 """A sweep, shown: the live panel in a notebook (:class:`SweepPanel`) and the same as lines (:class:`SweepConsole`).
 
-Both fold the :class:`~tfnb.tuning.SweepEvent` s ``tfnb.sweep`` hands its display into one
-:class:`SweepModel`. The panel shows a status line, a chart (the objective of each trial with the best so
-far, and each trial's metric by epoch, where pruned trials stop short), a table of trials (params, state,
-epoch, metric, best so far) and each trial's latest log lines in a collapsed section of their own, so a
-trial's output is one click away without drowning the cell; every line stays in the trial's log file.
-The console prints one line per trial event and the log file of each trial, never the trials' output.
-``tfnb.notebook`` registers them as the sweep's ``widget`` and ``console`` displays.
+Both fold the :class:`~tfnb.tuning.SweepEvent` s ``tfnb.sweep`` hands its display into one :class:`SweepModel`, on the
+run's panel and console bases. The panel's chart shows the objective of each trial with the best so far, and each
+trial's metric by epoch; each trial's latest lines sit in a collapsed section of their own (every line stays in its
+log file). The console prints one line per trial event and each trial's log file, never the trials' output.
 """
 from __future__ import annotations
 
 import html
-import logging
-import sys
-import threading
 import time
 from collections import Counter, deque
-from typing import TextIO
 
-from ..monitor.charts import _figure, _png, matplotlib_missing
-from ..monitor.display import in_notebook
+from ..monitor.charts import figure, png
 from ..monitor.progress import _num, _of
 from ..tuning.outcomes import SweepEvent, SweepEventKind, SweepResult, TrialResult, better, format_params
-
-log = logging.getLogger(__name__)
+from .console import Console
+from .progress import COLOURS, Panel, note, state_cell, status_line, table, tr
 
 LOG_LINES = 40       # lines of a trial's output its section shows
 _KEEP_LINES = 200    # lines kept per trial
-_COLOURS = {"starting": "#888", "running": "#1f6feb", "pruning": "#bf8700", "complete": "#1a7f37",
-            "pruned": "#bf8700", "failed": "#cf222e", "cancelled": "#888"}
 
 
 class SweepModel:
@@ -73,26 +63,15 @@ class SweepModel:
                 best = row
         return best
 
-    def best_so_far(self) -> list[tuple[int, float]]:
-        """(trial number, best complete objective up to it), in number order."""
-        points, best = [], None
-        for number in sorted(self.rows):
-            row = self.rows[number]
-            if row.state == "complete" and better(row.value, best, self.direction):
-                best = row.value
-            if best is not None and row.state == "complete":
-                points.append((number, best))
-        return points
-
     def status(self) -> str:
         counts = Counter(row.state for row in self.rows.values())
-        running = counts.get("running", 0) + counts.get("starting", 0) + counts.get("pruning", 0)
-        done = sum(n for s, n in counts.items() if s in ("complete", "pruned", "failed", "cancelled"))
-        parts = [f"{done}/{self.info.get('n_trials', '?')} trials done"]
+        final = ("complete", "pruned", "failed", "cancelled")
+        parts = [f"{sum(counts[s] for s in final)}/{self.info.get('n_trials', '?')} trials done"]
         if self.result is None:
+            running = counts["running"] + counts["starting"] + counts["pruning"]
             parts.append(f"{running} running ({self.info.get('at_once', '?')} at a time, "
                          f"{self.info.get('slots_per_trial', '?')} task slot(s) each)")
-        parts += [f"{counts[s]} {s}" for s in ("complete", "pruned", "failed", "cancelled") if counts.get(s)]
+        parts += [f"{counts[s]} {s}" for s in final if counts[s]]
         best = self.best()
         if best is not None:
             parts.append(f"best: trial {best.number} {self.metric}={best.value:.4g} ({format_params(best.params)})")
@@ -101,7 +80,7 @@ class SweepModel:
         return "; ".join(parts)
 
 
-class SweepConsole:
+class SweepConsole(Console):
     """A sweep as lines: one per trial event (started, each epoch, its end), each trial's log file, a summary.
 
     The trials' own output is not printed (it stays in each trial's log file, named once per trial).
@@ -113,13 +92,10 @@ class SweepConsole:
         >>> tfnb.sweep(train_fn, space, n_trials=8, num_workers=1, display=SweepConsole())
     """
 
-    def __init__(self, stream: TextIO | None = None, **shape):
-        self.stream = stream
+    def __init__(self, stream=None, **shape):
+        super().__init__(stream)
         self.model = SweepModel(shape)
         self._said: dict[int, tuple] = {}  # trial -> (state, epoch, log file) last printed
-
-    def _print(self, text: str) -> None:
-        print(text, file=self.stream or sys.stdout, flush=True)
 
     def __call__(self, event: SweepEvent) -> None:
         row = self.model.apply(event)
@@ -149,9 +125,6 @@ class SweepConsole:
             self._print(f"{label} {end_text(row, metric, self.model.best())}")
         self._said[row.number] = (row.state, row.epoch, row.log_file)
 
-    def close(self) -> None:
-        pass
-
 
 def end_text(row: TrialResult, metric: str, best: TrialResult | None = None) -> str:
     """How a finished trial went, in one line."""
@@ -172,8 +145,8 @@ def summary_lines(result: SweepResult) -> list[str]:
     rows = [[str(t.number), t.state, _num(t.value), _of(t.epoch, t.epochs), f"{t.seconds:.1f}"]
             + [_cell(t.params.get(n)) for n in names] for t in result.trials]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
-    return [f"{result.summary()} in {result.seconds:.1f} s"] + ["  " + line for line in table]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    return [f"{result.summary()} in {result.seconds:.1f} s"] + ["  " + line for line in lines]
 
 
 def _cell(value) -> str:
@@ -185,11 +158,12 @@ class SweepChart:
     trial (right; pruned trials stop short). Drawn off-screen with matplotlib (monitor.charts' Agg figure)."""
 
     def __init__(self, width: float = 8.0, height: float = 2.6):
-        self.fig = _figure(width, height)
+        self.fig = figure(width, height)
         self.trials_ax, self.epochs_ax = self.fig.subplots(1, 2)
         self.fig.subplots_adjust(left=0.08, right=0.99, bottom=0.2, top=0.88, wspace=0.22)
 
-    def png(self, model: SweepModel) -> bytes:
+    def png(self, rows: list, metric: str, direction: str) -> bytes:
+        """One frame of ``rows`` (TrialResults by number)."""
         from matplotlib.ticker import MaxNLocator
 
         ax, curves = self.trials_ax, self.epochs_ax
@@ -197,64 +171,58 @@ class SweepChart:
             a.clear()
             a.tick_params(labelsize=7)
             a.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))  # trials and epochs are counted
-        metric = model.metric
-        ax.set_title(f"{metric} by trial ({'lower' if model.direction == 'minimize' else 'higher'} is better)",
-                     fontsize=9)
+        ax.set_title(f"{metric} by trial ({'lower' if direction == 'minimize' else 'higher'} is better)", fontsize=9)
         ax.set_xlabel("trial", fontsize=8)
         curves.set_title(f"{metric} by epoch", fontsize=9)
         curves.set_xlabel("epoch", fontsize=8)
-        for state, style in (("complete", dict(marker="o", color=_COLOURS["complete"])),
-                             ("pruned", dict(marker="x", color=_COLOURS["pruned"])),
-                             ("running", dict(marker="o", mfc="none", color=_COLOURS["running"]))):
-            points = [(r.number, r.value) for r in model.rows.values() if r.value is not None
+        for state, style in (("complete", dict(marker="o")), ("pruned", dict(marker="x")),
+                             ("running", dict(marker="o", mfc="none"))):
+            points = [(r.number, r.value) for r in rows if r.value is not None
                       and (r.state == state or (state == "running" and not r.done))]
             if points:
-                ax.plot(*zip(*points), linestyle="none", markersize=5, label=state, **style)
-        best = model.best_so_far()
-        if best:
-            ax.step(*zip(*best), where="post", color="#222", linewidth=1, label="best so far")
+                ax.plot(*zip(*points), linestyle="none", markersize=5, label=state, color=COLOURS[state], **style)
+        best, steps = None, []  # the best complete objective up to each complete trial
+        for r in rows:
+            if r.state == "complete" and better(r.value, best, direction):
+                best = r.value
+            if r.state == "complete" and best is not None:
+                steps.append((r.number, best))
+        if steps:
+            ax.step(*zip(*steps), where="post", color="#222", linewidth=1, label="best so far")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, frameon=False)
-        for row in sorted(model.rows.values(), key=lambda r: r.number):
+        for row in rows:
             if row.curve:
                 xs, ys = zip(*row.curve)
                 curves.plot(xs, ys, linewidth=1.0, marker="." if len(xs) < 20 else "",
-                            color=_COLOURS.get(row.state, "#888"), linestyle="--" if row.state == "pruned" else "-")
-        return _png(self.fig)
-
-
-_PAD = 'style="padding:2px 12px 2px 0;text-align:left;vertical-align:top"'
+                            color=COLOURS.get(row.state, "#888"), linestyle="--" if row.state == "pruned" else "-")
+        return png(self.fig)
 
 
 def render_table(model: SweepModel) -> str:
     """The trials as an HTML table (escaped: params and errors come from user code)."""
     names = sorted({k for r in model.rows.values() for k in r.params})
     metric = html.escape(model.metric)
-    head = ["trial", "state", *map(html.escape, names), "epoch", metric, f"best {metric}", "seconds"]
-    out = ['<table class="tfnb-sweep" style="border-collapse:collapse"><tr>',
-           "".join(f"<th {_PAD}>{h}</th>" for h in head), "</tr>"]
     best = model.best()
+    body = []
     for number in sorted(model.rows):
         row = model.rows[number]
-        state = f'<span style="color:{_COLOURS.get(row.state, "#888")};font-weight:600">{row.state}</span>'
-        if row.error and row.state != "pruned":
-            state += f'<br><span style="color:#cf222e">{html.escape(row.error[:200])}</span>'
         seconds = row.seconds if row.done else time.time() - row.started
-        cells = [f"<b>{number}</b>" if best is not None and best.number == number else str(number), state,
-                 *(html.escape(_cell(row.params.get(n))) for n in names), _of(row.epoch, row.epochs),
-                 _num(row.value), _num(row.best), f"{seconds:.0f}"]
-        out.append("<tr>" + "".join(f"<td {_PAD}>{c}</td>" for c in cells) + "</tr>")
-    return "".join(out) + "</table>"
+        body.append(tr([f"<b>{number}</b>" if best is not None and best.number == number else str(number),
+                        state_cell(row.state, row.error if row.state != "pruned" else None, 200),
+                        *(html.escape(_cell(row.params.get(n))) for n in names), _of(row.epoch, row.epochs),
+                        _num(row.value), _num(row.best), f"{seconds:.0f}"]))
+    head = ["trial", "state", *map(html.escape, names), "epoch", metric, f"best {metric}", "seconds"]
+    return table("tfnb-sweep", head, body)
 
 
 def render_log(row: TrialResult, lines) -> str:
     text = html.escape("\n".join(list(lines)[-LOG_LINES:])) or "(no output yet)"
-    where = (f'<div style="font-size:smaller;opacity:.7">every line: <code>{html.escape(row.log_file)}</code>'
-             "</div>") if row.log_file else ""
+    where = note(f"every line: <code>{html.escape(row.log_file)}</code>") if row.log_file else ""
     return f'<pre class="tfnb-trial-log" style="margin:2px 0;white-space:pre-wrap">{text}</pre>{where}'
 
 
-class SweepPanel:
+class SweepPanel(Panel):
     """The live panel of a sweep in a notebook (ipywidgets): status, chart, table of trials, trial logs.
 
     Events fold in at once; the widgets re-render at most every ``refresh_interval`` seconds and the
@@ -271,79 +239,37 @@ class SweepPanel:
         >>> result = tfnb.sweep(train_fn, space, n_trials=20, num_workers=1, display=panel)
     """
 
-    def __init__(self, *, refresh_interval: float = 0.5, chart_interval: float = 1.0, **shape):
-        from .._deps import require
+    _what = "sweep panel"
 
-        widgets = require("ipywidgets", "the tfnb sweep panel")
-        self._widgets = widgets
+    def __init__(self, *, refresh_interval: float = 0.5, chart_interval: float = 1.0, **shape):
+        super().__init__(refresh_interval, chart_interval)
         self.model = SweepModel(shape)
-        self.refresh_interval, self.chart_interval = float(refresh_interval), float(chart_interval)
-        self.status = widgets.HTML()
-        self.table = widgets.HTML()
-        missing = matplotlib_missing()
-        self.chart = None if missing else widgets.Image(format="png", layout=widgets.Layout(display="none"))
-        chart_box = widgets.HTML(f'<div style="font-size:smaller;opacity:.7">{html.escape(missing)}</div>') \
-            if missing else self.chart
-        self.logs = widgets.Accordion(children=[], selected_index=None)
+        self.logs = self._widgets.Accordion(children=[], selected_index=None)
         self._log_views: dict[int, object] = {}  # trial -> its HTML in the accordion
         self._dirty_logs: set[int] = set()
-        self.box = widgets.VBox([self.status, chart_box, self.table, self.logs])
-        self.box.add_class("tfnb-sweep-panel")
-        self._chart = None
-        self._drawn = (-1, float("-inf"))  # (model.version, time) of the last chart frame
-        self._last = float("-inf")
-        self._timer: threading.Timer | None = None
-        self._lock = threading.Lock()
-        self.renders = self.frames = 0
-        self._render()
+        self._build("tfnb-sweep-panel", self.table, self.logs)
 
     @classmethod
     def for_sweep(cls, **shape) -> "SweepPanel":
         """The ``widget`` sweep display: a new panel, shown in the running cell."""
-        panel = cls(**shape)
-        if in_notebook():
-            from IPython.display import display
+        return cls._in_cell(**shape)
 
-            display(panel)
-        return panel
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.box._repr_mimebundle_(**kwargs)
-
-    def __call__(self, event: SweepEvent) -> None:
-        with self._lock:
+    def _fold(self, batch) -> bool:
+        for event in batch:
             row = self.model.apply(event)
             if event.kind == SweepEventKind.LINES and row is not None:
                 self._dirty_logs.add(row.number)
-            wait = self._last + self.refresh_interval - time.monotonic()
-            if event.kind == SweepEventKind.FINISH or wait <= 0:
-                self._render()
-            elif self._timer is None:
-                self._timer = threading.Timer(wait, self._flush)
-                self._timer.daemon = True
-                self._timer.start()
+        return True
 
-    def _flush(self) -> None:
-        with self._lock:
-            self._timer = None
-            self._render()
-
-    def _render(self) -> None:
+    def _render_parts(self) -> None:
         colour = "#cf222e" if self.model.result is not None and self.model.result.stopped else "inherit"
-        self.status.value = (f'<div style="color:{colour};font-weight:600">tfnb sweep: '
-                             f"{html.escape(self.model.status())}</div>")
+        self.status.value = status_line(colour, f"tfnb sweep: {self.model.status()}")
         self.table.value = render_table(self.model)
-        self._render_logs()
-        self._draw_chart()
-        self._last = time.monotonic()
-        self.renders += 1
-
-    def _render_logs(self) -> None:
         new = [n for n in sorted(self.model.rows) if n not in self._log_views]
+        for number in new:
+            self._log_views[number] = self._widgets.HTML()
+            self._dirty_logs.add(number)
         if new:
-            for number in new:
-                self._log_views[number] = self._widgets.HTML()
-                self._dirty_logs.add(number)
             self.logs.children = [self._log_views[n] for n in sorted(self._log_views)]
         for i, number in enumerate(sorted(self._log_views)):
             row = self.model.rows[number]
@@ -353,41 +279,17 @@ class SweepPanel:
                 self._log_views[number].value = render_log(row, self.model.lines.get(number, ()))
         self._dirty_logs.clear()
 
-    def _draw_chart(self) -> None:
-        version, at = self._drawn
-        now = time.monotonic()
-        if self.chart is None or version == self.model.version or not self.model.rows:
-            return
-        if now - at < self.chart_interval and self.model.result is None:
-            if self._timer is None:  # the frame comes with the next render
-                self._timer = threading.Timer(at + self.chart_interval - now, self._flush)
-                self._timer.daemon = True
-                self._timer.start()
-            return
-        try:
-            if self._chart is None:
-                self._chart = SweepChart()
-            self.chart.value = self._chart.png(self.model)
-            self.chart.layout.display = ""
-            self.frames += 1
-        except Exception as e:  # noqa: BLE001 - the chart is a view; the panel goes on without it
-            log.warning("tfnb sweep panel: the chart failed and is turned off: %s: %s", type(e).__name__, e)
-            self.chart.layout.display = "none"
-            self.chart = None
-        self._drawn = (self.model.version, now)
+    def _version(self) -> int:
+        return self.model.version
+
+    def _frame_args(self) -> tuple:
+        return [self.model.rows[n] for n in sorted(self.model.rows)], self.model.metric, self.model.direction
+
+    _new_chart = SweepChart
 
     def log_text(self, number: int) -> str:
         """Trial ``number``'s output as its section shows it."""
         return html.unescape(self._log_views[number].value) if number in self._log_views else ""
-
-    def close(self) -> None:
-        """Render the final state; called by ``tfnb.sweep`` when it ends."""
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._drawn = (-1, float("-inf"))
-            self._render()
 
 
 def _set_title(accordion, index: int, title: str) -> None:

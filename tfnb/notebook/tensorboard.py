@@ -1,10 +1,6 @@
 """TensorBoard for a person: ``tfnb.tensorboard(log_dir)``, the URL a browser opens, and the notebook panel.
-
-:func:`tensorboard` asks :mod:`tfnb.monitor.tensorboard` for a TensorBoard serving the folder (reusing a
-running one) and shows the typed outcome it returns (``Launched``, ``Reused``, ``Failed``, ``TimedOut``):
-inside a Jupyter or Databricks kernel as a :class:`TensorBoardPanel` (status, link, Reload / Stop buttons,
-TensorBoard in an iframe), elsewhere as one line with the URL. ``tfnb.tensorboard.instances()`` and
-``tfnb.tensorboard.stop(...)`` list and stop the TensorBoards tfnb runs for this user.
+They render the typed outcomes of :mod:`tfnb.monitor.tensorboard`: in a Jupyter or Databricks kernel as a
+:class:`TensorBoardPanel`, elsewhere as one line with the URL.
 """
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ import os
 import sys
 import time
 from typing import Any, Callable, Mapping
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._deps import require
 from ..errors import ConfigError
@@ -68,7 +63,12 @@ def tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
     if display is None:
         display = in_notebook()
     if display:
-        return show_panel(log_dir, height=height, proxy_url=proxy_url, **options)
+        from IPython.display import display as show
+
+        panel = TensorBoardPanel(log_dir, height=height, proxy_url=proxy_url, start=False, **options)
+        show(panel)  # first, so the cell shows "Starting..." during TensorBoard's slow start
+        panel.reload()
+        return panel
     outcome = ensure_tensorboard(log_dir, **options)
     if isinstance(outcome, (Launched, Reused)):
         url = browser_url(outcome, proxy_url=proxy_url)
@@ -83,26 +83,13 @@ def tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
 
 def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, str] | None = None,
                 spark_conf: Mapping[str, str] | None = None) -> str:
-    """The URL a notebook user's browser opens to reach a running TensorBoard.
+    """The URL a notebook user's browser opens to reach a running TensorBoard (anything with ``.port``, ``.url``).
 
-    The first that applies: ``proxy_url`` or ``TENSORBOARD_PROXY_URL`` with ``%PORT%`` replaced (the
-    convention of TensorBoard's own ``%tensorboard``); on Databricks (``DATABRICKS_RUNTIME_VERSION``
-    set) the driver proxy, :func:`databricks_proxy_url`; under JupyterHub (``JUPYTERHUB_SERVICE_PREFIX``
-    set) ``<prefix>proxy/<port>/``, served by jupyter-server-proxy; else the driver's own
-    ``http://127.0.0.1:PORT/`` (the browser runs on the kernel's machine).
-
-    Args:
-        outcome: a ``Launched``/``Reused`` outcome (or anything with ``.port`` and ``.url``).
-        proxy_url: template with ``%PORT%``; default ``$TENSORBOARD_PROXY_URL``.
-        environ: environment to read (default ``os.environ``).
-        spark_conf: Spark conf to read on Databricks (default: the active session's).
-
-    Returns:
-        An absolute or host-relative URL, ending in ``/``.
-
-    Example:
-        >>> browser_url(outcome, proxy_url="/user/alice/proxy/%PORT%/")
-        '/user/alice/proxy/6006/'
+    The first that applies: ``proxy_url`` or ``TENSORBOARD_PROXY_URL`` with ``%PORT%`` replaced (as TensorBoard's
+    own ``%tensorboard`` does); on Databricks (``DATABRICKS_RUNTIME_VERSION`` set) :func:`databricks_proxy_url`;
+    under JupyterHub (``JUPYTERHUB_SERVICE_PREFIX`` set) ``<prefix>proxy/<port>/``, served by jupyter-server-proxy;
+    else the driver's own ``http://127.0.0.1:PORT/`` (the browser runs on the kernel's machine). ``environ`` and
+    ``spark_conf`` default to ``os.environ`` and the active Spark session's conf.
     """
     env = os.environ if environ is None else environ
     port = outcome.port
@@ -123,25 +110,16 @@ def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, 
 
 
 def databricks_proxy_url(port: int, conf: Mapping[str, str]) -> str | None:
-    """Databricks driver-proxy URL for ``port``, or None when the cluster tags are missing.
-
-    ``https://<workspaceUrl>/driver-proxy/o/<orgId>/<clusterId>/<port>/``, from the
-    ``spark.databricks.*`` conf: the form Databricks documents for apps served from the driver,
-    unit-tested but not run on a live workspace (none is reachable from CI).
-
-    Example:
-        >>> databricks_proxy_url(6006, {"spark.databricks.clusterUsageTags.clusterOwnerOrgId": "123",
-        ...                             "spark.databricks.clusterUsageTags.clusterId": "0101-abc"})
-        '/driver-proxy/o/123/0101-abc/6006/'
-    """
+    """``https://<workspaceUrl>/driver-proxy/o/<orgId>/<clusterId>/<port>/`` from the ``spark.databricks.*`` conf
+    (the form Databricks documents for apps served from the driver; no live workspace is reachable from CI),
+    or None when the cluster tags are missing."""
     org, cluster = conf.get(_DATABRICKS_ORG), conf.get(_DATABRICKS_CLUSTER)
     if not org or not cluster:
         return None
-    path = f"/driver-proxy/o/{org}/{cluster}/{port}/"
     workspace = (conf.get(_DATABRICKS_WORKSPACE) or "").strip().rstrip("/")
     if workspace and "://" not in workspace:
         workspace = "https://" + workspace
-    return workspace + path
+    return f"{workspace}/driver-proxy/o/{org}/{cluster}/{port}/"
 
 
 def _active_spark_conf() -> dict:
@@ -157,7 +135,6 @@ def _active_spark_conf() -> dict:
 
 
 def check_height(height) -> int:
-    """The panel height in pixels: ``height`` checked, or the default."""
     if height is None:
         return DEFAULT_HEIGHT
     if isinstance(height, bool) or not isinstance(height, int) or height < 100:
@@ -165,33 +142,15 @@ def check_height(height) -> int:
     return height
 
 
-def problem_text(outcome: Outcome) -> str:
-    """What went wrong and the fix, for a ``Failed`` or ``TimedOut`` outcome."""
+def problem_text(outcome: Failed | TimedOut) -> str:
+    """What went wrong and the fix."""
     if isinstance(outcome, Failed):
         return f"could not start: {outcome.error}. Fix: {outcome.fix}"
-    if isinstance(outcome, TimedOut):
-        return f"did not start within {outcome.timeout:g} s (pid {outcome.pid} was stopped). Fix: {outcome.fix}"
-    raise TypeError(f"not a problem outcome: {outcome!r}")
+    return f"did not start within {outcome.timeout:g} s (pid {outcome.pid} was stopped). Fix: {outcome.fix}"
 
 
 tensorboard.instances = instances  # tfnb.tensorboard.instances() / .stop(): the running ones
 tensorboard.stop = stop
-
-
-def show_panel(log_dir, **options: Any) -> "TensorBoardPanel":
-    """Show a :class:`TensorBoardPanel` for ``log_dir`` (``options`` as for it) in the running cell and return it."""
-    from IPython.display import display
-
-    panel = TensorBoardPanel(log_dir, start=False, **options)
-    display(panel)  # first, so the cell shows "Starting..." during TensorBoard's slow start
-    panel.reload()
-    return panel
-
-
-def _with_query(url: str, **params: Any) -> str:
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True) + [(k, str(v)) for k, v in params.items()]
-    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def status_html(outcome: Outcome) -> str:
@@ -210,17 +169,6 @@ def status_html(outcome: Outcome) -> str:
     if outcome.output:
         text += f"<pre style='max-height:12em;overflow:auto'>{e(outcome.output)}</pre>"
     return text
-
-
-def frame_html(url: str, height: int) -> str:
-    """The iframe showing TensorBoard at ``url``."""
-    return (f'<iframe src="{html.escape(url)}" title="TensorBoard" width="100%" '
-            f'height="{height}" style="border:1px solid #ddd" loading="eager"></iframe>')
-
-
-def link_html(url: str) -> str:
-    e = html.escape(url)
-    return f'<a href="{e}" target="_blank" rel="noopener">{e}</a>'
 
 
 class TensorBoardPanel:
@@ -276,7 +224,7 @@ class TensorBoardPanel:
         except Exception as e:
             self._status.value = f"<b>{html.escape(f'{type(e).__name__}: {e}')}</b>"
             raise
-        self._render()
+        self._show(status_html(self.outcome))
         return self.outcome
 
     def stop(self) -> bool:
@@ -285,30 +233,21 @@ class TensorBoardPanel:
         running = isinstance(outcome, (Launched, Reused))
         stopped = running and stop(outcome)
         self.outcome = None
-        self._clear()
-        pid = f" (pid {outcome.pid})" if running else ""
-        self._status.value = f"TensorBoard{pid} stopped. Reload starts it again."
+        self._show(f"TensorBoard{f' (pid {outcome.pid})' if running else ''} stopped. Reload starts it again.")
         return stopped
 
-    def _render(self) -> None:
-        outcome = self.outcome
-        self._status.value = status_html(outcome)
-        if not isinstance(outcome, (Launched, Reused)):
-            self._clear()
-            return
-        self.url = browser_url(outcome, proxy_url=self.proxy_url)
-        self._link.value = link_html(self.url)
-        self._reloads += 1
+    def _show(self, status: str) -> None:
+        running = isinstance(self.outcome, (Launched, Reused))
+        self._status.value = status
+        self.url = browser_url(self.outcome, proxy_url=self.proxy_url) if running else None
+        self._reloads += running
+        e = html.escape(self.url or "")
+        self._link.value = f'<a href="{e}" target="_blank" rel="noopener">{e}</a>' if running else ""
         # a changed src is what makes the browser fetch the page again
-        src = self.url if self._reloads == 1 else _with_query(self.url, tfnb_reload=self._reloads)
-        self._frame.value = frame_html(src, self.height)
-        self._stop_button.disabled = False
-
-    def _clear(self) -> None:
-        self.url = None
-        self._link.value = ""
-        self._frame.value = ""
-        self._stop_button.disabled = True
+        src = self.url if self._reloads <= 1 else f"{self.url}{'&' if '?' in e else '?'}tfnb_reload={self._reloads}"
+        self._frame.value = (f'<iframe src="{html.escape(src)}" title="TensorBoard" width="100%" height="{self.height}"'
+                             f' style="border:1px solid #ddd" loading="eager"></iframe>') if running else ""
+        self._stop_button.disabled = not running
 
     def _guard(self, action: Callable[[], Any]) -> None:
         # Button callbacks run in the kernel, where an exception would vanish into its log.
@@ -334,5 +273,4 @@ class TensorBoardPanel:
         return f"TensorBoardPanel({str(self.log_dir)!r}, {self.url or 'not running'})"
 
 
-__all__ = ["tensorboard", "browser_url", "databricks_proxy_url", "check_height", "problem_text", "TensorBoardPanel",
-           "show_panel", "status_html", "frame_html", "link_html"]
+__all__ = ["tensorboard", "browser_url", "databricks_proxy_url", "status_html", "TensorBoardPanel"]

@@ -1,5 +1,5 @@
-"""The storage contract every backend keeps: :class:`Store`, its :class:`Entry`, the errors, and the
-helpers for atomic writes and downloads that the backends share (see :mod:`tfnb.storage`)."""
+"""The storage contract every backend keeps (:class:`Store`, :class:`Entry`, the errors) and the helpers for
+atomic writes and downloads the backends share."""
 from __future__ import annotations
 
 import contextlib
@@ -25,14 +25,8 @@ class MissingError(StorageError, FileNotFoundError):
 
 @dataclass(frozen=True)
 class Entry:
-    """One file of a store.
-
-    Attributes:
-        rel: its path below the store's root, ``/``-separated (``""``: the root itself).
-        size: bytes.
-        mtime: modification time, seconds since the epoch (0 when the backend has none).
-        version: ETag, checksum or mtime; it changes when the content does.
-    """
+    """One file: ``rel`` below the store's root (``""``: the root itself), ``size`` in bytes, ``mtime`` in seconds
+    since the epoch (0 when the backend has none), ``version`` (ETag, checksum or mtime: changes with the content)."""
 
     rel: str
     size: int
@@ -144,17 +138,15 @@ def os_error(e: BaseException, url: str, doing: str) -> StorageError:
 
 
 def temp_name(path: str, named: bool = False) -> str:
-    """A hidden temporary name beside ``path``: ``.NAME.tfnb-part-X`` when ``named`` (so the owner of
-    ``NAME`` can find its leftovers), else ``.tfnb-part-X`` (no part of the name: an event file's
-    temporary copy must not look like an event file to TensorBoard)."""
+    """A hidden temporary name beside ``path``: ``.NAME.tfnb-part-X`` when ``named`` (its owner finds leftovers),
+    else ``.tfnb-part-X`` (an event file's temporary copy must not look like an event file to TensorBoard)."""
     head, name = os.path.split(path)
     return os.path.join(head, f".{name if named else ''}{PART}-{uuid.uuid4().hex[:12]}")
 
 
 @contextlib.contextmanager
 def replacing(path: str, named: bool = False) -> Iterator[str]:
-    """A temporary name (:func:`temp_name`) that replaces ``path`` when the block succeeds and is
-    removed when it fails: readers see the old content or all of the new, never a part."""
+    """A temporary name that replaces ``path`` when the block succeeds, removed when it fails."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = temp_name(path, named)
     try:
@@ -174,8 +166,7 @@ def atomic_write(path: str, data: bytes) -> None:
 
 @contextlib.contextmanager
 def landing(url: str, local_path: str, size: int | None) -> Iterator[str]:
-    """A hidden name beside ``local_path`` to download into; when the block ends, the size the listing
-    gave is checked and the file renamed: a half-fetched or changed file never has the final name."""
+    """A hidden name to download ``local_path`` into, renamed once its size is the listing's ``size``."""
     with replacing(local_path, named=True) as tmp:
         yield tmp
         got = os.path.getsize(tmp)
@@ -185,8 +176,7 @@ def landing(url: str, local_path: str, size: int | None) -> Iterator[str]:
 
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
-    """An exclusive lock on ``path`` across processes, released when the file closes (a no-op where
-    fcntl is missing)."""
+    """An exclusive lock on ``path`` across processes (a no-op where fcntl is missing)."""
     try:
         import fcntl
     except ImportError:  # Windows: one process per folder is assumed

@@ -1,13 +1,8 @@
-"""Hyperparameter sweeps across the cluster: ``tfnb.sweep`` runs many distributed trainings at once, searched and
-pruned by Optuna, tracked as one MLflow parent run, shown as one live panel.
+"""Hyperparameter sweeps: ``tfnb.sweep`` runs many distributed trainings at once, searched and pruned by Optuna.
 
-Driver side, above the launcher: a sweep is Optuna's ask-and-tell loop (:mod:`.loop`) launching each trial
-as a ``tfnb.run`` on a thread of its own (:mod:`.trial`); :mod:`.space` checks the search space and the
-study, :mod:`.tracking` keeps the MLflow parent and child runs, :mod:`.outcomes` holds what a sweep returns
-and the events its display receives, and :mod:`.display` is the registry the notebook layer plugs its sweep
-panel into. Optuna is optional (``pip install 'tfnb[sweep]'``) and imported at the first sweep; the loop
-(and the launcher under it) loads with the first use of ``sweep``, so the notebook layer, which registers its
-sweep displays here, stays quick to import.
+:mod:`.loop` is the sweep and its trials, :mod:`.space` the search space and study, :mod:`.tracking` its MLflow runs,
+:mod:`.outcomes` its results and events. Optuna is imported at the first sweep; ``sweep`` itself (and the launcher
+under it) loads with its first use.
 """
 from __future__ import annotations
 

@@ -1,37 +1,39 @@
-"""``tfnb.sweep``: Optuna's ask-and-tell loop, launching trials as concurrent ``tfnb.run`` calls.
+"""``tfnb.sweep``: Optuna's ask-and-tell loop, running each trial as a ``tfnb.run`` on a thread of its own.
 
-The loop runs on the caller's thread: it asks the study for as many trials as fit the cluster at once,
-starts each as a ``tfnb.run`` on a thread of its own (:mod:`.trial`), and as each ends tells the study,
-ends its MLflow child run and starts the next in the slots it freed. Spark schedules the barrier jobs; the
-sweep only decides how many trials run at once: the cluster's task slots over each trial's tasks, checked
-before the first launch with the launcher's own slot check. Every display call happens on this thread.
+The loop, on the caller's thread (every display call happens there), asks the study for as many trials as fit the
+cluster's task slots, starts each, and as each ends tells the study and starts the next in its slots. A trial reports
+the chief's epoch-end metric to the study and, when the pruner says so, cancels its run (``LaunchHooks(cancel=...)``).
+Not ``study.optimize(n_jobs=...)``: its ThreadPoolExecutor joins the running trials before a Ctrl-C reaches the
+caller (measured: a SIGINT at 0.5 s reached it at 5.06 s, when both 5 s trials had finished), so Ctrl-C could not
+cancel them, and its callbacks run on the trials' threads.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import queue
 import re
 import threading
 import time
-from dataclasses import fields
-from typing import Any, Callable
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping
 
-from ..errors import ClusterError, ConfigError, WorkerError, below, suggest, summary
-from ..launcher import RunOptions, check_cluster, get_spark, pickle_fn
+from .._protocol import EventKind, number
+from ..errors import (ClusterError, ConfigError, MissingDependencyError, RunCancelledError, RunTimeoutError,
+                      WorkerError, below, suggest, summary)
+from ..launcher import LaunchHooks, RunOptions, check_cluster, get_spark, pickle_fn
+from ..launcher import run as tfnb_run
 from ..launcher.resources import _is_connect
-from .display import check_display, make_sweep_display
+from ..monitor.display import check_display, make_display
+from ..monitor.tracking import check_option, logging_to
 from .outcomes import (SweepCancelledError, SweepEvent, SweepEventKind, SweepResult, SweepStoppedError, TrialResult,
                        better)
-from .space import concurrent_sampler_note, distributions, make_study, require_optuna, sample
-from .trial import Ended, Plan, run_trial, subdir
+from .space import distributions, make_study, require_optuna, sample, warn_clustered
+from .tracking import SweepTracker
 
 log = logging.getLogger(__name__)
-
-_TELL = {"complete": "COMPLETE", "pruned": "PRUNED"}  # every other end is Optuna's FAIL
-# RunOptions fields the sweep sets itself, per trial
-_OWN = frozenset({"args", "display", "model_dir", "log_dir", "mlflow"})
 
 
 def _check(n_trials: Any, same_error_limit: Any, at_once: Any, metric: Any) -> None:
@@ -39,9 +41,8 @@ def _check(n_trials: Any, same_error_limit: Any, at_once: Any, metric: Any) -> N
                               ("same_error_limit", same_error_limit,
                                "failed trials in a row with the same error that stop the sweep (default 3)"),
                               ("at_once", at_once, "trials at most at once, or None for as many as fit")):
-        if value is None and name == "at_once":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        fine = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if not fine and not (name == "at_once" and value is None):
             raise ConfigError(f"{name}={value!r} must be an int >= 1: {rule}")
     if not isinstance(metric, str) or not metric:
         raise ConfigError(f"metric={metric!r} must name the objective, e.g. metric='val_accuracy' (what train_fn "
@@ -50,7 +51,8 @@ def _check(n_trials: Any, same_error_limit: Any, at_once: Any, metric: Any) -> N
 
 def _options(num_workers: int, args: tuple, kwargs: Any, spark, run_options: dict) -> RunOptions:
     """tfnb.run's options for every trial, resolved and checked once."""
-    known = {f.name for f in fields(RunOptions)} - _OWN - {"failure_grace", "warm_idle", "settings"}
+    known = {f.name for f in fields(RunOptions)} - {"args", "display", "model_dir", "log_dir", "mlflow",  # per trial
+                                                    "failure_grace", "warm_idle", "ps_job_wait", "settings"}
     unknown = sorted(set(run_options) - known)
     if unknown:
         raise ConfigError(f"tfnb.sweep got unknown option(s) {', '.join(unknown)}{suggest(unknown, known)}; besides "
@@ -59,31 +61,25 @@ def _options(num_workers: int, args: tuple, kwargs: Any, spark, run_options: dic
 
 
 def fit(spark, options: RunOptions, n_trials: int, at_once: int | None) -> int:
-    """How many trials run at once: as many as the cluster's task slots hold (tfnb.run's own slot check, for
-    1, 2, ... trials' tasks together), at most ``at_once`` and ``n_trials``.
-
-    Raises:
-        ClusterError: one trial does not fit, or ``at_once`` trials do not.
-    """
+    """How many trials run at once: as many as the cluster's task slots hold (tfnb.run's own slot check for 1, 2, ...
+    trials' tasks together), at most ``at_once`` and ``n_trials``."""
     w, ps = options.num_workers, options.num_ps
     ask = dict(use_gpu=options.use_gpu, gpus_per_worker=options.gpus_per_worker,
                cpus_per_worker=options.cpus_per_worker, ps_placement=options.ps_placement)
-    try:
-        check_cluster(spark, w + ps, num_ps=ps, **ask)
-    except ClusterError as e:
-        raise ClusterError(f"one trial (num_workers={w}{f', num_ps={ps}' if ps else ''} per trial) does not fit: "
-                           f"{summary(e)}{below(e)}") from e
     master = str(spark.conf.get("spark.master", "") or "")
-    if _is_connect(spark) and not master.startswith("local") and at_once is None:
+    connect = _is_connect(spark) and not master.startswith("local") and at_once is None
+    if connect:
         log.info("tfnb.sweep: a Spark Connect client cannot count a cluster's task slots; running one trial at a "
                  "time (pass at_once= to run more)")
-        return 1
-    fits, want = 1, min(n_trials, at_once or n_trials)
-    for k in range(2, want + 1):
-        try:
-            check_cluster(spark, k * (w + ps), wait=0, num_ps=k * ps, **ask)
-        except ClusterError:
-            break
+    fits, want = 0, 1 if connect else min(n_trials, at_once or n_trials)
+    for k in range(1, want + 1):
+        try:  # the first check waits for executors still starting; the others only count slots
+            check_cluster(spark, k * (w + ps), wait=None if k == 1 else 0, num_ps=k * ps, **ask)
+        except ClusterError as e:
+            if k > 1:
+                break
+            raise ClusterError(f"one trial (num_workers={w}{f', num_ps={ps}' if ps else ''} per trial) does not fit: "
+                               f"{summary(e)}{below(e)}") from e
         fits = k
     if at_once is not None and fits < want:
         raise ClusterError(f"at_once={at_once} trials of {w + ps} task slot(s) each do not fit: the cluster ({master}) "
@@ -93,233 +89,323 @@ def fit(spark, options: RunOptions, n_trials: int, at_once: int | None) -> int:
 
 # a frame of a Python traceback: file, function, and the source line below it (when the file was readable)
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)\n(?:    (?P<code>.*)\n)?', re.M)
-# frames that are not the user's code: installed packages, the standard library, frozen modules, tfnb itself
+# frames that are not the user's code: installed packages, the standard library, frozen modules (and tfnb itself)
 _LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<frozen ")
 
 
-def _user_frame(traceback: str) -> tuple | None:
-    """The innermost frame of the user's own code in a worker's traceback: (file, function, source line)."""
-    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tfnb's folder here
-    frames = [m for m in _FRAME.finditer(traceback or "")
-              if not _LIBRARY.search(m["file"]) and not m["file"].startswith(own + os.sep)]
-    if not frames:
-        return None
-    last = frames[-1]
-    return os.path.basename(last["file"]), last["func"], (last["code"] or "").strip()
-
-
 def _error_key(error: BaseException) -> tuple:
-    """What makes two trials' errors "the same": what they are, not what they say. The exception's type and the
-    innermost frame of the user's code that raised it (its file, function and source line, as error trackers group
-    by stack frames), so a bug whose message holds data (``index 13 is out of bounds``) is one error in every
-    trial; without such a frame, the type and the first line with its numbers masked."""
+    """What makes two trials' errors "the same": the exception's type and the innermost frame of the user's code that
+    raised it (as error trackers group them), so a bug whose message holds data (``index 13 is out of bounds``) is one
+    error in every trial; without such a frame, the type and the first line with its numbers masked."""
     if isinstance(error, WorkerError):
-        kind, message, frame = error.exc_type, error.failure.message, _user_frame(error.failure.traceback)
+        kind, message, traceback = error.exc_type, error.failure.message, error.failure.traceback or ""
     else:
-        kind, message, frame = type(error).__name__, str(error), None
-    if frame is not None:
-        return kind, frame
+        kind, message, traceback = type(error).__name__, str(error), ""
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tfnb's folder here
+    frames = [m for m in _FRAME.finditer(traceback)
+              if not _LIBRARY.search(m["file"]) and not m["file"].startswith(own + os.sep)]
+    if frames:
+        return kind, os.path.basename(frames[-1]["file"]), frames[-1]["func"], (frames[-1]["code"] or "").strip()
     first = (message.strip().splitlines() or [""])[0][:300]
     return kind, re.sub(r"\d+(\.\d+)?", "N", first)
 
 
+@dataclass
 class _Sweep:
-    """One call of ``tfnb.sweep``: the loop and its bookkeeping."""
+    """One call of ``tfnb.sweep``: what its trials share (:class:`Trial` reads it), and the loop."""
 
-    def __init__(self, plan: Plan, study, space, n_trials: int, at_once: int, display, same_error_limit: int,
-                 begin: dict):
-        self.plan, self.study, self.space, self.n_trials, self.at_once = plan, study, space, n_trials, at_once
-        self.display, self.same_error_limit, self.begin = display, same_error_limit, begin
-        self.q: queue.SimpleQueue = queue.SimpleQueue()  # from the trials' threads: ("event", e) / ("ended", Ended)
-        self.running: dict[int, tuple] = {}  # number -> (optuna trial, thread, cancel event)
-        self.rows: dict[int, TrialResult] = {}  # every trial of this call, latest row
-        self.launched = 0
-        self.stopped: str | None = None  # why no further trial starts: interrupted, same error, fatal, space, failed
-        self.stopped_why = ""  # the same, as the cancelled trials' rows say it
+    train_fn: Callable
+    options: RunOptions  # tfnb.run's, resolved once; each trial adds its own args, dirs and display
+    study: Any
+    space: Any
+    metric: str
+    direction: str
+    model_dir: str | None
+    log_dir: str | None
+    tracker: Any  # the MLflow parent run (.tracking.SweepTracker), or None
+    display: Any
+    n_trials: int
+    at_once: int
+    same_error_limit: int
+
+    def __post_init__(self):
+        self.q: queue.SimpleQueue = queue.SimpleQueue()  # from the trials' threads: SweepEvents, and each Trial ended
+        self.trials: dict[int, Trial] = {}  # every trial launched
+        self.running: dict[int, Trial] = {}  # those whose end the loop has not handled yet
+        self.stopped: str | None = None  # why no further trial starts, as the cancelled trials' rows say it
         self.error: BaseException | None = None  # the error the sweep stops with
-        self.streak: list[tuple[int, tuple]] = []  # (trial, error key) of the latest failures in a row
-        self.best: TrialResult | None = None  # the study's best complete trial, earlier sweeps of it included
-        with contextlib.suppress(Exception):  # none yet (ValueError), or a storage that cannot say
-            self.best = TrialResult.from_optuna(study.best_trial)
+        self.streak: list[tuple[int, tuple]] = []  # (number, error key) of the latest failures in a row
         self.started = time.time()
 
-    # ------------------------------------------------------------ the loop
-
-    def run(self) -> SweepResult:
+    def run(self, begin: dict) -> SweepResult:
         try:
-            self.display(SweepEvent(SweepEventKind.BEGIN, data=self.begin))
+            self.display(SweepEvent(SweepEventKind.BEGIN, data=begin))
             while True:
-                while self.stopped is None and self.launched < self.n_trials and len(self.running) < self.at_once:
+                while self.stopped is None and len(self.trials) < self.n_trials and len(self.running) < self.at_once:
                     self._launch()
                 if not self.running:
                     break
                 self._handle(self._next())
         except KeyboardInterrupt:
-            self._stop("interrupted", None, "the sweep was interrupted")
+            self._stop("the sweep was interrupted")
             self._wait_quietly()
             result = self._finish("interrupted")
-            running = sorted(n for n, r in self.rows.items() if r.state == "cancelled")
-            raise SweepCancelledError(
-                f"tfnb.sweep was interrupted: {self._done_text(result)}; running trials cancelled and their "
-                f"processes stopped: {_numbers(running) or 'none'}; {self.n_trials - self.launched} not started. "
-                "e.result holds the trials; the study keeps them: pass the same study= to go on", result) from None
+            raise SweepCancelledError(f"tfnb.sweep was interrupted: {self._told(result)}; the study keeps them: pass "
+                                      "the same study= to go on", result) from None
         except BaseException as e:  # a bug of the loop itself: no trial may outlive it
-            self._stop("failed", e, f"the sweep failed ({type(e).__name__})")
+            self._stop(f"the sweep failed ({type(e).__name__})", e)
             self._wait_quietly()
             self._finish("stopped")
             raise
-        if self.error is not None:
-            result = self._finish("stopped")
-            if self.stopped != "same error":  # a trial could not start, or the space failed: its own error says why
-                raise self.error
-            raise SweepStoppedError(self._stopped_text(result), result) from self.error
-        return self._finish("finished")
+        if self.error is None:
+            return self._finish("finished")
+        result = self._finish("stopped")
+        if len(self.streak) < self.same_error_limit:  # a trial could not start, or the space failed: its error says
+            raise self.error
+        raise SweepStoppedError(
+            f"tfnb.sweep stopped: trials {_numbers(n for n, _ in self.streak)} failed in a row with the same error, a "
+            "bug in train_fn rather than a bad hyperparameter; fix it, then call tfnb.sweep again with the same study= "
+            f"to go on\nThe error: {summary(self.error, 400)}\n{self._told(result)}.\n\nThe last failed trial's "
+            f"error:\n{self.error}", result) from self.error
 
     def _launch(self) -> None:
         try:
             trial, params = sample(self.study, self.space)
         except ConfigError as e:  # the space function raised or returned no dict: every trial would
-            self._stop("space", e, "the search space failed")
+            self._stop("the search space failed", e)
             return
-        number = trial.number
-        row = TrialResult(number, params, model_dir=subdir(self.plan.model_dir, number))
-        cancel = threading.Event()
-        thread = threading.Thread(target=self._trial, args=(trial, row, cancel), name=f"tfnb-trial-{number}",
-                                  daemon=True)
-        self.running[number] = (trial, thread, cancel)
-        self.rows[number] = row
-        self.launched += 1
-        thread.start()
+        started = self.running[trial.number] = self.trials[trial.number] = Trial(self, trial, params)
+        threading.Thread(target=started.run, name=f"tfnb-trial-{trial.number}", daemon=True).start()
 
-    def _trial(self, trial, row: TrialResult, cancel: threading.Event) -> None:
-        ended = None
-        try:
-            ended = run_trial(self.plan, trial, row, cancel, lambda event: self.q.put(("event", event)))
-        finally:  # the loop waits for this, whatever happened
-            self.q.put(("ended", ended or Ended(row.replace(state="failed", error="the trial's thread died"),
-                                               RuntimeError("the trial's thread died"), "failed")))
-
-    def _next(self) -> tuple:
+    def _next(self) -> SweepEvent | Trial:
         while True:
-            try:
+            with contextlib.suppress(queue.Empty):
                 return self.q.get(timeout=0.5)  # a timeout keeps Ctrl-C reaching this thread
-            except queue.Empty:
-                continue
 
-    def _handle(self, item: tuple) -> None:
-        if item[0] == "event":
-            event = item[1]
-            if event.trial is not None and not self.rows[event.trial.number].done:
-                self.rows[event.trial.number] = event.trial
-            self.display(event)
-            return
-        self._ended(item[1])
+    def _handle(self, item: SweepEvent | Trial) -> None:
+        if isinstance(item, SweepEvent):
+            self.display(item)
+        else:
+            self._ended(item)
 
-    def _ended(self, ended: Ended) -> None:
+    def _ended(self, ended: Trial) -> None:
+        """Tell the study, end the trial's MLflow child run, show it, then judge it."""
         import optuna
 
-        row, verdict = ended.row, ended.verdict
-        trial = self.running.pop(row.number)[0]
-        if verdict == "cancelled":
-            row = row.replace(error=f"cancelled: {self.stopped_why}")
-        attrs = {"tfnb.state": row.state, "tfnb.seconds": round(row.seconds, 3), "tfnb.error": row.error,
-                 "tfnb.model_dir": row.model_dir, "tfnb.log_file": row.log_file,
-                 "tfnb.mlflow_run_id": row.mlflow_run_id}
+        states, row = optuna.trial.TrialState, ended.row
+        self.running.pop(row.number, None)
+        attrs = {"state": row.state, "seconds": round(row.seconds, 3), "error": row.error, "model_dir": row.model_dir,
+                 "log_file": row.log_file, "mlflow_run_id": row.mlflow_run_id}
         with contextlib.suppress(Exception):  # the study's storage failing must not lose the other trials
             for key, value in attrs.items():
                 if value is not None:
-                    trial.set_user_attr(key, value)
-        state = getattr(optuna.trial.TrialState, _TELL.get(row.state, "FAIL"))
+                    ended.trial.set_user_attr(f"tfnb.{key}", value)
+        state = {"complete": states.COMPLETE, "pruned": states.PRUNED}.get(row.state, states.FAIL)
         try:
-            self.study.tell(trial, row.value if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+            self.study.tell(ended.trial, row.value if state == states.COMPLETE else None, state=state)
         except Exception as e:  # noqa: BLE001 - the row is kept; the study says why it is missing there
             log.warning("tfnb.sweep: the study did not take trial %d (%s: %s)", row.number, type(e).__name__, e)
-        self.rows[row.number] = row
-        if row.state == "complete" and better(row.value, self.best.value if self.best else None, self.plan.direction):
-            self.best = row
-        if self.plan.tracker is not None:
-            self.plan.tracker.trial_ended(row, self.best, self.plan.metric)
+        if self.tracker is not None:
+            self.tracker.trial_ended(row, self.metric)
         self.display(SweepEvent(SweepEventKind.TRIAL, trial=row))
-        self._judge(row, ended)
-
-    def _judge(self, row: TrialResult, ended: Ended) -> None:
-        """Stop the sweep on a trial that could not start, or on the same error ``same_error_limit`` times in a row."""
-        if ended.verdict == "fatal" and self.error is None:
-            self._stop("fatal", ended.error, f"trial {row.number} could not start")
-        elif ended.verdict == "bug" and self.stopped is None:  # the trials that decided it, not those after
+        if ended.verdict == "fatal":
+            self._stop(f"trial {row.number} could not start", ended.error)
+        elif self.stopped is not None or ended.verdict in ("cancelled", "cluster"):
+            return  # "cluster" (the cluster failed a launched trial) says nothing of train_fn: the streak stays
+        elif ended.verdict == "bug":
             key = _error_key(ended.error)
             self.streak = [s for s in self.streak if s[1] == key] + [(row.number, key)]
-            if len(self.streak) >= self.same_error_limit and self.error is None:
-                self._stop("same error", ended.error, "trials in a row failed with the same error")
-        elif ended.verdict in ("complete", "pruned", "failed"):
-            self.streak = []  # "failed": timed out or NaN, which a hyperparameter may well cause
-        # "cluster" (the cluster failed a launched trial) says nothing of train_fn: the streak stays as it is
+            if len(self.streak) >= self.same_error_limit:
+                self._stop("trials in a row failed with the same error", ended.error)
+        else:
+            self.streak = []  # complete, pruned, or failed: timed out or NaN, which a hyperparameter may well cause
 
-    def _stop(self, why: str, error: BaseException | None, text: str) -> None:
+    def _stop(self, why: str, error: BaseException | None = None) -> None:
         """No further trial starts; the running ones are cancelled (their ends still arrive in the queue)."""
         if self.stopped is None:
-            self.stopped, self.error, self.stopped_why = why, error, text
-        for _, _, cancel in self.running.values():
-            cancel.set()
-        if why == "same error" and self.running:
-            log.info("tfnb.sweep: cancelling trials %s", _numbers(sorted(self.running)))
+            self.stopped, self.error = why, error
+        if self.running:
+            log.info("tfnb.sweep: %s; cancelling trials %s", why, _numbers(sorted(self.running)))
+        for running in self.running.values():
+            running.cancel.set()
 
     def _wait_quietly(self) -> None:
-        """Until every running trial has ended; a second Ctrl-C must not cut the cancelling short."""
+        """Until every running trial has ended; a second Ctrl-C, or the display failing, must not cut it short."""
         while self.running:
-            try:
+            item = None
+            with contextlib.suppress(BaseException):
                 item = self._next()
-            except KeyboardInterrupt:
-                continue
-            try:
                 self._handle(item)
-            except BaseException:  # noqa: BLE001 - a display failing, or Ctrl-C again: the trials still stop
-                pass
-            finally:
-                if item[0] == "ended":
-                    self.running.pop(item[1].row.number, None)
-
-    # ------------------------------------------------------------ the end
-
-    def _result(self, stopped: str | None) -> SweepResult:
-        best = self.best
-        with contextlib.suppress(Exception):  # no complete trial yet, or a storage problem: this call's best
-            frozen = self.study.best_trial
-            best = self.rows.get(frozen.number) or TrialResult.from_optuna(frozen)
-        return SweepResult(trials=tuple(self.rows[n] for n in sorted(self.rows)), best=best, metric=self.plan.metric,
-                           direction=self.plan.direction, study=self.study,
-                           mlflow_run_id=getattr(self.plan.tracker, "run_id", None), stopped=stopped,
-                           seconds=time.time() - self.started)
+            if isinstance(item, Trial):
+                self.running.pop(item.row.number, None)
 
     def _finish(self, state: str) -> SweepResult:
-        result = self._result(None if state == "finished" else self.stopped_why)
+        """The result; the MLflow parent run ended as ``state`` (finished, stopped, interrupted), the display closed."""
+        best = None
+        with contextlib.suppress(Exception):  # no complete trial yet (ValueError), or a storage that cannot say
+            frozen = self.study.best_trial
+            best = self.trials[frozen.number].row if frozen.number in self.trials else TrialResult.from_optuna(frozen)
+        result = SweepResult(trials=tuple(self.trials[n].row for n in sorted(self.trials)), best=best,
+                             metric=self.metric, direction=self.direction, study=self.study, stopped=self.stopped,
+                             mlflow_run_id=getattr(self.tracker, "run_id", None), seconds=time.time() - self.started)
         try:
-            if self.plan.tracker is not None:
-                self.plan.tracker.finish(result, state)
+            if self.tracker is not None:
+                self.tracker.finish(result, state)
             self.display(SweepEvent(SweepEventKind.FINISH, result=result))
         finally:
-            close = getattr(self.display, "close", None)
-            if close is not None:
-                close()
+            getattr(self.display, "close", lambda: None)()
         return result
 
-    def _done_text(self, result: SweepResult) -> str:
-        finished = [t for t in result.trials if t.state in ("complete", "pruned", "failed")]
-        best = result.best
-        counts = ", ".join(f"{result.count(s)} {s}" for s in ("complete", "pruned", "failed"))
-        text = f"{len(finished)} trials finished ({counts})"
-        if best is not None and best.value is not None:
-            text += f", best: trial {best.number} {result.metric}={best.value:.4g}"
-        return text
-
-    def _stopped_text(self, result: SweepResult) -> str:
-        numbers = _numbers(n for n, _ in self.streak)
+    def _told(self, result: SweepResult) -> str:
         cancelled = _numbers(t.number for t in result.trials if t.state == "cancelled")
-        head = (f"tfnb.sweep stopped: trials {numbers} failed in a row with the same error, a bug in train_fn rather "
-                "than a bad hyperparameter; fix it, then call tfnb.sweep again with the same study= to go on")
-        return (f"{head}\nThe error: {summary(self.error, 400)}\n{self._done_text(result)}; "
-                f"cancelled: {cancelled or 'none'}; {self.n_trials - self.launched} not started. e.result holds the "
-                f"trials.\n\nThe last failed trial's error:\n{self.error}")
+        return (f"{result.summary()}; running trials cancelled and their processes stopped: {cancelled or 'none'}; "
+                f"{self.n_trials - len(self.trials)} not started. e.result holds the trials")
+
+
+def subdir(base: str | None, number: int) -> str | None:
+    """A trial's own folder under ``base`` (a path or a URL)."""
+    return None if not base else f"{str(base).rstrip('/')}/trial-{number}"
+
+
+class Trial:
+    """One trial and its ``tfnb.run``'s display (on the trial's thread; never raises), which hands rows and log lines
+    to the sweep's queue, then the trial itself when it ends. ``verdict``: complete, pruned, cancelled, bug (train_fn
+    raised: counts towards the same-error rule), fatal (no trial can start: stops the sweep), cluster (the cluster
+    failed it after launch: an elastic trial below min_workers, a ps job whose slots other jobs took) or failed."""
+
+    def __init__(self, sweep, trial, params: dict):
+        self.sweep, self.trial = sweep, trial  # sweep: the loop's _Sweep, with what every trial shares
+        self.row = TrialResult(trial.number, params, model_dir=subdir(sweep.model_dir, trial.number))
+        self.cancel = threading.Event()
+        self.verdict, self.error = None, None  # how it ended
+        self.pruned = self.launched = False  # launched: the run sent an event, so it is past tfnb.run's checks
+        self.optuna_ok = True
+
+    def run(self) -> None:
+        """The trial's thread: its ``tfnb.run`` to the end, then the trial to the sweep's queue."""
+        s = self.sweep
+        try:
+            # its MLflow child run, made here so the sweep's loop never waits on it
+            child = s.tracker.child(self.row.number, self.row.params) if s.tracker is not None else None
+            self.row = self.row.replace(mlflow_run_id=child)
+            self._post(SweepEventKind.TRIAL)
+            with logging_to(child, log_model=False) if child else contextlib.nullcontext():
+                returned = tfnb_run(s.train_fn, s.options, hooks=LaunchHooks(cancel=self.cancel), display=self,
+                                    args=(dict(self.row.params), *s.options.args), model_dir=self.row.model_dir,
+                                    log_dir=subdir(s.log_dir, self.row.number),
+                                    mlflow=s.tracker.mlflow_option if child else None)
+            value, why = objective(returned, s.metric, self.row.value)
+            self.row = self.row.replace(returned=returned)
+            if why is None:
+                self._end("complete", None, value)
+            else:  # diverged (NaN): a hyperparameter's doing; no objective at all: train_fn's, in every trial alike
+                self._end("failed" if value is not None else "bug", ValueError(why))
+        except RunCancelledError as e:
+            self._end("pruned" if self.pruned else "cancelled", e)
+        except (ConfigError, MissingDependencyError) as e:  # tfnb.run refused the options or the environment
+            self._end("fatal", e)
+        except ClusterError as e:
+            # Refused before it launched (slots, GPUs, a profile), or executors where no task can start (the launcher
+            # marks those every_launch): every trial would meet it. Once launched, the cluster failing it is its own.
+            self._end("fatal" if not self.launched or getattr(e, "every_launch", False) else "cluster", e)
+        except RunTimeoutError as e:
+            self._end("failed", e)
+        except Exception as e:  # noqa: BLE001 - WorkerError (train_fn raised), or whatever else went wrong
+            self._end("bug", e)
+        finally:  # the loop waits for this, whatever happened
+            if self.verdict is None:
+                self._end("failed", RuntimeError("the trial's thread died"))
+            s.q.put(self)
+
+    def _end(self, verdict: str, error: BaseException | None, value: float | None = None) -> None:
+        """The row's final state; ``value``: a complete trial's objective."""
+        row, text = self.row, error and summary(error)
+        if verdict == "cancelled":  # only the sweep stopping cancels a trial its pruner did not stop
+            text = f"cancelled: {self.sweep.stopped}"
+        elif verdict == "pruned":
+            value = row.value
+            text = "pruned" if value is None else f"pruned at epoch {row.epoch}: {self.sweep.metric}={value:.4g}"
+        self.verdict, self.error = verdict, error
+        self.row = row.replace(state=verdict if verdict in ("complete", "pruned", "cancelled") else "failed",
+                               value=value, error=text, seconds=time.time() - row.started)
+
+    def _post(self, kind: SweepEventKind, **more) -> None:
+        self.sweep.q.put(SweepEvent(kind, trial=self.row, **more))
+
+    # ------------------------------------------------------------ the run's display
+
+    def __call__(self, event) -> None:
+        self.batch((event,))
+
+    def batch(self, events) -> None:
+        try:
+            self.launched = True
+            lines, changed = [], False
+            for event in events:
+                kind, data = event.kind, event.data or {}
+                if kind == EventKind.LOG:
+                    if not data.get("partial"):  # carriage-return bars: their last state arrives as a line
+                        lines.append(f"[{event.label}] {data.get('line', '')}")
+                elif kind == EventKind.PROGRESS and event.job_name == "chief":
+                    changed = self._progress(data) or changed
+                elif kind == EventKind.STATE and data.get("log_file"):
+                    self.row, changed = self.row.replace(log_file=data["log_file"]), True
+                elif kind == EventKind.STATE and data.get("state") == "training" and self.row.state == "starting":
+                    self.row, changed = self.row.replace(state="running"), True
+                elif kind == EventKind.ATTEMPT:
+                    lines.append(f"[tfnb] relaunching (attempt {data.get('attempt')}/{data.get('max_attempts')}) "
+                                 f"after: {data.get('reason')}")
+                elif kind == EventKind.FAILED:
+                    lines.append(f"[{event.label}] FAILED {data.get('exc_type')}: {data.get('message')}")
+            if lines:
+                self._post(SweepEventKind.LINES, lines=tuple(lines))
+            if changed:
+                self.row = self.row.replace(seconds=time.time() - self.row.started)
+                self._post(SweepEventKind.TRIAL)
+        except Exception as e:  # noqa: BLE001 - a display error must not end the training
+            log.warning("tfnb.sweep: trial %d's display failed (%s: %s)", self.row.number, type(e).__name__, e)
+
+    def _progress(self, data: Mapping) -> bool:
+        """Record an epoch-end report of the metric and hand it to Optuna; True when the row changed."""
+        if data.get("epochs") and data["epochs"] != self.row.epochs:
+            self.row = self.row.replace(epochs=data["epochs"])
+        value, epoch = number(data.get(self.sweep.metric)), data.get("epoch")
+        if not data.get("epoch_end") or value is None or not isinstance(epoch, int) or epoch in dict(self.row.curve):
+            return False  # a relaunch reports the epochs it redoes again: Optuna keeps the first
+        best = value if better(value, self.row.best, self.sweep.direction) else self.row.best
+        self.row = self.row.replace(epoch=epoch, best=best, value=value, curve=self.row.curve + ((epoch, value),),
+                                    state="running" if self.row.state == "starting" else self.row.state)
+        if self.optuna_ok and not self.pruned:
+            try:
+                self.trial.report(value, epoch)
+                self.pruned = self.trial.should_prune()
+            except Exception as e:  # noqa: BLE001 - the study's storage failing must not end the training
+                self.optuna_ok = False
+                log.warning("tfnb.sweep: trial %d cannot report to the study (%s: %s); it runs on unpruned",
+                            self.row.number, type(e).__name__, e)
+            if self.pruned:
+                self.row = self.row.replace(state="pruning")
+                self.cancel.set()  # tfnb.run stops the job and its processes, then raises RunCancelledError
+        return True
+
+
+def objective(returned: Any, metric: str, reported: float | None) -> tuple[float | None, str | None]:
+    """(the trial's objective, why it cannot be used): a number train_fn returned, ``returned[metric]`` (the last
+    item of a list, as Keras' ``history.history`` holds), else the chief's last epoch-end report of it; NaN with
+    its reason when it diverged, None with its reason when there is none."""
+    value = returned.get(metric) if isinstance(returned, Mapping) else returned
+    if isinstance(value, (list, tuple)) and value:
+        value = value[-1]
+    found = reported if number(value) is None else number(value)
+    if found is None:
+        what = (f"a dict without {metric!r} (keys: {', '.join(map(str, list(returned)[:8]))})"
+                if isinstance(returned, Mapping) else type(returned).__name__)
+        return None, (f"train_fn returned {what} and the chief reported no {metric!r} at an epoch end; return a "
+                      f"number or a dict holding {metric!r} (model.evaluate(..., return_dict=True)), or pass metric= "
+                      "one of the metrics ctx.progress_callback() reports")
+    if math.isnan(found):
+        return found, f"the objective {metric!r} is NaN (diverged)"
+    return found, None
 
 
 def _numbers(numbers) -> str:
@@ -333,59 +419,54 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
           **run_options: Any) -> SweepResult:
     """Search hyperparameters with Optuna, running ``n_trials`` distributed trainings, many at once.
 
-    Each trial is one ``tfnb.run(train_fn, num_workers=..., ...)`` given its hyperparameters:
-    ``train_fn(ctx, params, *args, **kwargs)``. As many trials run at once as the cluster's task slots
-    hold (slots // tasks per trial, checked before the first launch; ``at_once`` caps it); as one ends
-    or is pruned the next starts in its slots, on the executors' warm standbys. The chief's epoch-end
-    metrics (``ctx.progress_callback()``, or ``ctx.report(epoch=..., epoch_end=True, ...)``) reach the
-    study as they arrive (``trial.report``), and a trial its pruner stops is cancelled like a stopped
-    run: its Spark job and processes end, its slots are free at once.
+    Each trial is one ``tfnb.run(train_fn, num_workers=..., ...)`` given its hyperparameters. As many trials run at
+    once as the cluster's task slots hold, checked before the first launch; as one ends or is pruned the next starts
+    in its slots, on the executors' warm standbys. The chief's epoch-end metrics (``ctx.progress_callback()``, or
+    ``ctx.report(epoch=..., epoch_end=True, ...)``) reach the study as they arrive, and a trial its pruner stops is
+    cancelled like a stopped run: its Spark job and processes end, its slots are free at once.
 
-    A trial whose train_fn raises is recorded as failed and the sweep goes on; ``same_error_limit``
-    trials in a row failing with the same error (the same exception type raised from the same line of
-    your code, whatever its message says) stop it (SweepStoppedError): that is a bug, not a bad
-    hyperparameter. A lost executor is relaunched inside its trial (``max_attempts``); a trial the
-    cluster fails after it launched (an elastic trial below ``min_workers``) is recorded as failed and
-    the sweep goes on; a trial that cannot start at all stops it with that error. Interrupting the
-    cell cancels every running trial and raises SweepCancelledError with what finished.
+    A trial whose train_fn raises fails alone, but ``same_error_limit`` trials in a row failing with the same error
+    (the same exception type from the same line of your code, whatever its message says) stop the sweep: a bug, not a
+    bad hyperparameter. A lost executor is relaunched inside its trial (``max_attempts``); a trial the cluster fails
+    after it launched (an elastic trial below ``min_workers``) fails alone; one that cannot start at all stops the
+    sweep with that error. Interrupting the cell cancels every running trial.
 
     Args:
-        train_fn: ``train_fn(ctx, params, *args, **kwargs)``; ``params`` is a dict of this trial's
-            hyperparameters. The objective is what the chief returns: a number, or a dict holding
-            ``metric`` (a list's last item: Keras' ``history.history`` works); else the chief's last
-            epoch-end report of ``metric``.
-        space: the search space: a dict of name to a list of choices, a ``(low, high)`` range
-            (``(low, high, "log")`` for a log scale; ints give integers) or an ``optuna.distributions``
-            object; or a function ``space(trial) -> dict`` calling ``trial.suggest_*``.
+        train_fn: ``train_fn(ctx, params, *args, **kwargs)``; ``params`` is a dict of this trial's hyperparameters.
+            The objective is what the chief returns: a number, or a dict holding ``metric`` (a list's last item:
+            Keras' ``history.history`` works); else the chief's last epoch-end report of ``metric``.
+        space: the search space: a dict of name to a list of choices, a ``(low, high)`` range (``(low, high,
+            "log")`` for a log scale; ints give integers) or an ``optuna.distributions`` object; or a function
+            ``space(trial) -> dict`` calling ``trial.suggest_*``.
         n_trials: trials to run in this call (a resumed study goes on counting).
         num_workers: chief + worker tasks of each trial.
         metric: the objective's name, also what is reported each epoch for pruning. Default ``"loss"``.
         direction: ``"minimize"`` or ``"maximize"``; default the study's, else minimize.
-        study: an ``optuna.Study`` (its sampler, pruner, storage; ``optuna.load_study`` to resume in a
-            later cell, MLflow included). Default: a new in-memory study with Optuna's TPE sampler (with
-            ``constant_liar``, so trials that run at once get different suggestions) and median pruner.
+        study: an ``optuna.Study`` (its sampler, pruner, storage; ``optuna.load_study`` to resume in a later cell,
+            MLflow included). Default: a new in-memory study with Optuna's TPE sampler (with ``constant_liar``, so
+            trials that run at once get different suggestions) and median pruner.
         at_once: trials at most at once (default: as many as fit).
         args: extra positional arguments for train_fn after ``params``; ``kwargs``: keyword arguments.
         spark: the SparkSession; default the active one, or a local one.
-        model_dir: each trial gets ``<model_dir>/trial-<number>`` as its ``ctx.model_dir``; ``log_dir``
-            likewise (TensorBoard then compares the trials).
-        mlflow: True, an experiment name, or a dict as ``tfnb.run`` takes it: one MLflow parent run for the
-            sweep, a child run per trial (params, per-epoch metrics, state, duration), the best trial tagged and
-            its model logged (registered when the dict names ``registered_model_name``)
-            (see :mod:`tfnb.tuning.tracking`). Needs ``pip install 'tfnb[mlflow]'``.
-        display: a callable receiving every ``SweepEvent``, False for none; default a live panel (a
-            table of trials and a chart of the objective) in notebooks, lines on the console elsewhere.
+        model_dir: each trial gets ``<model_dir>/trial-<number>`` as its ``ctx.model_dir``; ``log_dir`` likewise
+            (TensorBoard then compares the trials).
+        mlflow: True, an experiment name, or a dict as ``tfnb.run`` takes it: one MLflow parent run for the sweep, a
+            child run per trial (params, per-epoch metrics, state, duration), the best trial tagged and its model
+            logged (registered when the dict names ``registered_model_name``) (see :mod:`tfnb.tuning.tracking`).
+            Needs ``pip install 'tfnb[mlflow]'``.
+        display: a callable receiving every ``SweepEvent``, False for none; default a live panel (a table of trials
+            and a chart of the objective) in notebooks, lines on the console elsewhere.
         same_error_limit: failed trials in a row with the same error that stop the sweep (default 3).
-        run_options: any other option of ``tfnb.run``, for every trial: ``timeout`` (per trial),
-            ``max_attempts``, ``env``, ``preimport``, ``warm``, ``gpus_per_worker``, ``data``...
+        run_options: any other option of ``tfnb.run``, for every trial: ``timeout`` (per trial), ``max_attempts``,
+            ``env``, ``preimport``, ``warm``, ``gpus_per_worker``, ``data``...
 
     Returns:
         A :class:`SweepResult`: ``trials`` (this call's :class:`TrialResult` s), ``best``, ``study``.
 
     Raises:
         ConfigError: a bad argument or search space (before anything launches).
-        ClusterError: one trial (or ``at_once`` trials) does not fit the cluster, or a trial cannot start
-            (the executors cannot run its tasks).
+        ClusterError: one trial (or ``at_once`` trials) does not fit the cluster, or a trial cannot start (the
+            executors cannot run its tasks).
         SweepStoppedError: the same error ``same_error_limit`` times in a row; ``.result`` has the trials.
         SweepCancelledError: interrupted (a KeyboardInterrupt); ``.result`` has the trials.
         MissingDependencyError: Optuna (``pip install 'tfnb[sweep]'``) or MLflow is missing.
@@ -406,7 +487,7 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
     if not callable(train_fn):
         raise ConfigError(f"train_fn must be a function taking (ctx, params), got {type(train_fn).__name__}")
     _check(n_trials, same_error_limit, at_once, metric)
-    check_display(display)
+    check_display(display, "sweep")
     optuna = require_optuna()
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep's display says what Optuna's INFO lines would
@@ -416,29 +497,23 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
         options = _options(num_workers, tuple(args), kwargs, spark, run_options)
         pickle_fn(train_fn, ({},) + options.args, options.kwargs)  # an unpicklable train_fn fails here, once
         if mlflow:
-            from ..monitor.tracking import check_option
-
             check_option(mlflow)
         spark = get_spark(options.spark, options.num_tasks)
         options = RunOptions.resolve(options, spark=spark)
         direction = study.direction.name.lower()
         at_once = fit(spark, options, n_trials, at_once)
-        note = concurrent_sampler_note(study, at_once)
-        if note:
-            log.warning("tfnb.sweep: %s", note)
-        shown = make_sweep_display(display, n_trials=n_trials, at_once=at_once, metric=metric, direction=direction)
-        tracker = None
-        if mlflow:
-            from .tracking import SweepTracker
-
-            tracker = SweepTracker(mlflow, study, {
-                "metric": metric, "direction": direction, "num_workers": num_workers, "num_ps": options.num_ps,
-                "sampler": type(study.sampler).__name__, "pruner": type(study.pruner).__name__})
-        plan = Plan(train_fn, options, metric, direction, model_dir, log_dir, tracker)
+        warn_clustered(study, at_once)
+        shown = make_display(display, kind="sweep", n_trials=n_trials, at_once=at_once, metric=metric,
+                             direction=direction)
+        tracker = SweepTracker(mlflow, study, {
+            "metric": metric, "direction": direction, "num_workers": num_workers, "num_ps": options.num_ps,
+            "sampler": type(study.sampler).__name__, "pruner": type(study.pruner).__name__}) if mlflow else None
         begin = {"n_trials": n_trials, "at_once": at_once, "metric": metric, "direction": direction,
                  "slots_per_trial": options.num_tasks, "study": study.study_name,
                  "done_before": sum(t.state.is_finished() for t in study.trials),
                  "mlflow_run_id": getattr(tracker, "run_id", None), "master": str(spark.conf.get("spark.master", ""))}
-        return _Sweep(plan, study, space, n_trials, at_once, shown, same_error_limit, begin).run()
+        return _Sweep(train_fn=train_fn, options=options, study=study, space=space, metric=metric, direction=direction,
+                      model_dir=model_dir, log_dir=log_dir, tracker=tracker, display=shown, n_trials=n_trials,
+                      at_once=at_once, same_error_limit=same_error_limit).run(begin)
     finally:
         optuna.logging.set_verbosity(verbosity)

@@ -1,9 +1,5 @@
-"""What a sweep returns and says while it runs: trials, the sweep's result, its events and its two errors.
-
-Core types (no display code): the sweep loop (:mod:`tfnb.tuning.loop`) hands :class:`SweepEvent` s to the
-sweep's display, which the notebook layer renders (a live panel, or lines on the console), and returns a
-:class:`SweepResult`. A trial's state is one of :data:`STATES`; ``complete``, ``pruned``, ``failed`` and
-``cancelled`` are final.
+"""What a sweep returns and says while it runs: its trials and result, the :class:`SweepEvent` s its display
+renders, its two errors. Core types, no display code. A trial's state is one of :data:`STATES`, the last four final.
 """
 from __future__ import annotations
 

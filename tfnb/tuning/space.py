@@ -1,13 +1,9 @@
-"""The search space and the study: what ``tfnb.sweep`` accepts, checked before anything launches.
-
-A space is a dict of hyperparameter name to a list of choices, a ``(low, high)`` range (``(low, high,
-"log")`` for a log scale; ints give integers), or any ``optuna.distributions`` object; or a function
-``space(trial) -> dict`` that calls Optuna's ``trial.suggest_*`` (define-by-run). A dict is sampled by the
-study's sampler at ``study.ask`` time; Optuna refuses what it cannot sample, and so does this module, first,
-with the fix.
+"""The search space and the study ``tfnb.sweep`` accepts, checked before anything launches: a space Optuna cannot
+sample is refused here first, with the fix.
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable, Mapping
 
@@ -15,11 +11,10 @@ from ..errors import ConfigError, MissingDependencyError
 
 _FORMS = ("a list of choices ['adam', 'sgd'], a range (1e-4, 1e-1) or (1e-4, 1e-1, 'log'), or an "
           "optuna.distributions object\nA range of ints samples integers, (1e-4, 1e-1, 'log') on a log scale.")
-DIRECTIONS = ("minimize", "maximize")
+log = logging.getLogger(__name__)
 
 
 def require_optuna():
-    """Import Optuna, or say how to get it."""
     try:
         import optuna
     except ImportError as e:
@@ -34,7 +29,6 @@ def _number(value: Any) -> bool:
 
 
 def _one(name: str, value: Any, dists):
-    """Optuna's distribution for ``space[name] = value``."""
     given = f"space[{name!r}]={value!r}"
     if isinstance(value, dists.BaseDistribution):
         return value
@@ -64,11 +58,7 @@ def _one(name: str, value: Any, dists):
 
 
 def distributions(space: Any) -> dict | Callable:
-    """``space`` checked: a dict of Optuna distributions, or the define-by-run function as given.
-
-    Raises:
-        ConfigError: an empty space, or a value Optuna cannot sample (the message names it and the forms).
-    """
+    """``space`` checked: a dict of Optuna distributions, or the define-by-run function as given."""
     if callable(space) and not isinstance(space, Mapping):
         return space
     if not isinstance(space, Mapping):
@@ -85,12 +75,8 @@ def distributions(space: Any) -> dict | Callable:
 
 
 def sample(study, space: dict | Callable) -> tuple[Any, dict]:
-    """A new trial of ``study`` and its hyperparameters (``study.ask``; a define-by-run space is called).
-
-    Raises:
-        ConfigError: a space function that raised or returned something other than a dict (the trial is
-            told failed).
-    """
+    """A new trial of ``study`` and its hyperparameters; a space function that raises or returns no dict fails the
+    trial and raises ConfigError."""
     import optuna
 
     if isinstance(space, dict):
@@ -110,42 +96,30 @@ def sample(study, space: dict | Callable) -> tuple[Any, dict]:
     return trial, dict(params)
 
 
-def _sampler(optuna):
-    """Optuna's TPE sampler with ``constant_liar``: trials still running count as bad results, so the trials a sweep
-    asks for at once are spread out instead of clustered on the same suggestion (Optuna < 5 leaves it off)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ExperimentalWarning before Optuna 5
-        return optuna.samplers.TPESampler(constant_liar=True)
-
-
-def concurrent_sampler_note(study, at_once: int) -> str | None:
-    """What to say when trials run at once under a TPE sampler without ``constant_liar`` (a study given by the
-    caller, made by Optuna < 5's defaults); None when there is nothing to say."""
+def warn_clustered(study, at_once: int) -> None:
+    """Warn when trials run at once under a TPE sampler without ``constant_liar`` (Optuna < 5's default)."""
     import optuna
 
     sampler = study.sampler
-    if at_once < 2 or not isinstance(sampler, optuna.samplers.TPESampler) or getattr(sampler, "_constant_liar", True):
-        return None
-    return (f"study {study.study_name!r}: its TPESampler runs without constant_liar, so the {at_once} trials that run "
-            "at once get clustered, even equal, suggestions; create the study with "
-            "sampler=optuna.samplers.TPESampler(constant_liar=True)")
+    if at_once > 1 and isinstance(sampler, optuna.samplers.TPESampler) and not getattr(sampler, "_constant_liar", 1):
+        log.warning("tfnb.sweep: study %r: its TPESampler runs without constant_liar, so the %d trials that run at "
+                    "once get clustered, even equal, suggestions; create the study with "
+                    "sampler=optuna.samplers.TPESampler(constant_liar=True)", study.study_name, at_once)
 
 
 def make_study(study: Any, direction: str | None, metric: str):
-    """The study to sweep: ``study`` checked against ``direction``, or a new in-memory one (Optuna's TPE sampler,
-    with ``constant_liar`` for the trials that run at once, and its median pruner).
+    """``study`` checked against ``direction``, or a new in-memory one: Optuna's median pruner and its TPE sampler
+    with ``constant_liar`` (running trials count as bad results, so the trials asked for at once spread out)."""
+    import warnings
 
-    Raises:
-        ConfigError: not a study, a multi-objective study, a direction that is neither minimize nor
-            maximize, or one that contradicts the study's.
-    """
     optuna = require_optuna()
-    if direction is not None and direction not in DIRECTIONS:
+    if direction is not None and direction not in ("minimize", "maximize"):
         raise ConfigError(f"direction={direction!r} must be 'minimize' or 'maximize' (for {metric!r})")
     if study is None:
-        return optuna.create_study(direction=direction or "minimize", sampler=_sampler(optuna))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ExperimentalWarning before Optuna 5
+            sampler = optuna.samplers.TPESampler(constant_liar=True)
+        return optuna.create_study(direction=direction or "minimize", sampler=sampler)
     if not isinstance(study, optuna.Study):
         raise ConfigError(f"study={study!r} is not an optuna.Study; create one with optuna.create_study(...) "
                           "(or optuna.load_study to resume), or leave study= out")

@@ -1,0 +1,596 @@
+"""The corrections of Keras 3 under tf.distribute: each :class:`Patch` names the upstream defect, carries a *probe*
+that runs the upstream code on stand-ins (no cluster, milliseconds) and says whether the defect is there, and an
+``apply`` that corrects it at its root. tfnb._task.keras3 decides when to probe and apply them; docs/keras3.md
+lists them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable
+
+@dataclass(frozen=True)
+class Patch:
+    """One correction of Keras 3: the upstream issue, the defect in a line, how to see it, how to correct it."""
+
+    name: str
+    issue: str
+    defect: str
+    probe: Callable[[], bool]  # True: the defect reproduces in this Keras
+    apply: Callable[[], None]
+    safe: bool = False  # applying it is right whether or not the defect is there: a probe that fails applies it
+    early: bool = False  # probed and applied when Keras is imported (its probe creates no tensor), before compile
+
+
+def _fake_mwms(**attrs):
+    """A MultiWorkerMirroredStrategy stand-in on a non-chief worker: ``isinstance`` holds, no runtime touched."""
+    import tensorflow as tf
+
+    fake = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)
+    fake._extended = SimpleNamespace(_in_multi_worker_mode=lambda: True, should_checkpoint=False,
+                                     should_save_summary=False, _task_type="worker", _task_id=1)
+    fake.__dict__.update(attrs)
+    return fake
+
+
+def _per_replica(value):
+    from tensorflow.python.distribute.values import PerReplica
+
+    return PerReplica((value,))
+
+
+def _distributed(value) -> bool:
+    import tensorflow as tf
+
+    return isinstance(value, tf.distribute.DistributedValues)
+
+
+def _local(value):
+    """This worker's first replica of a distributed value; any other value as it is."""
+    return value.values[0] if _distributed(value) else value
+
+
+# ---------------------------------------------------------------- the symbolic build of fit/evaluate
+
+def _trainer():
+    from keras.src.backend.tensorflow import trainer
+
+    return trainer
+
+
+class _Batches:
+    """The epoch iterator ``_maybe_symbolic_build`` takes: ``(step, iterator)`` (3.7 to 3.10), ``(step, step,
+    iterator)`` (3.3, 3.4, from 3.11), or ``enumerate_epoch()`` (3.5, 3.6)."""
+
+    def __init__(self, batch, width: int):
+        self.batch, self.width = batch, width
+
+    def __iter__(self):
+        return iter([(0,) * (self.width - 1) + (iter([self.batch]),)])
+
+    def enumerate_epoch(self):
+        return iter([(0, iter([self.batch]))])
+
+
+def _probe_symbolic_build() -> bool:
+    """Keras 3 builds the model before fit from one batch of the distributed iterator: it reduces that batch across
+    workers (which MWMS rejects: "Attempt to convert a value (PerReplica...)"), or hands the distributed batch on."""
+    import tensorflow as tf
+    from keras.src import tree
+
+    maybe = getattr(_trainer().TensorFlowTrainer, "_maybe_symbolic_build", None)
+    if maybe is None:
+        return False  # builds while tracing the step: no batch crosses the workers
+    errors = []
+    for width in (3, 2):
+        calls, got = [], []
+
+        def reduce(op, value, axis=None):
+            calls.append(op)
+            return value
+
+        strategy = _fake_mwms(reduce=reduce, scope=contextlib.nullcontext)
+        fake = SimpleNamespace(_distribute_strategy=strategy, distribute_strategy=strategy,
+                               _symbolic_build=lambda iterator=None, data_batch=None: got.append(data_batch))
+        batch = (_per_replica(tf.zeros((2, 3))), _per_replica(tf.zeros((2,))))
+        try:
+            maybe(fake, iterator=_Batches(batch, width))
+        except Exception as e:  # noqa: BLE001 - another shape of iterator; none that works fails closed below
+            errors.append(e)
+            continue
+        return bool(calls) or any(_distributed(v) for v in tree.flatten(got))
+    raise RuntimeError(f"_maybe_symbolic_build took no stand-in iterator ({errors[-1]!r})")
+
+
+def _apply_symbolic_build() -> None:
+    """Build from this worker's own first batch (shapes and dtypes, no collective): within Keras' own build, the
+    strategy's ``reduce`` gives this worker's values, and a distributed batch handed on is made local."""
+    cls = _trainer().TensorFlowTrainer
+    original = cls._maybe_symbolic_build
+
+    @functools.wraps(original)
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if strategy is None or iterator is None:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        from keras.src import tree
+
+        def reduce(op, value, axis=None):
+            return tree.map_structure(_local, value)
+
+        own_build = self._symbolic_build
+
+        def build(*args, **kwargs):
+            strategy.__dict__.pop("reduce", None)  # the build itself sees the strategy as it is
+            kwargs = {k: tree.map_structure(_local, v) if k == "data_batch" else v for k, v in kwargs.items()}
+            return own_build(*args, **kwargs)
+
+        object.__setattr__(strategy, "reduce", reduce)  # on these instances only, for this call
+        object.__setattr__(self, "_symbolic_build", build)
+        try:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        finally:
+            strategy.__dict__.pop("reduce", None)
+            self.__dict__.pop("_symbolic_build", None)
+
+    cls._maybe_symbolic_build = _maybe_symbolic_build
+
+
+# ---------------------------------------------------------------- datasets distributed from a function
+
+def _adapters():
+    from keras.src.trainers import data_adapters
+
+    return data_adapters
+
+
+def _probe_distributed_datasets() -> bool:
+    """Keras 3.3's ``fit`` rejects ``strategy.distribute_datasets_from_function``'s dataset: "Unrecognized data
+    type"."""
+    from tensorflow.python.distribute.input_lib import DistributedDatasetsFromFunction
+
+    return not _adapters().is_tf_dataset(object.__new__(DistributedDatasetsFromFunction))
+
+
+def _apply_distributed_datasets() -> None:
+    """Take it as the tf.data dataset it is, as later Keras does."""
+    adapters = _adapters()
+    original = adapters.is_tf_dataset
+
+    @functools.wraps(original)
+    def is_tf_dataset(x):
+        return original(x) or any(c.__name__ == "DistributedDatasetsFromFunction" and
+                                  c.__module__.startswith("tensorflow.python.") for c in type(x).__mro__)
+
+    adapters.is_tf_dataset = is_tf_dataset
+
+
+# ---------------------------------------------------------------- the step's metrics across workers
+
+def _probe_reduce_scalars() -> bool:
+    """Keras reduces each step's metrics under MultiWorkerMirroredStrategy with ``strategy.reduce("MEAN", v,
+    axis=0)``: a scalar has no axis 0 ("Invalid reduction dimension 0 for input with 0 dimensions")."""
+    import tensorflow as tf
+
+    axes = []
+
+    def reduce(op, value, axis=None):
+        axes.append(axis)
+        return value
+
+    try:
+        _trainer().reduce_per_replica({"loss": _per_replica(tf.constant(1.0))}, _fake_mwms(reduce=reduce), "auto")
+    except Exception:  # noqa: BLE001 - a scalar it cannot reduce is the defect
+        return True
+    return 0 in axes
+
+
+def _apply_reduce_scalars() -> None:
+    """No collective in the step: its metrics are this worker's own mean. Global values are read from the metric
+    variables where every worker reads them together (an epoch's end, evaluate's result)."""
+    trainer = _trainer()
+    original = trainer.reduce_per_replica
+
+    @functools.wraps(original)
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strategy):
+            from keras.src import tree
+
+            return tree.map_structure(_local_mean, values)
+        return original(values, strategy, reduction)
+
+    trainer.reduce_per_replica = reduce_per_replica
+
+
+def _local_mean(value):
+    """The mean of this worker's replicas of a distributed value (no collective); any other value as it is."""
+    if not _distributed(value):
+        return value
+    import tensorflow as tf
+
+    local = value.values
+    return local[0] if len(local) == 1 else tf.add_n(list(local)) / len(local)
+
+
+# ---------------------------------------------------------------- the gradients across workers
+
+def _optimizer():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return TFOptimizer
+
+
+def _probe_gradients() -> bool:
+    """Keras 3.3 and 3.4 all-reduce the gradients inside merge_call, where no replica context is left: each worker
+    applies its own gradient and the weights drift apart (keras-team/keras#19308)."""
+    order = []
+    fake = SimpleNamespace(
+        _distribution_strategy=None,
+        _all_reduce_sum_gradients=lambda gv: order.append("all-reduce") or list(gv),
+        _distributed_tf_update_step=lambda distribution, gv, lr: order.append("update"))
+    _optimizer()._backend_update_step(fake, [1.0], [object()], 0.1)
+    return order[:1] != ["all-reduce"]
+
+
+def _apply_gradients() -> None:
+    """Sum the gradients over every replica in replica context, before the merge, as later Keras does: every worker
+    applies the global gradient, in fit and a custom loop alike (``loss-scale`` divides fit's)."""
+    cls = _optimizer()
+    original = cls._backend_update_step
+
+    @functools.wraps(original)
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        reduced = [g for g, _ in self._all_reduce_sum_gradients(list(zip(grads, trainable_variables)))]
+        return original(self, reduced, trainable_variables, learning_rate)
+
+    cls._backend_update_step = _backend_update_step
+
+
+# ---------------------------------------------------------------- fit's loss across replicas
+
+_IN_KERAS_STEP = [0]  # > 0 while Keras' own train function runs: process-wide (replicas trace on threads of their own)
+
+
+def _probe_loss_scale() -> bool:
+    """Keras before 3.8 leaves each replica's loss undivided while the replicas' gradients are summed: fit applies N
+    times the global mean gradient. Seen as: a loss under a stand-in strategy of 2 replicas is not halved."""
+    import keras
+    import tensorflow as tf
+
+    api = tf.distribute
+    real = api.get_strategy
+    api.get_strategy = lambda: SimpleNamespace(num_replicas_in_sync=2)  # what Keras asks the replica count of
+    try:
+        value = float(keras.losses.MeanSquaredError()(tf.ones((2, 1)), tf.zeros((2, 1))))
+    finally:
+        api.get_strategy = real
+    if value not in (0.5, 1.0):
+        raise RuntimeError(f"a mean squared error of 1 came out as {value} under 2 stand-in replicas")
+    return value == 1.0
+
+
+def _apply_loss_scale() -> None:
+    """In Keras' own train step, each replica's gradients are divided by the replica count before they are summed,
+    as 3.8 divides the loss. A custom loop's loss is the user's (``tf.nn.compute_average_loss``): left alone."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    trainer_cls = _trainer().TensorFlowTrainer
+    make, apply = trainer_cls.make_train_function, BaseOptimizer.apply
+
+    @functools.wraps(make)
+    def make_train_function(self, force=False):
+        out = make(self, force=force)
+        fn = self.train_function
+        if fn is not None and not getattr(fn, "_tfnb_step", False):
+            def train_function(*args, **kwargs):  # Keras only calls it (a tf.function's attributes stay on fn)
+                _IN_KERAS_STEP[0] += 1
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _IN_KERAS_STEP[0] -= 1
+
+            train_function._tfnb_step = True
+            self.train_function = train_function
+            out = train_function if out is not None else out
+        return out
+
+    @functools.wraps(apply)
+    def scaled_apply(self, grads, trainable_variables=None):
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        n = context.num_replicas_in_sync if context is not None and _IN_KERAS_STEP[0] else 1
+        if n > 1:
+            grads = [_divided(g, n) for g in grads]
+        return apply(self, grads, trainable_variables)
+
+    trainer_cls.make_train_function, BaseOptimizer.apply = make_train_function, scaled_apply
+
+
+def _divided(grad, n: int):
+    import tensorflow as tf
+
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
+    return grad / n
+
+
+# ---------------------------------------------------------------- the metrics' variables
+
+_IN_METRIC = [0]  # > 0 while a metric creates a variable
+
+
+def _probe_metric_variables() -> bool:
+    """Before 3.10 metric variables are mirrored: from 3.7 they sum updates over replicas while Keras assigns
+    ``self + value`` (each update re-adds every running total), before 3.7 the devices do not add up. Seen in the
+    source: no synchronization (3.10 makes them on-read). No tensor: it runs at import."""
+    import inspect
+
+    from keras.src.backend.tensorflow import core
+
+    return "synchronization" not in inspect.getsource(core.Variable._initialize)  # Keras' own, when corrected
+
+
+def _apply_metric_variables() -> None:
+    """A metric's summed (or averaged) variables are created on-read, as in 3.10: each replica accumulates its own,
+    and a read outside the step gives the sum over every replica of every worker."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import core
+    from keras.src.metrics.metric import Metric
+
+    init, add = core.Variable._initialize, Metric.add_variable
+    init_with = getattr(core.Variable, "_initialize_with_initializer", None)  # 3.5 on: creates its own tf.Variable
+
+    def on_read(variable) -> bool:
+        metric = _IN_METRIC[0] or getattr(variable, "_tfnb_metric", False)
+        return bool(metric) and str(getattr(variable, "aggregation", "")) in ("sum", "mean")
+
+    def _initialize_with_initializer(self, initializer):
+        if not on_read(self):
+            return init_with(self, initializer)
+        return _initialize(self, lambda: initializer(self._shape, dtype=self._dtype))
+
+    @functools.wraps(init)
+    def _initialize(self, value):
+        if not on_read(self):
+            return init(self, value)
+        aggregation = {"sum": tf.VariableAggregation.SUM, "mean": tf.VariableAggregation.MEAN}[str(self.aggregation)]
+        self._value = tf.Variable(value, dtype=self._dtype, trainable=self.trainable, name=self.name,
+                                  aggregation=aggregation, synchronization=tf.VariableSynchronization.ON_READ)
+
+    @functools.wraps(add)
+    def add_variable(self, *args, **kwargs):
+        _IN_METRIC[0] += 1
+        try:
+            variable = add(self, *args, **kwargs)
+        finally:
+            _IN_METRIC[0] -= 1
+        variable._tfnb_metric = True  # created later where its creation was deferred (a symbolic build)
+        return variable
+
+    core.Variable._initialize, Metric.add_variable = _initialize, add_variable
+    if init_with is not None:
+        core.Variable._initialize_with_initializer = functools.wraps(init_with)(_initialize_with_initializer)
+
+
+# ---------------------------------------------------------------- the epoch's metrics
+
+def _probe_epoch_metrics() -> bool:
+    """Keras 3.3's metric variables have no aggregation: an epoch's end reads each worker's own metrics."""
+    import keras
+    import tensorflow as tf
+
+    variable = keras.metrics.Mean().variables[0]
+    return getattr(variable, "value", variable).synchronization != tf.VariableSynchronization.ON_READ
+
+
+def _apply_epoch_metrics() -> None:
+    """An epoch's (and evaluate's) metrics from their variables reduced over every worker as each declares; each
+    worker's own values are put back after."""
+    from keras.src.trainers.trainer import Trainer
+
+    original = Trainer._get_metrics_result_or_logs
+    ops = {"sum": "SUM", "mean": "MEAN"}
+
+    @functools.wraps(original)
+    def _get_metrics_result_or_logs(self, logs):
+        strategy = self.distribute_strategy
+        if not _trainer()._collective_all_reduce_multi_worker(strategy):
+            return original(self, logs)
+        variables = [v for m in self.metrics for v in m.variables if ops.get(str(v.aggregation)) is not None]
+        own = [v.value.read_value() for v in variables]
+        for v, value in zip(variables, own):
+            v.assign(strategy.reduce(ops[str(v.aggregation)], value, axis=None))
+        try:
+            return original(self, logs)
+        finally:
+            for v, value in zip(variables, own):
+                v.assign(value)
+
+    Trainer._get_metrics_result_or_logs = _get_metrics_result_or_logs
+
+
+# ---------------------------------------------------------------- callbacks that write files
+
+def _writes_elsewhere(model) -> bool:
+    """A non-chief worker: its copy of a file must not land on the chief's (it still saves: saving may be
+    collective)."""
+    extended = getattr(getattr(model, "distribute_strategy", None), "extended", None)
+    in_multi = getattr(extended, "_in_multi_worker_mode", None)
+    return bool(in_multi and in_multi()) and not getattr(extended, "should_checkpoint", True)
+
+
+@contextlib.contextmanager
+def _elsewhere(callback, model, names: tuple[str, ...], root: str):
+    """On a non-chief worker, within the block, the callback's paths ``names`` (under ``root``) point into a private
+    folder, removed after (as tf-keras does; Keras 3 does not)."""
+    if not _writes_elsewhere(model):
+        yield
+        return
+    saved = {n: getattr(callback, n) for n in names if hasattr(callback, n)}  # Keras 3.3 has fewer
+    private = tempfile.mkdtemp(prefix="tfnb-keras-worker-")
+    try:
+        for n, value in saved.items():
+            setattr(callback, n, os.path.normpath(os.path.join(private, os.path.relpath(os.fspath(value), root))))
+        yield
+    finally:
+        for n, value in saved.items():
+            setattr(callback, n, value)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _redirect(cls, method: str, names: tuple[str, ...], root: Callable) -> None:
+    """``cls.method`` writes ``names`` (under ``root(callback)``) elsewhere on non-chief workers."""
+    original = getattr(cls, method)
+
+    @functools.wraps(original)
+    def redirected(self, *args, **kwargs):
+        with _elsewhere(self, self.model, names, root(self)):
+            return original(self, *args, **kwargs)
+
+    setattr(cls, method, redirected)
+
+
+def _probe_writes(make, call) -> bool:
+    """Whether a callback of a non-chief worker writes (or would write) under the folder the user gave it."""
+    import keras
+
+    folder = tempfile.mkdtemp(prefix="tfnb-keras-probe-")
+    saved = []
+    model = keras.Model.__new__(keras.Model)  # a stand-in: no layers, saving only records where it goes
+    record = lambda *a, **k: saved.append(a[0] if a else k.get("filepath"))  # noqa: E731 - either spelling
+    model.__dict__.update(_distribute_strategy=_fake_mwms(), save_weights=record, save=record)
+    try:
+        callback = make(os.path.join(folder, "cb"))
+        callback.set_model(model)
+        try:
+            saved.extend(call(callback) or ())  # an error fails the probe closed (these corrections are safe)
+        finally:
+            _remove_private(callback.__dict__.pop("_tfnb_private", None))  # once corrected, the probe's own
+        return any(os.path.abspath(os.fspath(p)).startswith(folder) for p in saved) or bool(os.listdir(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
+                 "_prev_training_metadata_path")
+
+
+def _probe_backup() -> bool:
+    """Keras 3's BackupAndRestore has every worker write and delete the one backup folder (``FileExistsError``)."""
+    import keras
+
+    return _probe_writes(keras.callbacks.BackupAndRestore, lambda cb: cb._save_model())
+
+
+def _apply_backup() -> None:
+    """Non-chief workers save into a private folder and leave the chief's alone; every worker restores the chief's."""
+    import keras
+
+    for method in ("_save_model", "on_train_end"):
+        _redirect(keras.callbacks.BackupAndRestore, method, _BACKUP_PATHS, lambda cb: cb.backup_dir)
+
+
+def _probe_checkpoint() -> bool:
+    """Keras 3's ModelCheckpoint has every worker save to the chief's file."""
+    import keras
+
+    return _probe_writes(lambda path: keras.callbacks.ModelCheckpoint(path + ".weights.h5", save_weights_only=True),
+                         lambda cb: cb._save_model(epoch=0, batch=None, logs={}))
+
+
+def _apply_checkpoint() -> None:
+    import keras
+
+    _redirect(keras.callbacks.ModelCheckpoint, "_save_model", ("filepath",),
+              lambda cb: os.path.dirname(os.path.abspath(os.fspath(cb.filepath))))
+
+
+def _probe_tensorboard() -> bool:
+    """Keras 3's TensorBoard has every worker write its event files into the chief's log folder."""
+    import keras
+
+    return _probe_writes(lambda path: keras.callbacks.TensorBoard(path, write_graph=False),
+                         lambda cb: (cb._train_dir, cb._val_dir))
+
+
+_PRIVATE: set = set()  # non-chief TensorBoard folders not removed yet: fit's guard removes them however it ends
+
+
+def _apply_tensorboard() -> None:
+    """Non-chief workers write their events into a private folder, removed when training or ``fit`` ends."""
+    import keras
+
+    cls = keras.callbacks.TensorBoard
+    set_model, train_end = cls.set_model, cls.on_train_end
+
+    @functools.wraps(set_model)
+    def redirected_set_model(self, model):
+        if not _writes_elsewhere(model):
+            return set_model(self, model)
+        _remove_private(self.__dict__.pop("_tfnb_private", None))
+        log_dir, self.log_dir = self.log_dir, tempfile.mkdtemp(prefix="tfnb-keras-worker-")
+        self._tfnb_private = self.log_dir
+        _PRIVATE.add(self.log_dir)
+        try:
+            return set_model(self, model)
+        finally:
+            self.log_dir = log_dir
+
+    @functools.wraps(train_end)
+    def on_train_end(self, logs=None):
+        try:
+            return train_end(self, logs)
+        finally:
+            _remove_private(self.__dict__.pop("_tfnb_private", None))
+
+    cls.set_model, cls.on_train_end = redirected_set_model, on_train_end
+
+
+def _remove_private(*folders: str | None) -> None:
+    """Remove these folders of :data:`_PRIVATE` (None: none), or, given nothing, every one left."""
+    for path in (folders if folders else list(_PRIVATE)):
+        if path:
+            _PRIVATE.discard(path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+PATCHES = (
+    Patch("gradient-all-reduce", "keras-team/keras#19308",
+          "the replicas' gradients are summed where no replica context is left, so each worker applies its own",
+          _probe_gradients, _apply_gradients),
+    Patch("loss-scale", "keras-team/keras#19308 (fixed in 3.8)",
+          "fit's loss is not divided by the replica count while the gradients are summed: N times the update",
+          _probe_loss_scale, _apply_loss_scale),
+    Patch("symbolic-build", "keras-team/keras#20585",
+          "fit/evaluate reduce a distributed input batch across workers to build the model",
+          _probe_symbolic_build, _apply_symbolic_build, safe=True),
+    Patch("distributed-datasets", "keras-team/keras#20134",
+          "fit does not take a dataset distributed from a function (each worker's own batches)",
+          _probe_distributed_datasets, _apply_distributed_datasets, safe=True),
+    Patch("metric-reduction", "keras-team/keras#20585",
+          "each step's scalar metrics are reduced along an axis 0 they do not have",
+          _probe_reduce_scalars, _apply_reduce_scalars, safe=True),
+    Patch("metric-variables", "keras-team/keras#20585 (fixed in 3.10)",
+          "metric variables sum their updates over the replicas, and each update re-adds the running total",
+          _probe_metric_variables, _apply_metric_variables, safe=True, early=True),
+    Patch("epoch-metrics", "keras-team/keras#20585",
+          "an epoch's logs are read from each worker's own metric variables, not aggregated over workers",
+          _probe_epoch_metrics, _apply_epoch_metrics),
+    Patch("backup-and-restore", "keras-team/keras#20585 (callbacks)",
+          "BackupAndRestore: every worker writes and deletes the chief's backup folder",
+          _probe_backup, _apply_backup, safe=True),
+    Patch("model-checkpoint", "keras-team/keras#20585 (callbacks)",
+          "ModelCheckpoint: every worker saves to the chief's file",
+          _probe_checkpoint, _apply_checkpoint, safe=True),
+    Patch("tensorboard", "keras-team/keras#20585 (callbacks)",
+          "TensorBoard: every worker writes its event files into the chief's log folder",
+          _probe_tensorboard, _apply_tensorboard, safe=True),
+)
