@@ -161,6 +161,16 @@ def test_another_users_standby_and_run_log_folders_are_not_used_by_a_run(spark, 
                                              rf"is owned by uid {NOBODY}.*\(TFNB_STATE_DIR\)", warned[0]), warned
 
 
+def test_keys_the_native_client_cannot_name_are_staged_through_boto3(moto_s3, tmp_path):
+    # "a//b" and "a/./b" are S3 keys like any other; obstore's paths cannot hold an empty or '.' part
+    bucket = f"oddkeys-{uuid.uuid4().hex[:8]}"
+    put_tree(moto_s3.client(), bucket, {"data/ok.bin": b"fine", "data/twice//slash.bin": b"odd"})
+    dest = tmp_path / "staged"
+    tfnb.stage(f"s3://{bucket}/data", dest, endpoint_url=moto_s3.endpoint_url,
+               storage_options={"key": moto_s3.access_key, "secret": moto_s3.secret_key, "region": "us-east-1"})
+    assert (dest / "ok.bin").read_bytes() == b"fine" and (dest / "twice" / "slash.bin").read_bytes() == b"odd"
+
+
 def test_a_staged_key_that_climbs_out_of_dest_dir_is_refused(moto_s3, tmp_path):
     # S3 keys are names, not paths: "data/../escaped.bin" is one object, listed under data/
     bucket = f"dotdot-{uuid.uuid4().hex[:8]}"

@@ -13,8 +13,9 @@ from ..monitor.display import make_display
 from .hooks import ArrowSpill, LaunchHooks, pickle_fn
 from .options import RunOptions
 from .runner import run
+from .resources import is_connect
 from .spark import check_cluster, get_spark
 
 # The launch surface add-ons build on (tfnb.compat uses nothing else of the launcher): documented, kept stable.
 __all__ = ["run", "RunOptions", "LaunchHooks", "ArrowSpill", "pickle_fn", "check_cluster", "get_spark",
-           "make_display", "RunEvent", "EventKind"]
+           "is_connect", "make_display", "RunEvent", "EventKind"]

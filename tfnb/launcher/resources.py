@@ -111,7 +111,7 @@ def with_profiles(spark, placement: Placement) -> Placement:
     asks = [a for a, on in ((placement.workers, placement.worker_profile), (placement.ps, placement.ps_profile))
             if on and a is not None]
     profiles = {ask: placement.profile(ask) for ask in asks}
-    if profiles and _is_connect(spark):
+    if profiles and is_connect(spark):
         local = type(spark)._active_session  # pyspark.sql.connect's per-thread active session
         before = getattr(local, "session", None)
         local.session = spark
@@ -151,7 +151,7 @@ def _conf_fix(gpus: int | None, cpus: int | None, master: str) -> str:
             "profiles (docs/resources.md).")
 
 
-def _is_connect(spark) -> bool:
+def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
@@ -162,7 +162,7 @@ def refused_by_spark(text: str) -> str | None:
 
 def _ask_session(spark, placement: Placement, ask: Ask) -> str | None:
     """Spark's own refusal of ``ask`` (``ResourceProfileManager.isSupported``), on a classic session."""
-    if _is_connect(spark):
+    if is_connect(spark):
         return None  # no JVM to ask: a refusal comes back as the job's error (see refused_by_spark)
     try:
         jrp = placement.profile(ask)._java_resource_profile
@@ -193,7 +193,7 @@ def plan(spark, *, num_workers: int, num_ps: int = 0, gpus_per_worker: int | Non
     client = spark_version(pyspark.__version__)
     placement = Placement(workers=ask, worker_profile=ask != default, build=build_method(version, client))
     if placement.worker_profile:
-        why = profile_support(version, master, connect=_is_connect(spark)) or _ask_session(spark, placement, ask)
+        why = profile_support(version, master, connect=is_connect(spark)) or _ask_session(spark, placement, ask)
         if why:
             raise ClusterError(f"{_asked(gpus_per_worker, cpus_per_worker)} needs a Spark task resource profile, "
                                f"but {why}; " + _conf_fix(gpus_per_worker, cpus_per_worker, master))
@@ -206,7 +206,7 @@ def plan(spark, *, num_workers: int, num_ps: int = 0, gpus_per_worker: int | Non
     ps = Ask(default.cpus, 0.0)
     if not default.gpus:
         return replace(placement, ps=ps)  # the session's default profile gives no GPU
-    why = profile_support(version, master, connect=_is_connect(spark)) or _ask_session(spark, placement, ps)
+    why = profile_support(version, master, connect=is_connect(spark)) or _ask_session(spark, placement, ps)
     if why:
         log.warning("tfnb: num_ps=%d: the ps tasks share the workers' stage and hold %g GPU(s) each that they "
                     "never use: a CPU-only task resource profile would keep them off, but %s; pass "
@@ -276,7 +276,7 @@ def _executors(spark, leaving: frozenset = frozenset(), own: dict[str, int] | No
     """(cores, GPUs) of each registered executor, the driver's entry and ``leaving`` ids left out; None on Spark
     Connect. With ``own`` (executor id -> tasks of a running launch), what other jobs' running tasks hold there is
     taken off (``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` each: the status store counts tasks)."""
-    if _is_connect(spark):
+    if is_connect(spark):
         return None
     store = spark.sparkContext._jsc.sc().statusStore().executorList(True)
     task_cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)

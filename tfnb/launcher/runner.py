@@ -25,7 +25,7 @@ from .attempt import _Attempt
 from .hooks import LaunchHooks, pickle_fn
 from .options import RunOptions
 from .resources import with_profiles
-from .spark import _is_connect, _refuse_in_task, _wait_for_slots, check_cluster, check_dirs_shared, get_spark
+from .spark import is_connect, _refuse_in_task, _wait_for_slots, check_cluster, check_dirs_shared, get_spark
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class _Run:
         self.opts, self.hooks = opts, hooks
         self.payload = pickle_fn(train_fn, opts.args, opts.kwargs)
         self.spark = get_spark(opts.spark, opts.num_tasks)
-        if opts.min_workers is not None and _is_connect(self.spark):
+        if opts.min_workers is not None and is_connect(self.spark):
             raise ConfigError(f"min_workers={opts.min_workers} needs a classic SparkSession: a Spark Connect client "
                               "cannot see the executors an elastic run sizes itself by; leave min_workers out")
         self.elastic = opts.min_workers is not None

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from .._config import setting
 from ..errors import ClusterError, ConfigError
-from .resources import _asked, _conf, _is_connect, _is_local, _local_cluster, check_fit, plan
+from .resources import _asked, _conf, is_connect, _is_local, _local_cluster, check_fit, plan
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def _check_session(spark) -> None:
         hint = ("pass the SparkSession (spark), not its SparkContext" if type(spark).__name__ == "SparkContext"
                 else "pass a SparkSession (classic or Spark Connect), or leave spark= out to use the active one")
         raise ConfigError(f"spark={repr(spark)[:80]} ({type(spark).__name__}) is not a SparkSession; {hint}")
-    if _is_connect(spark):
+    if is_connect(spark):
         stopped = bool(getattr(spark, "is_stopped", False))
     else:
         jsc = getattr(getattr(spark, "_sc", None), "_jsc", None)
@@ -96,7 +96,7 @@ def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
     """(task slots Spark runs at once, master)."""
     master = _conf(spark, "spark.master", "") or ""
     local = _local_slots(master)
-    if _is_connect(spark):
+    if is_connect(spark):
         # No SparkContext to ask; a local master string still says how many slots there are.
         cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
         return (local // cpus if local is not None else None), master
@@ -144,7 +144,7 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
     # Local tasks get the driver's GPUs; a cluster's, the executors' (a Connect client may not see that conf).
     owner = "driver" if _is_local(master) else "executor"
     have = _conf(spark, f"spark.{owner}.resource.gpu.amount")
-    if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not _is_connect(spark)):
+    if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not is_connect(spark)):
         raise ClusterError(
             f"spark.task.resource.gpu.amount={gpu_per_task:g} but spark.{owner}.resource.gpu.amount is "
             f"{have or 'unset'} on {master}, so no task can be given its GPU; unset "
@@ -218,7 +218,7 @@ def check_dirs_shared(spark, **dirs) -> None:
     TFNB_SHARED_PATHS lists prefixes of shared disks tfnb cannot detect. ConfigError names the fix."""
     dirs = {k: v for k, v in dirs.items() if v}
     master = _conf(spark, "spark.master", "") or ""
-    if not dirs or _is_connect(spark) or master.startswith("local"):
+    if not dirs or is_connect(spark) or master.startswith("local"):
         return
     prefixes = [p.strip() for p in setting("shared_paths", None, "", str).split(",") if p.strip()]
     local = {k: v for k, v in dirs.items() if not is_shared_path(v, prefixes)}
@@ -286,7 +286,7 @@ def _driver_host(spark) -> str:
 
 def _wait_for_slots(spark, needed: int, placement, num_ps: int, wait: float) -> None:
     """Before a relaunch, let a lost executor's replacement register (else Spark waits its 15 s barrier check)."""
-    if _is_connect(spark):
+    if is_connect(spark):
         return
     try:
         if placement.worker_profile or placement.ps is not None:
@@ -301,7 +301,7 @@ def _wait_for_slots(spark, needed: int, placement, num_ps: int, wait: float) -> 
 def job_tag(spark, tag: str):
     """Tag the jobs this thread starts in the block for :func:`interrupt_jobs`. Classic sessions get a job group
     instead: their tags are scoped to the thread that added them, so the driver's interruptTag would miss the job."""
-    connect = _is_connect(spark)
+    connect = is_connect(spark)
     if connect:
         spark.addTag(tag)
     else:
@@ -317,7 +317,7 @@ def job_tag(spark, tag: str):
 
 def interrupt_jobs(spark, tag: str) -> None:
     """Cancel the jobs started under :func:`job_tag` ``tag``."""
-    if _is_connect(spark):
+    if is_connect(spark):
         spark.interruptTag(tag)
     else:
         spark.sparkContext.cancelJobGroup(tag)

@@ -326,9 +326,9 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
         return info
     import uuid
 
-    from .spark import _is_connect, interrupt_jobs, job_tag
+    from .spark import is_connect, interrupt_jobs, job_tag
 
-    connect = _is_connect(spark)
+    connect = is_connect(spark)
     info = {**info, "spark_version": getattr(spark, "version", None)}
     module = info["module"] if info.get("module") and _top(info["module"]) not in ("pyspark", "py4j") else None
     got, tag = {}, f"tfnb-probe-{uuid.uuid4().hex[:8]}"

@@ -6,6 +6,7 @@ obstore installed it lists and downloads, and boto3 resolves the credentials (op
 instance role) and does the rest. boto3 does it all without obstore, with TFNB_S3_NATIVE=0, with options only
 botocore understands (``config``, ``client_kwargs``) or without credentials (its error says what to set). Why:
 bench/staging.py on 2 shared cores staged at 0.98-1.61 x s5cmd through obstore, 0.47-0.86 x through boto3 alone.
+Keys obstore cannot name (an empty, '.' or '..' part: S3 allows them) are listed and fetched through boto3.
 obstore does not follow S3's redirect to a bucket's region: a store answered "wrong region" asks the bucket's
 region once (``x-amz-bucket-region``) and goes on in it.
 """
@@ -234,9 +235,10 @@ class S3Store(Store):
     def list(self, rel: str = "", recursive: bool = True) -> dict[str, Entry]:
         base = self._key(rel)
         base = base + "/" if base else ""
-        found: list[tuple[str, int, Any, str]] = []
+        found: list[tuple[str, int, Any, str]] | None = []
         if self.native is not None:
             import obstore
+            from obstore.exceptions import InvalidPathError
 
             def listing(native):
                 if not recursive:
@@ -244,9 +246,13 @@ class S3Store(Store):
                 return [obj for page in obstore.list(native, base.rstrip("/") or None, chunk_size=1000)
                         for obj in page]
 
-            for obj in self._natively(listing):
-                found.append((obj["path"], obj["size"], obj["last_modified"], obj.get("e_tag") or ""))
-        else:
+            try:
+                found = [(obj["path"], obj["size"], obj["last_modified"], obj.get("e_tag") or "")
+                         for obj in self._natively(listing)]
+            except InvalidPathError:  # a key obstore cannot name (an empty, '.' or '..' part): boto3 lists it
+                found = None
+        if found is None or self.native is None:
+            found = []
             args = {"Bucket": self.bucket, "Prefix": base, **({} if recursive else {"Delimiter": "/"})}
             for page in self.client.get_paginator("list_objects_v2").paginate(**args):
                 for obj in page.get("Contents", ()):
@@ -294,7 +300,7 @@ class S3Store(Store):
         args = (rel, size, version, on_bytes or (lambda n: None), cancel,
                 size is not None and size > self.chunk_size and not whole)
         with landing(self.url(rel), local_path, size) as tmp:
-            if self.native is None:
+            if self.native is None or not _nameable(self._key(rel)):
                 return self._get(self._request, tmp, *args)
             self._natively(lambda native: self._get(_native_request(native), tmp, *args))
 
@@ -383,6 +389,11 @@ class S3Store(Store):
             parts, self._parts = self._parts, None
         if parts is not None:
             parts.shutdown(wait=True, cancel_futures=True)
+
+
+def _nameable(key: str) -> bool:
+    """Whether obstore can name ``key``: S3 keys may hold empty, '.' or '..' parts, obstore's paths may not."""
+    return all(part not in ("", ".", "..") for part in key.split("/"))
 
 
 def _bucket_region(response: Mapping) -> str | None:

@@ -23,9 +23,8 @@ from typing import Any, Callable, Mapping
 from .._protocol import EventKind, number
 from ..errors import (ClusterError, ConfigError, MissingDependencyError, RunCancelledError, RunTimeoutError,
                       WorkerError, below, suggest, summary)
-from ..launcher import LaunchHooks, RunOptions, check_cluster, get_spark, pickle_fn
+from ..launcher import LaunchHooks, RunOptions, check_cluster, get_spark, is_connect, pickle_fn
 from ..launcher import run as tfnb_run
-from ..launcher.resources import _is_connect
 from ..monitor.display import check_display, make_display
 from ..monitor.tracking import check_option, logging_to
 from .outcomes import (SweepCancelledError, SweepEvent, SweepEventKind, SweepResult, SweepStoppedError, TrialResult,
@@ -67,7 +66,7 @@ def fit(spark, options: RunOptions, n_trials: int, at_once: int | None) -> int:
     ask = dict(use_gpu=options.use_gpu, gpus_per_worker=options.gpus_per_worker,
                cpus_per_worker=options.cpus_per_worker, ps_placement=options.ps_placement)
     master = str(spark.conf.get("spark.master", "") or "")
-    connect = _is_connect(spark) and not master.startswith("local") and at_once is None
+    connect = is_connect(spark) and not master.startswith("local") and at_once is None
     if connect:
         log.info("tfnb.sweep: a Spark Connect client cannot count a cluster's task slots; running one trial at a "
                  "time (pass at_once= to run more)")
