@@ -367,6 +367,13 @@ def test_a_notice_or_a_busy_slot_counts_only_where_the_run_is(cluster, tmp_path)
         other_daemon = holding(session, other, tmp_path / "other")
         own = run_executors(session, mine)
         assert sum(own.values()) == 1, own
+        # the status store counts a task once its start event is handled, a moment after the task itself started
+        status, end = session.sparkContext._jsc.sc().statusStore(), time.monotonic() + 60
+        while time.monotonic() < end:
+            listed = status.executorList(True)
+            if sum(listed.apply(i).activeTasks() for i in range(listed.size())) >= 2:
+                break
+            time.sleep(0.2)
         # the other job's slot is no room; the run's own is (it frees it when it stops)
         assert worker_room(session, placement, 0, own) == before - 1
         fired = threading.Event()

@@ -1,6 +1,6 @@
 """Keras 3 (``import keras``) under tfnb.run: trains across workers as one process would, with its callbacks, and
 corrects Keras only where a defect reproduces (tfnb/_task/keras3.py, docs/keras3.md). The Databricks 15.4 LTS ML
-floor (Keras 3.3.3 on TensorFlow 2.16.1, Spark 3.5) runs the same checks in tests/test_runtime_sim.py."""
+floor (Keras 3.3.3 on TensorFlow 2.16.1, Spark 3.5) runs the same checks in tests/test_runtime_sim.py (./dev matrix)."""
 from __future__ import annotations
 
 import numpy as np

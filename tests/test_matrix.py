@@ -1,7 +1,8 @@
 """docs/compatibility.md, which ``./dev matrix`` (tools/matrix.py) writes, against what tfnb accepts: the ranges it
 shows are tfnb/_deps.py's and setup.cfg's, every accepted Keras minor, TensorFlow minor, Spark minor, Python, tf-keras
 and MLflow major has a ✓ cell, and the check itself caught Keras' scale error in its plain row. No training here: the
-suite trains the floor (tests/test_runtime_sim.py) and the newest (tests/test_keras3.py); the matrix trains the rest."""
+suite trains the newest (tests/test_keras3.py) and the floor through the 15.4 Run All (tests/test_databricks.py); the
+matrix trains every cell exactly, the floor again in its runtime (tests/test_runtime_sim.py, marker long)."""
 from __future__ import annotations
 
 import re

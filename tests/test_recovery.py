@@ -101,8 +101,10 @@ def _recover(cluster, model_dir: Path, kills: dict, epochs: int = 4):
 
 @pytest.mark.parametrize("how, kills, starts", [
     # deaths at different points of a step, alternating between the worker and the chief; executor kills
-    # cost a replacement executor each (seconds), so fewer of them
-    ("executor", {1: (1, 1, "ckpt", "executor"), 2: (0, 2, "mid", "executor")}, {1: 0, 2: 1, 3: 2}),
+    # cost a replacement executor each (seconds): repeated, they are chaos, for ./dev matrix and bench/chaos.py (one
+    # lost executor stays in the suite: test_keras_mwms_recovers_from_a_lost_executor)
+    pytest.param("executor", {1: (1, 1, "ckpt", "executor"), 2: (0, 2, "mid", "executor")}, {1: 0, 2: 1, 3: 2},
+                 marks=pytest.mark.long),
     ("process", {1: (1, 1, 1, "process"), 2: (0, 2, "mid", "process"), 3: (1, 2, "ckpt", "process")},
      {1: 0, 2: 1, 3: 2, 4: 2}),
 ])
