@@ -328,9 +328,10 @@ def _finished_part(rows: int, workdir: str):
             yield pa.RecordBatch.from_arrays([pa.ListArray.from_arrays(offsets, pa.array(x.ravel())),
                                               pa.array(x.sum(axis=1))], names=["features", "y"])
 
-    spilled = feed.spill_partition(spec, batches(), workdir)
-    info = feed.finish_feed(spec, spilled, [spilled.rows])
-    return WorkerContext(task_index=0, num_workers=1, job_name="chief", cluster_spec={}, tf_config={}, feed=info)
+    stream = feed.FeedStream(spec, workdir, 1, counts=[rows])
+    stream.pump(batches(), lambda rows, done: None)
+    return WorkerContext(task_index=0, num_workers=1, job_name="chief", cluster_spec={}, tf_config={},
+                         feed=stream.info)
 
 
 def _autotune_consumers(tf):

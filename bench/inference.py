@@ -200,7 +200,7 @@ def _spec(df, model_path, batch_size):
     import tfnb.data.inference as inference
 
     source, version, files = inference._locate(model_path, {})
-    return inference._Spec(source=source, version=version, remote=bool(files), files=files, input_cols=("features",),
+    return inference._Spec(source=source, version=version, files=files, input_cols=("features",),
                            scalar_output=False, batch_size=batch_size, threads=1,
                            cache_dir="", trace_dir=None)
 

@@ -51,11 +51,12 @@ _current = {"master": None, "session": None}
 
 
 def spark_session(master: str = "local[2]", **conf):
-    """The one classic SparkSession of this test process, restarted when another master is asked for."""
+    """The one classic SparkSession of this test process, restarted when another master is asked for, or when a test
+    stopped it (a refusal case does)."""
     from pyspark.sql import SparkSession
 
     key = (master, tuple(sorted(conf.items())))
-    if _current["master"] == key:
+    if _current["master"] == key and _current["session"].sparkContext._jsc is not None:
         return _current["session"]
     previous = _current["session"] or SparkSession.getActiveSession()
     if previous is not None:
@@ -102,16 +103,17 @@ def gpu_local_cluster(folder: Path, gpus: int):
 
 
 @contextlib.contextmanager
-def spark_connect():
-    """A Spark Connect client of a real Spark Connect server on loopback (a local Spark with the Connect plugin and a
-    token), as a notebook on standard access mode or serverless has one; the classic session comes back after."""
+def spark_connect(master: str = "local[2]", **conf):
+    """A Spark Connect client of a real Spark Connect server on loopback (a Spark on ``master``, with ``conf``, the
+    Connect plugin and a token), as a notebook on standard access mode or serverless has one; the classic local[2]
+    session comes back after."""
     from pyspark.sql import SparkSession
 
     port, token = free_port(), uuid.uuid4().hex
-    spark_session("local[2]", **{"spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-                                 "spark.connect.grpc.binding.address": "127.0.0.1",
-                                 "spark.connect.grpc.binding.port": str(port),
-                                 "spark.connect.authenticate.token": token})
+    spark_session(master, **conf, **{"spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+                                     "spark.connect.grpc.binding.address": "127.0.0.1",
+                                     "spark.connect.grpc.binding.port": str(port),
+                                     "spark.connect.authenticate.token": token})
     connect_mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
     # pyspark flags the process as a Connect client (SPARK_CONNECT_MODE_ENABLED): pyspark.sql.functions then build
     # Connect expressions

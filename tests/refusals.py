@@ -10,8 +10,9 @@ table of times is printed after its cases.
 
 Any file runs alone, in any order, in any pytest-xdist worker: a case with ``spark=True`` uses the test
 process's shared local[2] session (conftest.spark_session), and a case that needs a session of another
-configuration, or stops one, declares ``own_session=`` and runs in a Python process of its own with its
-own session (:func:`_in_own_process`), so the shared one is never changed.
+configuration, or stops one, declares ``own_session=``: conftest.spark_session restarts the shared session with
+that configuration in the same JVM for it (a new Python and JVM cost seconds more), and the next case or test
+that asks for the shared one gets it back, restarted if the case stopped it.
 
 The catalogue writes docs/refusals.md; from the repository root::
 
@@ -24,9 +25,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import os
-import pickle
-import subprocess
 import sys
 import textwrap
 import time
@@ -59,7 +57,7 @@ class Case:
     fn: Callable
     spark: bool = False
     xfail: str | None = None
-    own_session: dict | None = None  # Spark conf of a session of the case's own, in its own process
+    own_session: dict | None = None  # Spark conf of a session of the case's own (which it may stop)
 
 
 CASES: dict[str, Case] = {}  # by name, from every test_refuse_*.py imported so far
@@ -82,7 +80,7 @@ def case(area: str, given: str, raises: type, *needles: str, says: str, spark: b
 
 class Env:
     """What a case gets: a scratch folder, environment patching, and a Spark session on demand (the
-    shared local[2] one, or in a case's own process the session its ``own_session`` conf describes)."""
+    shared local[2] one, or the one its ``own_session`` conf describes)."""
 
     def __init__(self, tmp: Path, monkeypatch, conf: dict | None = None):
         self.tmp = tmp
@@ -123,61 +121,6 @@ def one(ctx):
 
 def nothing(args, ctx):
     return None
-
-
-# ---------------------------------------------------------------- cases with a session of their own
-
-
-def _in_own_process(c: Case, tmp: Path):
-    """Case ``c`` as a generator: a child Python process (:func:`_child`) starts the case's own session
-    and runs the set-up, then, once resumed, the bad call; what that raised is raised here."""
-    proc = subprocess.Popen([sys.executable, "-c", "import refusals; refusals._child()"], cwd=TESTS,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        pickle.dump((c.fn.__module__, c.name, str(tmp)), proc.stdin)
-        proc.stdin.flush()
-        pickle.load(proc.stdout)  # set up
-        yield
-        proc.stdin.write(b"go\n")
-        proc.stdin.flush()
-        raised, outcome = pickle.load(proc.stdout)
-    finally:
-        proc.stdin.close()
-        proc.wait()
-    if raised:
-        raise outcome
-    return outcome
-
-
-def _child() -> None:
-    """The child side of :func:`_in_own_process`: the protocol on the stdout it was given (everything
-    else printed, the Spark JVM's output too, goes to stderr); ends its JVM before it returns."""
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    module, name, tmp = pickle.load(sys.stdin.buffer)
-    importlib.import_module(module)
-    c, patch = CASES[name], pytest.MonkeyPatch()
-    steps = c.fn(Env(Path(tmp), patch, c.own_session))
-    try:
-        next(steps)
-        pickle.dump("set up", out)
-        out.flush()
-        sys.stdin.buffer.readline()
-        try:
-            outcome = (False, next(steps, None))
-        except Exception as e:  # noqa: BLE001 - the refusal under test, sent back to be checked
-            outcome = (True, e)
-        pickle.dump(outcome, out)
-        out.flush()
-    finally:
-        patch.undo()
-        from pyspark import SparkContext
-
-        if SparkContext._gateway is not None:
-            if SparkContext._active_spark_context is not None:
-                SparkContext._active_spark_context.stop()
-            SparkContext._gateway.proc.stdin.close()  # the JVM ends when its stdin does
-            SparkContext._gateway.proc.wait()
 
 
 # ---------------------------------------------------------------- running a file's cases
@@ -235,12 +178,12 @@ class Refusals:
         for var in ("TFNB_TIMEOUT", "TFNB_MAX_ATTEMPTS", "TFNB_SYNC_INTERVAL", "TFNB_DISPLAY", "TFNB_EVAL_INTERVAL",
                     "TFNB_TENSORBOARD_TIMEOUT"):
             monkeypatch.delenv(var, raising=False)
-        env = Env(tmp_path, monkeypatch)
+        env = Env(tmp_path, monkeypatch, c.own_session)
         if c.spark and c.own_session is None:
             env.spark  # start (or reuse) the session outside the timed call
         call = lambda: c.fn(env)  # noqa: E731
-        if c.own_session is not None or inspect.isgeneratorfunction(c.fn):
-            steps = _in_own_process(c, tmp_path) if c.own_session is not None else c.fn(env)
+        if inspect.isgeneratorfunction(c.fn):
+            steps = c.fn(env)
             next(steps)  # the set-up before the bad call is not timed
             call = lambda: next(steps, None)  # noqa: E731
         start = time.perf_counter()

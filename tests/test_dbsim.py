@@ -375,7 +375,8 @@ def test_runtime_b_runs_spark_4_on_python_3_12_without_tensorflow_or_dbfs(tmp_pa
         "print(importlib.util.find_spec('tensorflow') is None, os.path.exists('/dbfs'), "
         "spark.range(100).selectExpr('sum(id)').first()[0])",
         "dbutils.fs.ls('dbfs:/tmp')"]})
-    with Cluster(RUNTIME_B, volumes=("main.default.tfnb",)) as cluster:
+    # one executor: the one Spark job here runs no Python on it
+    with Cluster(RUNTIME_B, volumes=("main.default.tfnb",), executors=1) as cluster:
         result = cluster.run(arc, "01_b")
 
     assert result.commands[0].stdout == "17.3 4.0.1 (3, 12) 4.0.1\n"

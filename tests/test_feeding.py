@@ -20,6 +20,8 @@ from tfnb.data import feeding as driver_feed
 from tfnb._task.context import WorkerContext
 from tfnb.errors import ConfigError, WorkerError
 
+from wholepart import finish_feed, spill_partition
+
 
 def _ctx(info, num_workers=2) -> WorkerContext:
     return WorkerContext(task_index=0, num_workers=num_workers, job_name="chief", cluster_spec={},
@@ -137,11 +139,11 @@ def test_spill_counts_rows_and_array_length(tmp_path):
     spec = feeding.FeedSpec((feeding.FeedColumn("x", "float64", False), feeding.FeedColumn("v", "float32", True)))
     batches = _batches({"x": [1.0, 2.0], "v": [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]}, {"x": [], "v": []},
                        {"x": [3.0], "v": [[7.0, 8.0, 9.0]]})
-    spilled = feeding.spill_partition(spec, iter(batches), str(tmp_path))
+    spilled = spill_partition(spec, iter(batches), str(tmp_path))
     assert spilled.rows == 3 and dict(spilled.array_lengths) == {"v": 3}
     with pa.memory_map(spilled.path) as f:
         assert pa.ipc.open_file(f).read_all().column("x").to_pylist() == [1.0, 2.0, 3.0]
-    info = feeding.finish_feed(spec, spilled, [3, 40])
+    info = finish_feed(spec, spilled, [3, 40])
     assert (info.rows, info.min_rows, info.rows_per_worker) == (3, 3, (3, 40))
     assert dataset.steps_per_epoch(_ctx(info), 2) == 1
     with pytest.raises(ConfigError, match=r"batch_size=4 but the smallest worker's part of the data has 3 rows "
@@ -153,19 +155,19 @@ def test_spill_counts_rows_and_array_length(tmp_path):
 def test_spill_rejects_ragged_arrays_and_nulls(tmp_path):
     spec = feeding.FeedSpec((feeding.FeedColumn("v", "float32", True),))
     with pytest.raises(ConfigError, match=r"column 'v' holds arrays of different lengths \(2, 3\).*pad or cut"):
-        feeding.spill_partition(spec, iter(_batches({"v": [[1.0, 2.0]]}, {"v": [[1.0, 2.0, 3.0]]})), str(tmp_path))
+        spill_partition(spec, iter(_batches({"v": [[1.0, 2.0]]}, {"v": [[1.0, 2.0, 3.0]]})), str(tmp_path))
     with pytest.raises(ConfigError, match=r"column 'v' has null values.*df.dropna\(subset=\['v'\]\)"):
-        feeding.spill_partition(spec, iter(_batches({"v": [[1.0, None]]})), str(tmp_path))
+        spill_partition(spec, iter(_batches({"v": [[1.0, None]]})), str(tmp_path))
     spec = feeding.FeedSpec((feeding.FeedColumn("x", "float64", False),))
     with pytest.raises(ConfigError, match=r"column 'x' has null values.*df.na.fill\(0, \['x'\]\)"):
-        feeding.spill_partition(spec, iter(_batches({"x": [1.0, None]})), str(tmp_path))
+        spill_partition(spec, iter(_batches({"x": [1.0, None]})), str(tmp_path))
 
 
 def test_empty_part_and_missing_data_say_what_to_do(tmp_path):
     spec = feeding.FeedSpec((feeding.FeedColumn("x", "float64", False),))
-    spilled = feeding.spill_partition(spec, iter([]), str(tmp_path))
+    spilled = spill_partition(spec, iter([]), str(tmp_path))
     assert spilled.rows == 0 and os.path.exists(spilled.path)
-    info = feeding.finish_feed(spec, spilled, [0, 12])
+    info = finish_feed(spec, spilled, [0, 12])
     with pytest.raises(ConfigError, match=r"worker\(s\) \[0\] got no rows of the data \(rows per worker: \[0, 12\]\)"):
         dataset.steps_per_epoch(_ctx(info), 1)
     with pytest.raises(ConfigError, match="this run has no data=; pass data=df to tfnb.run"):
@@ -538,4 +540,4 @@ def test_dataset_columns_shuffle_and_remainder(spark, no_orphans):
     assert out["unknown_col"].startswith("ConfigError: feature_cols has ['nope'], not among the fed columns")
 
 
-# Feeding on a Spark Connect session: tests/test_masters.py (tests/scripts/connect_run.py, one Connect server).
+# Feeding on a Spark Connect session: tests/test_masters.py::test_spark_connect_session.

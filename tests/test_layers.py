@@ -23,7 +23,8 @@ FLOORS = [
     ("tfnb.errors", "tfnb._config", "tfnb._deps", "tfnb._private", "tfnb._protocol"),
     ("tfnb.storage", "tfnb._status"),
     ("tfnb._task",),                    # what runs inside a barrier task
-    ("tfnb.data", "tfnb.monitor"),      # driver side: data in and out, monitoring and the run model
+    ("tfnb.data",),                     # driver side: data in and out, the model located and loaded
+    ("tfnb.monitor",),                  # driver side: monitoring and the run model
     ("tfnb.launcher",),                 # driver side of a run
     ("tfnb.tuning",),                   # sweeps: many runs at once, searched by Optuna
     ("tfnb.notebook",),                 # the display layer

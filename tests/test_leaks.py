@@ -42,8 +42,8 @@ def test_leaves_a_process_forked_from_a_standby_that_then_died(tmp_path):
     with open(tmp_path / "payload.pkl", "wb") as f:  # what its task would have written: it then waits for go
         pickle.dump({"fn": None, "args": (), "kwargs": {}, "mode": "train"}, f)
     held = setup.reserve_port()
-    claimed = warm.Claimed(next(warm.claim(want)), str(tmp_path), str(tmp_path), dict(os.environ), held.fileno(),
-                           "")
+    from tfnb._task.supervisor import TrainFnProcess
+    claimed = TrainFnProcess(next(warm.claim(want)), str(tmp_path), str(tmp_path), dict(os.environ), held.fileno())
     KEPT.append((claimed, held))  # its connection open: the process waits for its go
     standby = int(open(f"/proc/{claimed.pid}/stat").read().rsplit(")", 1)[1].split()[1])
     import time

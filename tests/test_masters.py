@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,9 +15,6 @@ import pytest
 import tfnb
 from components import free_port
 from tfnb.errors import ClusterError
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 
 @pytest.fixture(autouse=True)
@@ -66,19 +62,46 @@ def test_cpu_tasks_see_no_gpu(spark, tmp_path):
     assert chief["gpus"] == [] and chief["cuda"] == ""
 
 
+def describe(ctx):
+    return {"job_name": ctx.job_name, "cluster": dict(ctx.cluster_spec), "pid": os.getpid()}
+
+
+def fail(ctx):
+    if ctx.task_index == 1:
+        raise KeyError("missing-feature")
+    time.sleep(600)
+
+
+def report_feed(ctx):
+    return {"rows": list(ctx.feed.rows_per_worker), "steps": ctx.steps_per_epoch(100),
+            "lengths": dict(ctx.feed.array_lengths)}
+
+
 def test_spark_connect_session(no_orphans):
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "connect_run.py")],
-                          capture_output=True, text=True, timeout=600)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, f"connect run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    out = json.loads(line[len("RESULT "):])
-    assert out["connect"].startswith("pyspark.sql.connect")
-    assert out["first"]["job_name"] == out["second"]["job_name"] == "chief"
-    assert out["first"]["pid"] != out["second"]["pid"]
-    assert out["error"]["task_index"] == 1 and out["error"]["exc_type"] == "KeyError"
-    assert "missing-feature" in out["error"]["text"]
-    assert "timeout_cancelled_after" in out and out["after_cancel"] == "chief"
-    assert out["feed"] == {"rows": [500, 500], "steps": 5, "lengths": {"v": 2}}
+    """tfnb.run on a Spark Connect session (no SparkContext, no RDD API): runs again, a worker's error, a timeout's
+    cancel, and a fed DataFrame (plans only)."""
+    from conftest import spark_connect
+    from pyspark.sql import functions as F
+
+    from tfnb.errors import RunTimeoutError, WorkerError
+
+    with spark_connect() as spark:
+        first = tfnb.run(describe, num_workers=2, spark=spark, display=False)
+        second = tfnb.run(describe, num_workers=2, spark=spark, display=False)
+        with pytest.raises(WorkerError) as error:
+            tfnb.run(fail, num_workers=2, spark=spark, display=False, timeout=120)
+        with pytest.raises(RunTimeoutError):
+            tfnb.run(lambda ctx: time.sleep(600), num_workers=2, spark=spark, display=False, timeout=5)
+        after_cancel = tfnb.run(describe, num_workers=2, spark=spark, display=False)
+        df = spark.range(0, 1000, 1, 1).select(
+            (F.col("id") / 1000.0).alias("x"), F.array(F.col("id").cast("float"), F.lit(1.0)).alias("v"))
+        feed = tfnb.run(report_feed, num_workers=2, data=df, spark=spark, display=False)
+    assert first["job_name"] == second["job_name"] == "chief"
+    assert first["pid"] != second["pid"]
+    assert error.value.task_index == 1 and error.value.exc_type == "KeyError"
+    assert "missing-feature" in str(error.value)
+    assert after_cancel["job_name"] == "chief"
+    assert feed == {"rows": [500, 500], "steps": 5, "lengths": {"v": 2}}
 
 
 def _wait_for_port(port: int, deadline: float) -> None:

@@ -15,7 +15,9 @@ def _fed_ctx(env, rows: int = 10, width: int = 4, null: bool = False, ragged: bo
     import pyarrow as pa
 
     from tfnb._task.context import WorkerContext
-    from tfnb._task.feed import FeedColumn, FeedSpec, finish_feed, spill_partition
+    from tfnb._task.feed import FeedColumn, FeedSpec
+
+    from wholepart import finish_feed, spill_partition
 
     xs = [[float(i)] * (width + (i % 2 if ragged else 0)) for i in range(rows)]
     ys = [None if null and i == 3 else float(i % 2) for i in range(rows)]

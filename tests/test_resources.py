@@ -5,7 +5,7 @@ of (2 cores, 2 GPUs). No real GPU is needed: what is checked is that the address
 without a restart, that parameter servers hold none, and that what cannot be placed is refused at once.
 
 pyspark 4.3 runs here, so the Spark 4 path (``mapInArrow(..., profile=)``) is what the cluster tests
-exercise, on a classic session and (slow, its own process) on Spark Connect. The Spark 3.5 branch
+exercise, on a classic session and (slow) on Spark Connect. The Spark 3.5 branch
 (``RDD.barrier().withResources`` on classic sessions, standalone-only on 3.5.0, refused under Spark Connect)
 is covered by unit tests of the decision functions given a version and a master
 (``test_support_by_version_and_master``, ``test_plan_on_spark_3_5``) and, marked slow, by a real run on
@@ -386,25 +386,31 @@ def test_mirrored_runner_asks_for_its_gpus_per_run(plain_session, tmp_path, monk
 # ---------------------------------------------------------------- Spark Connect: mapInArrow(profile=)
 
 
+def gpus(ctx):
+    return {"gpus": list(ctx.gpus), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
 @pytest.mark.slow
 def test_spark_connect_asks_per_run_through_map_in_arrow(tmp_path, no_orphans):
-    import subprocess
-    import sys
+    """The Connect server runs local-cluster[2,2,1024], whose workers advertise two (stub) GPUs each."""
+    from conftest import spark_connect
 
     script = tmp_path / "discover_gpus.sh"
     script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
     script.chmod(0o755)
-    root = Path(__file__).resolve().parent.parent
-    res = subprocess.run([sys.executable, str(root / "tests" / "scripts" / "connect_resources.py"), str(script)],
-                         capture_output=True, text=True, timeout=600)
-    line = next((l for l in res.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, f"the Connect run failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
-    out = json.loads(line[len("RESULT "):])
-    assert out["connect"].startswith("pyspark.sql.connect")
-    assert len(out["two"]["gpus"]) == 2 and out["two"]["cuda"] == ",".join(out["two"]["gpus"])
-    assert len(out["one"]["gpus"]) == 1
+    conf = {"spark.worker.resource.gpu.amount": "2", "spark.worker.resource.gpu.discoveryScript": str(script),
+            "spark.executor.resource.gpu.amount": "2"}
+    with spark_connect("local-cluster[2,2,1024]", **conf) as spark:
+        options = dict(num_workers=2, spark=spark, display=False, preimport=(), warm=False, timeout=300)
+        two = tfnb.run(gpus, gpus_per_worker=2, **options)
+        one = tfnb.run(gpus, gpus_per_worker=1, **options)
+        with pytest.raises(ClusterError) as refused:
+            tfnb.run(gpus, **{**options, "num_workers": 3, "gpus_per_worker": 2})
+    assert len(two["gpus"]) == 2 and two["cuda"] == ",".join(two["gpus"])
+    assert len(one["gpus"]) == 1
     # the cluster's size from its master string: refused at once, with the arithmetic, without a SparkContext
-    assert "3 × 2 = 6 GPUs" in out["refused"] and "2 executors × (2 GPUs, 2 cores) = 4 GPUs" in out["refused"]
+    assert "3 × 2 = 6 GPUs" in str(refused.value)
+    assert "2 executors × (2 GPUs, 2 cores) = 4 GPUs" in str(refused.value)
 
 
 # ---------------------------------------------------------------- a real Spark 3.5: the RDD branch

@@ -276,11 +276,12 @@ def test_a_stopped_train_fn_process_dies_with_its_task(tmp_path, forked):
     workdir = _waiting_workdir(tmp_path)
     if forked:  # the task is this test: its end of the claim's connection closing is the task dying
         from tfnb._task import setup, warm
+        from tfnb._task.supervisor import TrainFnProcess
 
         want = warm.key(("json",), True, (), ())
         warm.ensure(want, dict(os.environ, TFNB_PREIMPORT="json"), 60)
         held = setup.reserve_port()
-        claimed = warm.Claimed(next(warm.claim(want)), workdir, workdir, dict(os.environ), held.fileno(), "")
+        claimed = TrainFnProcess(next(warm.claim(want)), workdir, workdir, dict(os.environ), held.fileno())
         pid = claimed.pid
         held.close()
         standby = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -14,8 +14,7 @@ from types import ModuleType
 from .errors import MissingDependencyError
 
 # module -> what to pip install, where that is not the module's own name
-_HINTS = {"tensorflow": "'tfnb[tf]' (tensorflow and tf-keras)", "tf_keras": "tf-keras", "IPython": "ipython",
-          "pyspark": "'tfnb[spark]' (pyspark)",
+_HINTS = {"tf_keras": "tf-keras", "IPython": "ipython", "pyspark": "'tfnb[spark]' (pyspark)",
           "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)"}
 
 # Floors, and why (README "Requirements" says the same).
@@ -39,21 +38,25 @@ _TF_FIX = ("on Databricks use Runtime ML 15.4 LTS or later, or %pip install 'ten
 
 
 def require(module: str, purpose: str = "") -> ModuleType:
-    """Import ``module`` or raise MissingDependencyError naming the package to install and ``purpose``."""
-    if module == "tensorflow":
-        return require_tensorflow(purpose)
+    """Import ``module`` or raise MissingDependencyError naming the package to install and ``purpose``; TensorFlow
+    must be >= 2.16."""
     try:
-        return importlib.import_module(module)
+        imported = importlib.import_module(module)
     except ImportError as e:
         top = module.split(".")[0]
-        pkg = _HINTS.get(top, top)
+        fix = _TF_FIX if top == "tensorflow" else f"pip install {_HINTS.get(top, top)}"
         why = f" for {purpose}" if purpose else ""
-        raise MissingDependencyError(f"{module} is needed{why} but is not installed; pip install {pkg}") from e
+        raise MissingDependencyError(f"{module} is needed{why} but is not installed; {fix}") from e
+    if module == "tensorflow":
+        _floor("TensorFlow", getattr(imported, "__version__", "0"), TENSORFLOW_FLOOR,
+               "Keras 3 and tf-keras both run on TensorFlow from 2.16 on", _TF_FIX)
+    return imported
 
 
 def _version(text: str, parts: int = 2) -> tuple[int, ...]:
-    # "3.5.0", "3.5.1.dev0", "2.16.1+cpu": the leading numbers are what the floors compare.
-    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:parts])
+    """``"3.5.1.dev0"``, ``"4.0.0-preview2"``, ``"2.16.1+cpu"``: the leading ``parts`` numbers, zero-padded."""
+    numbers = [int(p) for p in re.findall(r"\d+", str(text).split("+")[0])[:parts]]
+    return tuple(numbers + [0] * (parts - len(numbers)))
 
 
 def _floor(name: str, found: str, floor: tuple[int, ...], why: str, fix: str) -> None:
@@ -78,30 +81,18 @@ def require_spark(spark=None) -> ModuleType:
     return pyspark
 
 
-def require_tensorflow(purpose: str = "") -> ModuleType:
-    """Import TensorFlow and check it is >= 2.16; else MissingDependencyError."""
-    why = f" for {purpose}" if purpose else ""
-    try:
-        tf = importlib.import_module("tensorflow")
-    except ImportError as e:
-        raise MissingDependencyError(f"tensorflow is needed{why} but is not installed; {_TF_FIX}") from e
-    _floor("TensorFlow", getattr(tf, "__version__", "0"), TENSORFLOW_FLOOR,
-           "Keras 3 and tf-keras both run on TensorFlow from 2.16 on", _TF_FIX)
-    return tf
-
-
 def tensorflow_with_tf_keras(purpose: str = "") -> ModuleType:
-    """:func:`require_tensorflow` with ``tf.keras`` meaning tf-keras (where installed) when this process imports
+    """``require("tensorflow")`` with ``tf.keras`` meaning tf-keras (where installed) when this process imports
     TensorFlow first; TF_USE_LEGACY_KERAS is set only meanwhile, so the notebook's environment stays its user's."""
     import os
     import sys
 
     if "tensorflow" in sys.modules or importlib.util.find_spec("tf_keras") is None:
-        return require_tensorflow(purpose)
+        return require("tensorflow", purpose)
     before = os.environ.get("TF_USE_LEGACY_KERAS")
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     try:
-        tf = require_tensorflow(purpose)
+        tf = require("tensorflow", purpose)
         getattr(tf.keras, "Model", None)  # resolves TensorFlow's lazy keras module while the variable is set
     finally:
         if before is None:

@@ -1,8 +1,7 @@
 """Per-user private folders for the state tfnb keeps on a machine (TensorBoard bookkeeping, model cache).
 
-Names under ``/tmp`` are predictable, and another user could plant files tfnb would trust (a model to run, an entry
-naming a process to kill). So each folder is created 0700 and checked on each use: a real directory owned by this
-user, writable by no one else; otherwise nothing in it is read, run, killed or deleted.
+Names under ``/tmp`` are predictable and another user could plant files tfnb would trust, so each folder is created
+0700 and checked on each use: a directory owned by this user, writable by no one else.
 """
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
-"""What crosses the wire, one vocabulary for both ends: the channel's frames and handshake, the message
-kinds, the events of a run, and the files, signals and variables between a task and its train_fn process.
+"""What crosses the wire, one vocabulary for both ends: the channel's frames and message kinds, a run's events, and
+the files, signals and variables between a task and its train_fn process.
 
-**The channel** (driver end :mod:`tfnb.launcher.channel`, task end :mod:`tfnb._task.channel`): one TCP port on
-the driver host; a frame is a 4-byte big-endian length and a body. The handshake proves the run's secret both
-ways without sending it: driver -> task ``{"nonce": sn}``; task -> driver ``{"auth": HMAC(secret,
-"task"|sn|tn), "nonce": tn, "peer": {...}}`` (at most ``_MAX_HELLO`` bytes, within ``_HANDSHAKE_TIMEOUT`` s);
-driver -> task ``{"kind": "welcome", "auth": HMAC(secret, "driver"|tn|sn)}``, or the task hangs up. Every later
-body is ``MAC || JSON``, MAC = HMAC-SHA256(key, sequence || JSON), a key per direction derived from the secret and
-both nonces: a forged, altered, replayed, reordered or dropped frame closes the connection. Frames are
-authenticated, not encrypted (docs/security.md, "The run's channel").
-
-**Messages** are JSON objects whose ``kind`` is one of :class:`Msg` (:meth:`_Sealer.seal` refuses any other).
-**Events** (:class:`RunEvent`, kinds :class:`EventKind`) are what the display, run log and MLflow tracking
-receive; train_fn sends them through :mod:`tfnb._task.events`, and they cross the channel as ``event`` messages.
+The channel (:mod:`tfnb.launcher.channel`, :mod:`tfnb._task.channel`; why it is safe: docs/security.md): a frame is a
+4-byte big-endian length and a body. Handshake: driver -> task ``{"nonce": sn}``; task -> driver ``{"auth":
+HMAC(secret, "task"|sn|tn), "nonce": tn, "peer": {...}}``; driver -> task ``{"kind": "welcome", "auth": HMAC(secret,
+"driver"|tn|sn)}``, or the task hangs up. Every later body is ``MAC || JSON``, MAC = HMAC-SHA256(key, sequence ||
+JSON), a key per direction derived from the secret and both nonces. A body's ``kind`` is one of :class:`Msg`
+(:meth:`_Sealer.seal` refuses any other); a run's events (:class:`RunEvent`, kinds :class:`EventKind`) cross it as
+``event`` messages (a sweep's are made on the driver).
 """
 from __future__ import annotations
 
@@ -159,6 +154,11 @@ class EventKind(str, Enum):
     STATE = "state"        # data: state ("starting", "training", "done", "stopped", "failed")
     FAILED = "failed"      # data: the TaskFailure fields
     ATTEMPT = "attempt"    # data: attempt, max_attempts, reason (driver-side, job_name "driver")
+    # a sweep's, from its loop alone: job_name "sweep", or "trial" with task_index the trial's number
+    BEGIN = "begin"        # data: n_trials, at_once, metric, direction, slots_per_trial, study, mlflow_run_id, ...
+    TRIAL = "trial"        # data: trial, its TrialResult: the row changed (launched, epoch end, state)
+    LINES = "lines"        # data: trial, lines: what its tasks printed
+    FINISH = "finish"      # data: result, the SweepResult
 
 
 LOG, PROGRESS, STATE, FAILED, ATTEMPT = (EventKind.LOG, EventKind.PROGRESS, EventKind.STATE, EventKind.FAILED,
@@ -167,7 +167,7 @@ LOG, PROGRESS, STATE, FAILED, ATTEMPT = (EventKind.LOG, EventKind.PROGRESS, Even
 
 @dataclass(frozen=True)
 class RunEvent:
-    """One thing that happened in a run, as the driver's display receives it."""
+    """One thing that happened in a run or a sweep (its ``kind``: an :class:`EventKind`), as a display receives it."""
 
     kind: str
     job_name: str
@@ -178,6 +178,21 @@ class RunEvent:
     @property
     def label(self) -> str:
         return f"{self.job_name} {self.task_index}" if self.job_name != "driver" else "tfnb"
+
+    @property
+    def trial(self):
+        """A sweep's ``trial`` and ``lines`` events: the trial's :class:`~tfnb.TrialResult`; else None."""
+        return self.data.get("trial") if self.kind in (EventKind.TRIAL, EventKind.LINES) else None
+
+    @property
+    def lines(self) -> tuple:
+        """A sweep's ``lines`` event: what the trial's tasks printed; else ``()``."""
+        return tuple(self.data.get("lines", ())) if self.kind == EventKind.LINES else ()
+
+    @property
+    def result(self):
+        """A sweep's ``finish`` event: its :class:`~tfnb.SweepResult`; else None."""
+        return self.data.get("result") if self.kind == EventKind.FINISH else None
 
 
 def number(value: Any) -> float | None:
@@ -205,4 +220,4 @@ ENV_PREIMPORT = "TFNB_PREIMPORT"
 GO = b"go\n"
 END = b"end\n"  # after train_fn returned (payload "linger"): every peer's train_fn has returned too
 FINISHED = "finished"  # the event this process sends when train_fn returned and it waits for END
-PIPE_KINDS = frozenset(EventKind) | {FINISHED}  # what the events pipe carries
+PIPE_KINDS = frozenset((LOG, PROGRESS, STATE, FAILED, ATTEMPT, FINISHED))  # what the events pipe carries: no sweep's

@@ -1,9 +1,4 @@
-"""The few exception classes a tfnb user may want to catch.
-
-Every error tfnb raises for bad input says the value, the rule, and the knob that fixes it. Errors
-raised inside a worker reach the driver as one :class:`WorkerError` carrying the task's role, index,
-exception type, message and traceback.
-"""
+"""The few exception classes a tfnb user may want to catch; every one says the value, the rule and the fix."""
 from __future__ import annotations
 
 import re

@@ -1,9 +1,6 @@
-"""The Keras progress callback of ``ctx.progress_callback()``: epoch, step, loss, metrics and throughput sent as
-events (tfnb._task.events) to the driver's display, and the profiler trace of ``profile_steps`` (tfnb._task.profiling).
-"""
+"""``ctx.progress_callback()``: progress events to the driver's display, and ``profile_steps``' trace in ``fit``."""
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
@@ -17,33 +14,12 @@ def _emit(**data: Any) -> None:
     emit(PROGRESS, **{k: v for k, v in data.items() if v is not None})
 
 
-def _replica_divisor(model: Any) -> int:
-    """How many replicas' values tf-keras summed into each per-batch log value: its "auto" reduction is "sum"
-    outside TPUs, so multi-worker per-batch accuracy shows 1.6 on 2 workers. Keras 3 averages (tfnb._task.keras3)."""
-    keras3 = sys.modules.get("keras")
-    if str(getattr(keras3, "__version__", "")).startswith("3.") and isinstance(model, keras3.Model):
-        return 1
-    method = getattr(model, "distribute_reduction_method", None)
-    strategy = getattr(model, "distribute_strategy", None)
-    if method not in ("auto", "sum") or strategy is None:
-        return 1
-    import tensorflow as tf
-
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return 1
-    in_multi_worker = getattr(strategy.extended, "_in_multi_worker_mode", None)  # tf-keras asks the same
-    if in_multi_worker is not None and not in_multi_worker():
-        return 1
-    return max(int(strategy.num_replicas_in_sync), 1)
-
-
 def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: float = 0.5,
                    every_n_steps: int | None = None):
     """A Keras callback that reports epoch, step, loss, metrics and throughput to the driver's display.
 
-    Add it to ``model.fit(callbacks=[...])`` on every worker, so each task has its own row. It sends at most one
-    update per ``interval`` seconds (or every ``every_n_steps`` batches) plus one per epoch end, converting logs
-    only when it sends (no sync every batch).
+    Add it to ``model.fit(callbacks=[...])`` on every worker (one row each). It converts logs only when it sends:
+    at most once per ``interval`` seconds (or ``every_n_steps`` batches), and at each epoch end.
 
     Args:
         ctx: the WorkerContext (optional; reports go to the run this process belongs to).
@@ -89,10 +65,9 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             self._batches = self._done = 0  # batches done in this epoch, in this fit
             self._mark = self._epoch_start = (time.monotonic(), 0)  # (time, _done) at the last rate measurement
             self._last_batch_time = time.monotonic()
-            self._divisor = 1        # per-batch logs are sums over this many replicas
             self.epochs_begun = 0    # in this fit: the first (maybe resumed) epoch is no boundary
 
-        def _send(self, logs, divisor=1, **fields):
+        def _send(self, logs, **fields):
             data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps,
                     **fields}
             if batch_size is not None:
@@ -104,14 +79,13 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
                     continue
                 num = _number(value)
                 if num is not None:
-                    data[key] = num / divisor
+                    data[key] = num
             _emit(**data)
 
         def on_train_begin(self, logs=None):
             params = self.params or {}
             self.epochs = params.get("epochs")
             self.steps = params.get("steps")
-            self._divisor = _replica_divisor(self.model)
             _emit(epochs=self.epochs, steps=self.steps, batch_size=batch_size)
             if ctx is not None:
                 from .resize import join_vote
@@ -146,7 +120,7 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
                 return
             self._mark = (now, self._done)
             rate = (self._done - n0) / (now - t0) if now > t0 else None
-            self._send(logs, self._divisor, steps_per_sec=rate)
+            self._send(logs, steps_per_sec=rate)
 
         def on_epoch_end(self, epoch, logs=None):
             t0, n0 = self._epoch_start

@@ -1,13 +1,7 @@
 """The process that runs ``train_fn``: one fresh Python per task and attempt (TensorFlow configures collective ops
-once per process; the supervising task captures its output and kills it as a group).
-
-Started by tfnb._task.supervisor as ``python -c <_CHILD_MAIN> WORKDIR`` (:func:`main`) as soon as its task starts,
-so importing TensorFlow overlaps the address exchange, or forked by a claimed warm standby (:func:`run_claimed`).
-WORKDIR holds ``payload.pkl`` from the start; once the cluster is known the supervisor writes ``ctx.pkl`` and sends
-``go``. This process sets TF_CONFIG, runs train_fn and writes ``result.pkl`` or ``error.json``; with ``linger`` it
-then sends ``finished`` and keeps its TensorFlow server up until ``end``. End-of-file on stdin (the supervisor died)
-ends the process group.
-"""
+once per process), started by tfnb._task.supervisor (:func:`main`) or forked by a warm standby (:func:`run_claimed`).
+It waits for ``go`` while TensorFlow imports, runs train_fn with ``ctx.pkl`` and writes ``result.pkl`` or
+``error.json``; with ``linger`` it keeps its TensorFlow server up until ``end``."""
 from __future__ import annotations
 
 import contextlib
@@ -26,18 +20,23 @@ from ..storage import atomic_write
 from .setup import ENV_SUPERVISOR
 
 
+def prctl(option: int, arg) -> None:
+    """Linux's prctl(2); nothing where libc has none."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL(None).prctl(option, arg, 0, 0, 0)
+
+
 def _die_with_supervisor() -> None:
     """The kernel SIGKILLs a fresh process when its supervisor's thread ends: :func:`_watch_parent` cannot act in a
     stopped process (SIGSTOP). A forked one has its standby for that."""
     expected = os.environ.pop(ENV_SUPERVISOR, None)
-    if not expected or not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):  # no libc prctl: the parent watch alone
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(expected):  # it ended before the line above
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+    if expected:
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != int(expected):  # it ended before the line above
+            os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def _watch_parent(fd: int = 0) -> tuple[threading.Event, threading.Event]:

@@ -80,10 +80,8 @@ class WorkerContext:
         return self.attempt > 1
 
     def dataset(self, batch_size: int, **kwargs):
-        """This worker's part of the DataFrame given as ``tfnb.run(..., data=df)``, as a tf.data.Dataset.
-
-        Every worker gets the same number of batches, so MultiWorkerMirroredStrategy never hangs.
-        See :func:`tfnb._task.dataset.worker_dataset` for the keyword arguments.
+        """This worker's part of ``tfnb.run(..., data=df)`` as a tf.data.Dataset, the same number of batches on every
+        worker (keyword arguments: :func:`tfnb._task.dataset.worker_dataset`; guide: docs/data.md).
 
         Example:
             >>> ds = ctx.dataset(batch_size=64, label_col="label", strategy=strategy)
@@ -107,22 +105,16 @@ class WorkerContext:
         emit(EventKind.PROGRESS, **metrics)
 
     def progress_callback(self, **kwargs: Any):
-        """A Keras callback that reports epoch/step, loss and examples/s to the driver's progress display.
-
-        See :func:`tfnb._task.callbacks.keras_callback` for the keyword arguments.
-        """
+        """A Keras callback reporting to the driver's progress display (keyword arguments:
+        :func:`tfnb._task.callbacks.keras_callback`)."""
         from .callbacks import keras_callback
 
         return keras_callback(self, **kwargs)
 
     @contextmanager
     def profile(self, step: int) -> Iterator[None]:
-        """Wrap one step of a custom training loop: traces the steps of ``tfnb.run(profile_steps=...)``.
-
-        The trace is written after the last of them to
-        ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb`` (TensorBoard's Profile tab); one that
-        cannot be written is reported once, never stopping training.
-        ``ctx.progress_callback()`` does the same for ``fit``.
+        """Wrap one step of a custom training loop: traces the steps of ``tfnb.run(profile_steps=...)`` into
+        ``<log_dir>/plugins/profile/`` (docs/monitoring.md); ``ctx.progress_callback()`` does it for ``fit``.
 
         Args:
             step: this step's number, counted from 1.
@@ -151,11 +143,10 @@ class WorkerContext:
         return Tracer(self)
 
     def epoch_boundary(self, strategy: Any = None, epoch: int | None = None) -> None:
-        """In a custom loop of an elastic run, call at each epoch start after the first, on every worker, once the
-        last checkpoint is written: when the run is resized it raises on every worker at once (a ``BaseException``:
-        let it propagate, tfnb relaunches from that checkpoint). A no-op without ``min_workers``.
-        ``ctx.progress_callback()`` does this for ``fit``; call one or the other on every worker (the vote is a
-        collective), or the run stops with a ConfigError.
+        """In an elastic run's custom loop, call at each epoch start after the first, on every worker, once the last
+        checkpoint is written: when the run is resized it raises a ``BaseException`` on every worker (let it
+        propagate: tfnb relaunches from that checkpoint). A no-op without ``min_workers``. ``ctx.progress_callback()``
+        does this for ``fit``: every worker calls one or the other (the vote is a collective), else a ConfigError.
 
         Example:
             >>> for epoch in range(start, epochs):
@@ -168,11 +159,8 @@ class WorkerContext:
         epoch_boundary(self, strategy, epoch)
 
     def reserved_port(self):
-        """The socket holding this task's reserved port, or None.
-
-        For add-ons such as tfnb.compat: with ``LaunchHooks(keep_port=True)`` the port in ``cluster_spec`` stays
-        bound while train_fn runs, until the add-on's server takes it. The first call hands the socket over.
-        """
+        """With ``LaunchHooks(keep_port=True)`` (add-ons such as tfnb.compat), the socket holding this task's port in
+        ``cluster_spec`` until the add-on's server takes it; handed over once, then None."""
         from .._protocol import ENV_KEPT_PORT_FD
 
         fd = os.environ.pop(ENV_KEPT_PORT_FD, None)

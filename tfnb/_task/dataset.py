@@ -250,48 +250,37 @@ def worker_dataset(ctx, batch_size: int, *, feature_cols: Sequence[str] | None =
                    label_col: str | None = None, epochs: int | None | str = "auto",
                    shuffle: bool = False, seed: int | None = None, drop_remainder: bool = True,
                    strategy: Any = None):
-    """This worker's part of ``tfnb.run(..., data=df)`` as a tf.data dataset (``ctx.dataset``).
+    """This worker's part of ``tfnb.run(..., data=df)`` as a tf.data dataset (``ctx.dataset``; docs/data.md).
 
-    Every worker yields exactly ``steps_per_epoch(ctx, batch_size)`` batches per epoch, from the smallest
-    worker's row count, so MultiWorkerMirroredStrategy never hangs; each worker leaves out its rows beyond
-    ``steps * batch_size`` (fewer than ``batch_size`` plus the imbalance between parts: at most one row per input
-    partition, or 1% of the rows when the DataFrame is fed as it is), other ones each epoch with ``shuffle``.
-    The first epoch streams while the task still receives the partition; later ones read the finished file.
-
-    Elements are ``(features, label)`` (``features`` alone without ``label_col``): ``features`` is a float32
-    ``[batch, width]`` matrix of the feature columns side by side (an array column gives its length); ``label``
-    is int64 for an integer column, else float32, ``[batch]`` or ``[batch, length]`` for an array column.
-
-    With several workers pass ``strategy=``: each worker holds its own rows, and ``fit`` would otherwise split
-    every batch across all workers again. The result is then ``strategy.distribute_datasets_from_function(...)``
-    (global batch ``batch_size * num_workers``, repeating by default); Keras needs
-    ``steps_per_epoch=ctx.steps_per_epoch(batch_size)``.
+    Every worker yields ``steps_per_epoch(ctx, batch_size)`` batches per epoch (the smallest worker's rows), so
+    MultiWorkerMirroredStrategy never hangs; rows beyond that are left out (other ones each epoch with ``shuffle``).
+    Elements are ``(features, label)`` (``features`` alone without ``label_col``): ``features`` a float32
+    ``[batch, width]`` matrix of the feature columns side by side; ``label`` int64 for an integer column, else
+    float32, ``[batch]`` or ``[batch, length]`` for an array column. With several workers pass ``strategy=``, else
+    ``fit`` splits each of this worker's batches across all workers again.
 
     Args:
         ctx: the WorkerContext of a run given ``data=``.
         batch_size: rows per step on this worker.
         feature_cols: columns that make up ``features``; default: every fed column but ``label_col``.
         label_col: the label column; None yields features only (e.g. for ``model.predict``).
-        epochs: passes over the data in one iteration of the dataset; None repeats forever. The
-            default ``"auto"`` is 1 for a plain dataset (Keras' ``fit(epochs=N)`` iterates it again
-            each epoch) and None with ``strategy`` (Keras does not restart a distributed dataset).
-        shuffle: draw each epoch's rows in a new random order (from this worker's rows; holds the
-            worker's feature matrix in memory).
+        epochs: passes over the data in one iteration of the dataset; None repeats forever. The default ``"auto"``
+            is 1 for a plain dataset (``fit(epochs=N)`` iterates it again) and None with ``strategy`` (Keras does
+            not restart a distributed dataset).
+        shuffle: draw each epoch's rows in a new random order (holds this worker's feature matrix in memory).
         seed: makes ``shuffle`` repeatable.
-        drop_remainder: False adds one smaller last batch per epoch (``min_rows % batch_size`` rows)
-            so fewer rows are left out; batches then have an unknown first dimension, and
-            ``ctx.steps_per_epoch`` does not count that batch. Not with ``strategy``.
-        strategy: the run's ``tf.distribute.MultiWorkerMirroredStrategy`` (any strategy works):
-            return a distributed dataset that gives each worker's replicas this worker's rows.
+        drop_remainder: False adds one smaller last batch per epoch, which ``ctx.steps_per_epoch`` does not count
+            (batches then have an unknown first dimension). Not with ``strategy``.
+        strategy: the run's ``tf.distribute.MultiWorkerMirroredStrategy``: return a distributed dataset (global
+            batch ``batch_size * num_workers``) that gives each worker's replicas this worker's rows.
 
     Returns:
-        A ``tf.data.Dataset`` of whole batches (known cardinality, auto-sharding and tf.data autotuning
-        off; ``options.autotune.enabled = True`` in a later ``with_options`` turns autotuning on), or with
-        ``strategy`` a ``tf.distribute.DistributedDataset``.
+        A ``tf.data.Dataset`` of whole batches (known cardinality, auto-sharding and tf.data autotuning off), or
+        with ``strategy`` a ``tf.distribute.DistributedDataset``.
 
     Raises:
-        ConfigError: no ``data=`` in this run, unknown columns, ``batch_size`` larger than the
-            smallest worker's row count, bad ``epochs``, ``drop_remainder=False`` with ``strategy``.
+        ConfigError: no ``data=`` in this run, unknown columns, ``batch_size`` larger than the smallest worker's
+            row count, bad ``epochs``, ``drop_remainder=False`` with ``strategy``.
 
     Example:
         >>> def train_fn(ctx):

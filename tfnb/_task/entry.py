@@ -88,11 +88,10 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
     chan = sup = held = None
     try:
         peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
-        holder: dict = {}
-        chan = TaskChannel(spec.channel, spec.token, peer, window=batch_window(spec.num_workers + spec.num_ps),
-                           on_message=lambda m: holder["sup"].on_driver(m) if "sup" in holder else None,
-                           on_lost=lambda: holder["sup"].stop() if "sup" in holder else None)  # nobody reads it
-        sup = holder["sup"] = _Supervisor(spec, chan, workdir)
+        sup = _Supervisor(spec, workdir)
+        # the driver gone, nobody reads the run: stop
+        chan = sup.chan = TaskChannel(spec.channel, spec.token, peer, on_message=sup.on_driver, on_lost=sup.stop,
+                                      window=batch_window(spec.num_workers + spec.num_ps))
         gpus = assigned_gpus(resources, spec.use_gpu, job_name)
         chan.send(Msg.STATE, state="starting", pid=os.getpid(), gpus=list(gpus))
         mode = "serve" if spec.num_ps > 0 and job_name != "chief" else "train"
@@ -100,7 +99,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         port = held.getsockname()[1]
         sup.start(mode, gpus, held)
         held = None
-        fed = stream = feed_info = None
+        fed = feed_info = None
         if spec.hooks.feeder is not None:
             fed = spec.hooks.feeder.spill(batches, workdir)  # tfnb.compat: the whole partition before train_fn
         elif spec.feed is None:
@@ -121,10 +120,10 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         elif spec.feed is not None:
             from .feed import FeedStream
 
-            stream = sup.feed = FeedStream(spec.feed, workdir, spec.num_workers, tasks_here=here, counts=sup.counts)
+            sup.feed = FeedStream(spec.feed, workdir, spec.num_workers, tasks_here=here, counts=sup.counts)
             if sup.stop_requested.is_set():
-                stream.abort()
-            feed_info = stream.info
+                sup.feed.abort()
+            feed_info = sup.feed.info
         ctx = WorkerContext(
             task_index=task_index, num_workers=spec.num_workers, num_ps=spec.num_ps, job_name=job_name,
             cluster_spec=cluster, tf_config=tf_config_for(cluster, job_name, task_index, spec.num_ps),
@@ -134,8 +133,8 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
             requested_workers=spec.requested_workers or spec.num_workers, resized_from=spec.resized_from,
             min_workers=spec.min_workers)
         sup.release(ctx, mode)
-        if stream is not None:
-            stream.pump(batches, lambda rows, done: chan.send_apart(Msg.FEED, rows=rows, done=done))
+        if sup.feed is not None:
+            sup.feed.pump(batches, lambda rows, done: chan.send_apart(Msg.FEED, rows=rows, done=done))
         code = sup.wait()
         done_sent = code is None
         if code is None:  # train_fn returned; its TensorFlow server stays up for the peers' last collectives

@@ -16,13 +16,7 @@ _stream = None  # opened at the first emit, not at import: a warm standby gets E
 
 
 def emit(kind: str, **data: Any) -> None:
-    """Send one event (``kind`` plus JSON-serialisable fields) to the driver; no-op outside a tfnb task.
-
-    Example:
-        >>> from tfnb._protocol import EventKind
-        >>> from tfnb._task.events import emit
-        >>> emit(EventKind.PROGRESS, epoch=1, step=100, loss=0.25)
-    """
+    """Send one event (``kind`` plus JSON-serialisable fields) to the driver; no-op outside a tfnb task."""
     global _stream
     if kind not in PIPE_KINDS:
         raise ValueError(f"event kind {kind!r} is not one of tfnb._protocol.EventKind "

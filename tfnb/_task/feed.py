@@ -16,7 +16,8 @@ from queue import Queue
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError
-from .spill import ArrowSpill, _write, spill_dir
+from ..storage import atomic_write
+from .spill import ArrowSpill, spill_dir
 
 log = logging.getLogger(__name__)
 
@@ -54,27 +55,12 @@ class FeedSpec:
         return tuple(sorted(self.columns, key=lambda c: not c.is_array))
 
     def column(self, name: str) -> FeedColumn:
-        for c in self.columns:
-            if c.name == name:
-                return c
-        raise KeyError(name)
+        return next(c for c in self.columns if c.name == name)
 
 
 STATE_FILE = "tfnb-feed.json"  # how far the task has written, replaced atomically on every change
 WAKE_FIFO = "tfnb-feed.wake"   # one byte per state change, so train_fn waits without polling
 _TELL_EVERY = 0.05  # seconds between two row counts told to the driver while the task receives
-
-
-@dataclass(frozen=True)
-class Spilled:
-    """This task's partition, written to a local Arrow IPC file."""
-
-    path: str
-    rows: int
-    array_lengths: tuple[tuple[str, int], ...]  # (column, elements per row) for array columns
-    nbytes: int
-    seconds: float
-    end: int = 0  # offset past the last batch
 
 
 def _arrow_schema(spec: FeedSpec):
@@ -130,21 +116,6 @@ def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
     return pa.RecordBatch.from_arrays(cols, names=[c.name for c in order])
 
 
-def spill_partition(spec: FeedSpec, batches: Iterable, workdir: str) -> Spilled:
-    """Write a whole partition to ``workdir`` before train_fn starts (``tfnb.run`` streams: :class:`FeedStream`)."""
-    start = time.perf_counter()
-    spill = ArrowSpill(os.path.join(workdir, SPILL_FILE), _arrow_schema(spec))
-    lengths: dict[str, int] = {}
-    try:
-        for batch in batches:
-            if batch.num_rows:
-                spill.write(_prepare(spec, batch, lengths))
-    finally:
-        nbytes = spill.close()
-    return Spilled(path=spill.path, rows=spill.rows, array_lengths=tuple(sorted(lengths.items())),
-                   nbytes=nbytes, seconds=time.perf_counter() - start, end=spill.end)
-
-
 def _no_rows_message(rows_per_worker: Sequence[int]) -> str:
     rows = list(rows_per_worker)
     if not sum(rows):
@@ -172,7 +143,6 @@ class FeedStream:
         self._wake: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
         self._lock = threading.Lock()  # the state: pump's thread and the channel's reader both change it
         self._final = threading.Event()
-        self._counts: list[int] | None = None
         self._state: dict = {"end": 0, "rows": 0, "safe": 0, "lengths": None, "final": None, "error": None,
                              "counts": None}
         if counts is not None:  # counted on the driver before launch: known to train_fn at once
@@ -186,10 +156,7 @@ class FeedStream:
             shutil.rmtree(self._spill_dir, ignore_errors=True)
 
     def _publish(self) -> None:  # callers hold self._lock (or own the stream alone)
-        path = os.path.join(self._dir, STATE_FILE)
-        with open(path + ".part", "w") as f:
-            json.dump(self._state, f)
-        os.replace(path + ".part", path)
+        atomic_write(os.path.join(self._dir, STATE_FILE), json.dumps(self._state).encode())
         if self._wake is None:
             return  # pump() has ended: nobody waits for a wake-up any more
         with contextlib.suppress(BlockingIOError):  # a pipe full of wake-ups not taken yet: the reader looks anyway
@@ -208,8 +175,8 @@ class FeedStream:
                 self._publish()
 
     def _set_counts(self, counts: Sequence[int]) -> None:
-        self._counts = [int(r) for r in counts][:self.num_workers]
-        self._state.update(counts=self._counts, safe=min(self._counts, default=0))
+        rows = [int(r) for r in counts][:self.num_workers]
+        self._state.update(counts=rows, safe=min(rows, default=0))
         self._final.set()
 
     def abort(self) -> None:
@@ -224,7 +191,7 @@ class FeedStream:
             if failed:
                 continue  # drain: the receiving thread stops at its next batch
             try:
-                _write(spill, item[0])
+                spill.write(item[0])
                 with self._lock:
                     self._state.update(end=spill.end, rows=spill.rows, lengths=item[1])
                     self._publish()
@@ -258,19 +225,18 @@ class FeedStream:
             finally:
                 queue.put(None)
                 writer.join()
-                nbytes = _write(spill, None)
+                spill.close()
             if failed:
                 raise failed[0]
             last = time.time()
             tell(spill.rows, True)
             self._final.wait()
-            rows = self._counts
+            rows = self._state["counts"]
             if rows is None:
                 return None
             with self._lock:
                 self._state.update(safe=min(rows), lengths=lengths, final={
-                    "rows_per_worker": rows, "nbytes": nbytes, "seconds": time.perf_counter() - start,
-                    "first": first, "last": last})
+                    "seconds": time.perf_counter() - start, "first": first, "last": last})
             if not min(rows):
                 raise ConfigError(_no_rows_message(rows))
         except BaseException as e:
@@ -278,7 +244,7 @@ class FeedStream:
             raise
         finally:
             with self._lock:
-                if self._counts is None and not self._state["error"]:
+                if self._state["counts"] is None and not self._state["error"]:
                     self._state["error"] = "RuntimeError: the run was stopped"
                 self._publish()
                 os.close(self._wake)
@@ -288,7 +254,7 @@ class FeedStream:
 
 def known_counts(st: dict) -> list[int] | None:
     """Every worker's rows, once known (counted before launch, or every part whole)."""
-    return st.get("counts") or (st["final"] or {}).get("rows_per_worker")
+    return st["counts"]
 
 
 @dataclass(frozen=True)
@@ -297,14 +263,28 @@ class FeedInfo:
 
     path: str  # an Arrow IPC file, whole (footer included) once the part is final
     spec: FeedSpec
-    known: dict | None = None  # the final state, when the part was complete before train_fn started
-    state_dir: str | None = None  # where the task publishes its state (default: the file's folder)
+    state_dir: str  # where the task publishes its state
 
     def state(self, ready: Callable[[dict], bool] = lambda st: False) -> dict:
-        """The task's published state once ``ready(state)`` holds or the part is final."""
-        if self.known is not None:
-            return self.known
-        return _live(self.state_dir or os.path.dirname(self.path)).wait(ready)
+        """The task's published state once ``ready(state)`` holds or the part is final; waits on the wake-up FIFO."""
+        import select
+
+        wake, ended = _wake_fd(self.state_dir), False
+        while True:
+            with open(os.path.join(self.state_dir, STATE_FILE)) as f:
+                st = json.load(f)
+            if st["error"]:
+                raise ConfigError(st["error"]) if st["error"].startswith("ConfigError: ") else RuntimeError(
+                    f"the Spark task feeding this worker failed: {st['error']}")
+            if st["final"] is not None or ready(st):
+                return st
+            if ended:
+                raise RuntimeError("the Spark task stopped feeding this worker before its part of the data was "
+                                   "complete")
+            # the timeout covers a wake-up taken by another reader thread
+            if select.select([wake], [], [], 0.5)[0]:
+                with contextlib.suppress(BlockingIOError):
+                    ended = not os.read(wake, 1 << 16)  # end-of-file: the task's writer is gone
 
     @property
     def rows(self) -> int:
@@ -324,44 +304,6 @@ class FeedInfo:
         return tuple(sorted((self.state()["lengths"] or {}).items()))
 
 
-def finish_feed(spec: FeedSpec, spilled: Spilled, rows_per_worker: Sequence[int]) -> FeedInfo:
-    """Combine a whole spill with every worker's row count."""
-    rows = [int(r) for r in rows_per_worker]
-    return FeedInfo(path=spilled.path, spec=spec, known={
-        "end": spilled.end, "rows": spilled.rows, "safe": min(rows, default=0), "counts": rows,
-        "lengths": dict(spilled.array_lengths), "error": None,
-        "final": {"rows_per_worker": rows, "nbytes": spilled.nbytes, "seconds": spilled.seconds}})
-
-
-class _Live:
-    """The state a task publishes for its train_fn process, waited on through the wake-up FIFO."""
-
-    def __init__(self, workdir: str):
-        self._path = os.path.join(workdir, STATE_FILE)
-        self._wake = os.open(os.path.join(workdir, WAKE_FIFO), os.O_RDONLY | os.O_NONBLOCK)
-
-    def wait(self, ready: Callable[[dict], bool]) -> dict:
-        import select
-
-        while True:
-            with open(self._path) as f:
-                st = json.load(f)
-            if st["error"]:
-                raise ConfigError(st["error"]) if st["error"].startswith("ConfigError: ") else RuntimeError(
-                    f"the Spark task feeding this worker failed: {st['error']}")
-            if st["final"] is not None or ready(st):
-                return st
-            # the timeout covers a wake-up taken by another reader thread
-            if select.select([self._wake], [], [], 0.5)[0]:
-                with contextlib.suppress(BlockingIOError):
-                    if not os.read(self._wake, 1 << 16):
-                        with open(self._path) as f:
-                            st = json.load(f)
-                        if st["final"] is None and not st["error"]:
-                            raise RuntimeError("the Spark task stopped feeding this worker before its part "
-                                               "of the data was complete")
-
-
 @functools.lru_cache(maxsize=None)
-def _live(workdir: str) -> _Live:
-    return _Live(workdir)
+def _wake_fd(workdir: str) -> int:
+    return os.open(os.path.join(workdir, WAKE_FIFO), os.O_RDONLY | os.O_NONBLOCK)

@@ -1,14 +1,7 @@
-"""Keras 3 under tf.distribute, in the train_fn process: upstream defects corrected only where they reproduce.
-
-Keras 3's TensorFlow trainer does not run under MultiWorkerMirroredStrategy as released (keras-team/keras#20585,
-tensorflow/tensorflow#72388); the corrections are in tfnb._task.keras3_patches. :func:`install` runs when train_fn
-imports Keras 3 (tfnb._task.child): ``fit``, ``evaluate``, ``predict``, the ``*_on_batch`` methods and the
-optimizer's ``apply`` (a custom loop) then call :func:`ready` under a distribution strategy, which refuses what
-cannot work (a Keras older than the tested range, ParameterServerStrategy) and applies, once, the patches whose
-defect reproduces: one whose probe finds upstream fixed retires itself. A probe that cannot run Keras' code fails
-closed: its correction is applied where that is safe whatever Keras does, else the run is refused. Versions newer
-than the tested ones are not refused: a self-check (tfnb._task.selfcheck) trains one step and compares it with one
-process's.
+"""Keras 3 under tf.distribute, in the train_fn process (docs/keras3.md). The first ``fit``, ``evaluate``,
+``predict``, ``*_on_batch``, optimizer ``apply`` or distributed dataset under a strategy calls :func:`ready`: it
+refuses what cannot work, applies once the corrections (tfnb._task.keras3_patches) whose defect reproduces, and
+runs the self-check (tfnb._task.selfcheck) where a version is newer than the tested ones.
 """
 from __future__ import annotations
 
@@ -23,9 +16,9 @@ _GUARDED = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "pr
 
 
 def install(keras) -> None:
-    """Guard the model methods and the optimizer's ``apply`` so their first call under a strategy runs :func:`ready`.
-    Not at import: a probe creates tensors, and TensorFlow configures collective ops only before its first tensor.
-    The ``early`` patches (no tensor; their defect is in what ``compile`` creates) are applied here."""
+    """Guard Keras' entry points, not at import: a probe creates tensors, and TensorFlow configures collective ops only
+    before its first tensor. The ``early`` patches (no tensor; their defect is in what ``compile`` creates) apply
+    here."""
     model = getattr(keras, "Model", None)
     if not str(getattr(keras, "__version__", "")).startswith("3.") or model is None or hasattr(keras, "_tfnb"):
         return
@@ -38,37 +31,47 @@ def install(keras) -> None:
     for name in _GUARDED:
         if hasattr(model, name):
             setattr(model, name, _guarded(keras, getattr(model, name), name))
-    _guard_datasets(keras)
+    # a custom loop distributes its dataset eagerly on every worker before its first step: the self-check goes there
+    strategy_cls = getattr(getattr(sys.modules.get("tensorflow"), "distribute", None), "Strategy", None)
+    for name in ("experimental_distribute_dataset", "distribute_datasets_from_function"):
+        if getattr(strategy_cls, name, None) is not None:
+            setattr(strategy_cls, name, _before(getattr(strategy_cls, name), lambda s: _distributing(keras, s)))
     try:
         from keras.src.optimizers.base_optimizer import BaseOptimizer
     except ImportError:  # not the layout of the tested releases: the first fit still checks
         return
-    BaseOptimizer.apply = _guarded_apply(keras, BaseOptimizer.apply)
+    BaseOptimizer.apply = _before(BaseOptimizer.apply, lambda optimizer: _applying(keras, optimizer))
 
 
-def _guard_datasets(keras) -> None:
-    """A custom loop distributes its dataset eagerly on every worker before its first step: where the versions are
-    untested, it gets the self-check there."""
-    tf = sys.modules.get("tensorflow")
-    cls = getattr(getattr(tf, "distribute", None), "Strategy", None)
-    for name in ("experimental_distribute_dataset", "distribute_datasets_from_function"):
-        original = getattr(cls, name, None)
-        if original is None or getattr(original, "_tfnb", False):
-            continue
+def _before(method, check):
+    """``method``, calling ``check(self)`` first."""
+    if getattr(method, "_tfnb", False):
+        return method
 
-        def guard(original):
-            @functools.wraps(original)
-            def distribute(self, *args, **kwargs):
-                mirrored = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.MirroredStrategy)
-                if keras._tfnb.checked is None and not keras._tfnb.checking and isinstance(self, mirrored) \
-                        and _supported(keras):
-                    ready(keras, self)
-                return original(self, *args, **kwargs)
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        check(self)
+        return method(self, *args, **kwargs)
 
-            distribute._tfnb = True
-            return distribute
+    checked._tfnb = True
+    return checked
 
-        setattr(cls, name, guard(original))
+
+def _distributing(keras, strategy) -> None:
+    import tensorflow as tf
+
+    mirrored = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.MirroredStrategy)
+    if keras._tfnb.checked is None and not keras._tfnb.checking and isinstance(strategy, mirrored) \
+            and _supported(keras):
+        ready(keras, strategy)
+
+
+def _applying(keras, optimizer) -> None:
+    """A custom loop's first ``apply`` under a strategy gets the corrections too."""
+    if keras._tfnb.applied is None and _under_strategy(optimizer):
+        import tensorflow as tf
+
+        ready(keras, tf.distribute.get_strategy())
 
 
 def _supported(keras) -> bool:
@@ -89,16 +92,13 @@ def _guarded(keras, method, name: str):
         under = _under_strategy(self)
         if under:
             ready(keras, self.distribute_strategy)
-        applied = keras._tfnb.applied or ()
-        if name in ("train_on_batch", "test_on_batch") and under and "metric-reduction" in applied \
+        if name in ("train_on_batch", "test_on_batch") and under and "metric-reduction" in (keras._tfnb.applied or ()) \
                 and _trainer()._collective_all_reduce_multi_worker(self.distribute_strategy):
             return _global_batch_logs(self, method, args, kwargs)
-        if name != "fit":
-            return method(self, *args, **kwargs)
         try:
             return method(self, *args, **kwargs)
         finally:
-            if _PRIVATE:
+            if name == "fit" and _PRIVATE:
                 _remove_private()
     return guarded
 
@@ -114,29 +114,10 @@ def _global_batch_logs(model, method, args, kwargs):
     return logs if want_dict else model._flatten_metrics_in_order(logs)
 
 
-def _guarded_apply(keras, apply):
-    """The optimizer's ``apply``: a custom loop's first step under a strategy gets the corrections too."""
-    @functools.wraps(apply)
-    def guarded_apply(self, grads, trainable_variables=None):
-        if keras._tfnb.applied is None and _under_strategy(self):
-            import tensorflow as tf
-
-            ready(keras, tf.distribute.get_strategy())
-        return apply(self, grads, trainable_variables)
-    return guarded_apply
-
-
 def ready(keras, strategy) -> tuple[str, ...]:
-    """Refuse what cannot work under ``strategy``; else apply, once, the patches whose defect reproduces, and on
-    untested versions run the self-check once (eagerly, outside a step: not from a custom loop's ``apply``).
-
-    Returns:
-        The names of the patches applied in this process.
-
-    Raises:
-        ConfigError: ParameterServerStrategy, a Keras older than tested or not on TensorFlow, a failed probe of a
-            correction not safe to apply blindly, or a failed self-check.
-    """
+    """The names of the patches applied in this process: applied once, the self-check run once (eagerly, outside a
+    step) on untested versions. ConfigError for ParameterServerStrategy, a Keras older than tested or not on
+    TensorFlow, a failed probe of a correction not safe to apply blindly, or a failed self-check."""
     import tensorflow as tf
 
     from ..errors import KERAS3_PS, KERAS3_UNTESTED, ConfigError

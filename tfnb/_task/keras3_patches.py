@@ -1,7 +1,5 @@
-"""The corrections of Keras 3 under tf.distribute: each :class:`Patch` names the upstream defect, carries a *probe*
-that runs the upstream code on stand-ins (no cluster, milliseconds) and says whether the defect is there, and an
-``apply`` that corrects it at its root. tfnb._task.keras3 decides when to probe and apply them; docs/keras3.md
-lists them.
+"""The corrections of Keras 3 under tf.distribute (docs/keras3.md): each :class:`Patch` has a *probe* that runs
+Keras' code on stand-ins (no cluster, milliseconds) and says whether the defect is there, and an ``apply``.
 """
 from __future__ import annotations
 
@@ -14,9 +12,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
 
+
 @dataclass(frozen=True)
 class Patch:
-    """One correction of Keras 3: the upstream issue, the defect in a line, how to see it, how to correct it."""
+    """One correction of Keras 3."""
 
     name: str
     issue: str
@@ -108,8 +107,7 @@ def _probe_symbolic_build() -> bool:
 
 
 def _apply_symbolic_build() -> None:
-    """Build from this worker's own first batch (shapes and dtypes, no collective): within Keras' own build, the
-    strategy's ``reduce`` gives this worker's values, and a distributed batch handed on is made local."""
+    """Build from this worker's own first batch (shapes and dtypes, no collective)."""
     cls = _trainer().TensorFlowTrainer
     original = cls._maybe_symbolic_build
 
@@ -143,23 +141,19 @@ def _apply_symbolic_build() -> None:
 
 # ---------------------------------------------------------------- datasets distributed from a function
 
-def _adapters():
-    from keras.src.trainers import data_adapters
-
-    return data_adapters
-
-
 def _probe_distributed_datasets() -> bool:
     """Keras 3.3's ``fit`` rejects ``strategy.distribute_datasets_from_function``'s dataset: "Unrecognized data
     type"."""
+    from keras.src.trainers import data_adapters
     from tensorflow.python.distribute.input_lib import DistributedDatasetsFromFunction
 
-    return not _adapters().is_tf_dataset(object.__new__(DistributedDatasetsFromFunction))
+    return not data_adapters.is_tf_dataset(object.__new__(DistributedDatasetsFromFunction))
 
 
 def _apply_distributed_datasets() -> None:
     """Take it as the tf.data dataset it is, as later Keras does."""
-    adapters = _adapters()
+    from keras.src.trainers import data_adapters as adapters
+
     original = adapters.is_tf_dataset
 
     @functools.wraps(original)
@@ -191,8 +185,8 @@ def _probe_reduce_scalars() -> bool:
 
 
 def _apply_reduce_scalars() -> None:
-    """No collective in the step: its metrics are this worker's own mean. Global values are read from the metric
-    variables where every worker reads them together (an epoch's end, evaluate's result)."""
+    """No collective in the step: its metrics are this worker's own mean (the global ones are read from the metric
+    variables at an epoch's end and in evaluate's result)."""
     trainer = _trainer()
     original = trainer.reduce_per_replica
 
@@ -219,12 +213,6 @@ def _local_mean(value):
 
 # ---------------------------------------------------------------- the gradients across workers
 
-def _optimizer():
-    from keras.src.backend.tensorflow.optimizer import TFOptimizer
-
-    return TFOptimizer
-
-
 def _probe_gradients() -> bool:
     """Keras 3.3 and 3.4 all-reduce the gradients inside merge_call, where no replica context is left: each worker
     applies its own gradient and the weights drift apart (keras-team/keras#19308)."""
@@ -233,14 +221,16 @@ def _probe_gradients() -> bool:
         _distribution_strategy=None,
         _all_reduce_sum_gradients=lambda gv: order.append("all-reduce") or list(gv),
         _distributed_tf_update_step=lambda distribution, gv, lr: order.append("update"))
-    _optimizer()._backend_update_step(fake, [1.0], [object()], 0.1)
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    TFOptimizer._backend_update_step(fake, [1.0], [object()], 0.1)
     return order[:1] != ["all-reduce"]
 
 
 def _apply_gradients() -> None:
-    """Sum the gradients over every replica in replica context, before the merge, as later Keras does: every worker
-    applies the global gradient, in fit and a custom loop alike (``loss-scale`` divides fit's)."""
-    cls = _optimizer()
+    """Sum the gradients over every replica in replica context, before the merge, as later Keras does."""
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer as cls
+
     original = cls._backend_update_step
 
     @functools.wraps(original)
@@ -275,8 +265,8 @@ def _probe_loss_scale() -> bool:
 
 
 def _apply_loss_scale() -> None:
-    """In Keras' own train step, each replica's gradients are divided by the replica count before they are summed,
-    as 3.8 divides the loss. A custom loop's loss is the user's (``tf.nn.compute_average_loss``): left alone."""
+    """In Keras' own train step, divide each replica's gradients by the replica count, as 3.8 divides the loss (a
+    custom loop's loss is the user's: left alone)."""
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
     trainer_cls = _trainer().TensorFlowTrainer
@@ -339,8 +329,7 @@ def _probe_metric_variables() -> bool:
 
 
 def _apply_metric_variables() -> None:
-    """A metric's summed (or averaged) variables are created on-read, as in 3.10: each replica accumulates its own,
-    and a read outside the step gives the sum over every replica of every worker."""
+    """A metric's summed (or averaged) variables are created on-read, as in 3.10."""
     import tensorflow as tf
     from keras.src.backend.tensorflow import core
     from keras.src.metrics.metric import Metric
@@ -380,57 +369,19 @@ def _apply_metric_variables() -> None:
         core.Variable._initialize_with_initializer = functools.wraps(init_with)(_initialize_with_initializer)
 
 
-# ---------------------------------------------------------------- the epoch's metrics
-
-def _probe_epoch_metrics() -> bool:
-    """Keras 3.3's metric variables have no aggregation: an epoch's end reads each worker's own metrics."""
-    import keras
-    import tensorflow as tf
-
-    variable = keras.metrics.Mean().variables[0]
-    return getattr(variable, "value", variable).synchronization != tf.VariableSynchronization.ON_READ
-
-
-def _apply_epoch_metrics() -> None:
-    """An epoch's (and evaluate's) metrics from their variables reduced over every worker as each declares; each
-    worker's own values are put back after."""
-    from keras.src.trainers.trainer import Trainer
-
-    original = Trainer._get_metrics_result_or_logs
-    ops = {"sum": "SUM", "mean": "MEAN"}
-
-    @functools.wraps(original)
-    def _get_metrics_result_or_logs(self, logs):
-        strategy = self.distribute_strategy
-        if not _trainer()._collective_all_reduce_multi_worker(strategy):
-            return original(self, logs)
-        variables = [v for m in self.metrics for v in m.variables if ops.get(str(v.aggregation)) is not None]
-        own = [v.value.read_value() for v in variables]
-        for v, value in zip(variables, own):
-            v.assign(strategy.reduce(ops[str(v.aggregation)], value, axis=None))
-        try:
-            return original(self, logs)
-        finally:
-            for v, value in zip(variables, own):
-                v.assign(value)
-
-    Trainer._get_metrics_result_or_logs = _get_metrics_result_or_logs
-
-
 # ---------------------------------------------------------------- callbacks that write files
 
 def _writes_elsewhere(model) -> bool:
     """A non-chief worker: its copy of a file must not land on the chief's (it still saves: saving may be
     collective)."""
-    extended = getattr(getattr(model, "distribute_strategy", None), "extended", None)
-    in_multi = getattr(extended, "_in_multi_worker_mode", None)
-    return bool(in_multi and in_multi()) and not getattr(extended, "should_checkpoint", True)
+    strategy = model.distribute_strategy
+    return _trainer()._collective_all_reduce_multi_worker(strategy) and not strategy.extended.should_checkpoint
 
 
 @contextlib.contextmanager
 def _elsewhere(callback, model, names: tuple[str, ...], root: str):
-    """On a non-chief worker, within the block, the callback's paths ``names`` (under ``root``) point into a private
-    folder, removed after (as tf-keras does; Keras 3 does not)."""
+    """On a non-chief worker, the callback's paths ``names`` (under ``root``) point into a private folder within the
+    block (as tf-keras does; Keras 3 does not)."""
     if not _writes_elsewhere(model):
         yield
         return
@@ -581,9 +532,6 @@ PATCHES = (
     Patch("metric-variables", "keras-team/keras#20585 (fixed in 3.10)",
           "metric variables sum their updates over the replicas, and each update re-adds the running total",
           _probe_metric_variables, _apply_metric_variables, safe=True, early=True),
-    Patch("epoch-metrics", "keras-team/keras#20585",
-          "an epoch's logs are read from each worker's own metric variables, not aggregated over workers",
-          _probe_epoch_metrics, _apply_epoch_metrics),
     Patch("backup-and-restore", "keras-team/keras#20585 (callbacks)",
           "BackupAndRestore: every worker writes and deletes the chief's backup folder",
           _probe_backup, _apply_backup, safe=True),

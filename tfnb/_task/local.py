@@ -7,19 +7,8 @@ import contextlib
 import os
 import pickle
 import signal
-import struct
 import sys
 import threading
-
-
-def _read(fd: int, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise EOFError("the launcher closed stdin before sending the task")
-        buf += chunk
-    return buf
 
 
 def _watch_launcher(fd: int) -> None:
@@ -31,8 +20,8 @@ def _watch_launcher(fd: int) -> None:
 
 
 def main() -> int:
-    (size,) = struct.unpack(">Q", _read(0, 8))
-    spec, rank, host = pickle.loads(_read(0, size))
+    sys.stdin.buffer.read(8)  # the launcher's length prefix: pickle finds the end by itself
+    spec, rank, host = pickle.load(sys.stdin.buffer)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     threading.Thread(target=_watch_launcher, args=(0,), name="tfnb-launcher-watch", daemon=True).start()
     from .entry import run_task

@@ -1,10 +1,6 @@
-"""Profiler traces of ``tfnb.run(..., profile_steps=(20, 25))`` (docs/monitoring.md, "Profiler").
-
-Each train_fn process traces those steps (from 1, both included, as Keras' ``profile_batch``) from
-``ctx.progress_callback()`` or ``ctx.profile(step)`` into ``<log_dir>/plugins/profile/<run>/<role>-<index>.xplane.pb``
-(one host per worker in TensorBoard's Profile tab), through a private local folder (TensorFlow writes only where
-it can open files) and tfnb's storage. A trace that fails never stops training: one log line says so. Under
-MultiWorkerMirroredStrategy only the chief traces, never its first step (see :func:`collective_role`).
+"""Profiler traces of ``tfnb.run(..., profile_steps=(20, 25))`` (docs/monitoring.md, "Profiler"): written to a
+local folder (TensorFlow writes only where it can open files), then put into ``log_dir`` through tfnb's storage. A
+trace that fails never stops training. Under MultiWorkerMirroredStrategy only the chief traces, never its first step.
 """
 from __future__ import annotations
 
@@ -43,12 +39,8 @@ def check_profile_steps(profile_steps: Any, log_dir: str | None) -> tuple[int, i
 def collective_role(tf_config: Any) -> str:
     """``"leader"`` or ``"follower"`` when this process runs collectives with other tasks, else ``""``.
 
-    Stopping TensorFlow's profiler can kill the process (SIGSEGV, SIGABRT, a corrupted heap) when the trace holds
-    a collective activity begun on one thread and ended on another (``CollectiveExecutor::CompleteParams``):
-    ``TraceMeRecorder::Consume`` writes through pointers into per-thread buffers it has freed. A follower ends
-    those activities on a gRPC thread in every step; the leader only in its first, where the collectives are set
-    up. TensorFlow 2.21, 2 workers tracing steps 3-5: worker 1 died in 3 of 24 runs, the chief in none
-    (``./dev bench profiler --all-workers``); no profiler option avoids it.
+    Stopping TensorFlow's profiler can crash a process whose trace holds a collective activity begun on one thread
+    and ended on another: a follower's in every step, the leader's in its first (measured: docs/monitoring.md).
     """
     from tensorflow.python.eager import context
 
@@ -60,8 +52,7 @@ def collective_role(tf_config: Any) -> str:
 
 
 class Tracer:
-    """One train_fn process's trace, started at the first profiled step and shipped after the last (``ctx.profile``
-    and the progress callback share it)."""
+    """One train_fn process's trace (``ctx.profile`` and the progress callback share it)."""
 
     def __init__(self, ctx: Any):
         self.ctx = ctx

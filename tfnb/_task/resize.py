@@ -1,12 +1,6 @@
-"""An elastic run resized at an epoch boundary (``min_workers``, tfnb.launcher.elastic): every train_fn process stops
-at the same boundary, after that epoch's checkpoint, and the driver relaunches at another size.
-
-The driver's ``Msg.RESIZE`` becomes the file :data:`RESIZE` in ``ctx.local_dir``. Workers hear it at different
-moments, so at each epoch start after the first :func:`epoch_boundary` sums every worker's "asked" (a scalar
-all-reduce) and all raise :class:`Resize` together; raising keeps a ``BackupAndRestore`` backup (Keras deletes it
-only when ``fit`` ends normally). Each process that votes says so once (:func:`join_vote`), so the driver can stop
-a run where only some workers vote (the vote would hang).
-"""
+"""An elastic run resized at an epoch boundary (``min_workers``, tfnb.launcher.elastic): the driver's ``Msg.RESIZE``
+becomes the file :data:`RESIZE`; workers hear it at different moments, so each epoch start sums every worker's
+"asked" (a scalar all-reduce) and all raise :class:`Resize` together, after that epoch's checkpoint."""
 from __future__ import annotations
 
 import os

@@ -1,8 +1,6 @@
-"""The self-check, in the train_fn process: SGD steps of a tiny linear model under the run's strategy against the
-same steps in numpy (one process): two steps of ``fit`` (weights after each, epoch loss), one of a custom loop, one
-``train_on_batch`` (and its loss). It runs once where Keras, TensorFlow or Spark is newer than the tested ones
-(``TESTED_NEWEST`` in tfnb._deps), at the first model method under a strategy; every worker takes part in each
-step and in the verdict, so all train or all stop. ``tfnb.selfcheck`` (tfnb.launcher.selfcheck) runs it alone.
+"""The self-check (docs/keras3.md): SGD steps of a tiny linear model under the run's strategy, three ways, against
+the same steps in numpy. Run at the first model method under a strategy where a version is newer than the tested
+ones, or alone by ``tfnb.selfcheck``; every worker takes part in the verdict, so all train or all stop.
 """
 from __future__ import annotations
 
@@ -71,8 +69,8 @@ def _data(n: int):
 
 
 def one_process(batches):
-    """SGD on mean squared error over ``batches`` from :func:`_start`, in one process: the flat weights at the start
-    and after each step, and the epoch's loss."""
+    """SGD on mean squared error over ``batches`` in one process: the flat weights at the start and after each step,
+    and the epoch's loss."""
     import numpy as np
 
     w, b = _start()
@@ -171,9 +169,8 @@ def _train_on_batch(keras, tf, strategy, batches):
 
 
 def check(keras, strategy) -> dict:
-    """The check on this worker (every worker calls it): ``passed`` (the same on every worker), ``ratio`` (the worst
-    way's update over the one-process update, averaged over workers), ``detail`` (what differs, or "") and
-    ``ratios``."""
+    """The check, on every worker: ``passed`` (the same on all), ``ratio`` (the worst way's update over the
+    one-process update, averaged over workers), ``detail`` (what differs, or ""), ``details`` and ``ratios``."""
     import numpy as np
     import tensorflow as tf
 
@@ -198,22 +195,17 @@ def check(keras, strategy) -> dict:
             fails.append(1.0)
             ratios.append(float("nan"))
             errors[way] = f"it raised {type(e).__name__}: {summary(e, 120)}"
-    local = np.array(fails + [0.0 if np.isnan(r) else r for r in ratios] + [float(np.isnan(r)) for r in ratios],
-                     "float32")
-    agreed = strategy.reduce("MEAN", strategy.run(lambda: tf.constant(local)), axis=None).numpy()
-    k = len(WAYS)
-    failed = agreed[:k] > 0
-    mean_ratio = [float(r) if not nan else float("nan") for r, nan in zip(agreed[k:2 * k], agreed[2 * k:] > 0)]
+    ratios = np.array(ratios)
+    local = np.concatenate([fails, np.where(np.isnan(ratios), 0.0, ratios), np.isnan(ratios)]).astype("float32")
+    agreed = strategy.reduce("MEAN", strategy.run(lambda: tf.constant(local)), axis=None).numpy().reshape(3, -1)
+    failed = agreed[0] > 0
+    mean_ratio = [float("nan") if nan > 0 else float(r) for r, nan in zip(agreed[1], agreed[2])]
     details = []
     for way, bad, ratio in zip(WAYS, failed, mean_ratio):
-        if not bad:
-            continue
-        if way in errors:
-            details.append(f"{way}: {errors[way]}")
-        elif ratio == ratio:
-            details.append(f"{way}: the update was {ratio:.2f}x the one-process update")
-        else:
-            details.append(f"{way}: failed on another worker")
+        if bad:
+            why = errors.get(way) or (f"the update was {ratio:.2f}x the one-process update" if ratio == ratio
+                                      else "failed on another worker")
+            details.append(f"{way}: {why}")
     worst = max((r for r in mean_ratio if r == r), key=lambda r: abs(r - 1.0), default=float("nan"))
     return {"passed": not failed.any(), "ratio": worst, "detail": details[0] if details else "",
             "details": details, "ratios": dict(zip(WAYS, mean_ratio))}

@@ -1,5 +1,6 @@
-"""The task's supervisor of its train_fn process: start it (or claim a warm standby), forward its output
-and events, answer the driver's requests (stop, stacks, the cluster's addresses), read its outcome."""
+"""The task's supervisor of its train_fn process (:class:`TrainFnProcess`: fresh, or forked by a warm standby):
+forward its output and events, answer the driver's requests (stop, stacks, the cluster's addresses), read its
+outcome."""
 from __future__ import annotations
 
 import contextlib
@@ -16,9 +17,11 @@ import time
 from .. import _protocol as events
 from .._protocol import (CONTEXT, DUMP_SIGNAL, END, ENV_HELD_PORT_FD, ENV_KEPT_PORT_FD, ERROR, FINISHED, GO, PAYLOAD,
                          STACKS, Msg)
+from ..storage import atomic_write
 from .context import WorkerContext
 from .resize import RESIZE
 from .setup import ENV_SUPERVISOR, TaskSpec, child_env, is_startup_noise
+from .warm import alive
 
 _MAX_STACK = 64 << 10  # characters of a stack dump sent to the driver
 _MAX_LINE = 64 << 10    # characters of one output line sent; longer ones are cut with a marker
@@ -88,12 +91,129 @@ child.main(sys.argv[1:])
 """
 
 
+UNKNOWN_EXIT = -1000  # a claimed standby's process died without saying how (a signal or a crash in native code)
+
+
+def _readline(sock: socket.socket) -> bytes:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
+class TrainFnProcess:
+    """The train_fn process, as the part of ``subprocess.Popen`` the supervisor uses: forked by the warm standby at
+    the other end of ``conn`` (tfnb._task.warm), else started fresh, as when that standby ends before it forks.
+    Until then this keeps its ends of the pipes and the held port for a fresh process. Nothing is written to
+    ``stdin`` before :attr:`pid` is read (the supervisor reads it before ``go``), so a fresh process' stdin replaces
+    the connection's with nothing lost."""
+
+    def __init__(self, conn: socket.socket | None, workdir: str, cwd: str, env: dict, held_fd: int,
+                 keep_port: bool = False):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.events, ev_w = os.pipe()
+        if conn is not None:
+            body = json.dumps({"workdir": workdir, "cwd": cwd, "env": env}).encode() + b"\n"
+            try:
+                socket.send_fds(conn, [body], [out_w, err_w, ev_w, held_fd])
+            except BaseException:
+                for fd in (out_r, out_w, err_r, err_w, self.events, ev_w):
+                    os.close(fd)
+                raise
+        self._spare = [out_w, err_w, ev_w, os.dup(held_fd)]  # the process' ends: closed here once it has its own
+        self._fresh_args = (workdir, cwd, env, keep_port)
+        self._fresh: subprocess.Popen | None = None
+        self._lock, self._waiting = threading.Lock(), threading.Lock()
+        self.conn = conn
+        self.stdin = conn.makefile("wb") if conn is not None else None
+        self.stdout = os.fdopen(out_r, "rb")
+        self.stderr = os.fdopen(err_r, "rb")
+        self.returncode: int | None = None
+        self._pid: int | None = None
+        if conn is None:
+            self.pid  # noqa: B018 - starts it
+
+    @property
+    def pid(self) -> int:
+        """The pid a standby sends once it forked (after its imports), else a fresh process'; ProcessLookupError
+        when the standby ended first and no fresh process can start."""
+        with self._lock:
+            if self._pid is None:
+                try:
+                    forked = int(_readline(self.conn)) if self.conn is not None else None
+                except (OSError, ValueError):
+                    forked = None
+                try:
+                    self._pid = forked or self._start_fresh()
+                finally:
+                    for fd in self._spare:
+                        os.close(fd)
+                    self._spare = []
+            return self._pid
+
+    def _start_fresh(self) -> int:
+        out_w, err_w, ev_w, held = self._spare
+        workdir, cwd, env, keep_port = self._fresh_args
+        env = dict(env, **{events.ENV_FD: str(ev_w), ENV_HELD_PORT_FD: str(held)})
+        pass_fds = (ev_w, held)
+        if self.conn is None:  # the thread starting it lives as long as the task (tfnb._task.child)
+            env[ENV_SUPERVISOR] = str(os.getpid())
+        if keep_port:
+            self._spare.append(os.dup(held))
+            env[ENV_KEPT_PORT_FD] = str(self._spare[-1])
+            pass_fds += (self._spare[-1],)
+        try:
+            self._fresh = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_MAIN, workdir], stdin=subprocess.PIPE, stdout=out_w, stderr=err_w,
+                env=env, pass_fds=pass_fds, start_new_session=True, cwd=cwd)
+        except OSError:
+            if self.conn is None:
+                raise
+            self.returncode = UNKNOWN_EXIT
+            raise ProcessLookupError("the warm standby ended before it forked this task's process, and no fresh "
+                                     "process could start") from None
+        self.close()
+        self.stdin = self._fresh.stdin
+        return self._fresh.pid
+
+    def wait(self) -> int:
+        """The exit code, or UNKNOWN_EXIT when a standby's process died without sending one."""
+        with self._waiting:  # one reader of the connection at a time
+            if self.returncode is None:
+                try:
+                    self.pid  # noqa: B018 - its line comes first
+                    self.returncode = self._fresh.wait() if self._fresh is not None else int(_readline(self.conn))
+                except (OSError, ValueError):
+                    self.returncode = UNKNOWN_EXIT
+                self._reap()
+        return self.returncode
+
+    def _reap(self) -> None:
+        # A standby's process is not our child (the standby reaps it, then sends its code): make "ended" mean ended.
+        for _ in range(100):
+            if self._pid is None or self._fresh is not None or not alive(self._pid):
+                return
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """Close this end of the standby's connection (its process then ends) or the fresh process' stdin."""
+        for f in (self.stdin, self.conn):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+
+
 class _Supervisor:
     """Runs the child process, forwards its output and events, and stops it on request."""
 
-    def __init__(self, spec: TaskSpec, chan, workdir: str):
-        self.spec, self.chan, self.workdir = spec, chan, workdir
-        self.proc: subprocess.Popen | None = None
+    def __init__(self, spec: TaskSpec, workdir: str):
+        self.spec, self.workdir = spec, workdir
+        self.chan = None  # the TaskChannel, set once connected
+        self.proc: TrainFnProcess | None = None
         self.stop_requested = threading.Event()
         self._threads: list[threading.Thread] = []
         self._settled = threading.Event()  # the child exited, or train_fn returned and it lingers
@@ -102,7 +222,6 @@ class _Supervisor:
         self.tasks: list | None = None  # every task's address and rows, from the driver
         self.counts: list | None = None
         self.gathered = threading.Event()  # set with tasks, or by a stop
-        self._code: int | None = None
         self._waiter: threading.Thread | None = None
         self._progressed = False  # a progress report was sent
 
@@ -170,10 +289,8 @@ class _Supervisor:
         t.start()
 
     def _signal(self, sig: int) -> None:
-        p = self.proc
-        if p is not None and p.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, sig)
+        if self.proc is not None and self.proc.returncode is None:  # not reaped yet: its pid is still its own
+            self._kill_group(sig)
 
     def _pump(self, stream, handle) -> None:
         def pump():
@@ -187,19 +304,18 @@ class _Supervisor:
         t.start()
         self._threads.append(t)
 
-    def _claim_standby(self, env: dict, gpus: tuple, held: socket.socket):
+    def _claim_standby(self, env: dict, gpus: tuple, held: socket.socket, cwd: str):
         """A matching warm standby's process, now this task's child; None to start one."""
         if not self.spec.warm or self.spec.hooks.keep_port:
             return None
         from . import warm as _warm
 
-        cwd = os.getcwd() if self.spec.hooks.task_cwd else self.workdir
         want = _warm.key(self.spec.preimport, self.spec.legacy_keras, self.spec.env, gpus)
         try:
             _warm.ensure(want, env, self.spec.warm_idle)  # the first run on this executor starts the standby
             for conn in _warm.claim(want):
                 try:
-                    return _warm.Claimed(conn, self.workdir, cwd, env, held.fileno(), _CHILD_MAIN)
+                    return TrainFnProcess(conn, self.workdir, cwd, env, held.fileno())
                 except OSError:
                     conn.close()  # another task of this host took that standby first
         except _warm.Unavailable as e:  # the run goes on in fresh processes: say why and the fix
@@ -217,36 +333,14 @@ class _Supervisor:
             cloudpickle.dump({"fn": fn, "args": args, "kwargs": kwargs, "mode": mode,
                               "linger": self.spec.linger and mode == "train"}, f)
         env = child_env(os.environ, self.spec, gpus)
-        claimed = self._claim_standby(env, gpus, held) if mode == "train" else None
-        if claimed is not None:
-            self.proc = claimed
-            held.close()
-            self._start_pumps(env, claimed.events)
-            return
-        ev_read, ev_write = os.pipe()
-        env[events.ENV_FD] = str(ev_write)
-        # the process dies with this thread (tfnb._task.child)
-        env[ENV_SUPERVISOR] = str(os.getpid())
-        env[ENV_HELD_PORT_FD] = str(held.fileno())
-        pass_fds = (ev_write, held.fileno())
-        kept = None
-        if self.spec.hooks.keep_port:
-            kept = os.dup(held.fileno())
-            env[ENV_KEPT_PORT_FD] = str(kept)
-            pass_fds += (kept,)
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_MAIN, self.workdir], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, pass_fds=pass_fds, start_new_session=True,
-                cwd=os.getcwd() if self.spec.hooks.task_cwd else self.workdir)
-        finally:
-            if kept is not None:
-                os.close(kept)
-        os.close(ev_write)
+        cwd = os.getcwd() if self.spec.hooks.task_cwd else self.workdir
+        claimed = self._claim_standby(env, gpus, held, cwd) if mode == "train" else None
+        self.proc = claimed or TrainFnProcess(None, self.workdir, cwd, env, held.fileno(),
+                                              keep_port=self.spec.hooks.keep_port)
         held.close()
-        self._start_pumps(env, ev_read)
+        self._start_pumps(env)
 
-    def _start_pumps(self, env: dict, ev_read: int) -> None:
+    def _start_pumps(self, env: dict) -> None:
         level = env.get("TF_CPP_MIN_LOG_LEVEL", "")
 
         def forward(stream):
@@ -259,7 +353,7 @@ class _Supervisor:
 
         self._pump(self.proc.stdout, forward("stdout"))
         self._pump(self.proc.stderr, forward("stderr"))
-        self._pump(os.fdopen(ev_read, "rb"), self._forward_event)
+        self._pump(os.fdopen(self.proc.events, "rb"), self._forward_event)
         if self.stop_requested.is_set():
             self.stop()
 
@@ -267,10 +361,7 @@ class _Supervisor:
         """Hand the child its context and let it run train_fn."""
         import cloudpickle
 
-        path = os.path.join(self.workdir, CONTEXT)
-        with open(path + ".part", "wb") as f:
-            cloudpickle.dump(ctx, f)
-        os.replace(path + ".part", path)
+        atomic_write(os.path.join(self.workdir, CONTEXT), cloudpickle.dumps(ctx))
         try:  # before go: a claim's pid closes its spare copy of the held port, which TF binds after go
             pid = self.proc.pid
         except ProcessLookupError:
@@ -304,7 +395,7 @@ class _Supervisor:
         self._waiter = threading.Thread(target=self._await_exit, name="tfnb-child-wait", daemon=True)
         self._waiter.start()
         self._settled.wait()
-        return None if self._code is None else self._ended()
+        return None if self.proc.returncode is None else self._ended()
 
     def end(self) -> int:
         """Let a lingering child exit; its exit code."""
@@ -315,30 +406,24 @@ class _Supervisor:
         return self._ended()
 
     def _await_exit(self) -> None:
-        self._code = self.proc.wait()
+        self.proc.wait()
         self._settled.set()
 
     def _ended(self) -> int:
         self._kill_group()  # what the child left in its group: the pipes close, no process outlives us
         for t in self._threads:
             t.join(timeout=5)
-        return self._code
+        return self.proc.returncode
 
-    def _kill_group(self) -> None:
+    def _kill_group(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.proc.pid, sig)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self._signal(signal.SIGKILL)
-            self.proc.wait()
         if self.proc is not None:
             self._kill_group()
-            if self.proc.stdin:
-                self.proc.stdin.close()
-            close = getattr(self.proc, "conn", None)
-            if close is not None:
-                close.close()
+            self.proc.wait()
+            self.proc.close()
 
 
 def _failure_from_child(workdir: str, code: int | None, what: str = "train_fn process") -> dict:
@@ -347,8 +432,6 @@ def _failure_from_child(workdir: str, code: int | None, what: str = "train_fn pr
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    from .warm import UNKNOWN_EXIT
-
     if code == UNKNOWN_EXIT:
         code, how = None, "died without an exit status (killed by a signal, a crash in native code, or out of memory)"
     elif code is None:

@@ -1,17 +1,7 @@
-"""Warm standbys: a process that imported TensorFlow once and forks a fresh train_fn process for each run.
-
-A standby imports the run's ``preimport`` modules, then waits on a Unix socket in this user's private folder
-(``.sock.part`` while it imports: claimable already, warm ones preferred). A task whose settings match (same Python,
-``preimport``, legacy Keras, ``env=``, GPU addresses: CUDA_VISIBLE_DEVICES must be set before TensorFlow is
-imported) hands over its pipes, port and environment with SCM_RIGHTS; the standby forks, and the copy (TensorFlow
-imported, never used: no eager context, no threads, CUDA untouched) behaves like a fresh process: the connection is
-its parent-death watch and carries ``go``, and the standby sends its exit code on it. A claim the standby never
-served becomes a fresh process in the same attempt; where no standby can work, :func:`ensure` raises
-:class:`Unavailable`. A standby stops taking runs after ``TFNB_WARM_IDLE`` seconds idle (default 600), when the
-executor's Python daemon that made it exits (Spark kills idle Python workers after a minute; the daemon lives as
-long as the executor), or when a task with other settings or overlapping GPUs discards it; it exits once its
-children ended. A ``preimport`` module that starts threads makes forking unsafe: set ``warm=False``.
-"""
+"""Warm standbys: a process that imported the run's ``preimport`` modules (TensorFlow) once and forks a train_fn
+process per claim, handed the task's pipes, port and environment over a Unix socket (SCM_RIGHTS). Its settings
+must match the run's: CUDA_VISIBLE_DEVICES and the rest are fixed before TensorFlow is imported. A ``preimport``
+module that starts threads makes forking unsafe: set ``warm=False``."""
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +14,6 @@ import select
 import socket
 import subprocess
 import sys
-import threading
 import time
 from typing import Iterator
 
@@ -33,7 +22,6 @@ from .._protocol import ENV_FD, ENV_HELD_PORT_FD
 from ..errors import UnsafePathError
 
 _FOLDER = "warm"
-UNKNOWN_EXIT = -1000  # a claimed standby died without saying how (a signal or a crash in native code)
 _MAX_MSG = 1 << 20
 _MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path holds 108 with the closing NUL)
 _HANGUP = getattr(select, "POLLRDHUP", 0)  # the peer closed (Linux); elsewhere poll's POLLHUP alone says it
@@ -147,18 +135,14 @@ def _name_of(path: str) -> tuple[str, str]:
     return key, owner
 
 
-def count(want: str) -> int:
-    return sum(_name_of(p) == (want, _owner()) for p in _sockets())
-
-
 def ensure(want: str, env: dict, idle: float, wait: float = 5.0) -> None:
     """Start a standby keyed ``want`` unless one is there, and wait up to ``wait`` seconds until it listens."""
     _path(want)
-    if count(want):
-        return
-    spawn(want, env, idle)
-    deadline = time.monotonic() + wait
-    while not count(want) and time.monotonic() < deadline:
+    deadline, started = time.monotonic() + wait, False
+    while not any(_name_of(p) == (want, _owner()) for p in _sockets()) and time.monotonic() < deadline:
+        if not started:
+            spawn(want, env, idle)
+            started = True
         time.sleep(0.02)
 
 
@@ -171,7 +155,7 @@ def spawn(want: str, env: dict, idle: float) -> None:
         env=dict(env, PYTHONUNBUFFERED="1"), start_new_session=True, cwd=private_dir(_FOLDER))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
         return True
@@ -181,113 +165,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _readline(sock: socket.socket) -> bytes:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(1)
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return buf
-
-
-class Claimed:
-    """The process a claimed standby forked, as the part of ``subprocess.Popen`` the supervisor uses. Until the
-    standby forks, the claim keeps its ends of the pipes and the held port for a fresh process, should the
-    standby stop taking runs first. Nothing is written to ``stdin`` before :attr:`pid` is read (the supervisor
-    reads it before ``go``), so a fresh process' stdin replaces the connection's with nothing lost."""
-
-    def __init__(self, conn: socket.socket, workdir: str, cwd: str, env: dict, held_fd: int, main: str):
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        ev_r, ev_w = os.pipe()
-        body = json.dumps({"workdir": workdir, "cwd": cwd, "env": env}).encode() + b"\n"
-        try:
-            socket.send_fds(conn, [body], [out_w, err_w, ev_w, held_fd])
-        except BaseException:
-            for fd in (out_r, out_w, err_r, err_w, ev_r, ev_w):
-                os.close(fd)
-            raise
-        self._spare = [out_w, err_w, ev_w, os.dup(held_fd)]  # a fresh process' ends, until the standby forks
-        self._fresh_args = (main, workdir, cwd, env)  # ``python -c main workdir``: a fresh train_fn process
-        self._fresh: subprocess.Popen | None = None
-        self._lock = threading.Lock()
-        self.conn = conn
-        self.stdin = conn.makefile("wb")
-        self.stdout = os.fdopen(out_r, "rb")
-        self.stderr = os.fdopen(err_r, "rb")
-        self.events = ev_r
-        self.returncode: int | None = None
-        self._pid: int | None = None
-
-    @property
-    def pid(self) -> int:
-        """The pid the standby sends once it forked (after its imports), or a fresh process' when the standby ended
-        first; ProcessLookupError when that cannot start."""
-        with self._lock:
-            if self._pid is None:
-                try:
-                    self._pid = int(_readline(self.conn))
-                except (OSError, ValueError):
-                    self._pid = self._start_fresh()
-                finally:
-                    for fd in self._spare:  # the process has its own copies now
-                        os.close(fd)
-                    self._spare = []
-            return self._pid
-
-    def _start_fresh(self) -> int:
-        out_w, err_w, ev_w, held = self._spare
-        main, workdir, cwd, env = self._fresh_args
-        self.conn.close()
-        try:
-            self._fresh = subprocess.Popen(
-                [sys.executable, "-c", main, workdir], stdin=subprocess.PIPE, stdout=out_w, stderr=err_w,
-                env=dict(env, **{ENV_FD: str(ev_w), ENV_HELD_PORT_FD: str(held)}), pass_fds=(ev_w, held),
-                start_new_session=True, cwd=cwd)
-        except OSError:
-            self.returncode = UNKNOWN_EXIT
-            raise ProcessLookupError("the warm standby ended before it forked this task's process, and no fresh "
-                                     "process could start") from None
-        with contextlib.suppress(OSError):
-            self.stdin.close()
-        self.stdin = self._fresh.stdin
-        return self._fresh.pid
-
-    def wait(self) -> int:
-        """The exit code the process sent before exiting, or UNKNOWN_EXIT when it died without one."""
-        if self.returncode is None:
-            try:
-                self.pid  # noqa: B018 - its line comes first
-                self.returncode = self._fresh.wait() if self._fresh is not None else int(_readline(self.conn))
-            except (ConnectionError, OSError, ValueError):
-                self.returncode = UNKNOWN_EXIT
-            self._reap()
-        return self.returncode
-
-    def _reap(self) -> None:
-        # The process is not our child (the standby reaps it, then sends its code): make "ended" mean ended.
-        for _ in range(100):
-            if self._pid is None or self._fresh is not None or not _alive(self._pid):
-                return
-            time.sleep(0.02)
-
-    def poll(self) -> int | None:
-        try:
-            pid = self.pid
-            if self.returncode is None and self._fresh is not None:
-                self.returncode = self._fresh.poll()
-            elif self.returncode is None and not _alive(pid):
-                self.wait()
-        except ProcessLookupError:
-            pass  # returncode says how it ended
-        return self.returncode
-
-
 def standby(path: str, idle: float, watch_pid: int):
-    """Import, then fork one train_fn process per claim and send each one's exit code. Returns only in a forked
-    process, as ``(connection to the task, workdir)``; the standby exits once it stops taking claims and its
-    children ended."""
+    """Import, then fork one train_fn process per claim and send each one's exit code; the connection is the
+    process' parent-death watch. Returns only in a forked process, as ``(connection to the task, workdir)``. Stops
+    taking claims after ``idle`` seconds idle, once ``watch_pid`` (the executor's Python daemon: Spark kills idle
+    Python workers after a minute) exits, or when a task of other settings discards it; exits once its children
+    ended."""
     import signal
 
     from . import child
@@ -324,7 +207,7 @@ def standby(path: str, idle: float, watch_pid: int):
                 running.pop(pid).close()
                 hung.discard(pid)
                 deadline = time.monotonic() + idle
-        if open_ and (stale or time.monotonic() > deadline and not running or not _alive(watch_pid)):
+        if open_ and (stale or time.monotonic() > deadline and not running or not alive(watch_pid)):
             open_ = False
             _unlink(path)
             listener.close()
@@ -387,12 +270,10 @@ TRAIN_FN = b"tfnb-train_fn"  # what a forked process calls itself (its /proc/PID
 def _take_over(info: dict, fds: list[int]) -> str:
     """In the forked process: its own process group, the run's pipes, environment, port and folder, a random
     state and a name of its own (its command line stays the standby's). Returns the workdir."""
-    os.setsid()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):  # no libc prctl: only the name is missing
-            import ctypes
+    from .child import prctl
 
-            ctypes.CDLL(None).prctl(15, TRAIN_FN, 0, 0, 0)  # PR_SET_NAME
+    os.setsid()
+    prctl(15, TRAIN_FN)  # PR_SET_NAME
     if "numpy.random" in sys.modules:  # Python's random reseeds itself in a forked child; numpy's global state does not
         sys.modules["numpy.random"].seed()
     out_w, err_w, ev_w, held = fds

@@ -1,14 +1,7 @@
-"""TensorFlowOnSpark-compatible API on tfnb: run TensorFlowOnSpark 2.2.5 programs by changing one import.
+"""TensorFlowOnSpark 2.2.5 and spark-tensorflow-distributor programs on tfnb, by changing one import.
 
-    from tensorflowonspark import TFCluster, TFNode   # before
-    from tfnb.compat import TFCluster, TFNode         # after
-
-    from spark_tensorflow_distributor import MirroredStrategyRunner   # before
-    from tfnb.compat import MirroredStrategyRunner                   # after
-
-``TFCluster`` (:mod:`tfnb.compat.cluster`: ``run``, ``InputMode``, the cluster's ``train``, ``inference``,
-``shutdown``), ``TFNode`` (:mod:`tfnb.compat.node`: ``DataFeed``, ``hdfs_path``, ``release_port``) and the helpers
-of ``tensorflowonspark.compat`` (``export_saved_model``, ``disable_auto_shard``, ``is_gpu_available``).
+``from tfnb.compat import TFCluster, TFNode, MirroredStrategyRunner`` (see docs/migrating.md); also the helpers of
+``tensorflowonspark.compat``: ``export_saved_model``, ``disable_auto_shard``, ``is_gpu_available``.
 """
 from __future__ import annotations
 
@@ -21,10 +14,7 @@ __all__ = ["TFCluster", "TFNode", "MirroredStrategyRunner", "export_saved_model"
 
 
 def export_saved_model(model, export_dir: str, is_chief: bool = False) -> None:
-    """Save a Keras model as a SavedModel, as TensorFlowOnSpark's ``compat.export_saved_model`` does.
-
-    Every node must call it (MultiWorkerMirroredStrategy saves collectively); the chief writes ``export_dir``,
-    the others a scratch copy that is deleted (TensorFlowOnSpark leaves it in ``worker_model``).
+    """Save a Keras model as a SavedModel; every node calls it (the save is collective), only the chief keeps it.
 
     Example:
         >>> compat.export_saved_model(model, args.export_dir, ctx.job_name == "chief")

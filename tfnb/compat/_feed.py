@@ -1,11 +1,8 @@
-"""RDD rows -> TensorFlowOnSpark's ``DataFeed`` in each node, over tfnb's barrier launcher.
+"""RDD rows -> TensorFlowOnSpark's ``DataFeed`` in each node, through ``LaunchHooks.feeder`` of :func:`tfnb.run`.
 
-The rows travel in pickled chunks and are on the node's disk before ``map_fun`` starts: :func:`prepare` chunks and
-counts the RDD and gives every feeding node one contiguous range of rows in RDD order (``train()``: the same number
-on every node, so MultiWorkerMirroredStrategy never waits for a batch; ``inference()``: all rows), one shuffle moves
-each range to its node's barrier task, :meth:`RddFeeder.spill` writes it to a local Arrow file and
-:class:`FeedManager` hands it to ``DataFeed.next_batch`` ``epochs`` times. As ranges follow node order, the nodes'
-inference results in node order are in RDD order; :func:`results_rdd` cuts them back into the input's partitions.
+:func:`prepare` pickles the RDD in chunks and gives each feeding node one contiguous range of rows in RDD order, one
+shuffle moves each range to its barrier task, :class:`RddFeeder` spills it to a local Arrow file before ``map_fun``
+starts, :class:`FeedManager` hands it out; :func:`results_rdd` cuts the inference results back into the partitions.
 """
 from __future__ import annotations
 
@@ -46,8 +43,8 @@ def _chunk_partition(index: int, rows: Iterator) -> Iterator[tuple]:
 
 
 def ranges(total: int, ranks: Sequence[int], mode: str) -> tuple[tuple[int, int, int], ...]:
-    """(rank, first row, end row) per feeding node, contiguous, in node order. ``train``: the same number per node,
-    the remainder left out (10 rows on 3 nodes: 0-3, 3-6, 6-9); ``inference``: every row (0-3, 3-6, 6-10)."""
+    """(rank, first row, end row) per feeding node, in node order; ``train`` leaves the remainder out so every node
+    gets as many rows (10 rows on 3 nodes: 0-3, 3-6, 6-9; ``inference``: 0-3, 3-6, 6-10)."""
     n = len(ranks)
     if mode == TRAIN:
         total -= total % n
@@ -89,8 +86,8 @@ class Prepared:
 
 @contextlib.contextmanager
 def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Iterator[Prepared]:
-    """Chunk ``rdd``, count its rows and lay them out as one DataFrame partition per barrier task (cached until the
-    block ends); ``feed_ranks`` are the tasks that read data (chief/master/worker nodes)."""
+    """``rdd`` chunked and counted (cached until the block ends), as one DataFrame partition per barrier task;
+    ``feed_ranks`` are the tasks that read data (chief/master/worker nodes)."""
     from pyspark import RDD, StorageLevel
 
     if not isinstance(rdd, RDD):
@@ -151,7 +148,6 @@ class RddFeeder:
     epochs: int
 
     def spill(self, batches: Iterable, workdir: str) -> FeedFile:
-        """Write the partition's Arrow batches (part, seq, rows, data) to a local Arrow file."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -172,8 +168,7 @@ class RddFeeder:
 
 
 class FeedManager:
-    """``ctx.mgr``: this node's rows, handed out in order ``epochs`` times to the process's DataFeeds, and the
-    inference results ``DataFeed.batch_results`` collects."""
+    """``ctx.mgr``: this node's rows, handed out in order ``epochs`` times to its DataFeeds, and their results."""
 
     def __init__(self, feed: FeedFile | None = None):
         self.feed = feed         # None in InputMode.TENSORFLOW
@@ -181,12 +176,10 @@ class FeedManager:
         self.handed = 0
         self.terminated = False
         self._chunks: Iterator | None = None  # opened by the first DataFeed
-        self._rows: list = []    # the current chunk's rows
-        self._at = 0             # next row in _rows
+        self._rows: list = []    # the current chunk's rows not handed out yet
         self._part_ends = True   # the current chunk is the last of its input partition (or of the epoch)
 
     def open(self) -> None:
-        """Start reading the rows (once per process); ConfigError in an InputMode.TENSORFLOW cluster."""
         if self.feed is None:
             raise ConfigError(
                 "TFNode.DataFeed reads the RDD given to cluster.train()/inference(), but this cluster runs "
@@ -211,24 +204,20 @@ class FeedManager:
         """Up to ``n`` rows; fewer at the end, or at an input partition's end when ``stop_at_partition``."""
         out: list = []
         while len(out) < n and not self.exhausted:
-            if self._at >= len(self._rows):
-                if out and stop_at_partition and self._part_ends:
-                    break
-                chunk = next(self._chunks, None)
+            if not self._rows:
+                chunk = None if out and stop_at_partition and self._part_ends else next(self._chunks, None)
                 if chunk is None:
                     break
                 self._rows, self._part_ends = chunk
-                self._at = 0
-                continue
-            k = min(n - len(out), len(self._rows) - self._at)
-            out.extend(self._rows[self._at:self._at + k])
-            self._at += k
-            self.handed += k
+            got = self._rows[:n - len(out)]
+            del self._rows[:len(got)]
+            out += got
+            self.handed += len(got)
         return out
 
     def terminate(self) -> None:
         self.terminated = True
-        self._rows, self._at = [], 0
+        self._rows = []
 
     def __repr__(self) -> str:
         if self.feed is None:

@@ -1,11 +1,8 @@
-"""TensorFlowOnSpark's ``TFCluster`` API (``run``, ``train``, ``inference``, ``shutdown``) on tfnb's launcher.
+"""TensorFlowOnSpark's ``TFCluster`` API (``run``, ``train``, ``inference``, ``shutdown``) on :func:`tfnb.run`.
 
-Each node is a task of one barrier-mode Spark stage (:func:`tfnb.run`): no reservation server, and a cluster Spark
-cannot schedule is refused at ``run()``. ``InputMode.TENSORFLOW``: ``run()`` starts the job in a background thread
-and returns once every node runs ``map_fun``; ``shutdown()`` waits and raises a node's failure.
-``InputMode.SPARK``: each ``train(rdd)``/``inference(rdd)`` runs ``map_fun`` once on every node with the RDD's rows
-on the nodes' disks (:mod:`tfnb.compat._feed`) and returns when all are done (TensorFlowOnSpark keeps one
-``map_fun`` alive across calls); ``inference()`` computes its result RDD right away, through the driver.
+Each node is a task of one barrier stage: no reservation server, and a cluster Spark cannot schedule is refused at
+``run()``. ``train``/``inference`` run ``map_fun`` once per call with the RDD's rows on the nodes' disks
+(TensorFlowOnSpark keeps one ``map_fun`` alive across calls); see docs/migrating.md.
 """
 from __future__ import annotations
 
@@ -79,25 +76,6 @@ def _int(name: str, value, low: int) -> int:
     return value
 
 
-class _StartWatch:
-    """Display sink that sets ``started`` once every node runs map_fun."""
-
-    def __init__(self, inner: Callable[[RunEvent], None], num_tasks: int, started: threading.Event):
-        self.inner, self.num_tasks, self.started = inner, num_tasks, started
-        self.running: set = set()
-
-    def __call__(self, event: RunEvent) -> None:
-        state = event.data.get("state") if event.kind == EventKind.STATE and event.job_name != "driver" else None
-        if state in ("training", "serving"):
-            self.running.add((event.job_name, event.task_index))
-            if len(self.running) >= self.num_tasks:
-                self.started.set()
-        self.inner(event)
-
-    def close(self) -> None:
-        getattr(self.inner, "close", lambda: None)()
-
-
 class TFCluster:
     """A started TensorFlowOnSpark-style cluster (returned by :func:`run`).
 
@@ -147,7 +125,17 @@ class TFCluster:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
         from ..launcher import make_display
 
-        sink = _StartWatch(make_display(self._display, self.num_executors), self.num_executors, self._started)
+        display, running = make_display(self._display, self.num_executors), set()
+
+        def sink(event: RunEvent) -> None:  # the display, noting which nodes run map_fun
+            if (event.kind == EventKind.STATE and event.job_name != "driver"
+                    and event.data.get("state") in ("training", "serving")):
+                running.add((event.job_name, event.task_index))
+                if len(running) >= self.num_executors:
+                    self._started.set()
+            display(event)
+
+        sink.close = getattr(display, "close", lambda: None)
 
         def body():
             try:
@@ -165,7 +153,7 @@ class TFCluster:
             interrupted="TFCluster.run was interrupted; the cluster was stopped",
             timed_out=f"the TensorFlow nodes did not all start within reservation_timeout={reservation_timeout} s; "
                       "the job was cancelled. Check the executors' logs, or raise reservation_timeout")
-        if len(sink.running) < self.num_executors and self._error is not None:  # ended before every node started
+        if len(running) < self.num_executors and self._error is not None:  # ended before every node started
             self._shut_down = True
             raise self._error
 
@@ -188,9 +176,22 @@ class TFCluster:
             except KeyboardInterrupt:
                 continue  # a second stop press must not leave the nodes running
 
-    def _feed(self, rdd, mode: str, epochs: int):
+    def _feed(self, rdd, mode: str, epochs: int, qname: str):
+        from pyspark.streaming import DStream
+
+        if self.input_mode != InputMode.SPARK:
+            raise ConfigError(
+                f"TFCluster.{mode}() feeds an RDD, which needs InputMode.SPARK, but this cluster runs "
+                "InputMode.TENSORFLOW; start it with TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK)")
+        if qname != "input":
+            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
+        if isinstance(rdd, DStream):
+            raise ConfigError("Spark Streaming (DStream) feeding is not supported by tfnb.compat; "
+                              f"collect each batch into an RDD and call cluster.{mode}(rdd)")
         if self._shut_down:
             raise ConfigError("this cluster was shut down; start a new one with TFCluster.run(...)")
+        # Not the data= feed of tfnb.run: RDD rows are any picklable objects (it feeds numeric columns) and
+        # inference must give the results back in RDD order (it balances rows across workers).
         with prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks, mode=mode,
                      epochs=epochs) as prepared:
             if mode == INFERENCE and prepared.total == 0:
@@ -199,24 +200,15 @@ class TFCluster:
                                      all_results=mode == INFERENCE)
             return results_rdd(self.sc, prepared, values) if mode == INFERENCE else None
 
-    def _check_feed(self, what: str, qname: str) -> None:
-        if self.input_mode != InputMode.SPARK:
-            raise ConfigError(
-                f"TFCluster.{what}() feeds an RDD, which needs InputMode.SPARK, but this cluster runs "
-                "InputMode.TENSORFLOW; start it with TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK)")
-        if qname != "input":
-            raise ConfigError(f"qname={qname!r}: tfnb.compat feeds the 'input' queue only; leave qname='input'")
-
     def train(self, dataRDD, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input") -> None:
-        """Run ``map_fun`` on every node with ``dataRDD``'s rows fed to ``TFNode.DataFeed`` (InputMode.SPARK).
+        """Run ``map_fun`` on every node with ``dataRDD``'s rows fed to ``TFNode.DataFeed``; returns when all end.
 
-        Each chief/master/worker node gets the same number of rows, a contiguous run of the RDD, ``num_epochs``
-        times over (``0`` means 10, as in TensorFlowOnSpark). Returns when ``map_fun`` has finished on every node.
+        Each chief/master/worker node gets the same number of rows, a contiguous run of the RDD.
 
         Args:
             dataRDD: the rows, e.g. ``(features, label)`` tuples.
-            num_epochs: passes over the data.
-            feed_timeout: accepted for compatibility; nothing waits on a queue here.
+            num_epochs: passes over the data (``0`` means 10, as in TensorFlowOnSpark).
+            feed_timeout: accepted for compatibility.
             qname: must be ``"input"``.
 
         Raises:
@@ -227,38 +219,29 @@ class TFCluster:
         Example:
             >>> cluster.train(images_labels, args.epochs)
         """
-        from pyspark.streaming import DStream
-
-        self._check_feed("train", qname)
-        if isinstance(dataRDD, DStream):
-            raise ConfigError("Spark Streaming (DStream) feeding is not supported by tfnb.compat; "
-                              "collect each batch into an RDD and call cluster.train(rdd)")
-        num_epochs = _int("num_epochs", num_epochs, 0) or 10
-        self._feed(dataRDD, TRAIN, num_epochs)
+        self._feed(dataRDD, TRAIN, _int("num_epochs", num_epochs, 0) or 10, qname)
 
     def inference(self, dataRDD, feed_timeout: float = 600, qname: str = "input"):
         """Run ``map_fun`` on every node over ``dataRDD``; returns the RDD of its ``batch_results``.
 
-        Partition i of the result holds the results for input partition i, in row order. Unlike TensorFlowOnSpark's
-        lazy RDD it is computed now, through the driver (write large outputs to storage from map_fun instead).
+        Partition i of the result holds input partition i's results in row order, computed now through the driver
+        (TensorFlowOnSpark's is lazy): write large outputs to storage from map_fun instead.
 
         Raises:
-            ConfigError: the cluster runs InputMode.TENSORFLOW or was shut down; on a node, map_fun
-                returned a different number of results than rows (reported as WorkerError).
-            WorkerError: ``map_fun`` failed on a node.
+            ConfigError: the cluster runs InputMode.TENSORFLOW or was shut down.
+            WorkerError: ``map_fun`` failed on a node, or did not return one result per row.
 
         Example:
             >>> predictions = cluster.inference(images).collect()
         """
-        self._check_feed("inference", qname)
-        return self._feed(dataRDD, INFERENCE, 1)
+        return self._feed(dataRDD, INFERENCE, 1, qname)
 
     def shutdown(self, ssc=None, grace_secs: float = 0, timeout: float = 259200) -> None:
         """Wait for the nodes to finish (InputMode.TENSORFLOW) and stop the cluster's TensorBoard.
 
         Args:
             ssc: Spark Streaming is not supported; must be None.
-            grace_secs: accepted for compatibility; shutdown already waits for ``map_fun`` on every node.
+            grace_secs: accepted for compatibility.
             timeout: seconds to wait before the nodes are stopped (RunTimeoutError); -1 waits forever.
 
         Raises:
@@ -317,29 +300,26 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
         eval_node: bool = False, release_port: bool = True, *, display=None) -> TFCluster:
     """Start a TensorFlow cluster of ``num_executors`` nodes running ``map_fun(tf_args, ctx)``.
 
-    TensorFlowOnSpark 2.2.5's ``TFCluster.run`` on tfnb's barrier launcher, with its layout: ``num_ps`` ps nodes,
-    the ``master_node`` (e.g. ``"chief"``), an evaluator with ``eval_node``, then workers; ``ctx.job_name``,
-    ``ctx.task_index``, ``ctx.cluster_spec`` and TF_CONFIG (set when there is a chief/master node) follow it.
-    ps and evaluator nodes are stopped once every other node's ``map_fun`` has returned.
+    TensorFlowOnSpark 2.2.5's layout: ``num_ps`` ps nodes, the ``master_node``, an evaluator with ``eval_node``, then
+    workers. InputMode.TENSORFLOW returns once every node runs ``map_fun``; ps and evaluator nodes are stopped once
+    every other node's ``map_fun`` has returned.
 
     Args:
         sc: the SparkContext (a classic SparkSession is accepted too).
         map_fun: ``map_fun(tf_args, ctx)``; ``ctx`` is a :class:`tfnb.compat.node.NodeContext`.
-        tf_args: passed to ``map_fun`` (argparse Namespace, dict, or an argv list, which also becomes
-            ``sys.argv`` in the node).
+        tf_args: passed to ``map_fun``; an argv list also becomes ``sys.argv`` in the node.
         num_executors: nodes in the cluster; Spark must have that many task slots.
         num_ps: ps nodes among them.
-        tensorboard: start TensorBoard on the driver for ``log_dir`` (default TensorFlowOnSpark's
-            ``tensorboard_<id>`` in the working directory); stopped by ``shutdown()``.
+        tensorboard: start TensorBoard on the driver for ``log_dir``; stopped by ``shutdown()``.
         input_mode: ``InputMode.TENSORFLOW`` (map_fun reads its data) or ``InputMode.SPARK`` (``train(rdd)``).
-        log_dir: TensorBoard directory (also ``ctx.tfnb.log_dir``).
-        driver_ps_nodes: not supported (raises ConfigError when True).
+        log_dir: TensorBoard directory (also ``ctx.tfnb.log_dir``); default ``tensorboard_<id>`` in the working
+            directory.
+        driver_ps_nodes: must be False.
         master_node: name of the chief node, ``"chief"`` for Keras/MultiWorkerMirroredStrategy, or None.
         reservation_timeout: seconds to wait for every node to start (InputMode.TENSORFLOW).
         queues: accepted for compatibility.
         eval_node: one evaluator node (InputMode.TENSORFLOW only).
-        release_port: free each node's port before ``map_fun`` (default); False keeps it reserved as
-            ``ctx.tmp_socket`` until ``ctx.release_port()``.
+        release_port: False keeps each node's port reserved as ``ctx.tmp_socket`` until ``ctx.release_port()``.
         display: tfnb extension: where logs and progress go (see :func:`tfnb.run`); False for none.
 
     Returns:

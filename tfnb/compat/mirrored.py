@@ -1,12 +1,6 @@
-"""spark-tensorflow-distributor's ``MirroredStrategyRunner`` on tfnb: change one import (see :mod:`tfnb.compat`).
-
-The constructor and ``run`` keep their meaning; :func:`tfnb.run` launches the tasks, so ``train`` runs in a fresh
-process per run (reruns work), its output streams into the cell, a dead task relaunches the job, the stop button
-cancels it and Spark Connect works. ``train`` may use ``tf.keras`` (tf-keras) or Keras 3, which tfnb corrects for
-MultiWorkerMirroredStrategy also inside the strategy's scope. ``BarrierTaskContext.get()`` inside ``train`` raises,
-naming ``TF_CONFIG`` instead. GPUs come from ``spark.task.resource.gpu.amount``, or when it is unset from one GPU per
-task asked for in the run (``tfnb.run(gpus_per_worker=1)``); CPU training on a cluster whose conf gives every task
-GPUs asks for none where it can.
+"""spark-tensorflow-distributor's ``MirroredStrategyRunner`` on :func:`tfnb.run`: change one import (see
+docs/migrating.md). ``train`` runs in a fresh process per run, so reruns, cancelling and Spark Connect work, and
+``BarrierTaskContext.get()`` inside it raises, naming ``TF_CONFIG`` instead.
 """
 from __future__ import annotations
 
@@ -70,7 +64,7 @@ def _run_program(train_fn: Callable, kwargs: dict, use_custom_strategy: bool, st
 
 def _task_main(ctx, train_fn: Callable, kwargs: dict, use_custom_strategy: bool, num_slots: int,
                use_gpu: bool) -> Any:
-    """Runs in each tfnb task process: pick this task's GPUs, then run ``train`` like the original did."""
+    """In each task process: pick this task's GPUs, then run ``train``."""
     if use_gpu:
         mine = gpus_per_task(num_slots, ctx.num_workers, ctx.task_index)
         if len(ctx.gpus) < mine:
@@ -123,9 +117,8 @@ class MirroredStrategyRunner:
                         "driver competes with it for resources")
 
     def get_num_tasks(self) -> int:
-        """The number of Spark tasks a distributed run uses: with GPUs ``ceil(num_slots /
-        spark.task.resource.gpu.amount)``, or when that conf is unset ``num_slots`` tasks of one GPU each (where
-        a run can ask for its own task resources); without GPUs ``num_slots``."""
+        """Spark tasks of a distributed run: ``ceil(num_slots / spark.task.resource.gpu.amount)`` with GPUs (one GPU
+        per task when the conf is unset), else ``num_slots``."""
         if not self._use_gpu:
             return self._num_slots
         key = f"spark.task.resource.{self._gpu_resource_name}.amount"
@@ -148,8 +141,8 @@ class MirroredStrategyRunner:
         return math.ceil(self._num_slots / int(amount))
 
     def _gpus_asked(self) -> int | None:
-        """``gpus_per_worker`` for tfnb.run: 1 when GPUs come per run (no conf), 0 for CPU training where the conf
-        gives every task GPUs and a run can ask for none, else None (the conf's amount, as the original)."""
+        """``gpus_per_worker`` for tfnb.run: 1 for GPUs per run (no conf), 0 for CPU training where the conf gives
+        every task GPUs and a run can ask for none, else None (the conf's amount)."""
         amount = _conf(self._spark, f"spark.task.resource.{self._gpu_resource_name}.amount")
         if self._use_gpu:
             return 1 if amount is None else None

@@ -1,8 +1,7 @@
 """TensorFlowOnSpark's ``TFNode`` API inside ``map_fun``: the node context, ``DataFeed`` and ``hdfs_path``.
 
 Unlike TensorFlowOnSpark 2.2.5 it fails instead of hanging: ``DataFeed`` in an ``InputMode.TENSORFLOW`` cluster
-raises; ``should_stop()`` is True once the last row is handed out; an inference ``map_fun`` that does not return one
-result per row fails with the counts.
+raises, and so does an inference ``map_fun`` that does not return one result per row.
 """
 from __future__ import annotations
 
@@ -26,11 +25,8 @@ _SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://
 
 
 def hdfs_path(ctx, path: str) -> str:
-    """An absolute, scheme-prefixed path for ``path``, as TensorFlowOnSpark's ``TFNode.hdfs_path``.
-
-    A path with a Hadoop scheme is returned as it is; an absolute path gets ``ctx.defaultFS`` in
-    front; a relative path is placed under ``/user/<user>/`` on HDFS (``hdfs://``, ``viewfs://``) or
-    under ``ctx.working_dir`` on ``file://``. ``ctx`` is anything with ``defaultFS`` and ``working_dir``.
+    """An absolute, scheme-prefixed path for ``path``: a relative one goes under ``/user/<user>/`` on HDFS, under
+    ``ctx.working_dir`` on ``file://``. ``ctx`` is anything with ``defaultFS`` and ``working_dir``.
 
     Example:
         >>> ctx = type("Ctx", (), {"defaultFS": "file://", "working_dir": "/home/me"})
@@ -67,9 +63,8 @@ def release_port(ctx) -> None:
 
 
 def start_cluster_server(ctx, num_gpus: int = 1, rdma: bool = False):
-    """Start this node's ``tf.distribute.Server`` from ``ctx.cluster_spec`` (e.g. for a ps node).
-
-    TensorFlowOnSpark 2.2.5 refuses this under TensorFlow 2; here it starts the TensorFlow 2 server.
+    """Start this node's ``tf.distribute.Server`` from ``ctx.cluster_spec`` (e.g. for a ps node), which
+    TensorFlowOnSpark 2.2.5 refuses under TensorFlow 2.
 
     Returns:
         ``(tf.train.ClusterSpec, tf.distribute.Server)``.
@@ -102,10 +97,8 @@ def export_saved_model(sess, export_dir, tag_set, signatures):
 
 
 class NodeContext:
-    """The ``ctx`` a TensorFlowOnSpark ``map_fun(args, ctx)`` receives.
-
-    Mutable, unlike tfnb's WorkerContext: TensorFlowOnSpark programs rely on ``ctx.release_port()`` clearing
-    ``ctx.tmp_socket``.
+    """The ``ctx`` a TensorFlowOnSpark ``map_fun(args, ctx)`` receives (mutable: ``ctx.release_port()`` clears
+    ``ctx.tmp_socket``).
 
     Attributes:
         executor_id: this node's index in 0..num_executors-1 (``worker_num`` is the same).
@@ -116,8 +109,7 @@ class NodeContext:
         defaultFS: Hadoop's ``fs.defaultFS`` on the driver, e.g. ``"file://"`` or ``"hdfs://nn:8020"``.
         working_dir: the driver's working directory when ``TFCluster.run`` was called.
         mgr: the data feed handle for ``TFNode.DataFeed(ctx.mgr, ...)``.
-        tmp_socket: the socket keeping this node's port reserved with ``release_port=False``; else or once
-            released None.
+        tmp_socket: the socket keeping this node's port reserved with ``release_port=False``, else None.
         tfnb: the underlying :class:`tfnb.WorkerContext` (model_dir, log_dir, ``report()``, ...).
     """
 
@@ -138,7 +130,6 @@ class NodeContext:
 
     def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
                       input_mapping: dict | None = None) -> "DataFeed":
-        """``DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)``."""
         return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
 
     def __repr__(self) -> str:
@@ -165,8 +156,7 @@ class DataFeed:
 
     Args:
         mgr: ``ctx.mgr``.
-        train_mode: False makes ``next_batch`` stop at the end of each input partition (as TensorFlowOnSpark's
-            inference feeding does); True lets batches run across partitions.
+        train_mode: False makes a batch end at the end of each input partition (as in TensorFlowOnSpark).
         qname_in, qname_out: must be ``"input"`` and ``"output"`` (TensorFlowOnSpark internals).
         input_mapping: ``{column: tensor name}``; ``next_batch`` then returns ``{tensor name: [values]}``,
             tensors ordered by column name, values taken by position from each row.
@@ -203,11 +193,7 @@ class DataFeed:
         return self.mgr.exhausted
 
     def next_batch(self, batch_size: int):
-        """Up to ``batch_size`` rows (a list), or with ``input_mapping`` a dict of value lists.
-
-        Fewer rows come back at the end of the data and, with ``train_mode=False``, at the end of
-        an input partition; an empty batch once the data is exhausted or ``terminate()`` was called.
-        """
+        """Up to ``batch_size`` rows (a list, or with ``input_mapping`` a dict of value lists); ``[]`` at the end."""
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r} but it must be an int >= 1")
         rows = self.mgr.take(batch_size, stop_at_partition=not self.train_mode)
@@ -220,7 +206,7 @@ class DataFeed:
         return self.mgr.exhausted
 
     def batch_results(self, results) -> None:
-        """Return one result per row of the last batch; ``cluster.inference()`` yields them in input order."""
+        """Return one result per row of the last batch."""
         self.mgr.results.extend(results)
 
     def terminate(self) -> None:
@@ -240,10 +226,7 @@ class NodeMeta:
 
 
 def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
-    """tfnb train_fn running one TensorFlowOnSpark node: build its ctx, then ``map_fun(tf_args, ctx)``.
-
-    Returns the node's inference results (``cluster.inference()``), else None.
-    """
+    """tfnb train_fn of one node: its ctx, then ``map_fun(tf_args, ctx)``; returns its inference results or None."""
     executor_id = wctx.task_index  # tfnb runs every node as a worker, so its index is the node's rank
     job_name, task_index = next((job, ids.index(executor_id)) for job, ids in meta.template if executor_id in ids)
     addresses = wctx.cluster_spec["worker"]

@@ -1,8 +1,6 @@
-"""Spark DataFrame -> tf.data inside each barrier task, for ``tfnb.run(train_fn, data=df)``: the driver's half.
-
-Rows travel as Arrow end to end: :func:`feed_spec` checks the schema and :func:`split_for_workers` gives one balanced
-partition per worker; in the task ``tfnb._task.feed`` writes the partition to a local Arrow file that train_fn's
-``ctx.dataset`` follows as it grows. :func:`agree_counts` agrees on the rows every worker serves.
+"""Spark DataFrame -> tf.data, the driver's half of ``tfnb.run(train_fn, data=df)``: :func:`feed_spec` checks the
+schema, :func:`split_for_workers` gives one balanced partition per worker (``tfnb._task.feed`` streams it to the
+task), :func:`agree_counts` agrees on the rows every worker serves.
 """
 from __future__ import annotations
 
@@ -128,18 +126,15 @@ def _split_evenly(df, n: int) -> bool:
 
 def split_for_workers(df, num_workers: int, num_ps: int = 0) -> tuple[Any, list[int] | None]:
     """``(part, counts)``: ``df`` as exactly ``num_workers + num_ps`` balanced partitions (partition i feeds task i),
-    and the rows of each when a counting job gave them (train_fn then knows its steps per epoch early), else None.
-
-    A cached DataFrame that already has that many (nearly) equal partitions, e.g. ``df.repartition(n).cache()``, is
-    fed as it is (deciding costs one quick counting job over the cache, or nothing for that exact plan on a classic
-    session); anything else is repartitioned round-robin (one shuffle). DataFrame API only (Spark Connect too).
+    and the rows of each when a counting job gave them, else None. A cached DataFrame that already has that many
+    (nearly) equal partitions is fed as it is (for ``df.repartition(n).cache()`` on a classic session, without even
+    a counting job); anything else is repartitioned round-robin (one shuffle).
     """
     n = num_workers + num_ps
-    if _is_cached(df) and _split_evenly(df, n):
-        log.debug("feeding the cached even split into %d partitions as it is", n)
-        return df, None
-    if _is_cached(df):
-        # Counting an uncached DataFrame would compute it twice; a cached one is cheap to count.
+    if _is_cached(df):  # counting an uncached DataFrame would compute it twice; a cached one is cheap to count
+        if _split_evenly(df, n):
+            log.debug("feeding the cached even split into %d partitions as it is", n)
+            return df, None
         counts = _cached_partition_rows(df)
         total = sum(counts)
         if len(counts) == n and total and total - n * min(counts) <= _MAX_IMBALANCE * total:

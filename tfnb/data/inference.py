@@ -1,11 +1,7 @@
 """DataFrame -> predictions, the driver's side of ``tfnb.predict``: check the call, read what it needs of the model
-once and add the column, lazily and through the DataFrame API only (classic and Spark Connect sessions).
-
-Only the input columns reach Spark's Python workers (:mod:`.scoring`), as Arrow batches through a scalar iterator
-Arrow UDF (pyspark >= 4.1; before that ``mapInArrow``, which carries whole rows); the rest of the row stays in the
-JVM. Per CPU-second (``bench/inference.py``) this matched ``mapInArrow`` on a narrow frame, was 1.6x faster with a
-1 KB column carried along and 1.6-2x faster than ``predict_batch_udf`` on a small MLP.
-``TFNB_PREDICT_TRACE_DIR`` (diagnostics): each Python worker logs its model loads and batches to ``<dir>/<pid>.log``.
+once, and add the column lazily through the DataFrame API (classic and Spark Connect). Only the input columns reach
+the Python workers (:mod:`.scoring`), through a scalar iterator Arrow UDF (pyspark >= 4.1; before, ``mapInArrow``,
+which carries whole rows): per CPU-second 1.6x faster with a 1 KB column carried along (``bench/inference.py``).
 """
 from __future__ import annotations
 
@@ -34,23 +30,19 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
 
     Args:
         df: a Spark DataFrame (classic or Spark Connect).
-        model_path: a Keras ``.keras``/``.h5`` file or a TF SavedModel directory: a local path readable at the
-            same place on the executors (``/dbfs/...``; ``dbfs:/x`` is read as ``/dbfs/x``) or a URL
-            (``s3://...`` through boto3, other schemes through fsspec), downloaded once per executor. Keras files
-            load with tf-keras, or Keras 3 when Keras 3 saved the ``.keras`` file.
+        model_path: a Keras ``.keras``/``.h5`` file or a TF SavedModel directory: a path readable at the same
+            place on the executors (``/dbfs/...``) or a URL, downloaded once per executor.
         input_cols: columns that make one model input row, in order: numeric columns, fixed-length arrays of
-            numbers and/or ``binary`` columns of packed values of the same length on every row: the row's values
-            in the model's input dtype (``ndarray.astype("float32").tobytes()``) or one byte per value (``uint8``
-            pixels, as in Spark's image source), which spares Spark converting each value (~15 CPU-us per row for
-            784 floats). The values are concatenated and reshaped to the model's input shape (64 values ->
-            ``(8, 8, 1)``) and dtype. Nulls are an error; models with more than one input are not supported.
+            numbers and/or ``binary`` columns of packed values (the row's values in the model's input dtype, or
+            one ``uint8`` per value), concatenated and reshaped to the model's input shape and dtype. Nulls are
+            an error; models with more than one input are not supported (docs/data.md, "Predict over a DataFrame").
         output_col: name of the new column; it must not exist in ``df``.
-        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else the most whose input, layer
-            outputs and prediction fit in 256 MiB, at most one Arrow batch; logged and in the column metadata).
+        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else the most whose tensors fit in
+            256 MiB, at most one Arrow batch).
         output_type: ``"float"`` (one output with one value per row) or ``"array"`` (``array<float>``: all
-            outputs flattened per row, in ``tf.nest.flatten`` order), read from the model by default. Reading it,
-            and the automatic batch size, loads the model once per version on the driver (in a subprocess, ~4 s,
-            unless TensorFlow is imported); pass both to skip that, e.g. on a Connect client without TensorFlow.
+            outputs flattened per row), read from the model by default. Reading it, and the automatic batch size,
+            loads the model once on the driver (in a subprocess unless TensorFlow is imported); pass both to skip
+            that, e.g. on a Connect client without TensorFlow.
         storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (docs/data.md, "Storage
             URLs and options"); sent to the executors with the task, never logged.
 
@@ -66,9 +58,7 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
         StorageError: the model URL cannot be read (credentials, bucket, endpoint, permission).
 
     Example:
-        >>> import tfnb
-        >>> preds = tfnb.predict(df, "/dbfs/models/mnist.keras",
-        ...                      input_cols=["features"], output_col="logits", batch_size=512)
+        >>> preds = tfnb.predict(df, "/dbfs/models/mnist.keras", input_cols=["features"], output_col="logits")
         >>> preds.select("id", "logits").show()
     """
     cols = _check_input_cols(input_cols)
@@ -95,9 +85,8 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
     cache_dir = setting("model_cache_dir", None, "")
     spark = df.sparkSession
     if output_type is None or size is None:
-        local = _fetch(source, version, files, options, cache_dir) if files else source
         try:
-            desc = _describe(local, version)
+            desc = _describe(_fetch(source, version, files, options, cache_dir), version)
         except MissingDependencyError:
             if output_type is None:
                 raise
@@ -108,7 +97,7 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
             rows = _conf_int(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", 10000)
             size = _batch_size(desc, rows if rows > 0 else _MAX_ROWS) if desc else 0  # <= 0: whole partitions
             log.info("tfnb.predict: rows per model call for %s: %s", source, size or "chosen on each worker")
-    spec = _Spec(source=source, version=version, remote=bool(files), files=files, input_cols=cols,
+    spec = _Spec(source=source, version=version, files=files, input_cols=cols,
                  scalar_output=output_type == "float", batch_size=size,
                  threads=_conf_int(spark, "spark.task.cpus", 1),
                  cache_dir=cache_dir, trace_dir=setting("predict_trace_dir", None, "") or None,

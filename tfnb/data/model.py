@@ -1,8 +1,5 @@
-"""The model ``tfnb.predict`` runs: where it is, its version, this machine's copy of it, and loading it.
-
-The version (the file's mtime, or the remote files' sizes and ETags, read on the driver) is in every cache key,
-so a changed model is fetched and loaded again. A model at a URL is downloaded once per (URL, version) into this
-user's private cache on each executor (:func:`_fetch`). Loaded, it is a :class:`_Model`.
+"""The model ``tfnb.predict`` runs: where it is, its version (the file's mtime, or the remote files' sizes and ETags,
+read on the driver and in every cache key, so a changed model loads again), this machine's copy of it and loading it.
 """
 from __future__ import annotations
 
@@ -64,8 +61,11 @@ def _fresh_cache() -> str:
 
 
 def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cache_base: str) -> str:
-    """The local copy of the model at ``url``, downloaded once per (url, version). A cached copy is used only when
-    a record written after its download names this version and every file has the size the driver listed."""
+    """The local copy of the model at ``url``, downloaded once per (url, version); ``url`` itself when local (no
+    ``files``). A cached copy is used only when a record written after its download names this version and every
+    file has the size the driver listed."""
+    if not files:
+        return url
     try:  # tfnb-model-cache-<uid> under TFNB_MODEL_CACHE_DIR or the temp folder, when 0700 and this user's
         root = private_dir("model-cache", cache_base or None, "TFNB_MODEL_CACHE_DIR")
     except UnsafePathError as e:
@@ -107,8 +107,7 @@ def _verified(dest: str, record: str, want: str, files: tuple) -> bool:
 
 @dataclass(frozen=True)
 class _Model:
-    """A loaded model reduced to what prediction needs: a function of numpy rows, and the input shape and dtype
-    the features are cast to."""
+    """A loaded model reduced to what prediction needs."""
 
     call: Any                   # numpy (rows, *input_shape) -> numpy float32 (rows, values per row)
     input_shape: list           # per-row dims, None where unknown
@@ -197,8 +196,8 @@ def _run(tf, fn, input_name: str | None, x):
 
 @functools.lru_cache(maxsize=16)   # per model version: reading costs ~1 s, plus ~4 s to import TensorFlow
 def _describe(path: str, version: str) -> dict:
-    """:meth:`_Model.describe` of the model at the local ``path``, read on the driver: here when TensorFlow is
-    imported (no environment or thread settings touched), else in a subprocess, sparing the notebook TensorFlow."""
+    """:meth:`_Model.describe` of the model at the local ``path``: in this process when TensorFlow is imported, else
+    in a subprocess, sparing the notebook TensorFlow."""
     if "tensorflow" in sys.modules:
         try:
             return _load(path, threads=None).describe()

@@ -26,7 +26,6 @@ class _Spec:
 
     source: str                 # absolute local path, or a URL when remote
     version: str                # changes when the model does; part of every cache key
-    remote: bool
     files: tuple                # remote: ((rel, size, version), ...) as listed on the driver; else ()
     input_cols: tuple[str, ...]
     scalar_output: bool         # one float per row, else array<float>
@@ -49,8 +48,8 @@ def _model_for(spec: _Spec) -> _Model:
     started = time.monotonic()
     # tf.keras must mean tf-keras in this worker (custom layers may use it): set before TF is imported.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    local = _fetch(spec.source, spec.version, spec.files, spec.options, spec.cache_dir) if spec.remote else spec.source
-    model = _loaded[key] = _load(local, spec.threads)
+    model = _loaded[key] = _load(_fetch(spec.source, spec.version, spec.files, spec.options, spec.cache_dir),
+                                 spec.threads)
     while len(_loaded) > _MODELS_CACHED:
         _loaded.popitem(last=False)
     log.info("loaded model %s in process %d in %.1f s", spec.source, os.getpid(), time.monotonic() - started)
@@ -61,30 +60,26 @@ def _model_for(spec: _Spec) -> _Model:
 
 def _predict_arrays(spec: _Spec, batches: Iterator) -> Iterator:
     """Arrow UDF body: for each Arrow batch of the input columns, yield the predictions as one array."""
-    model = None
     for arrays in batches:
-        if not isinstance(arrays, (tuple, list)):
-            arrays = (arrays,)
-        model = model or _model_for(spec)  # on the first batch: an empty partition loads nothing
-        yield _predict_batch(model, spec, arrays)
+        yield _predict_batch(spec, arrays if isinstance(arrays, (tuple, list)) else (arrays,))
 
 
 def _predict_record_batches(spec: _Spec, output_col: str, batches: Iterator) -> Iterator:
     """mapInArrow body: each whole-row Arrow batch comes back with the prediction column appended."""
     import pyarrow as pa
 
-    model = None
     for batch in batches:
-        model = model or _model_for(spec)
-        out = _predict_batch(model, spec, [batch.column(c) for c in spec.input_cols])
+        out = _predict_batch(spec, [batch.column(c) for c in spec.input_cols])
         yield pa.RecordBatch.from_arrays(batch.columns + [out], names=batch.schema.names + [output_col])
 
 
-def _predict_batch(model: "_Model", spec: _Spec, arrays: Sequence) -> Any:
-    """Predictions for one Arrow batch of the input columns, as a pyarrow array."""
+def _predict_batch(spec: _Spec, arrays: Sequence) -> Any:
+    """Predictions for one Arrow batch of the input columns, as a pyarrow array (the model loaded at the first batch:
+    an empty partition loads nothing)."""
     import numpy as np
     import pyarrow as pa
 
+    model = _model_for(spec)
     x = _features(arrays, spec.input_cols, model)
     n = x.shape[0]
     if n == 0:

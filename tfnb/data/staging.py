@@ -1,14 +1,8 @@
 """Storage -> this worker's local disk: each worker copies its own byte-balanced shard of the files (:func:`stage`).
 
-The source is any URL or path of :mod:`tfnb.storage`. Objects up to ``chunk_size`` are one GET each, many in
-flight; bigger ones too (up to 8 chunks) while ``concurrency`` files are unfinished, else parallel ranged GETs.
-The listing's size and ETag spare a HEAD per object and make each GET conditional.
-
-Idempotent and resumable: a file is downloaded to a hidden ``.NAME.tfnb-part`` (no ``*.tfrecord`` glob matches
-it) and renamed when whole; the manifest ``.tfnb-stage.json`` in ``dest`` records each complete file's source,
-size, version and local mtime, merged atomically under a file lock (workers may share one ``dest``). A rerun
-fetches only what is missing or changed, removes a killed run's leftovers, and keeps a file renamed but not yet
-recorded when its MD5 equals the object's single-part ETag (files are not fsynced: a power loss is not covered).
+Resumable: a file lands as a hidden ``.NAME.tfnb-part`` and is renamed when whole; the manifest ``.tfnb-stage.json``
+(merged under a file lock: workers may share ``dest``) records each complete file's source, size, version and mtime.
+A file renamed but not recorded is kept when its MD5 is the object's single-part ETag (no fsync: not power-loss safe).
 """
 from __future__ import annotations
 
@@ -155,7 +149,7 @@ def _safe_rel(rel: str, url: str) -> str | None:
 
 
 class _Manifest:
-    """The record of complete files in ``dest``, merged and replaced atomically under a lock."""
+    """The record of complete files in ``dest``."""
 
     def __init__(self, dest: Path):
         self.path = dest / MANIFEST_NAME
@@ -180,11 +174,24 @@ class _Manifest:
         return {"source": f.url, "size": f.size, "version": f.version, "mtime_ns": st.st_mtime_ns}
 
     def is_complete(self, f: RemoteFile, local: Path) -> bool:
+        """Recorded complete, or (a killed run renamed it but had not recorded it) its MD5 is ``f``'s single-part
+        ETag, and now recorded."""
         try:
             st = local.stat()
+            if st.st_size != f.size or self.entries.get(f.rel) == self._entry(f, st):
+                return st.st_size == f.size
+            if not _MD5_ETAG.fullmatch(f.version):
+                return False
+            h = hashlib.md5(usedforsecurity=False)
+            with open(local, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
         except OSError:
             return False
-        return st.st_size == f.size and self.entries.get(f.rel) == self._entry(f, st)
+        same = h.hexdigest() == f.version
+        if same:
+            self.record(f, st)
+        return same
 
     def record(self, f: RemoteFile, st: os.stat_result) -> None:
         self.pending[f.rel] = self._entry(f, st)
@@ -206,21 +213,6 @@ class _Manifest:
 
 def _local(dest: Path, rel: str) -> Path:
     return dest.joinpath(*rel.split("/"))
-
-
-def _verify(f: RemoteFile, local: Path) -> bool:
-    """True when ``local``'s MD5 equals ``f``'s single-part S3 ETag: a file a killed run renamed but had not
-    recorded."""
-    try:
-        if not (_MD5_ETAG.fullmatch(f.version) and local.stat().st_size == f.size):
-            return False
-        h = hashlib.md5(usedforsecurity=False)
-        with open(local, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest() == f.version
-    except OSError:
-        return False
 
 
 def _part(local: Path) -> Path:
@@ -245,25 +237,13 @@ def _remove_leftovers(locals_: Sequence[Path]) -> None:
                     os.unlink(entry.path)
 
 
-def _check_space(dest: Path, need: int, files: int, url: str, index: int, count: int) -> None:
-    free = shutil.disk_usage(dest).free
-    if need > free:
-        raise StorageError(
-            f"shard {index}/{count} of {url} needs {_human(need)} in {dest} but only {_human(free)} are free; "
-            "free space there, or pick a dest on a bigger disk\n"
-            f"It needs {need} bytes ({files} files) and only {free} bytes are free; or spread the data over more "
-            "workers (count).")
-
-
 def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
           endpoint_url: str | None = None, concurrency: int | None = None,
           chunk_size: int | None = None, storage_options: Mapping[str, Any] | None = None,
           progress: bool = False, callback: Callable[[StageProgress], None] | None = None
           ) -> StageResult:
-    """Copy shard ``index`` of ``count`` of the files under ``src`` into ``dest``.
-
-    Files already complete in ``dest`` (same source, size and ETag/checksum, per the manifest) are
-    skipped, so a rerun after a failure or kill fetches only what is missing.
+    """Copy shard ``index`` of ``count`` of the files under ``src`` into ``dest``; a rerun after a failure or kill
+    fetches only what is missing or changed (docs/data.md).
 
     Args:
         src: ``s3://bucket/prefix`` (or ``s3a://``, ``s3n://``), any fsspec URL (``file://``,
@@ -276,9 +256,8 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
             then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL.
         concurrency: S3 GETs in flight at once, for small objects and for the parts of big ones
             each; fsspec file copies at once. Default 8. Env: TFNB_STAGE_CONCURRENCY.
-        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size; up to
-            8 chunks, one GET per file while at least ``concurrency`` files are unfinished (every
-            connection is busy anyway); smaller ones with one GET. Default 8 MiB, at least 1 MiB.
+        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size (up to 8
+            chunks: one GET while ``concurrency`` files are unfinished). Default 8 MiB, at least 1 MiB.
             Env: TFNB_STAGE_CHUNK_SIZE.
         storage_options: ``key``, ``secret``, ``token``, ``region``, ``profile``, ``anon``, ``config``
             (docs/data.md, "Storage URLs and options"); for fsspec URLs, the filesystem's options. Never logged.
@@ -287,8 +266,7 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
             downloading, and at the end, always from the calling thread.
 
     Returns:
-        A :class:`StageResult`: the shard's files and bytes, what was downloaded or skipped, seconds,
-        MB/s, and the local paths.
+        A :class:`StageResult`.
 
     Raises:
         ConfigError: bad ``index``/``count``/``concurrency``/``chunk_size``, or a scheme that no
@@ -335,19 +313,16 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
         raise StorageError(f"cannot create dest {dest_path} ({e.strerror or summary(e)}); pick a writable local "
                            f"folder\n{summary(e)}") from e
     manifest = _Manifest(dest_path)
-    todo = []
-    for f in mine:
-        local = _local(dest_path, f.rel)
-        if manifest.is_complete(f, local):
-            continue
-        if _verify(f, local):
-            manifest.record(f, local.stat())
-        else:
-            todo.append(f)
+    todo = [f for f in mine if not manifest.is_complete(f, _local(dest_path, f.rel))]
     manifest.flush()
     _remove_leftovers([_local(dest_path, f.rel) for f in todo])
-    need = sum(f.size for f in todo)
-    _check_space(dest_path, need, len(todo), src, index, count)
+    need, free = sum(f.size for f in todo), shutil.disk_usage(dest_path).free
+    if need > free:
+        raise StorageError(
+            f"shard {index}/{count} of {src} needs {_human(need)} in {dest_path} but only {_human(free)} are free; "
+            "free space there, or pick a dest on a bigger disk\n"
+            f"It needs {need} bytes ({len(todo)} files) and only {free} bytes are free; or spread the data over "
+            "more workers (count).")
     log.info("staging shard %d/%d of %s into %s: %d files, %d to download (%s)", index, count,
              src, dest_path, len(mine), len(todo), _human(need))
 
@@ -403,22 +378,17 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
             callback(StageProgress(files_done, len(todo), bytes_done, total))
 
     def fetch(f: RemoteFile) -> None:
-        try:
-            # while `concurrency` files are unfinished one GET each keeps every connection busy; ranges pay off
-            # for the last (or a few big) files, and above `whole_max`, where a dropped connection costs one part
-            store.get(f.key, str(_part(_local(dest, f.rel))), size=f.size, version=f.version or None,
-                      on_bytes=lambda n: events.put(("bytes", f.rel, n)), cancel=cancel,
-                      whole=len(files) >= concurrency and f.size <= whole_max)
-        except BaseException as e:  # noqa: BLE001 - handed to the calling thread
-            events.put(("done", f.rel, e))
-        else:
-            events.put(("done", f.rel, None))
+        # while `concurrency` files are unfinished one GET each keeps every connection busy; ranges pay off
+        # for the last (or a few big) files, and above `whole_max`, where a dropped connection costs one part
+        store.get(f.key, str(_part(_local(dest, f.rel))), size=f.size, version=f.version or None,
+                  on_bytes=lambda n: events.put(("bytes", f.rel, n)), cancel=cancel,
+                  whole=len(files) >= concurrency and f.size <= whole_max)
 
     pool = ThreadPoolExecutor(max(1, min(concurrency, len(todo))), thread_name_prefix="tfnb-stage")
     ok = False
     try:
         for f in todo:
-            pool.submit(fetch, f)
+            pool.submit(fetch, f).add_done_callback(lambda done, rel=f.rel: events.put(("done", rel, done)))
         report(force=True)
         while files:
             kind, rel, value = events.get()
@@ -429,8 +399,7 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
                 n = min(value, f.size - got[rel])
                 got[rel] += n
             else:
-                if value is not None:
-                    raise value
+                value.result()   # a failed download raises here, in the calling thread
                 del files[rel]
                 # renamed here, not in a download thread: after an interruption only recorded files look complete
                 local = _local(dest, rel)

@@ -1,10 +1,6 @@
-"""The driver side of a run: ``tfnb.run`` launches the barrier job, watches it and gives the verdict.
-
-The job is ``spark.range(n, numPartitions=n).mapInArrow(task, barrier=True)`` (or the fed DataFrame in n parts),
-on classic and Spark Connect sessions alike; tasks talk back over the run's authenticated channel, and only the
-chief returns a value. Modules in the order a run meets them: :mod:`.runner`, :mod:`.options`, :mod:`.spark`,
-:mod:`.resources`, :mod:`.attempt` and :mod:`.jobs`, :mod:`.verdict`, :mod:`.elastic`, :mod:`.channel` and
-:mod:`.runlog`; :mod:`.hooks` is the surface add-ons build on.
+"""The driver side of a run: ``tfnb.run`` launches the barrier job (``mapInArrow(task, barrier=True)``, classic and
+Spark Connect alike), watches it over the run's channel and gives the verdict. :mod:`.hooks` is the surface add-ons
+build on.
 """
 from __future__ import annotations
 

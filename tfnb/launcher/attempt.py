@@ -15,7 +15,7 @@ from typing import Callable
 
 from .. import _protocol as events
 from .._protocol import Msg, RunEvent
-from ..errors import STALLED, ConfigError, RunCancelledError, RunTimeoutError, TaskFailure
+from ..errors import STALLED, ConfigError, RunTimeoutError, TaskFailure
 from ..monitor.display import show
 from .resources import Ask, Placement, refused_by_spark
 from .spark import _driver_host
@@ -49,8 +49,10 @@ class _Attempt:
 
         self.spark, self.data, self.spec_kwargs, self.attempt = spark, data, spec_kwargs, spec_kwargs["attempt"]
         self.placement = placement or Placement(workers=Ask(1, 0.0))
+        self._addrs: dict[int, dict] = {}  # rank -> its TensorFlow server's address and rows, as tasks report
         # ps tasks in a barrier job of their own: how long one job waits for the other at the exchange
-        self.exchange = Exchange(num_tasks - num_ps, num_ps, ps_job_wait) if self.placement.ps is not None else None
+        self.exchange = Exchange(num_tasks - num_ps, num_ps, ps_job_wait, self._addrs) \
+            if self.placement.ps is not None else None
         self.display, self.deadline, self.num_tasks, self.num_ps = display, deadline, num_tasks, num_ps
         self.daemon_ranks, self.cancel, self.stall_timeout, self.resize = daemon_ranks, cancel, stall_timeout, resize
         self.grace = grace  # seconds to collect reports after the first sign of failure before deciding
@@ -74,7 +76,6 @@ class _Attempt:
         self.decided = False  # past this point, disconnects are tfnb's own stopping of the tasks
         self._batch: list | None = None  # events of the current _drain pass, for the display
         self._feed: dict[int, tuple[int, bool]] = {}  # rank -> (rows so far, whole) while data= streams
-        self._addrs: dict[int, dict] = {}  # rank -> its TensorFlow server's address and rows, as tasks report
         self._feed_told = 0.0
         self._counts: list[int] | None = None  # rows per worker, when counted before launch
         self.resizing = False  # asked: every task, connected or still to come, stops at its next epoch boundary
@@ -97,7 +98,7 @@ class _Attempt:
         if kind == Msg.ADDR:  # likewise: every task waits for the others' addresses to start train_fn
             self._addrs[int(peer.get("rank", -1))] = {"addr": msg.get("addr"), "rows": msg.get("rows", 0)}
             if self.exchange is not None:
-                self.exchange.heard_from(int(peer.get("rank", -1)))
+                self.exchange.heard_from()
             if self.decided:  # a task whose job started after the attempt ended: it stops, never trains
                 self.channel.broadcast({"kind": Msg.STOP})
                 return
@@ -151,19 +152,37 @@ class _Attempt:
         run_jobs(self.spark, spec, self.placement, source, self.num_ps, self.tag, self.q.put)
 
     def _handle(self, peer: dict, msg: dict) -> None:
-        self._note(peer, msg)
-        kind = msg.get("kind")
-        job, idx = peer.get("job_name", "?"), int(peer.get("task_index", -1))
+        """Every message from a task: its last sign of life, step, line and state, then what it tells the run."""
+        rank, kind = int(peer.get("rank", -1)), msg.get("kind")
+        life = self.lives.get(rank)
+        if life is None:
+            life = self.lives[rank] = _Life(peer.get("job_name", "?"), int(peer.get("task_index", -1)),
+                                            peer.get("host", ""))
+        if kind == Msg.DISCONNECTED:
+            if not life.final and not self.decided and self.job_error is None and \
+                    not any(not f.retryable for f in self.failures):
+                # Gone without a word: its executor or Python worker died. (After the job failed, or
+                # after a task raised, Spark itself kills the remaining tasks: that is no news.)
+                self._lost(life, "the task ended without a report: its executor or Spark Python worker was lost")
+            life.final = True
+            return
+        life.seen = time.monotonic()
+        job, idx = life.job_name, life.task_index
         if kind == Msg.BATCH:  # what a task gathered over a short window, handled as one unit
             for m in msg.get("items") or ():
-                if isinstance(m, dict) and m.get("kind") == Msg.LOG:
-                    self._log(job, idx, m)
-                elif isinstance(m, dict):
+                if isinstance(m, dict):
                     self._handle(peer, m)
         elif kind == Msg.LOG:
+            life.line = _last_line(msg)
             self._log(job, idx, msg)
         elif kind == Msg.EVENT:
-            data, rank = msg.get("data") or {}, int(peer.get("rank", -1))
+            data = msg.get("data") or {}
+            if msg.get("event", events.PROGRESS) == events.PROGRESS:
+                step = {k: data[k] for k in ("epoch", "step") if data.get(k) is not None}
+                if step:
+                    life.step = step
+                    if life.first_epoch is None and isinstance(step.get("epoch"), int):
+                        life.first_epoch = step["epoch"]
             if msg.get("event") == events.STATE and data.get("epoch_vote"):
                 self.voters.add(rank)  # bookkeeping, nothing to show
                 if data["epoch_vote"] == "boundary" and self._vote_check is None:
@@ -175,11 +194,13 @@ class _Attempt:
                 self._vote_check = time.monotonic() + self.grace
             self._show(RunEvent(msg.get("event", events.PROGRESS), job, idx, data))
         elif kind == Msg.STATE:
+            life.state = str(msg.get("state", ""))
+            life.final = life.final or life.state in ("done", "stopped")
             self._show(RunEvent(events.STATE, job, idx, {k: v for k, v in msg.items() if k != "kind"}))
             if msg.get("state") == "done":
                 if job == "chief" and self.num_ps > 0:  # ps and worker tasks serve until the coordinator is done
                     self.channel.broadcast({"kind": Msg.STOP})
-                self.done_ranks.add(int(peer.get("rank", -1)))
+                self.done_ranks.add(rank)
                 if self.daemon_ranks and \
                         len(self.done_ranks - self.daemon_ranks) == self.num_tasks - len(self.daemon_ranks):
                     # daemon tasks (tfnb.compat's ps/evaluator) serve until every other task is done
@@ -189,6 +210,7 @@ class _Attempt:
                     # collectives; now that every task is done they may exit
                     self.channel.broadcast({"kind": Msg.END})
         elif kind == Msg.FAILED:
+            life.final = True
             f = msg.get("failure") or {}
             failure = TaskFailure(job_name=job, task_index=idx, exc_type=f.get("exc_type", "Error"),
                                   message=f.get("message", ""), traceback=f.get("traceback", ""),
@@ -198,6 +220,8 @@ class _Attempt:
                 self.boot = self.boot or {**f, "host": failure.host, "child": True}
             self._show(RunEvent(events.FAILED, job, idx, {"exc_type": failure.exc_type, "message": failure.message}))
             self._trouble()  # the others keep running until _settled(): their reports decide the retry
+        elif kind == Msg.STACK:
+            life.stack = str(msg.get("text", ""))
 
     def run(self) -> _Outcome:
         from .._task.setup import TaskSpec
@@ -342,53 +366,11 @@ class _Attempt:
                     break
                 except KeyboardInterrupt:
                     continue
-            raise RunCancelledError("tfnb.run was interrupted; the Spark job was cancelled and every "
-                                    "process it started was stopped") from None
-
-    def _note(self, peer: dict, msg: dict) -> None:
-        """Every message from a task: its last sign of life, step, line and state."""
-        rank = int(peer.get("rank", -1))
-        life = self.lives.get(rank)
-        if life is None:
-            life = self.lives[rank] = _Life(peer.get("job_name", "?"), int(peer.get("task_index", -1)),
-                                            peer.get("host", ""))
-        kind = msg.get("kind")
-        if kind == Msg.DISCONNECTED:
-            if not life.final and not self.decided and self.job_error is None and \
-                    not any(not f.retryable for f in self.failures):
-                # Gone without a word: its executor or Python worker died. (After the job failed, or
-                # after a task raised, Spark itself kills the remaining tasks: that is no news.)
-                self._lost(life, "the task ended without a report: its executor or Spark Python worker was lost")
-            life.final = True
-            return
-        life.seen = time.monotonic()
-        if kind == Msg.BATCH:  # its other items come back through _handle, its log lines do not
-            for m in reversed(msg.get("items") or ()):
-                if isinstance(m, dict) and m.get("kind") == Msg.LOG:
-                    life.line = _last_line(m)
-                    break
-        elif kind == Msg.LOG:
-            life.line = _last_line(msg)
-        elif kind == Msg.EVENT and msg.get("event", events.PROGRESS) == events.PROGRESS:
-            data = msg.get("data") or {}
-            step = {k: data[k] for k in ("epoch", "step") if data.get(k) is not None}
-            if step:
-                life.step = step
-                if life.first_epoch is None and isinstance(step.get("epoch"), int):
-                    life.first_epoch = step["epoch"]
-        elif kind == Msg.STATE:
-            life.state = str(msg.get("state", ""))
-            life.final = life.final or life.state in ("done", "stopped")
-        elif kind == Msg.FAILED:
-            life.final = True
-        elif kind == Msg.STACK:
-            life.stack = str(msg.get("text", ""))
+            raise  # tfnb.run raises it as RunCancelledError
 
     def _lost(self, life: _Life | None, message: str) -> None:
         """A task (``life``; None: unknown) whose executor or Spark Python worker vanished."""
-        self.lost.append(TaskFailure(job_name=life.job_name if life else "spark",
-                                     task_index=life.task_index if life else -1, exc_type="ExecutorLost",
-                                     message=message, attempt=self.attempt, host=life.host if life else ""))
+        self.lost.append((life or _Life("spark", -1)).failure("ExecutorLost", message, self.attempt))
         self._trouble()
 
     def _trouble(self) -> None:
@@ -480,10 +462,8 @@ class _Attempt:
             f"which {voters} {'takes' if len(self.voters) == 1 else 'take'} at every epoch start: a collective, so "
             "the run would hang or fail there. Add ctx.progress_callback() to model.fit(callbacks=[...]) on every "
             "worker, not only on the chief (a custom loop: call ctx.epoch_boundary(strategy, epoch) on every worker)")
-        first = self.lives.get(missing[0])
-        failure = TaskFailure(job_name=first.job_name if first else "worker", task_index=first.task_index if first
-                              else missing[0], exc_type="ConfigError", message=str(error), attempt=self.attempt,
-                              host=first.host if first else "")
+        failure = self.lives.get(missing[0], _Life("worker", missing[0])).failure("ConfigError", str(error),
+                                                                                   self.attempt)
         self.runlog.note(str(error))
         return _Outcome(failure=failure, error=error, cause=str(error).split(":")[0])
 
@@ -504,8 +484,7 @@ class _Attempt:
         message = f"silent for {seconds:.0f} s (no progress event, no output line)"
         if len(stalled) > 1:  # peers of a hung collective go quiet together
             message += "; also silent: " + ", ".join(l.label for l in stalled[1:])
-        failure = TaskFailure(job_name=worst.job_name, task_index=worst.task_index, exc_type=STALLED,
-                              message=message, attempt=self.attempt, host=worst.host)
+        failure = worst.failure(STALLED, message, self.attempt)
         epoch, stall = self._epoch_of(failure), {"seconds": seconds, "last_step": dict(worst.step),
                                                  "last_line": worst.line}
         for life in stalled:
@@ -527,10 +506,5 @@ class _Attempt:
                         resumed_epoch=self._resumed_epoch(), stall=stall)
 
     def _drain_rest(self) -> None:
-        while True:
-            try:
-                item = self.q.get(timeout=0)
-            except queue.Empty:
-                return
-            if item[0] == "msg":
-                self._handle(item[1], item[2])
+        while self.q.qsize():
+            self._drain(0)

@@ -1,10 +1,7 @@
 """Elastic runs (``tfnb.run(..., min_workers=M)``): the next launch's size, and when a running launch resizes.
 
-A resize is a relaunch from the last checkpoint (MultiWorkerMirroredStrategy's membership is fixed). After a loss
-tfnb waits ``replace_wait`` s for a replacement, then relaunches with what the executors left hold, never fewer than
-``min_workers``. While a launch runs, :class:`Watch` asks the tasks to stop at the next epoch boundary once the whole
-run fits again, or when an executor running one of its tasks is decommissioning (how spot clusters hear of a
-reclaimed node). Room is free task slots: a run does not grow into slots another job holds. Classic sessions only.
+A resize is a relaunch from the last checkpoint (MultiWorkerMirroredStrategy's membership is fixed); room is free
+task slots, on executors not decommissioning. Classic sessions only (docs/launcher.md, "Elastic runs").
 """
 from __future__ import annotations
 
@@ -13,8 +10,7 @@ import time
 from typing import Callable
 
 from ..errors import ClusterError
-from .resources import Placement, _describe, _executors, _is_local, room
-from .spark import _local_slots
+from .resources import Placement, _describe, _executors, room
 
 _POLL = 2.0  # seconds between two counts of the executors' room
 
@@ -55,9 +51,6 @@ def worker_room(spark, placement: Placement, num_ps: int, own: dict[str, int] | 
                 total: bool = False) -> int | None:
     """Chief/worker tasks the free slots of the executors not leaving hold, less ps tasks of the same stage; the
     ``own`` tasks of a running launch count as free (``total``: every core does). None on Spark Connect."""
-    master = spark.conf.get("spark.master", "")
-    if _is_local(master):  # one JVM
-        return _local_slots(master) // max(placement.workers.cpus, 1) - (num_ps if placement.ps is None else 0)
     executors = _executors(spark, leaving(spark), None if total else own or {})
     if executors is None:
         return None
@@ -67,12 +60,8 @@ def worker_room(spark, placement: Placement, num_ps: int, own: dict[str, int] | 
 
 def next_size(spark, placement: Placement, num_ps: int, wanted: int, minimum: int, wait: float,
               cancelled: Callable[[], bool] = lambda: False) -> int:
-    """``wanted`` as soon as the executors hold it, else after ``wait`` s as many as they hold, at least ``minimum``.
-
-    Raises:
-        ClusterError: after ``wait`` the executors hold fewer than ``minimum`` workers (the slots it had and needed).
-        KeyboardInterrupt: ``cancelled()`` turned true while waiting.
-    """
+    """``wanted`` as soon as the executors hold it, else after ``wait`` s as many as they hold: ClusterError below
+    ``minimum``, KeyboardInterrupt once ``cancelled()``."""
     end = time.monotonic() + wait
     while True:
         have = worker_room(spark, placement, num_ps)

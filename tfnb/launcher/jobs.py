@@ -1,14 +1,11 @@
 """How one launch's tasks start, as its :class:`~tfnb.launcher.resources.Placement` says: the workers' barrier
-job, the ps tasks' own barrier job beside it, or the ps tasks as processes on the driver.
-
-The tasks meet through the driver's address exchange, so the two halves need not share a stage; they lose Spark's
-gang scheduling across both (the slot check makes sure both fit; :class:`Exchange` bounds one's wait for the other).
+job, the ps tasks' own barrier job beside it (they meet at the driver's address exchange), or the ps tasks as
+processes on the driver.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import pickle
 import signal
@@ -18,12 +15,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Container
 
 from ..errors import ClusterError
 from .resources import Ask, Placement
-
-log = logging.getLogger(__name__)
 
 _STOP_WAIT = 10.0  # seconds a driver ps process has to leave after the run ends before it is killed
 
@@ -81,18 +76,16 @@ def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
 class Exchange:
     """The address exchange of a launch whose ps tasks run as a barrier job of their own. Once one job's tasks all
     reported, the other's follow within seconds, unless other jobs took its slots: :meth:`overdue` ends that wait
-    after ``wait`` s (TFNB_PS_JOB_WAIT)."""
+    after ``wait`` s (TFNB_PS_JOB_WAIT). ``heard``: the ranks that reported their address so far."""
 
-    def __init__(self, num_workers: int, num_ps: int, wait: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, num_workers: int, num_ps: int, wait: float, heard: Container[int],
+                 clock: Callable[[], float] = time.monotonic):
         self.jobs = {"the chief/worker tasks'": range(num_workers),
                      "the ps tasks'": range(num_workers, num_workers + num_ps)}
-        self.wait = wait
-        self.clock = clock
-        self.heard: set[int] = set()
+        self.wait, self.heard, self.clock = wait, heard, clock
         self.ready: dict[str, float] = {}  # job -> when its last task reported its address
 
-    def heard_from(self, rank: int) -> None:
-        self.heard.add(rank)
+    def heard_from(self) -> None:
         for job, ranks in self.jobs.items():
             if job not in self.ready and all(r in self.heard for r in ranks):
                 self.ready[job] = self.clock()

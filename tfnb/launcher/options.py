@@ -1,8 +1,5 @@
-"""What ``tfnb.run`` is asked to do, resolved and checked once, on the driver: :class:`RunOptions`.
-
-:meth:`RunOptions.resolve` takes each keyword, else its ``TFNB_*`` setting, else the default, and checks it. The
-tasks receive the plain values fixed here, and the driver's other ``TFNB_*`` settings (``settings``), so tfnb
-calls inside train_fn resolve them as the driver did.
+"""What ``tfnb.run`` is asked to do, resolved and checked once, on the driver: :class:`RunOptions` (each keyword,
+else its ``TFNB_*`` setting, else the default). The tasks receive these plain values and the driver's settings.
 """
 from __future__ import annotations
 
@@ -53,7 +50,7 @@ def _seconds(name: str, value: Any, *, zero_is_off: bool = False) -> float | Non
 def _stall_timeout(value) -> float | None:
     """stall_timeout= resolved: "auto" -> TFNB_STALL_TIMEOUT or 30 min; None/0/"off" -> no watchdog."""
     if isinstance(value, str) and value == "auto":
-        raw = os.environ.get("TFNB_STALL_TIMEOUT")
+        raw = setting("stall_timeout", None, None, str)
         if raw is None:
             return _STALL_DEFAULT
         return _seconds("TFNB_STALL_TIMEOUT", None if raw.strip().lower() in ("", "none", "off") else raw,
@@ -168,6 +165,7 @@ class RunOptions:
     failure_grace: float = 3.0
     warm_idle: float = 600.0
     ps_job_wait: float = _PS_JOB_WAIT
+    slot_wait: float = 30.0  # seconds for executors to register before a launch is judged too big
     settings: tuple = field(default=(), repr=False)
 
     @classmethod
@@ -177,7 +175,7 @@ class RunOptions:
         Raises:
             ConfigError: an unknown keyword, or a value that breaks its rule (the message names the fix).
         """
-        names = {f.name for f in fields(cls)} - {"failure_grace", "warm_idle", "ps_job_wait", "settings"}
+        names = {f.name for f in fields(cls)} - {"failure_grace", "warm_idle", "ps_job_wait", "slot_wait", "settings"}
         unknown = sorted(set(given) - names)
         if unknown:
             raise ConfigError(f"tfnb.run got unknown option(s) {', '.join(unknown)}; the options are below"
@@ -247,7 +245,7 @@ class RunOptions:
             display=given.get("display"),
             profile_steps=check_profile_steps(given.get("profile_steps"), given.get("log_dir")),
             mlflow=given.get("mlflow"), failure_grace=grace, warm_idle=setting("warm_idle", None, 600.0, float),
-            ps_job_wait=ps_job_wait, settings=settings)
+            ps_job_wait=ps_job_wait, slot_wait=setting("slot_wait", None, 30.0, float), settings=settings)
 
     @property
     def num_tasks(self) -> int:

@@ -1,23 +1,18 @@
-"""Resources per run and per role: what the tasks ask Spark for, whether this Spark can give it per run,
-where the parameter servers go, and whether it all fits on the executors.
-
-``gpus_per_worker=``/``cpus_per_worker=`` ask for other amounts than the cluster's conf through a *task*
-resource profile (the executors already running, no new ones). Spark runs one on standalone and
-local-cluster masters from 3.5.0, YARN and Kubernetes from 3.5.1, never on local[N]; tfnb attaches it with
-``RDD.barrier().withResources`` on 3.5 (classic sessions only) and ``mapInArrow(..., profile=)`` from 4.0.
-Other masters are asked (``ResourceProfileManager.isSupported``) on classic sessions; on Spark Connect a
-refusal comes back as the job's error. One stage carries one profile, so ps tasks that must not hold the
-workers' GPUs run as a second barrier job or on the driver (:func:`plan`, docs/resources.md).
+"""Resources per run and per role: what the tasks ask Spark for (the conf, or a *task* resource profile for
+``gpus_per_worker=``/``cpus_per_worker=``), where the parameter servers go, and whether it all fits on the
+executors (docs/resources.md).
 """
 from __future__ import annotations
 
 import collections
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from .._deps import _version
 from ..errors import ClusterError
 
 log = logging.getLogger(__name__)
@@ -27,13 +22,11 @@ _SPARK_REFUSAL = re.compile(r"(Task)?ResourceProfiles are only supported[^\n]*")
 
 
 def spark_version(text: str) -> tuple[int, int, int]:
-    """``"3.5.1"``, ``"4.0.0-preview2"``, ``"3.5.0.dev0"`` as (major, minor, patch)."""
-    parts = [int(p) for p in re.findall(r"\d+", str(text).split("+")[0])[:3]]
-    return tuple((parts + [0, 0, 0])[:3])  # type: ignore[return-value]
+    return _version(text, 3)  # type: ignore[return-value]
 
 
 def _is_local(master: str) -> bool:
-    return bool(re.fullmatch(r"local(\[.*\])?", master.strip()))
+    return _local_cores(master) is not None
 
 
 def _local_cluster(master: str) -> tuple[int, int] | None:
@@ -42,15 +35,17 @@ def _local_cluster(master: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def profile_support(version: tuple[int, int, int], master: str, *, connect: bool) -> str | None:
-    """Why a task resource profile cannot run with this Spark ``version`` and ``master``; None if nothing rules it out.
+def _local_cores(master: str) -> int | None:
+    """The cores of a local master's one JVM (``local``, ``local[N]``, ``local[*]``); None for other masters."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if not m:
+        return None
+    return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1) or 1)
 
-    Examples:
-        >>> profile_support((3, 5, 0), "yarn", connect=False)
-        'Spark 3.5.0 runs them on standalone masters only, not on yarn (YARN and Kubernetes from 3.5.1)'
-        >>> profile_support((4, 0, 0), "yarn", connect=True) is None
-        True
-    """
+
+def profile_support(version: tuple[int, int, int], master: str, *, connect: bool) -> str | None:
+    """Why a task resource profile cannot run with this Spark ``version`` and ``master``; None if nothing rules it out
+    (standalone and local-cluster from 3.5.0, YARN and Kubernetes from 3.5.1, never local[N])."""
     v = ".".join(map(str, version))
     if _is_local(master):
         return f"no Spark version runs them on a local master ({master})"
@@ -249,6 +244,15 @@ def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Pl
     gpus = sum(g for _, g in executors)
     cores = sum(c for c, _ in executors)
     w = placement.workers
+    if fit_w < workers and not placement.worker_profile and ps is None:  # the session's conf: Spark's task slots
+        who = "num_workers; the ps run on the driver" if placement.ps_on_driver else "num_workers + num_ps"
+        gpu = f", and spark.task.resource.gpu.amount={w.gpus:g} GPU" if w.gpus else ""
+        return ClusterError(
+            f"the run needs {workers} task slots ({who}) but the cluster ({master}) has {fit_w}; lower "
+            "num_workers/num_ps or add executors/cores\n"
+            f"A barrier stage runs all its tasks at once. Each task takes spark.task.cpus={w.cpus} core{gpu}; the "
+            f"cluster has {_describe(executors)}. More slots come from more executors (spark.executor.instances) or "
+            "more cores each (spark.executor.cores).")
     if fit_w < workers:
         what = "chief/worker" if workers == num_workers else "chief/worker/ps"
         need = (f"{workers} × {w.gpus:g} = {workers * w.gpus:g} GPUs" if w.gpus
@@ -273,19 +277,21 @@ def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Pl
 
 def _executors(spark, leaving: frozenset = frozenset(), own: dict[str, int] | None = None,
                ) -> list[tuple[int, float]] | None:
-    """(cores, GPUs) of each registered executor, the driver's entry and ``leaving`` ids left out; None on Spark
-    Connect. With ``own`` (executor id -> tasks of a running launch), what other jobs' running tasks hold there is
-    taken off (``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` each: the status store counts tasks)."""
+    """(cores, GPUs) of each registered executor (a local master: the driver's one JVM), ``leaving`` ids left out;
+    None on Spark Connect. With ``own`` (executor id -> tasks of a running launch), what other jobs' running tasks
+    hold there is taken off (``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` each: the status store
+    counts tasks)."""
     if is_connect(spark):
         return None
     store = spark.sparkContext._jsc.sc().statusStore().executorList(True)
+    local = _is_local(_conf(spark, "spark.master", "") or "")
     task_cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
     task_gpus = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
-    fallback = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
+    fallback = float(_conf(spark, f"spark.{'driver' if local else 'executor'}.resource.gpu.amount", "0") or 0)
     out = []
     for i in range(store.size()):
         e = store.apply(i)
-        if e.id() == "driver" or e.id() in leaving:
+        if (e.id() == "driver") != local or e.id() in leaving:
             continue
         gpu = e.resources().get("gpu")
         gpus = float(len(gpu.get().addresses())) if gpu.isDefined() else fallback
@@ -296,6 +302,8 @@ def _executors(spark, leaving: frozenset = frozenset(), own: dict[str, int] | No
 
 def _expected(spark, master: str) -> tuple[int | None, tuple[int, float] | None]:
     """(executors the conf promises, (cores, GPUs) each), None where the conf does not say."""
+    if _local_cores(master) is not None:  # the driver's one JVM
+        return 1, (_local_cores(master), float(_conf(spark, "spark.driver.resource.gpu.amount", "0") or 0))
     gpus = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
     cluster = _local_cluster(master)
     if cluster:

@@ -1,10 +1,5 @@
-"""``tfnb.run``: one call on the driver, its launches (attempts) one after another, and what it returns or raises.
-
-Each launch is an :class:`~tfnb.launcher.attempt._Attempt`. Between launches the loop decides: relaunch after bad
-luck (a dead process, a lost executor, a stall), up to ``max_attempts`` failed launches; resize an elastic run
-(:mod:`tfnb.launcher.elastic`); or raise. Every launch is in the run's history, which the status file in
-``model_dir`` and ``WorkerError.attempts`` carry. An interrupt anywhere in the call (the notebook's stop button is a
-SIGINT) cancels the run's jobs and raises :class:`~tfnb.errors.RunCancelledError`.
+"""``tfnb.run``: one call on the driver, its launches (:class:`~tfnb.launcher.attempt._Attempt`) one after
+another, and between them the decision: relaunch, resize an elastic run, or raise.
 """
 from __future__ import annotations
 
@@ -18,111 +13,70 @@ from typing import Any, Callable
 
 from .. import _protocol as events
 from .._protocol import RunEvent
-from .._config import setting
 from ..errors import ConfigError, RunCancelledError, RunTimeoutError, WorkerError, WorkerStalledError
 from ..monitor.display import make_display
 from .attempt import _Attempt
 from .hooks import LaunchHooks, pickle_fn
 from .options import RunOptions
-from .resources import with_profiles
-from .spark import is_connect, _refuse_in_task, _wait_for_slots, check_cluster, check_dirs_shared, get_spark
+from .resources import check_fit, with_profiles
+from .spark import is_connect, _refuse_in_task, check_cluster, check_dirs_shared, get_spark
 
 log = logging.getLogger(__name__)
 
 
 def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: LaunchHooks | None = None,
         **kwargs: Any) -> Any:
-    """Run ``train_fn(ctx, *args)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
+    """Run ``train_fn(ctx, *args, **kwargs)`` on a TensorFlow cluster inside one barrier-mode Spark stage.
 
     Each task gets TF_CONFIG, its role and GPUs, and runs ``train_fn`` in a fresh Python process (so any number of
-    runs work in one Spark session); logs and progress stream live.
+    runs work in one Spark session); logs and progress stream live. The guide: docs/launcher.md.
 
     Args:
-        train_fn: ``train_fn(ctx: WorkerContext, *args)``; the chief's return value is returned.
+        train_fn: ``train_fn(ctx: WorkerContext, *args, **kwargs)``; the chief's return value is returned.
+        options: a :class:`RunOptions` (reusable); keywords of the call override its fields.
+        hooks: a :class:`~tfnb.launcher.LaunchHooks`, the surface add-ons build on.
         num_workers: chief + worker tasks (>= 1). Without ps tasks this is MultiWorkerMirroredStrategy.
-        args: extra positional arguments for ``train_fn`` (must pickle).
-        kwargs: keyword arguments for ``train_fn`` (must pickle).
-        num_ps: parameter-server tasks; the chief then runs the ParameterServerStrategy coordinator
-            (``train_fn``), and worker/ps tasks run TensorFlow servers until it finishes.
-        spark: the SparkSession (classic or Spark Connect); default: active session or a local one.
-        use_gpu: None uses GPUs Spark assigned (``gpus_per_worker``, else spark.task.resource.gpu.amount);
-            False hides GPUs; True requires them.
-        gpus_per_worker: whole GPUs each chief/worker task asks Spark for in this run (0: none) instead of
-            spark.task.resource.gpu.amount; ``cpus_per_worker``: CPU cores instead of spark.task.cpus. A Spark
-            task resource profile on the executors already running, where Spark supports one (standalone from
-            3.5, YARN/Kubernetes from 3.5.1, never local[N]; docs/resources.md); elsewhere refused before
-            launch with the conf to set instead. Memory per task is out of reach (executor-level in Spark).
-        ps_placement: ``"executors"`` (default): the ps tasks run on the executors, beside GPU workers as
-            CPU-only tasks of a second barrier job (which waits for the other at most TFNB_PS_JOB_WAIT s, default
-            300); ``"driver"``: as processes on the driver (no Spark slot, but the driver's memory and network).
+        args: extra positional arguments for ``train_fn``; ``kwargs``: keyword arguments (both must pickle).
+        num_ps: parameter-server tasks; the chief then runs the ParameterServerStrategy coordinator.
+        spark: the SparkSession (classic or Spark Connect); default: the active session or a local one.
+        use_gpu: None uses the GPUs Spark assigned; False hides GPUs; True requires them.
+        gpus_per_worker: whole GPUs per chief/worker task for this run; ``cpus_per_worker``: CPU cores. Through a
+            Spark task resource profile where Spark runs one, else refused with the conf to set (docs/resources.md).
+        ps_placement: ``"executors"`` (default) or ``"driver"`` (docs/resources.md, "Parameter servers").
         timeout: seconds before the run is cancelled (RunTimeoutError). Env: TFNB_TIMEOUT.
-        model_dir: checkpoint directory (``ctx.model_dir``); tfnb also writes the run's status there
-            (``tfnb_status.json``) so an Evaluator knows when training ended.
-        log_dir: TensorBoard directory (``ctx.log_dir``). When executors run on other hosts, ``model_dir``
-            and ``log_dir`` must be storage every host sees (a URL, ``/Volumes``, ``/dbfs``, ``/Workspace``, a
-            network or FUSE mount, or a prefix in TFNB_SHARED_PATHS); a driver-local path is refused.
-        storage_options: options for ``model_dir``/``log_dir`` URLs (``key``, ``secret``, ``token``,
-            ``endpoint_url``...; see :mod:`tfnb.storage`); never shown or logged.
-        data: a Spark DataFrame split evenly across the workers; read it with ``ctx.dataset(...)``.
-        max_attempts: failed launches at most (default 2, TFNB_MAX_ATTEMPTS). tfnb relaunches after a dead
-            process or executor, a vanished peer (TensorFlow's UnavailableError and kin) or a stall; any other
-            exception is a bug. TFNB_FAILURE_GRACE (3 s): how long reports are collected after a first failure.
-        min_workers: makes the run elastic (MultiWorkerMirroredStrategy, classic sessions): after a lost executor
-            with no replacement within ``replace_wait`` s (default 120, TFNB_REPLACE_WAIT), tfnb relaunches from
-            the last checkpoint with the workers the executors hold, at least ``min_workers`` (else ClusterError);
-            once executors return, it stops at the next epoch boundary (``ctx.progress_callback()`` or
-            ``ctx.epoch_boundary()``) and relaunches at ``num_workers``. Resizes are not failed attempts.
-        stall_timeout: seconds a train_fn process may stay silent (no progress event, no output line) before
-            tfnb dumps every worker's stack, cancels and relaunches (WorkerStalledError on the last attempt).
-            Default "auto": TFNB_STALL_TIMEOUT, else 30 minutes; None or 0 turns the watchdog off.
-        env: extra environment variables for the train_fn processes; not what tfnb sets itself (TF_CONFIG,
-            CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED, TFNB_RUN_ID and other TFNB_* plumbing, TF_USE_LEGACY_KERAS
-            unless ``legacy_keras=False``): ConfigError names the knob to use instead.
-        legacy_keras: None (default) sets TF_USE_LEGACY_KERAS=1 where tf-keras is installed (``tf.keras`` is
-            tf-keras); True always, False never. ``import keras`` is Keras 3 either way (docs/keras3.md).
-        preimport: modules each train_fn process imports while the tasks exchange addresses (default
-            ``("tensorflow",)``; ``()`` without TensorFlow). Env: TFNB_PREIMPORT (comma-separated).
-        warm: keep per executor a standby process with ``preimport`` imported, from which runs with the same
-            settings fork train_fn (default True, TFNB_WARM; ~600 MB with TensorFlow; exits after TFNB_WARM_IDLE s).
-        display: a callable receiving every RunEvent; False for none; default: a live widget in
-            notebooks, prefixed log lines and a progress line on the console.
-        profile_steps: ``(first, last)`` training steps (from 1, across epochs) each worker traces with
-            TensorFlow's profiler into ``<log_dir>/plugins/profile/<run>/<job_name>-<task_index>.xplane.pb``
-            (needs ``log_dir``); under MultiWorkerMirroredStrategy the chief alone, from its second step
-            (docs/monitoring.md, "Profiler").
-        mlflow: True, an experiment name, or a dict (``experiment``, ``registered_model_name``,
-            ``input_example``): log the run as one MLflow run from the driver (settings, the chief's per-epoch
-            metrics, relaunches, status, the model in ``model_dir`` with a signature, registered when named);
-            see :mod:`tfnb.monitor.tracking`. Needs ``pip install 'tfnb[mlflow]'``.
-
-    The options are the fields of :class:`RunOptions`: keywords, or a ``RunOptions`` as the second argument
-    (keywords override its fields). ``hooks`` (:class:`LaunchHooks`) is the surface add-ons build on.
+        model_dir: checkpoint directory (``ctx.model_dir``); the run's status goes there (``tfnb_status.json``).
+        log_dir: TensorBoard directory (``ctx.log_dir``). On a multi-host cluster both must be storage every host
+            sees (a URL, ``/Volumes``, ``/dbfs``, a network mount, a prefix in TFNB_SHARED_PATHS).
+        storage_options: options for ``model_dir``/``log_dir`` URLs (see :mod:`tfnb.storage`); never shown or logged.
+        data: a Spark DataFrame split evenly across the workers; read it with ``ctx.dataset(...)`` (docs/data.md).
+        max_attempts: failed launches at most (default 2, TFNB_MAX_ATTEMPTS); a dead process or executor, a lost
+            peer or a stall is relaunched, any other exception is a bug (docs/launcher.md, "Recovery").
+        min_workers: makes the run elastic, with ``replace_wait`` (docs/launcher.md, "Elastic runs").
+        stall_timeout: seconds a train_fn process may stay silent before the run is relaunched (default
+            TFNB_STALL_TIMEOUT, else 30 minutes; None or 0: no watchdog).
+        env: extra environment variables for the train_fn processes, not those tfnb sets itself.
+        legacy_keras: TF_USE_LEGACY_KERAS=1 where tf-keras is installed (None), always (True), never (False); see
+            docs/keras3.md.
+        preimport: modules each train_fn process imports while the tasks meet (default ``("tensorflow",)``).
+        warm: keep a standby process per executor to fork later runs from (docs/launcher.md, "Warm reruns").
+        display: a callable receiving every RunEvent, or False; default: a widget in notebooks, else the console.
+        profile_steps: ``(first, last)`` training steps to trace (docs/monitoring.md, "Profiler"; needs log_dir).
+        mlflow: True, an experiment name, or a dict: log the run to MLflow (docs/monitoring.md, "MLflow").
 
     Returns:
         What ``train_fn`` returned on the chief.
 
     Raises:
-        ConfigError: bad arguments (message names the fix), also a driver-local ``model_dir``/``log_dir``
-            on a multi-host cluster, or a call from inside train_fn or a Spark task.
-        ClusterError: the cluster cannot host the run (slots, GPUs, dynamic allocation, a per-run request
-            this Spark or master cannot attach), or tfnb cannot start on an executor (not installed, or
-            another version than the driver's); never relaunched.
-        WorkerError: train_fn failed on a worker; carries task index, exception type, worker traceback
-            and the history of attempts (``.attempts``).
+        ConfigError: a bad option (the message names the fix), a driver-local ``model_dir``/``log_dir`` on a
+            multi-host cluster, or a call from inside train_fn or a Spark task.
+        ClusterError: the cluster cannot host the run, or tfnb cannot start on an executor; never relaunched.
+        WorkerError: train_fn failed on a worker; carries the task, its traceback and ``.attempts``.
         WorkerStalledError: a worker stalled on the last attempt; carries its stack and last step.
         RunTimeoutError: ``timeout`` ran out.
         RunCancelledError: interrupted (a KeyboardInterrupt subclass).
 
     Example:
-        >>> def train_fn(ctx, epochs):
-        ...     import tensorflow as tf
-        ...     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        ...     with strategy.scope():
-        ...         model = build_model()
-        ...     model.fit(make_dataset(ctx), epochs=epochs)
-        ...     return model.evaluate(val_ds, return_dict=True)
-        >>> metrics = tfnb.run(train_fn, num_workers=2, args=(3,))
-        >>> tfnb.run(train_fn, num_workers=2, args=(3,), gpus_per_worker=2)  # this run: 2 GPUs per worker
+        >>> metrics = tfnb.run(train_fn, num_workers=2, args=(3,), model_dir="/Volumes/main/default/tfnb/run1")
     """
     _refuse_in_task("tfnb.run")
     if not callable(train_fn):
@@ -134,8 +88,7 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
         except KeyboardInterrupt as e:
             if isinstance(e, RunCancelledError):
                 raise
-            # an interrupt outside an attempt's watch (checks, a relaunch's wait, the status file): nothing of the
-            # run is left running there (an attempt stops its own tasks before it returns)
+            # an attempt stops its own tasks before it lets an interrupt through; elsewhere nothing of the run runs
             raise RunCancelledError("tfnb.run was interrupted; the Spark job was cancelled and every process it "
                                     "started was stopped") from None
 
@@ -166,9 +119,7 @@ class _Run:
                               "cannot see the executors an elastic run sizes itself by; leave min_workers out")
         self.elastic = opts.min_workers is not None
         first = (opts.min_workers if self.elastic else opts.num_workers) + opts.num_ps
-        # seconds for executors to register before a launch is judged too big, resolved once for the run
-        self.slot_wait = setting("slot_wait", None, 30.0, float)
-        placement = check_cluster(self.spark, first, self.slot_wait, use_gpu=opts.use_gpu, num_ps=opts.num_ps,
+        placement = check_cluster(self.spark, first, opts.slot_wait, use_gpu=opts.use_gpu, num_ps=opts.num_ps,
                                   gpus_per_worker=opts.gpus_per_worker, cpus_per_worker=opts.cpus_per_worker,
                                   ps_placement=opts.ps_placement)
         self.placement = with_profiles(self.spark, placement)
@@ -202,7 +153,7 @@ class _Run:
 
     def run(self) -> Any:
         opts = self.opts
-        size = self._size(opts.min_workers or opts.num_workers, self.slot_wait)
+        size = self._size(opts.min_workers or opts.num_workers, opts.slot_wait)
         sink = self.sink = make_display(opts.display, size, opts.num_ps, opts.max_attempts)
         self._status("running", attempt=1)
         if opts.mlflow:
@@ -278,7 +229,10 @@ class _Run:
         opts = self.opts
         if self.elastic:  # at once when the whole run fits (executors returned), else after replace_wait
             return self._size(opts.min_workers, opts.replace_wait)
-        _wait_for_slots(self.spark, opts.num_tasks, self.placement, opts.num_ps, self.slot_wait)
+        try:  # let a lost executor's replacement register (else Spark waits its 15 s barrier check)
+            check_fit(self.spark, self.placement, opts.num_workers, opts.num_ps, "as before", opts.slot_wait)
+        except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
+            log.debug("slot check before relaunch failed: %s", e)
         return size
 
     def _launch(self, attempt: int, size: int, resized_from: int | None, started: float):

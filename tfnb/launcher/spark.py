@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import logging
 import os
 import re
 import socket
 import sys
-import time
 from typing import Sequence
 
 from .._config import setting
 from ..errors import ClusterError, ConfigError
-from .resources import _asked, _conf, is_connect, _is_local, _local_cluster, check_fit, plan
-
-log = logging.getLogger(__name__)
+from .resources import _asked, _conf, is_connect, _is_local, check_fit, plan
 
 
 def _refuse_in_task(verb: str) -> None:
@@ -81,39 +77,6 @@ def _check_session(spark) -> None:
                           "or leave spark= out")
 
 
-def _local_slots(master: str) -> int | None:
-    """Task slots implied by a local master string, None for cluster masters."""
-    if master == "local":
-        return 1
-    m = re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", master)
-    if m:
-        return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))
-    cluster = _local_cluster(master)
-    return cluster[0] * cluster[1] if cluster else None
-
-
-def _cluster_slots(spark, needed: int, wait: float) -> tuple[int | None, str]:
-    """(task slots Spark runs at once, master)."""
-    master = _conf(spark, "spark.master", "") or ""
-    local = _local_slots(master)
-    if is_connect(spark):
-        # No SparkContext to ask; a local master string still says how many slots there are.
-        cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
-        return (local // cpus if local is not None else None), master
-    jsc = spark.sparkContext._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    slots = jsc.maxNumConcurrentTasks(profile)
-    if _is_local(master):
-        return slots, master
-    # executors register after the session starts: wait for what the run needs (local-cluster: what it promises)
-    deadline = time.monotonic() + wait
-    target = needed if local is None else min(needed, local)
-    while slots < target and time.monotonic() < deadline:
-        time.sleep(0.25)
-        slots = jsc.maxNumConcurrentTasks(profile)
-    return slots, master
-
-
 def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None, *,
                   num_ps: int = 0, gpus_per_worker: int | None = None, cpus_per_worker: int | None = None,
                   ps_placement: str = "executors"):
@@ -153,23 +116,9 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
             "set when the session (or cluster) starts.")
     placement = plan(spark, num_workers=needed - num_ps, num_ps=num_ps, gpus_per_worker=gpus_per_worker,
                      cpus_per_worker=cpus_per_worker, ps_placement=ps_placement)
-    if placement.worker_profile or placement.ps is not None:
-        knobs = (_asked(gpus_per_worker, cpus_per_worker)
-                 or f"spark.task.resource.gpu.amount={gpu_per_task:g}, spark.task.cpus={placement.workers.cpus}")
-        check_fit(spark, placement, needed - num_ps, num_ps, knobs, wait)
-        return placement
-    in_stage = needed - num_ps if placement.ps_on_driver else needed
-    slots, master = _cluster_slots(spark, in_stage, wait)
-    if slots is not None and slots < in_stage:
-        gpus = (f", and spark.task.resource.gpu.amount={gpu_per_task:g} GPU of the {owner}'s "
-                f"spark.{owner}.resource.gpu.amount={have}" if gpu_per_task > 0 else "")
-        who = "num_workers; the ps run on the driver" if placement.ps_on_driver else "num_workers + num_ps"
-        raise ClusterError(
-            f"the run needs {in_stage} task slots ({who}) but the cluster ({master}) has {slots}; lower "
-            "num_workers/num_ps or add executors/cores\n"
-            "A barrier stage runs all its tasks at once. Each task takes "
-            f"spark.task.cpus={_conf(spark, 'spark.task.cpus', '1')} core{gpus}; more slots come from more "
-            "executors (spark.executor.instances) or more cores each (spark.executor.cores).")
+    knobs = (_asked(gpus_per_worker, cpus_per_worker)
+             or f"spark.task.resource.gpu.amount={gpu_per_task:g}, spark.task.cpus={placement.workers.cpus}")
+    check_fit(spark, placement, needed - num_ps, num_ps, knobs, wait)
     return placement
 
 
@@ -282,19 +231,6 @@ def _driver_host(spark) -> str:
     if master.startswith("local-cluster") or host in (None, "localhost"):
         return host or "127.0.0.1"
     return host or socket.gethostbyname(socket.gethostname())
-
-
-def _wait_for_slots(spark, needed: int, placement, num_ps: int, wait: float) -> None:
-    """Before a relaunch, let a lost executor's replacement register (else Spark waits its 15 s barrier check)."""
-    if is_connect(spark):
-        return
-    try:
-        if placement.worker_profile or placement.ps is not None:
-            check_fit(spark, placement, needed - num_ps, num_ps, "as before", wait)
-            return
-        _cluster_slots(spark, needed, wait)
-    except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
-        log.debug("slot check before relaunch failed: %s", e)
 
 
 @contextlib.contextmanager

@@ -1,11 +1,7 @@
 """The launcher's verdicts: what a failure was, in one readable line, and whether a relaunch can help.
 
-A task that raised is a bug (no relaunch); a dead process or executor, or a lost peer, is bad luck (relaunch).
-What fails alike everywhere is refused at once with one error naming the host, the Python or the profile and the
-fix: tfnb that cannot start, an executor Python that cannot run the task (Spark's Python worker failing before
-tfnb's code: a missing or broken pyarrow, another minor Python, a broken pyspark), a refused resource profile.
-Running out of memory, file handles or disk at start is relaunched, unless it repeats identically on the next
-launch. Also here: what a launch ends with (``_Outcome``) and what it last heard from each task (``_Life``).
+A task that raised is a bug; a dead process or executor, or a lost peer, is bad luck (relaunch). What fails alike
+everywhere (tfnb or the executor's Python cannot start, a refused resource profile) is one error naming the fix.
 """
 from __future__ import annotations
 
@@ -105,7 +101,7 @@ def _passing(info: dict) -> tuple[str, str] | None:
     if kind == "MemoryError":
         return _PASSING[errno.ENOMEM]
     m = _ERRNO.match(str(info.get("message") or ""))
-    if m and (kind.endswith("Error") or kind == "OSError") and int(m.group(1)) in _PASSING:
+    if m and kind.endswith("Error") and int(m.group(1)) in _PASSING:
         return _PASSING[int(m.group(1))]
     return None
 
@@ -560,3 +556,7 @@ class _Life:
     @property
     def label(self) -> str:
         return f"{self.job_name} {self.task_index}"
+
+    def failure(self, exc_type: str, message: str, attempt: int) -> TaskFailure:
+        return TaskFailure(job_name=self.job_name, task_index=self.task_index, exc_type=exc_type, message=message,
+                           attempt=attempt, host=self.host)

@@ -1,6 +1,6 @@
-"""Line charts of training curves and evaluation metrics: :class:`LiveChart` frames for the progress panel,
-:func:`metrics_figure` for :meth:`tfnb.Evaluator.plot`. matplotlib is optional, imported only when a chart is drawn,
-and draws off-screen (the Agg canvas, never pyplot): the notebook's own backend and figure list are left alone.
+"""Line charts: :class:`LiveChart` frames for the progress panel, :func:`metrics_figure` for ``Evaluator.plot``.
+matplotlib is optional, imported when a chart is drawn, and draws on the Agg canvas (never pyplot), leaving the
+notebook's own backend and figure list alone.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ INSTALL_HINT = "pip install matplotlib"
 
 
 def matplotlib_missing() -> str | None:
-    """None when matplotlib is installed, else the line a display shows instead of a chart. Looks the
-    package up without importing it: the import (~0.5 s) waits for the first frame."""
+    """None when matplotlib is installed, else the line a display shows instead of a chart (found without the
+    ~0.5 s import)."""
     try:
         found = importlib.util.find_spec("matplotlib") is not None
     except (ImportError, ValueError):
@@ -42,9 +42,8 @@ def png(fig) -> bytes:
 
 
 class LiveChart:
-    """The panel's chart: loss and one metric by epoch, one line per task, redrawn in place. Lines and axes are kept
-    between frames and only their data changes, so a frame costs one Agg draw (tens of milliseconds), not a new
-    figure."""
+    """Loss and one metric by epoch, one line per task. Lines and axes are kept between frames and only their data
+    changes, so a frame costs one Agg draw (tens of milliseconds), not a new figure."""
 
     def __init__(self, width: float = 8.0, height: float = 2.4):
         self.fig = figure(width, height)
@@ -93,9 +92,8 @@ class LiveChart:
 def metrics_figure(evaluated: Mapping[str, Sequence[tuple[float, float]]],
                    trained: Mapping[str, Sequence[tuple[float, float]]], *, unit: str = "epoch",
                    title: str | None = None) -> Any:
-    """One panel per metric: the evaluation points against the training curve of the same name. ``evaluated`` and
-    ``trained`` map a metric to its ``(x, value)`` points (``trained`` may lack some metrics, or be empty); ``unit``
-    is what x counts. Returns a matplotlib Figure, shown as a PNG when it is a cell's value."""
+    """A Figure with one panel per metric: ``evaluated`` points against the ``trained`` curve of the same name (each
+    maps a metric to its ``(x, value)`` points; ``trained`` may lack some)."""
     names = list(evaluated) or list(trained)
     fig = figure(min(4.2 * max(len(names), 1), 12.6), 3.0)
     axes = fig.subplots(1, max(len(names), 1), squeeze=False)[0]

@@ -1,16 +1,8 @@
-"""The checkpoints in a directory: which are new, which are complete, in what order to evaluate them.
-
-Three kinds, directly inside ``checkpoint_dir`` (subdirectories and other files are ignored):
-
-* TensorFlow checkpoints (tf-keras' ``save_weights``, ``tf.train.CheckpointManager``): a prefix ``NAME`` with
-  ``NAME.index`` and ``NAME.data-SSSSS-of-NNNNN`` files; complete when the index (written last) and every shard exist.
-* Keras weights files ``NAME.weights.h5``, written in place: complete when the HDF5 superblock records a close
-  (flags cleared, end-of-file address equal to the file's length), which a half-written or torn copy fails.
-* Numbered Keras model files (``ckpt-{epoch}.keras``): a zip, complete when it ends with its central directory.
-  A ``model.keras`` saved at the end of training is the trained model, not a checkpoint.
-
-A checkpoint rewritten under the same name is a new version. A file checkpoint is loaded from a private copy
-(:meth:`Checkpoints.local_copy`) checked whole; one that changed meanwhile raises :class:`Torn`.
+"""The checkpoints directly inside ``checkpoint_dir`` (docs/monitoring.md, "Evaluating checkpoints while training"):
+TensorFlow checkpoint prefixes (complete when the index and every shard exist), ``.weights.h5`` files (complete when
+the HDF5 superblock records a close at the file's length) and numbered ``.keras`` zips (complete when they end with
+their central directory). A rewrite under the same name is a new version; a file is loaded from a private copy
+checked whole (:meth:`Checkpoints.local_copy`), and one that changed meanwhile raises :class:`Torn`.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""How a run or a sweep is shown: the display protocol, the one registry the display layer plugs into, the choice.
-
-``tfnb.run`` hands every :class:`tfnb.RunEvent` to a *display*, ``tfnb.sweep`` every SweepEvent: any callable
-taking one, with an optional ``batch(events)`` and ``close()`` (see :class:`Display`). This module is core: it
-never imports the display layer. ``none`` is built in; :mod:`tfnb.notebook` registers ``console`` and ``widget``
-of each kind when imported, and ``auto`` picks the widget in a notebook, the console elsewhere.
+"""How a run or a sweep is shown: the display protocol (a callable taking :class:`tfnb.RunEvent` s), the one
+registry the display layer plugs into, the choice. Core: :mod:`tfnb.notebook` registers ``console`` and ``widget``
+of each kind when imported; ``none`` is built in.
 """
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from .._protocol import RunEvent
 from ..errors import ConfigError
 
 DISPLAY_MODES = ("auto", "widget", "console", "none")
-_EVENTS = {"run": "RunEvents", "sweep": "SweepEvents"}
 
 
 class Display(Protocol):
@@ -44,11 +40,10 @@ class _NoDisplay:
     def __init__(self, **shape: Any):
         pass
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: Any = None) -> None:
         pass
 
-    def close(self) -> None:
-        pass
+    close = __call__
 
 
 def in_notebook() -> bool:
@@ -59,31 +54,22 @@ def in_notebook() -> bool:
         c.__name__ in ("ZMQInteractiveShell", "DatabricksShell") for c in type(shell).__mro__)
 
 
-# kind -> mode -> factory(**shape) -> display; the display layer (tfnb.notebook, which ``import tfnb`` loads with
-# the first public verb) adds "console" and "widget" of each kind
-_FACTORIES: dict = {kind: {"none": _NoDisplay} for kind in _EVENTS}
+# kind -> mode -> factory(**shape) -> display
+_FACTORIES: dict = {kind: {"none": _NoDisplay} for kind in ("run", "sweep")}
 
 
 def register_display(mode: str, factory: Callable[..., Display], kind: str = "run") -> None:
-    """Add (or replace) a display mode for ``TFNB_DISPLAY=mode``; how the notebook layer plugs in.
-
-    Args:
-        mode: the name users give in ``TFNB_DISPLAY``.
-        factory: returns a display; called as ``factory(num_workers=, num_ps=, max_attempts=)`` for a run,
-            ``factory(n_trials=, at_once=, metric=, direction=)`` for a sweep.
-        kind: ``"run"`` or ``"sweep"``: what the display shows.
-
-    Example:
-        >>> register_display("widget", ProgressWidget.for_run)   # done by tfnb.notebook
-    """
+    """Add (or replace) ``TFNB_DISPLAY=mode`` of ``kind`` (``"run"`` or ``"sweep"``); how the notebook layer plugs
+    in. ``factory`` is called as ``factory(num_workers=, num_ps=, max_attempts=)`` for a run,
+    ``factory(n_trials=, at_once=, metric=, direction=)`` for a sweep."""
     _FACTORIES[kind][mode] = factory
 
 
 def check_display(display: Any, kind: str = "run") -> None:
     """Refuse a ``display=`` that is neither a callable, False nor None (before anything starts)."""
     if not (display is None or isinstance(display, bool) or callable(display)):
-        raise ConfigError(f"display={display!r} must be a callable taking {_EVENTS[kind]}, False for none, or None "
-                          "for the default (a live panel in notebooks, lines on the console)")
+        raise ConfigError(f"display={display!r} must be a callable taking {kind.title()}Events, False for none, or "
+                          "None for the default (a live panel in notebooks, lines on the console)")
 
 
 def make_display(display: Display | bool | None, num_workers: int | None = None, num_ps: int = 0,
@@ -92,24 +78,18 @@ def make_display(display: Display | bool | None, num_workers: int | None = None,
     """The display for ``tfnb.run(display=...)`` and ``tfnb.sweep(display=...)``; add-ons (tfnb.compat) use it too.
 
     Args:
-        display: a callable taking events (used as is), False for none, None/True for the default: the mode's,
-            a live widget in a notebook, the console elsewhere.
-        num_workers: chief + worker tasks of the run.
-        num_ps: parameter-server tasks.
-        max_attempts: launches the run may make (shown as "attempt n/N"), when known.
+        display: a callable taking events (used as is), False for none, None/True for the ``mode``'s.
+        num_workers: chief + worker tasks of the run; ``num_ps``: parameter-server tasks; ``max_attempts``: launches
+            the run may make, when known.
         kind: ``"run"``, or ``"sweep"`` with the sweep's ``shape`` (see :func:`register_display`).
-        mode: ``"auto"``, ``"widget"``, ``"console"`` or ``"none"``. Env: TFNB_DISPLAY. Default auto.
-
-    Returns:
-        A display; call its ``close()`` (when it has one) once the run ends.
+        mode: ``"auto"`` (a widget in a notebook, the console elsewhere), ``"widget"``, ``"console"`` or ``"none"``.
+            Env: TFNB_DISPLAY.
 
     Raises:
-        ConfigError: ``display`` is none of those, an unknown mode, or ``widget`` while the notebook layer is not
-            loaded.
+        ConfigError: ``display`` is none of those, an unknown mode, or ``widget`` without the notebook layer.
 
     Example:
-        >>> os.environ["TFNB_DISPLAY"] = "console"     # plain output even in a notebook
-        >>> sink = make_display(None, num_workers=2)
+        >>> sink = make_display(None, num_workers=2)   # call its close(), when it has one, once the run ends
     """
     check_display(display, kind)
     if display is False:

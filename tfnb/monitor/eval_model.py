@@ -1,7 +1,5 @@
 """The evaluator's TensorFlow side, in its thread: the model and data built once, each checkpoint restored and
-evaluated, the metrics written as TensorBoard scalars, the best model exported. Keras files are restored with
-``load_weights`` (either Keras reads the other's); a TensorFlow checkpoint with ``load_weights`` (tf-keras models
-only) or ``tf.train.Checkpoint(model=model)`` when its variables are under ``model/`` (``CheckpointManager``).
+evaluated, the metrics written as TensorBoard scalars, the best model exported.
 """
 from __future__ import annotations
 
@@ -34,8 +32,6 @@ class _Fatal(Exception):
 class _Mismatch(Exception):
     """The checkpoint's variables do not fit the model (raised from the restore's own error)."""
 
-    fix = "make model_fn build the same layers as train_fn"
-
     @property
     def why(self) -> str:
         """The restore's error in a line or two (Keras 3 prints every value of the variable it names)."""
@@ -55,8 +51,7 @@ def _fatal_on_error(what: str, fix: str = ""):
 
 
 class EvalModel:
-    """What ``model_fn()`` and ``dataset_fn()`` gave (arguments as :class:`tfnb.Evaluator` takes them), and the
-    writer of the ``eval`` scalars."""
+    """What ``model_fn()`` and ``dataset_fn()`` gave (as :class:`tfnb.Evaluator` takes them); the ``eval`` writer."""
 
     def __init__(self, model_fn: Callable[[], Any], dataset_fn: Callable[[], Any],
                  metrics: Sequence[Any] | None, tag_prefix: str):
@@ -123,8 +118,10 @@ class EvalModel:
         tf.summary.scalar(self.tag_prefix + "warmup", 0.0, step=0)
 
     def restore(self, path: str) -> int | None:
-        """Load the checkpoint at the local ``path`` into the model; the training step saved in it (a ``step``
-        variable, else the optimizer's iterations) or None. _Mismatch: its variables do not fit the model."""
+        """Load the checkpoint at the local ``path`` into the model: Keras files with ``load_weights`` (either Keras
+        reads the other's), a TensorFlow checkpoint with ``tf.train.Checkpoint(model=model)`` when its variables are
+        under ``model/`` (CheckpointManager), else tf-keras' ``load_weights``. Returns the training step saved in it
+        (a ``step`` variable, else the optimizer's iterations) or None. _Mismatch: its variables do not fit."""
         if path.endswith((H5, KERAS)):
             target = self._model if self._keras3 else self._loader()
             # a private copy, checked whole (checkpoints.py): a ValueError is about the model, not the file

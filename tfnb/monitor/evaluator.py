@@ -1,10 +1,7 @@
-"""Driver-side evaluator: watch a checkpoint directory, evaluate each new checkpoint exactly once.
+"""Driver-side evaluator: watch a checkpoint directory, evaluate each new checkpoint exactly once (docs/monitoring.md).
 
-Runs in the notebook process (a background thread, or the foreground with :meth:`Evaluator.run`) while
-``tfnb.run`` trains. :mod:`.checkpoints` finds the complete checkpoints, :mod:`.eval_model` restores and evaluates
-them; one that fails to load is retried while its files change, and skipped as corrupt after ``max_retries``
-failures with unchanged files. Training is over when ``model_dir/tfnb_status.json`` says succeeded, failed or
-cancelled (a final status left by an earlier run counts too); the evaluator then evaluates what is left and stops.
+:mod:`.checkpoints` finds the complete checkpoints, :mod:`.eval_model` restores and evaluates them. Training is over
+when ``model_dir/tfnb_status.json`` holds a final state (one left by an earlier run counts too).
 """
 from __future__ import annotations
 
@@ -41,8 +38,8 @@ class EvalResult:
         checkpoint: the checkpoint prefix (path or URL, without ``.index``), or its ``.weights.h5``/``.keras`` file.
         metrics: metric name -> value, as ``model.evaluate(return_dict=True)`` names them.
         seconds: time spent restoring and evaluating.
-        started_at: wall-clock time (``time.time()``) the evaluation started.
-        found_at: wall-clock time the evaluator first saw the checkpoint complete.
+        started_at: ``time.time()`` the evaluation started.
+        found_at: ``time.time()`` the evaluator first saw the checkpoint complete.
         best: True when this checkpoint was the best so far (and was exported).
     """
 
@@ -65,52 +62,45 @@ class SkippedCheckpoint:
 
 
 class Evaluator:
-    """Evaluates every new checkpoint in ``checkpoint_dir`` and logs the metrics for TensorBoard.
+    """Evaluates every new checkpoint in ``checkpoint_dir`` and logs the metrics for TensorBoard
+    (docs/monitoring.md, "Evaluating checkpoints while training").
 
     Args:
         model_fn: ``model_fn()`` -> a Keras model with the training architecture (``tf.keras``, which is
-            tf-keras as in ``tfnb.run``, or Keras 3's ``keras``); compiled with the loss/metrics to evaluate,
-            or pass ``metrics=``. Called in the evaluator's thread: once, or twice for a tf-keras model that
-            restores ``.weights.h5``/``.keras`` files (the second model only reads them).
+            tf-keras as in ``tfnb.run``, or Keras 3's ``keras``), compiled with the loss/metrics to evaluate
+            (or pass ``metrics=``). Called in the evaluator's thread, once (twice for a tf-keras model that
+            restores ``.weights.h5``/``.keras`` files).
         dataset_fn: ``dataset_fn()`` -> the finite validation data: a ``tf.data.Dataset`` of (x, y) batches,
-            or an ``(x, y)`` tuple of arrays. Called once; the dataset is re-iterated per checkpoint.
+            or an ``(x, y)`` tuple of arrays. Called once.
         checkpoint_dir: where training writes checkpoints (local path, ``/dbfs/...``, ``s3://...``, URL).
         log_dir: TensorBoard directory; scalars go to ``log_dir/eval`` (local path or URL).
-        metrics: Keras metrics (names or objects) to compile the model with, keeping its loss;
-            None uses what ``model_fn`` compiled.
+        metrics: Keras metrics to compile the model with, keeping its loss; None: what ``model_fn`` compiled.
         interval: seconds between polls of ``checkpoint_dir`` (default 10; env TFNB_EVAL_INTERVAL).
         model_dir: where ``tfnb_status.json`` tells that training ended (default ``checkpoint_dir``).
         best_metric: metric that picks the best checkpoint (default "loss"); None: no best tracking.
         mode: "min", "max" or "auto" (min for names with "loss" or "error", else max).
-        export_dir: where the best model goes (default ``log_dir``): ``export_dir/best`` (SavedModel)
-            or ``export_dir/best.keras``, plus ``export_dir/best.json`` naming its step and metrics.
+        export_dir: where the best model goes (default ``log_dir``): ``best`` (SavedModel) or ``best.keras``,
+            and ``best.json`` naming its step and metrics.
         export_format: "savedmodel", "keras", or None to track the best without exporting.
-        step: the step the metrics are written at: "epoch" (the number in the checkpoint's name minus one, the
-            0-based epoch of Keras' TensorBoard callback, so ``eval`` lines up with ``train`` for ``ckpt-{epoch}``
-            files), "name" (that number as is), "iterations" (the training step saved in the checkpoint: a
-            ``step`` variable, else the optimizer's iterations) or ``fn(checkpoint) -> int``.
+        step: the step the metrics are written at: "epoch" (the number in the checkpoint's name minus one, as
+            Keras' TensorBoard callback counts), "name" (that number), "iterations" (the training step saved in
+            the checkpoint) or ``fn(checkpoint) -> int``.
         tag_prefix: prefix of the scalar names (default "epoch_", as Keras' TensorBoard callback).
         timeout: seconds before it stops even if training goes on (default none; env TFNB_EVAL_TIMEOUT).
-            Otherwise it stops once training has ended (``tfnb_status.json`` in ``model_dir``) and the last
-            checkpoint is done: start it on a fresh ``model_dir`` or once ``tfnb.run`` has marked the run running.
+            Otherwise it stops once ``tfnb_status.json`` says training ended (an earlier run's final state too:
+            start it on a fresh ``model_dir`` or once ``tfnb.run`` started) and the last checkpoint is done.
         max_retries: failed loads of an unchanged checkpoint before it counts as corrupt (default 3).
         storage_options: options for remote directories (see :class:`tfnb.EventSync`).
         mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best model to
-            MLflow, in the run ``tfnb.run(mlflow=...)`` uses (see :class:`tfnb.monitor.tracking.EvalTracker`).
+            MLflow, in the run ``tfnb.run(mlflow=...)`` uses.
 
     Raises:
         ConfigError: a bad argument (message names the fix).
 
     Example:
-        >>> def model_fn():
-        ...     model = build_model()   # same layers as in train_fn
-        ...     model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-        ...     return model
         >>> ev = tfnb.Evaluator(model_fn, lambda: val_ds, "/dbfs/runs/1/model", "/tmp/tb/run1",
-        ...                     best_metric="accuracy", interval=5)
-        >>> ev.start()          # background thread; training runs meanwhile
-        >>> ev.join()           # returns when training has ended and the last checkpoint is done
-        >>> ev.best.metrics, ev.history_frame()
+        ...                     best_metric="accuracy").start()
+        >>> ev.join(); ev.best.metrics, ev.history_frame()
     """
 
     def __init__(self, model_fn: Callable[[], Any], dataset_fn: Callable[[], Any],
@@ -208,10 +198,9 @@ class Evaluator:
         """Evaluation metrics by epoch against the training curve: a matplotlib Figure.
 
         Args:
-            training: metric name -> one value per epoch (Keras ``History.history``, or what a
-                ``train_fn`` returning it made ``tfnb.run`` return). Default: the ``train``
-                scalars Keras' TensorBoard callback wrote under a local ``log_dir`` (needs the
-                ``tensorboard`` package), else none. Training is drawn for ``step="epoch"`` only.
+            training: metric name -> one value per epoch (Keras ``History.history``). Default: the ``train``
+                scalars Keras' TensorBoard callback wrote under a local ``log_dir``, if any. Drawn for
+                ``step="epoch"`` only.
             metrics: the metrics to draw (default: every evaluated one).
 
         Returns:
@@ -221,7 +210,6 @@ class Evaluator:
             ConfigError: matplotlib is not installed (``pip install matplotlib``).
 
         Example:
-            >>> ev.run(); ev.plot()                      # in 04_evaluate, after training
             >>> ev.plot(training=history, metrics=["accuracy"])
         """
         from .charts import INSTALL_HINT, matplotlib_missing, metrics_figure
@@ -299,9 +287,6 @@ class Evaluator:
 
         Raises:
             EvaluatorError: the loop had failed (the cause is chained).
-
-        Example:
-            >>> ev.stop(); ev.history_frame()
         """
         self._stop.set()
         self.join()
@@ -426,8 +411,8 @@ class Evaluator:
             raise
         except _Mismatch as e:
             if not self._history:
-                raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.why}; {e.fix}") \
-                    from e.__cause__
+                raise _Fatal(f"checkpoint {where} does not fit the model model_fn() built: {e.why}; "
+                             "make model_fn build the same layers as train_fn") from e.__cause__
             self._skip(cand, f"does not fit the model: {e.why}")
             return
         except Exception as e:  # noqa: BLE001 - half-written or corrupt: decided below

@@ -1,7 +1,5 @@
 """What a run's events mean on the driver: :class:`RunProgress` (one :class:`WorkerProgress` per task) folds the
-:class:`tfnb.RunEvent` values (``ctx.report(...)``, ``ctx.progress_callback()``, states, log lines) into the plain data
-every display (:mod:`tfnb.notebook`) renders; above :data:`SUMMARY_ABOVE` tasks a summary replaces the per-task view.
-"""
+:class:`tfnb.RunEvent` s into the plain data every display (:mod:`tfnb.notebook`) renders."""
 from __future__ import annotations
 
 import time
@@ -27,16 +25,12 @@ STATES = ("pending", "starting", "training", "serving", "stalled", "done", "stop
 
 @dataclass
 class WorkerProgress:
-    """What the display knows about one task of the current attempt: its latest report (``epoch`` 1-based of
-    ``epochs``, ``step`` of ``steps`` in the epoch, ``loss``, ``examples_per_sec``, ``steps_per_sec``, other numbers in
-    ``metrics``), its ``state`` (``pending`` until it says, then one of :data:`STATES`; ``stalled``: alive but silent
-    too long) and the ``history`` of them, ``error`` (``"ExcType: message"``) when it failed, ``live``: its current
-    carriage-return line (a Keras ``verbose=1`` bar) or None, and ``gpus``: the GPU addresses Spark gave it
-    (``[]``: none; None until it started)."""
+    """One task of the current attempt: its latest report (``epoch`` 1-based, ``step`` in the epoch, other numbers
+    in ``metrics``), the ``history`` of its states, ``error`` when it failed, ``live``: its current carriage-return
+    line (a Keras ``verbose=1`` bar), ``gpus``: what Spark gave it (None until it started)."""
 
     job_name: str
     task_index: int
-    state: str = "pending"
     history: list = field(default_factory=list)
     epoch: int | None = None
     epochs: int | None = None
@@ -51,12 +45,17 @@ class WorkerProgress:
     gpus: list | None = None
 
     @property
+    def state(self) -> str:
+        """The latest of :data:`STATES` (``stalled``: alive but silent too long)."""
+        return self.history[-1] if self.history else "pending"
+
+    @property
     def label(self) -> str:
         return f"{self.job_name} {self.task_index}"
 
     @property
     def progress(self) -> float | None:
-        """Batches done over the whole fit (for a bar), or None before any step was reported."""
+        """Batches done over the whole fit, or None before any step was reported."""
         if self.step is None:
             return None
         if self.steps and self.epoch:
@@ -79,14 +78,10 @@ def _int(value: Any) -> int | None:
 
 @dataclass
 class RunProgress:
-    """The state of a run as its events describe it; displays render this.
-
-    ``workers`` maps ``(job_name, task_index)`` to a :class:`WorkerProgress` (pre-filled from the run's shape);
-    ``attempt`` is the current launch of ``max_attempts``; ``outcome`` None while running, then ``succeeded``,
-    ``failed`` or ``stopped`` (interrupted, timed out); ``logs`` the latest lines, ``"[worker 1] text"``. ``curves``:
-    ``(job_name, task_index) -> [(x, {"loss": .., ...}), ...]`` of the first :data:`CHART_TASKS` chief/worker tasks
-    across relaunches, x the fractional epoch (``chart_unit``) or the step; ``chart_version`` bumps with each point.
-    """
+    """The state of a run as its events describe it: ``workers`` by ``(job_name, task_index)``, the ``attempt``,
+    ``outcome`` (None while running, then ``succeeded``, ``failed`` or ``stopped``), the latest ``logs`` lines and
+    ``curves``: ``(job_name, task_index) -> [(x, {"loss": .., ...}), ...]`` of the first :data:`CHART_TASKS` chief and
+    worker tasks across relaunches, x the fractional epoch (``chart_unit``) or the step."""
 
     workers: dict = field(default_factory=dict)
     attempt: int = 1
@@ -122,13 +117,11 @@ class RunProgress:
         return [self.workers[k] for k in sorted(self.workers, key=_sort_key)]
 
     def worker(self, job_name: str, task_index: int) -> WorkerProgress:
-        key = (job_name, task_index)
-        if key not in self.workers:
-            self.workers[key] = WorkerProgress(job_name, task_index)
-        return self.workers[key]
+        if (job_name, task_index) not in self.workers:
+            self.workers[(job_name, task_index)] = WorkerProgress(job_name, task_index)
+        return self.workers[(job_name, task_index)]
 
     def counts(self) -> dict:
-        """``state -> number of tasks`` in it."""
         return dict(Counter(w.state for w in self.workers.values()))
 
     def large(self) -> bool:
@@ -136,9 +129,8 @@ class RunProgress:
         return len(self.workers) > SUMMARY_ABOVE
 
     def ranked(self) -> tuple[list, list]:
-        """``(training, stragglers)``: reporting training tasks slowest first, and the ones that lag. A straggler
-        trains but has done at least 10% fewer batches than the median task (and at least one fewer), so it holds
-        the synchronous step of everybody else back."""
+        """``(training, stragglers)``: reporting training tasks slowest first, and those at least 10% (and one batch)
+        behind the median task: they hold everybody's synchronous step back."""
         training = sorted((w for w in self.workers.values() if w.state == "training" and w.progress is not None),
                           key=lambda w: (w.progress, _sort_key((w.job_name, w.task_index))))
         if len(training) < 3:
@@ -151,10 +143,9 @@ class RunProgress:
         """The tasks a large run's display shows first: failed, stalled, stragglers, then the rest."""
         _, stragglers = self.ranked()
         slow = {id(w): i for i, w in enumerate(stragglers)}
-        order = {"failed": 0, "stalled": 1}
 
         def key(w):
-            first = order.get(w.state, 3 if id(w) not in slow else 2)
+            first = {"failed": 0, "stalled": 1}.get(w.state, 2 if id(w) in slow else 3)
             return (first, slow.get(id(w), 0), _sort_key((w.job_name, w.task_index)))
 
         return sorted(self.workers.values(), key=key)
@@ -184,12 +175,8 @@ class RunProgress:
         return sum(rates) if rates else None
 
     def apply_batch(self, batch) -> tuple[bool, bool, set | None]:
-        """Fold events in order, as :meth:`apply` does each, for a display that redraws per batch.
-
-        Returns:
-            ``(changed, lines, tasks)``: whether anything visible changed, whether log lines
-            arrived, and the keys of the tasks whose row changed (None: every row, after a relaunch).
-        """
+        """Fold events in order, as :meth:`apply` does each: ``(changed, lines, tasks)``, whether anything visible
+        changed, whether log lines arrived, the keys of the rows that changed (None: every row, after a relaunch)."""
         changed = lines = False
         tasks: set | None = set()
         for plain, event in self.fold(batch):
@@ -206,10 +193,8 @@ class RunProgress:
         return changed, lines, tasks
 
     def fold(self, batch):
-        """Split ``batch`` as :func:`_runs` does and fold its runs of plain log lines (nearly all of a large run's
-        events) as :meth:`apply` would each: they change only :attr:`logs` (of which only the newest kept lines are
-        formatted) and end their tasks' carriage-return lines. Yields ``(lines, None)`` once folded, and
-        ``(None, event)`` for the caller to apply."""
+        """Fold ``batch``'s runs of plain log lines (:func:`_runs`; nearly all of a large run's events) as
+        :meth:`apply` would, formatting only the newest kept: yields ``(lines, None)`` or ``(None, event)`` to apply."""
         shown: list = []  # the lines not in logs yet: added before any line that comes another way, and at the end
         try:
             for plain, event in _runs(batch, self.workers):
@@ -264,13 +249,11 @@ class RunProgress:
             if not state or w.state == "failed":
                 # the failure is the news; a later "stopped" from the same task would hide it
                 return False
-            w.state = state
             w.history.append(state)
             if isinstance(data.get("gpus"), (list, tuple)):
                 w.gpus = [str(g) for g in data["gpus"]]
             return True
         if event.kind == events.FAILED:
-            w.state = "failed"
             w.history.append("failed")
             w.error = f"{data.get('exc_type', 'Error')}: {data.get('message', '')}".rstrip(": ")
             return True
@@ -336,9 +319,7 @@ class RunProgress:
         for key, value in data.items():
             if key not in _CORE_FIELDS and _number(value) is not None:
                 w.metrics[key] = _number(value)
-        if w.state == "pending":
-            # a report means the task trains, even if its state change was not seen
-            w.state = "training"
+        if not w.history:  # a report means the task trains, even if its state change was not seen
             w.history.append("training")
 
     def end(self) -> None:
@@ -372,9 +353,8 @@ class RunProgress:
 
 
 def _runs(batch, workers: dict):
-    """Split ``batch`` in order into runs of plain log lines (no carriage return, of a task in
-    ``workers``), nearly all of a large run's events, and the other events one by one: yields
-    ``(lines, None)`` or ``(None, event)``."""
+    """``batch`` in order as runs of plain log lines of tasks in ``workers`` ``(lines, None)``, and the other events
+    one by one ``(None, event)``."""
     plain, log_kind = [], events.LOG
     for event in batch:
         if event.kind == log_kind:

@@ -1,8 +1,6 @@
-"""Incremental TensorBoard event-file sync (:class:`EventSync`) between a local directory and persistent storage,
-through tfnb's storage layer. Event files are append-only TFRecord streams (each record: 8-byte little-endian
-length, 4-byte masked CRC-32C of the length, the data, 4-byte masked CRC-32C of the data): each pass ships only a
-file's new bytes, cut at the last complete record, so a destination never holds a torn record written by the sync,
-and every byte is sent once. Other files (plugin assets, profiles) are copied whole once changed and quiet for 1 s.
+"""Incremental TensorBoard event-file sync (:class:`EventSync`) between two stores. Event files are append-only
+TFRecord streams (8-byte length, masked CRC-32C of it, data, masked CRC-32C of the data): each pass ships a file's new
+bytes once, cut at the last whole record, so no torn record is written. Other files are copied whole once quiet 1 s.
 """
 from __future__ import annotations
 
@@ -49,9 +47,8 @@ def _masked_crc32c(data: bytes) -> int:
 
 
 def complete_records(buf: bytes | memoryview) -> int | None:
-    """Length of the longest prefix of ``buf`` made of whole TFRecords (0 when not even the first is complete),
-    or None when ``buf`` does not start with a valid record header. Only the length header's checksum is checked:
-    enough to tell a record boundary, and cheap in pure Python."""
+    """Length of the longest prefix of ``buf`` made of whole TFRecords, or None when it does not start with a valid
+    record header. Only the length's checksum is checked: enough to tell a boundary, and cheap in pure Python."""
     pos, n = 0, len(buf)
     while n - pos >= 12:
         length, crc = struct.unpack_from("<QI", buf, pos)
@@ -122,11 +119,10 @@ class EventSync:
         dest: directory (local path, ``/dbfs/...``, ``s3://...`` or fsspec URL) to write.
         interval: seconds between passes (default 10; env TFNB_SYNC_INTERVAL).
         mode: "auto" (append on local disks, parts on object stores and the /dbfs, /Volumes mounts),
-            "append" (a file's first bytes go to a hidden temporary name, renamed into place; later records
-            are appended) or "parts" (for stores that cannot append in place: each pass uploads a file's new
-            records as one object ``<file>.part-NNNNNN``, itself a valid event file, instead of re-uploading a
-            growing file as tensorboard#5655 does; reading a store with parts joins them back into ``<file>``,
-            byte for byte. The price: up to one object per file per pass, 360 an hour at interval=10).
+            "append" (first records written atomically, later ones appended) or "parts" (each pass uploads a
+            file's new records as ``<file>.part-NNNNNN``, itself an event file, not the whole growing file as
+            tensorboard#5655 does; reading joins them back byte for byte; up to 360 objects per file an hour
+            at interval=10).
         storage_options: options for the remote side(s): ``key``, ``secret``, ``token``,
             ``endpoint_url``, ``region``, ... (docs/data.md, "Storage URLs and options").
 
@@ -184,11 +180,7 @@ class EventSync:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> "EventSync":
-        """Start the background thread (one pass right away, then every ``interval``); returns self.
-
-        Example:
-            >>> sync = tfnb.EventSync("/local_disk0/tb", "/dbfs/runs/1/logs").start()
-        """
+        """Start the background thread (one pass right away, then every ``interval``); returns self."""
         if self.running:
             return self
         self._stop.clear()
@@ -202,9 +194,6 @@ class EventSync:
 
         Raises:
             StorageError: the pass failed (the cause is chained).
-
-        Example:
-            >>> sync.flush().bytes_sent
         """
         self._pass(final=False, raise_errors=True)
         return self._stats
@@ -214,9 +203,6 @@ class EventSync:
 
         Raises:
             StorageError: the final pass failed (the cause is chained).
-
-        Example:
-            >>> stats = sync.stop(); print(stats.bytes_sent)
         """
         if self._stop.is_set():
             return self._stats  # stopped already: its final pass ran
@@ -250,12 +236,11 @@ class EventSync:
         return f"EventSync({self.src!r} -> {self.dest!r}, mode={self.mode!r}, interval={self.interval})"
 
     def _loop(self) -> None:
-        # passes start every `interval` seconds (not `interval` after the last one ended), so a slow
-        # pass does not add its duration to the lag of the next
+        # passes start every `interval` seconds, so a slow pass does not add to the next one's lag; one that fell
+        # behind carries on from now rather than run a burst of passes
         next_at = time.monotonic()
         while True:
             self._pass(final=False, raise_errors=False)
-            # fell behind: carry on from now rather than run a burst of passes
             next_at = max(next_at + self.interval, time.monotonic())
             if self._stop.wait(next_at - time.monotonic()):
                 return

@@ -1,9 +1,7 @@
-"""TensorBoard processes on the driver: start one, find and reuse one, clean stale ones, stop one. Core only: each
-verb returns a typed outcome (:class:`Launched`, :class:`Reused`, :class:`Failed`, :class:`TimedOut`) that
-:mod:`tfnb.notebook.tensorboard` renders. TensorBoard has no login: it binds to loopback unless told otherwise.
-Its records live in a private per-user folder, trusted only while their process is still the TensorBoard recorded
-(docs/security.md). ``tensorboard.manager`` is not used: its folder is shared and writable by all, it trusts any
-record there, reuses one whose process is gone, and its cache key cannot say "any reload_interval".
+"""TensorBoard processes on the driver: start, find and reuse, clean stale ones, stop; each verb returns a typed
+outcome that :mod:`tfnb.notebook.tensorboard` renders. Loopback unless told otherwise (TensorBoard has no login);
+records in a private per-user folder, trusted only while their process is the TensorBoard recorded (docs/security.md).
+Not ``tensorboard.manager``: its folder is writable by all, it trusts any record there, even of a process gone.
 """
 from __future__ import annotations
 
@@ -73,9 +71,7 @@ class TensorBoardInstance:
 
 @dataclass(frozen=True)
 class _Serving:
-    """A TensorBoard that answers: its ``instance`` (whose ``url``, ``port``, ``pid``, ``log_dir`` it shows)
-    and a ``warning`` (also logged) saying what is exposed and how to avoid it when it is bound to a
-    non-loopback host, reachable from the network."""
+    """A TensorBoard that answers: its ``instance`` and a ``warning`` (also logged) when the network can reach it."""
 
     instance: TensorBoardInstance
     warning: str = ""
@@ -125,17 +121,11 @@ Outcome = Union[Launched, Reused, Failed, TimedOut]
 
 def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
                        reload_interval: float | None = None, timeout: float | None = None) -> Outcome:
-    """Reuse the TensorBoard serving ``log_dir`` on ``host``, or start one; arguments as for
-    :func:`tfnb.tensorboard`. Given ``reload_interval``, only an instance with that interval is reused.
-
-    Returns:
-        :class:`Reused` or :class:`Launched`, else :class:`Failed` (bad log_dir, port in use, TensorBoard
-        exited) or :class:`TimedOut` (the process was stopped), each with the fix.
+    """Reuse the TensorBoard serving ``log_dir`` on ``host`` (with that ``reload_interval`` when given), or start
+    one; arguments as for :func:`tfnb.tensorboard`. A Failed or TimedOut outcome carries the fix.
 
     Raises:
-        ConfigError: an argument has the wrong type or range.
-        MissingDependencyError: the ``tensorboard`` package is not installed.
-        UnsafePathError: the bookkeeping folder is not private to this user (see the module docs).
+        ConfigError, MissingDependencyError, UnsafePathError (the bookkeeping folder is not private).
     """
     log_dir = _normalize_logdir(log_dir)
     host = setting("tensorboard_host", host, DEFAULT_HOST, str)
@@ -268,7 +258,7 @@ def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout:
     # not the temp dir shared by all users
     os.makedirs(os.path.join(folder, ".tensorboard-info"), mode=0o700, exist_ok=True)
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, "TMPDIR": folder}
-    proc = None
+    proc = ready = None
     try:
         # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid: hold it until
         # `proc` is set, then raise it here, where the process is stopped. In its own session, TensorBoard is not hit
@@ -278,22 +268,21 @@ def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout:
                                     env=env, start_new_session=True)
         log.info("starting TensorBoard pid %d for %s", proc.pid, log_dir)
         ready, code, text = _await_ready(proc, log_path, timeout)
-    except BaseException as e:
-        # Interrupted cell (KeyboardInterrupt) or any other error while waiting: no info file
-        # names this process yet, so nothing else would ever stop it.
+    except OSError as e:
         if proc is not None:
-            _kill_group(proc.pid, proc)
-        _unlink(log_path)
-        if proc is None and isinstance(e, OSError):
-            return Failed(log_dir, f"could not run {sys.executable} -m tensorboard.main: {e}",
-                          "check that this Python can run TensorBoard (pip install tensorboard)")
-        raise
+            raise
+        return Failed(log_dir, f"could not run {sys.executable} -m tensorboard.main: {e}",
+                      "check that this Python can run TensorBoard (pip install tensorboard)")
+    finally:
+        # Not serving (exited, timed out, interrupted cell or any other error): no info file names this process,
+        # so nothing else would ever stop it.
+        if ready is None:
+            if proc is not None and proc.returncode is None:
+                _kill_group(proc.pid, proc)
+            _unlink(log_path)
     if code is not None:
-        _unlink(log_path)
         return _exit_failure(log_dir, host, port, code, text)
     if ready is None:
-        _kill_group(proc.pid, proc)
-        _unlink(log_path)
         return TimedOut(log_dir, timeout, proc.pid, _tail(text),
                         f"TensorBoard did not serve within {timeout:g} s and was stopped; it imports "
                         f"TensorFlow at start, which is slow on a busy machine: raise timeout= "
@@ -330,18 +319,22 @@ def _interrupt_held():
 def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
     """Wait for TensorBoard's "serving at URL" line: (match, None, text); on exit (None, code, text);
     on timeout (None, None, text)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_POLL)
-        text = ""
+    def output() -> str:
         with contextlib.suppress(OSError), open(log_path, "rb") as fh:
-            text = fh.read().decode("utf-8", errors="replace")
-        ready = _READY_LINE.search(text)
-        if proc.returncode is not None:
-            return None, proc.returncode, text
-        if ready is not None or time.monotonic() >= deadline:
-            return ready, None, text
+            return fh.read().decode("utf-8", errors="replace")
+        return ""
+
+    _wait(lambda: proc.poll() is not None or _READY_LINE.search(output()), timeout)
+    text, code = output(), proc.poll()
+    return (_READY_LINE.search(text) if code is None else None), code, text
+
+
+def _wait(done, timeout: float):
+    """Poll ``done()`` until it is true or ``timeout`` seconds passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while not (result := done()) and time.monotonic() < deadline:
+        time.sleep(_POLL)
+    return result
 
 
 def _exit_failure(log_dir: str, host: str, port: int, code: int, text: str) -> Failed:
@@ -545,20 +538,15 @@ def _terminate(pid: int) -> None:
 
 def _await_exit(pid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
     proc = proc or _children.pop(pid, None)
-    if not _wait_gone(pid, grace, proc):
+
+    def gone() -> bool:
+        return proc.poll() is not None if proc else not _alive(pid)
+
+    if not _wait(gone, grace):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        _wait_gone(pid, _STOP_GRACE, proc)
+        _wait(gone, _STOP_GRACE)
     _drop_tensorboard_record(pid)
-
-
-def _wait_gone(pid: int, timeout: float, proc: subprocess.Popen | None) -> bool:
-    deadline = time.monotonic() + timeout
-    while (proc.poll() is None) if proc else _alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_POLL / 2)
-    return True
 
 
 __all__ = ["TensorBoardInstance", "Launched", "Reused", "Failed", "TimedOut", "Outcome",

@@ -1,12 +1,7 @@
-"""MLflow tracking: one MLflow run per ``tfnb.run``, logged by the driver alone (docs/monitoring.md, "MLflow").
-
-:func:`track` tees the run's display into a background thread that logs the chief's epoch-end metrics (at
-``step = epoch - 1``), relaunches and the final state, so workers need neither MLflow nor credentials (autologging
-on every rank would make one MLflow run per worker, mlflow#11782). Params never include ``env`` values or storage
-options. ``model_dir/tfnb_mlflow.json`` names the MLflow run, so an ``Evaluator(mlflow=True)`` on that directory
-(:class:`EvalTracker`) logs to the same run. The model is logged with a signature: a LoggedModel with MLflow 3, the
-run's artifact ``model`` with MLflow 2 (>= 2.13). The first MLflow call that fails (after MLflow's own retries) is
-reported once and ends tracking for that run; training never waits on MLflow.
+"""MLflow tracking, from the driver alone (docs/monitoring.md, "MLflow"): :func:`track` tees a ``tfnb.run``'s display
+into a thread that logs params, the chief's epoch-end metrics (``step = epoch - 1``), relaunches, the final state and
+the model; :class:`EvalTracker` logs an Evaluator into the same run (``model_dir/tfnb_mlflow.json`` names it). Workers
+need neither MLflow nor credentials; the first failing MLflow call is reported once and ends tracking.
 """
 from __future__ import annotations
 
@@ -48,10 +43,8 @@ _OPTION_PARAMS = {"gpus_per_worker": ("spark.task.resource.gpu.amount", "0"),
 
 def settings(value: Any) -> dict:
     """``mlflow=`` as ``{"experiment", "registered_model_name", "input_example"}`` (None where not given)."""
-    if isinstance(value, Mapping):
-        return {k: value.get(k) for k in _SETTINGS}
-    return {"experiment": value if isinstance(value, str) else None, "registered_model_name": None,
-            "input_example": None}
+    given = value if isinstance(value, Mapping) else {"experiment": value if isinstance(value, str) else None}
+    return {k: given.get(k) for k in _SETTINGS}
 
 
 def check_option(value: Any) -> bool:
@@ -98,10 +91,13 @@ def _experiment_id(client, value: Any) -> str | None:
 
 
 class _Link:
-    """One MLflow run, used from one thread; the first failing call turns it off with one warning."""
+    """MLflow calls for one run (and a sweep's child runs), from one thread; the first failing call turns it off with
+    one warning."""
 
     def __init__(self, what: str):
-        self.what = what
+        import mlflow
+
+        self.what, self.mlflow, self.client = what, mlflow, mlflow.MlflowClient()
         self.run_id: str | None = None
         self.own = False     # tfnb started the run, so tfnb ends it
         self.broken = False
@@ -118,28 +114,42 @@ class _Link:
             log.warning("MLflow tracking of %s stopped%s after %s: %s; it goes on without MLflow",
                         self.what, run, type(e).__name__, first)
 
-    def start(self, mlflow, experiment: Any, active_run_id: str | None, tags: Mapping[str, str]) -> None:
-        """Use ``active_run_id``, else start a run of our own in this thread (ended by :meth:`end`)."""
-        if active_run_id is not None:
-            self.run_id = active_run_id
+    def start(self, experiment: Any, run_id: str | None, tags: Mapping[str, str], *, reopen: str | None = None,
+              run_name: str | None = None) -> None:
+        """Log to ``run_id`` (left open), else to a run of our own made active in this thread (ended by :meth:`end`):
+        ``reopen`` (an earlier one), or a new one in ``experiment``."""
+        if run_id is not None:
+            self.run_id = run_id
             return
-        experiment_id = self.call(_experiment_id, mlflow.MlflowClient(), experiment)
-        run = self.call(mlflow.start_run, experiment_id=experiment_id, tags=dict(tags))
+        if reopen:
+            run = self.call(self.mlflow.start_run, run_id=reopen)
+        else:
+            run = self.call(self.mlflow.start_run, experiment_id=self.call(_experiment_id, self.client, experiment),
+                            run_name=run_name, tags=dict(tags))
         if run is not None:
             self.run_id, self.own = run.info.run_id, True
 
-    def log(self, mlflow, metrics=(), params=None, tags=None) -> None:
+    def log(self, metrics=(), params=None, tags=None, run_id: str | None = None) -> None:
+        """One ``log_batch`` to ``run_id`` (default: this link's run); MLflow splits what exceeds its limits."""
         from mlflow.entities import Param, RunTag
 
-        if self.run_id is None:
-            return
-        self.call(mlflow.MlflowClient().log_batch, self.run_id, metrics=list(metrics),
-                  params=[Param(k, v) for k, v in (params or {}).items()],
-                  tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in (tags or {}).items()])
+        run_id = run_id or self.run_id
+        if run_id is not None:
+            self.call(self.client.log_batch, run_id, metrics=list(metrics),
+                      params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in (params or {}).items()],
+                      tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in (tags or {}).items()])
 
-    def end(self, mlflow, status: str) -> None:
+    def end(self, status: str) -> None:
         if self.own:  # call() does nothing once the link is broken
-            self.call(mlflow.end_run, status)
+            self.call(self.mlflow.end_run, status)
+
+
+def metrics_at(values: Mapping[str, float], step: int, stamp: float | None = None, prefix: str = "") -> list:
+    """MLflow ``Metric`` entities of ``values`` at ``step`` (``stamp``: seconds since the epoch, default now)."""
+    from mlflow.entities import Metric
+
+    ms = int((time.time() if stamp is None else stamp) * 1000)
+    return [Metric(prefix + k, float(v), ms, step) for k, v in values.items()]
 
 
 @contextlib.contextmanager
@@ -160,22 +170,19 @@ class Tracker:
 
     def __init__(self, display: Callable[[RunEvent], None], experiment: Any, *, run_id: str,
                  model_dir: str | None, params: Mapping[str, str]):
-        import mlflow
-
         self.display = display
         self.model_dir = model_dir
         self.link = _Link(f"tfnb run {run_id}")
         self._state: str | None = None  # the driver's final state event
         self._error: str | None = None
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        active = mlflow.active_run()  # thread-local in MLflow: the caller's run, read in the caller's thread
+        active = self.link.mlflow.active_run()  # thread-local in MLflow: the caller's run, read in the caller's thread
         given = _LOGGING_TO.get()
         self.log_model = given is None or given[1]
         self.settings = settings(experiment)
         self._thread = threading.Thread(
             target=self._work, name="tfnb-mlflow", daemon=True,
-            args=(mlflow, experiment, given[0] if given else active.info.run_id if active else None, run_id,
-                  dict(params)))
+            args=(experiment, given[0] if given else active.info.run_id if active else None, run_id, dict(params)))
         self._thread.start()
 
     def __call__(self, event: RunEvent) -> None:
@@ -191,16 +198,12 @@ class Tracker:
     def _observe(self, event: RunEvent) -> None:
         data = event.data
         if event.kind == events.PROGRESS and event.job_name == "chief" and data.get("epoch_end"):
-            from mlflow.entities import Metric
-
             try:
                 step = int(data["epoch"]) - 1
             except (KeyError, TypeError, ValueError):
                 return
-            stamp = int(event.time * 1000)
-            metrics = [Metric(k, float(v), stamp, step) for k, v in data.items()
-                       if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)
-                       and math.isfinite(v)]
+            metrics = metrics_at({k: v for k, v in data.items() if k not in _NOT_METRICS and isinstance(v, (int, float))
+                                  and not isinstance(v, bool) and math.isfinite(v)}, step, event.time)
             if metrics:
                 self._q.put(("metrics", metrics))
         elif event.kind == events.ATTEMPT:
@@ -226,15 +229,15 @@ class Tracker:
         self._q.put(("end", (state, self._error if state == "failed" else None)))
         self._thread.join()
 
-    def _work(self, mlflow, experiment, active_run_id, run_id, params) -> None:
+    def _work(self, experiment, active_run_id, run_id, params) -> None:
         link = self.link
-        link.start(mlflow, experiment, active_run_id, {"tfnb.run_id": run_id})
+        link.start(experiment, active_run_id, {"tfnb.run_id": run_id})
         if link.run_id is not None:
             if active_run_id is not None:
                 # params cannot change in MLflow: a second tfnb.run in the same active run keeps the first's
-                have = link.call(lambda: mlflow.MlflowClient().get_run(link.run_id).data.params) or {}
+                have = link.call(lambda: link.client.get_run(link.run_id).data.params) or {}
                 params = {k: v for k, v in params.items() if k not in have}
-            link.log(mlflow, params=params, tags={"tfnb.run_id": run_id, "tfnb.attempt": 1})
+            link.log(params=params, tags={"tfnb.run_id": run_id, "tfnb.attempt": 1})
             if self.model_dir:
                 link.call(_write_link, self.model_dir, run_id, link.run_id)
         while True:
@@ -244,24 +247,22 @@ class Tracker:
                     batch.append(self._q.get_nowait())
             metrics = [m for kind, value in batch if kind == "metrics" for m in value]
             tags = {k: v for kind, value in batch if kind == "tags" for k, v in value.items()}
-            for i in range(0, len(metrics), 1000):  # MLflow's log_batch takes 1000 metrics at most
-                link.log(mlflow, metrics=metrics[i:i + 1000], tags=tags if i == 0 else None)
-            if not metrics and tags:
-                link.log(mlflow, tags=tags)
+            if metrics or tags:
+                link.log(metrics, tags=tags)
             if batch[-1][0] == "end":
-                self._end(mlflow, *batch[-1][1])
+                self._end(*batch[-1][1])
                 return
 
-    def _end(self, mlflow, state: str, error: str | None) -> None:
+    def _end(self, state: str, error: str | None) -> None:
         link = self.link
-        link.log(mlflow, tags={"tfnb.state": state, **({"tfnb.error": error} if error else {})})
+        link.log(tags={"tfnb.state": state, **({"tfnb.error": error} if error else {})})
         if state == "succeeded" and self.log_model and self.model_dir and link.run_id is not None and not link.broken:
             started = time.monotonic()
-            if link.call(_log_model, mlflow, self.model_dir, link.run_id, self.settings["registered_model_name"],
+            if link.call(_log_model, link.mlflow, self.model_dir, link.run_id, self.settings["registered_model_name"],
                          self.settings["input_example"]):
                 log.info("logged the model in %s to MLflow run %s in %.1f s", self.model_dir, link.run_id,
                          time.monotonic() - started)
-        link.end(mlflow, _STATUS.get(state, "FAILED"))
+        link.end(_STATUS.get(state, "FAILED"))
 
 
 def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spark, num_workers: int,
@@ -281,8 +282,8 @@ def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spar
             params[key] = spark.conf.get(key, None)
     for i, arg in enumerate(args):
         if isinstance(arg, (bool, int, float, str)):
-            params[f"args.{i}"] = str(arg)[:_MAX_PARAM]
-    params = {k: str(v) for k, v in params.items() if v is not None}
+            params[f"args.{i}"] = arg
+    params = {k: v for k, v in params.items() if v is not None}
     return Tracker(display, mlflow, run_id=run_id, model_dir=model_dir, params=params)
 
 
@@ -293,19 +294,19 @@ def _write_link(model_dir: str, tfnb_run_id: str, mlflow_run_id: str) -> None:
     open_store(model_dir, purpose="writing the MLflow run link to").write(LINK_FILE, body)
 
 
-def _find_model(listing: Mapping[str, Any]) -> tuple[str, bool] | None:
-    """(relative path, is a folder) of the newest saved model in a model_dir listing, or None."""
-    found: dict[tuple[str, bool], float] = {}
+def _find_model(listing: Mapping[str, Any]) -> str | None:
+    """The relative path of the newest saved model (a file or a SavedModel folder) in a model_dir listing, or None."""
+    found: dict[str, float] = {}
     for rel, entry in listing.items():
         parts = rel.split("/")
         if parts[0] == "backup" or any(p.startswith("workertemp_") for p in parts):
             continue  # BackupAndRestore's state and the non-chief workers' copies
         mtime = getattr(entry, "mtime", 0) or 0
         if rel.endswith((".keras", ".h5")) and not rel.endswith(".weights.h5"):  # weights alone are no model
-            found[(rel, False)] = mtime
+            found[rel] = mtime
         elif parts[-1] == "saved_model.pb":
-            key = ("/".join(parts[:-1]), True)
-            found[key] = max(found.get(key, 0), mtime)
+            folder = "/".join(parts[:-1])
+            found[folder] = max(found.get(folder, 0), mtime)
     return max(found, key=found.get) if found else None
 
 
@@ -314,25 +315,15 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str, registered_model_name
     """Log the newest saved model in ``model_dir`` to the run, registered as ``registered_model_name`` when given;
     its path in model_dir, None if none. Tags: ``tfnb.model.uri`` (the logged model), ``tfnb.model.registered``
     (``models:/<name>/<version>``)."""
+    from ..data.model import _fetch, _locate
     from ..storage import open_store
 
     store = open_store(model_dir, purpose="reading the saved model in")
-    listing = store.list()
-    found = _find_model(listing)
-    if found is None:
+    rel = _find_model(store.list())
+    if rel is None:
         return None
-    rel, folder = found
-    with contextlib.ExitStack() as stack:
-        if store.local:
-            path = store.url(rel)
-        else:
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tfnb-mlflow-model-",
-                                                                  ignore_cleanup_errors=True))
-            prefix = rel + "/" if folder and rel else ""
-            for sub, entry in listing.items():
-                if (folder and sub.startswith(prefix)) or sub == rel:
-                    store.get(sub, os.path.join(tmp, sub.replace("/", os.sep)), size=entry.size)
-            path = os.path.join(tmp, rel.replace("/", os.sep)) if rel else tmp
+    with tempfile.TemporaryDirectory(prefix="tfnb-mlflow-model-", ignore_cleanup_errors=True) as tmp:
+        path = _fetch(*_locate(store.url(rel), {}), {}, tmp)  # a local model_dir's model is read in place
         model = _load_keras(path)
         why = "it does not load as a Keras model"
         if model is not None:
@@ -475,13 +466,11 @@ class EvalTracker:
     """
 
     def __init__(self, experiment: Any, status_store):
-        import mlflow
-
         self.experiment = experiment
         self.store = status_store
-        active = mlflow.active_run()  # the creating thread's, read there
-        self.active_run_id = active.info.run_id if active else None
         self.link = _Link("the evaluator")
+        active = self.link.mlflow.active_run()  # the creating thread's, read there
+        self.active_run_id = active.info.run_id if active else None
         self._resolved = False
 
     def _linked_run(self) -> str | None:
@@ -497,29 +486,20 @@ class EvalTracker:
 
     def log(self, result) -> None:
         """Log one EvalResult (and, when it is the best so far, the best-checkpoint tags)."""
-        import mlflow
-        from mlflow.entities import Metric
-
         if not self._resolved:
             self._resolved = True
             run_id = self.link.call(self._linked_run) or self.active_run_id
-            self.link.start(mlflow, self.experiment, run_id, {"tfnb.evaluator": "true"})
-        stamp = int(time.time() * 1000)
-        prefixes = ("eval_", "best_eval_") if result.best else ("eval_",)
-        metrics = [Metric(prefix + k, float(v), stamp, int(result.step))
-                   for prefix in prefixes for k, v in result.metrics.items()]
+            self.link.start(self.experiment, run_id, {"tfnb.evaluator": "true"})
+        metrics = [m for prefix in (("eval_", "best_eval_") if result.best else ("eval_",))
+                   for m in metrics_at(result.metrics, int(result.step), prefix=prefix)]
         tags = {"tfnb.eval.best_step": result.step, "tfnb.eval.best_checkpoint": result.checkpoint}
-        self.link.log(mlflow, metrics=metrics, tags=tags if result.best else None)
+        self.link.log(metrics, tags=tags if result.best else None)
 
     def log_best_model(self, local_path: str) -> None:
         """Upload the exported best model (a file or a SavedModel folder) as the run's ``best_model``."""
-        import mlflow
-
         if self.link.run_id is not None:
-            self.link.call(_log_files, mlflow.MlflowClient(), self.link.run_id, local_path, "best_model")
+            self.link.call(_log_files, self.link.client, self.link.run_id, local_path, "best_model")
 
     def close(self, failed: bool) -> None:
         """End the evaluator's own run (if it started one)."""
-        import mlflow
-
-        self.link.end(mlflow, "FAILED" if failed else "FINISHED")
+        self.link.end("FAILED" if failed else "FINISHED")

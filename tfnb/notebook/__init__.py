@@ -1,10 +1,6 @@
-"""tfnb's display layer: everything that renders a run or a sweep for a person (the console, the live widget and
-sweep panel, the TensorBoard panel and verb, the IPython magics).
-
-Only this package (and the public front ``tfnb``) may import IPython or ipywidgets; the core never imports it. It
-plugs into the core's display registry (:mod:`tfnb.monitor.display`): importing it registers the ``console`` and
-``widget`` displays of runs and sweeps. ``import tfnb`` imports it with the first public verb used (at once inside an
-IPython kernel); ``%load_ext tfnb`` also loads it. ipywidgets itself is imported only when a widget is built.
+"""tfnb's display layer: consoles, live panels, the TensorBoard panel and the magics. Only this package (and the
+front ``tfnb``) imports IPython or ipywidgets (the latter when a widget is built); importing it registers the
+``console`` and ``widget`` displays of runs and sweeps in :mod:`tfnb.monitor.display`.
 """
 from __future__ import annotations
 

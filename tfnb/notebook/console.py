@@ -1,6 +1,5 @@
-"""The consoles: :class:`Console`, what a run's and a sweep's share, and the run's :class:`ConsoleDisplay`: prefixed
-log lines, epoch summaries and a progress line (a tqdm bar on a terminal). What a run shows outside a notebook widget
-(a script, a CI log, ``TFNB_DISPLAY=console``), from the run model of :mod:`tfnb.monitor.progress`.
+"""The consoles: :class:`Console`, what a run's and a sweep's share, and the run's :class:`ConsoleDisplay`, what a
+run shows outside a notebook widget (a script, a CI log, ``TFNB_DISPLAY=console``).
 """
 from __future__ import annotations
 
@@ -41,13 +40,11 @@ class Console:
 
 
 class ConsoleDisplay(Console):
-    """Console output of a run: ``[worker 1] ...`` log lines and a progress line.
+    """Console output of a run: ``[worker 1] ...`` log lines, epoch summaries and a progress line.
 
-    On a terminal the progress is a tqdm bar below the log lines. Otherwise (a file, a CI log, a notebook cell with
-    TFNB_DISPLAY=console) it prints each task's epoch summary and, at most every ``interval`` seconds, a progress line
-    and each task's latest carriage-return line (a Keras ``verbose=1`` bar). Above :data:`SUMMARY_ABOVE` tasks only
-    the chief's epoch summaries, failures and a periodic summary (counts by state, slowest and fastest task,
-    stragglers, total examples/s) are printed.
+    On a terminal the progress is a tqdm bar below the log lines; elsewhere a progress line and each task's latest
+    carriage-return line (a Keras ``verbose=1`` bar) at most every ``interval`` seconds. A large run prints the
+    chief's epoch summaries, failures and a periodic summary (see docs/monitoring.md).
 
     Args:
         stream: where to write (default: the current ``sys.stdout``).
@@ -70,7 +67,7 @@ class ConsoleDisplay(Console):
         self._tty = tty
         self.run = RunProgress.for_run(num_workers, num_ps)
         self._last_line = self._last_live = self._last_bar = float("-inf")
-        self._live_pending: dict = {}  # task label -> its latest unprinted carriage-return line
+        self._live_pending: dict = {}  # task label -> its WorkerProgress, whose carriage-return line is not printed
 
     def _is_tty(self) -> bool:
         if self._tty is None:
@@ -89,8 +86,6 @@ class ConsoleDisplay(Console):
                     self(event)
                     continue
                 # plain lines, most of what a large run sends: what __call__ does, without the detours
-                for e in plain if self._live_pending else ():
-                    self._live_pending.pop(e.label, None)
                 held.extend(f"[{e.job_name} {e.task_index}] {e.data['line']}" for e in plain)
         finally:
             held, self._held = self._held, None
@@ -119,11 +114,9 @@ class ConsoleDisplay(Console):
         if data.get("partial"):
             w = self.run.workers.get((event.job_name, event.task_index))
             if w is not None and w.live:
-                self._live_pending[label] = w.live
+                self._live_pending[label] = w
             self._flush_live()
             return
-        if self._live_pending:
-            self._live_pending.pop(label, None)  # the finished line below says more
         if "\r" in line:
             if self.run.large() and event.job_name != "chief":
                 return  # a finished bar from each of hundreds of tasks: the summary speaks for them
@@ -135,11 +128,12 @@ class ConsoleDisplay(Console):
         if not self._live_pending or (not force and now - self._last_live < self.interval):
             return
         self._last_live = now
-        pending, self._live_pending = self._live_pending, {}
+        # a line that ended since (w.live is None) was printed in full
+        pending, self._live_pending = [(label, w.live) for label, w in self._live_pending.items() if w.live], {}
         if len(pending) > SUMMARY_ABOVE:
             self._print(f"[tfnb] {len(pending)} tasks updating; {self.run.status_text()}")
             return
-        for label, text in pending.items():
+        for label, text in pending:
             self._print(f"[{label}] {text}")
 
     def _on_state(self, event: RunEvent, data: dict) -> None:
@@ -163,29 +157,24 @@ class ConsoleDisplay(Console):
         w = self.run.workers.get((event.job_name, event.task_index))
         # a large run prints the chief's epoch summaries only; its summary line speaks for the rest
         epoch_line = data.get("epoch_end") and w is not None and (not self.run.large() or w.job_name == "chief")
-        now = time.monotonic()
-        if self._is_tty():
-            if now - self._last_bar >= 0.2 or data.get("epoch_end"):
-                # finding the slowest task is O(tasks): at most 5 bar updates a second
-                self._last_bar = now
-                self._update_bar()
-            if epoch_line:
-                self._print(f"[{event.label}] {self._epoch_summary(w)}")
-            return
+        now, tty = time.monotonic(), self._is_tty()
+        if tty and (now - self._last_bar >= 0.2 or data.get("epoch_end")):
+            self._last_bar = now  # finding the slowest task is O(tasks): at most 5 bar updates a second
+            self._update_bar()
         if epoch_line:
             self._print(f"[{event.label}] {self._epoch_summary(w)}")
-            self._last_line = now
+        elif tty or now - self._last_line < self.interval:
+            return
         elif not _CORE_FIELDS.intersection(data) - {"time"}:
             # a custom ctx.report(...) without the usual fields: show what was sent
-            if now - self._last_line >= self.interval:
-                self._print(f"[{event.label}] {format_metrics(dict(data))}")
-                self._last_line = now
-        elif now - self._last_line >= self.interval and data.get("step") is not None:
+            self._print(f"[{event.label}] {format_metrics(dict(data))}")
+        elif data.get("step") is not None:
             self._print(f"[tfnb] {self._progress_line()}")
-            if self.run.large():
-                for line in self.run.summary_lines():
-                    self._print(f"[tfnb] {line}")
-            self._last_line = now
+            for line in self.run.summary_lines() if self.run.large() else ():
+                self._print(f"[tfnb] {line}")
+        else:
+            return
+        self._last_line = now
 
     @staticmethod
     def _epoch_summary(w: WorkerProgress) -> str:
@@ -196,8 +185,7 @@ class ConsoleDisplay(Console):
 
     def _lead(self) -> WorkerProgress | None:
         """The task that bounds the run's progress: the one with the fewest batches done."""
-        training, _ = self.run.ranked()
-        return training[0] if training else None
+        return next(iter(self.run.ranked()[0]), None)
 
     def _progress_line(self) -> str:
         w, rate, counts = self._lead(), self.run.examples_per_sec(), self.run.counts()

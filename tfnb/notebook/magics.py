@@ -1,6 +1,5 @@
-"""``%load_ext tfnb`` (or ``tfnb.notebook``) adds ``%tfnb_tensorboard --logdir DIR``: the panel of
-``tfnb.tensorboard(DIR)``. TensorBoard's own ``%tensorboard`` is left alone, loaded before or after tfnb, so there
-is never a question of which one runs (it keeps its own instance list, and tfnb's, neither seeing the other's).
+"""``%load_ext tfnb`` adds ``%tfnb_tensorboard --logdir DIR``, the panel of ``tfnb.tensorboard(DIR)``. It leaves
+TensorBoard's own ``%tensorboard`` alone, so there is never a question of which one runs.
 """
 from __future__ import annotations
 
@@ -29,15 +28,8 @@ for _flag, _type, _help in (("--port", int, "port (default: a free one)"), ("--h
 
 
 def tfnb_tensorboard_magic(line: str):
-    """``%tfnb_tensorboard --logdir DIR [--port N] [--host H] [--reload_interval S] [--timeout S] [--height PX]``.
-
-    Raises:
-        ConfigError: the line does not parse.
-
-    Example:
-        >>> %load_ext tfnb
-        >>> %tfnb_tensorboard --logdir /tmp/run1/logs
-    """
+    """``%tfnb_tensorboard --logdir DIR [--port N] [--host H] [--reload_interval S] [--timeout S] [--height PX]``;
+    ConfigError when the line does not parse."""
     try:
         words = shlex.split(line, comments=True)
     except ValueError as e:
@@ -48,11 +40,7 @@ def tfnb_tensorboard_magic(line: str):
 
 
 def load_ipython_extension(ipython) -> None:
-    """Register ``%tfnb_tensorboard`` (called by ``%load_ext tfnb``).
-
-    Example:
-        >>> %load_ext tfnb
-    """
+    """Register ``%tfnb_tensorboard`` (called by ``%load_ext tfnb``)."""
     ipython.register_magic_function(tfnb_tensorboard_magic, magic_kind="line", magic_name=MAGIC_NAME)
 
 

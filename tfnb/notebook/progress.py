@@ -1,6 +1,5 @@
 """The live panels in a notebook (ipywidgets): :class:`Panel`, what a run's and a sweep's share, and the run's
-:class:`ProgressWidget`, fed the same RunEvents as the console. ``tfnb.notebook`` registers
-:meth:`ProgressWidget.for_run` as the ``widget`` display mode, picked by default in a Jupyter or Databricks kernel.
+:class:`ProgressWidget` (the ``widget`` display mode), fed the same RunEvents as the console.
 """
 from __future__ import annotations
 
@@ -50,9 +49,9 @@ def note(text: str, css: str | None = None) -> str:
     return f'<div{css} style="font-size:smaller;opacity:.7">{text}</div>'
 
 
-def status_line(colour: str, text: str, log_file: str | None = None, what: str = "every line of this run") -> str:
+def status_line(colour: str, text: str, log_file: str | None = None) -> str:
     line = f'<div style="color:{colour};font-weight:600">{html.escape(text)}</div>'
-    return line + (note(f"{what}: <code>{html.escape(log_file)}</code>") if log_file else "")
+    return line + (note(f"every line of this run: <code>{html.escape(log_file)}</code>") if log_file else "")
 
 
 def _render_row(w) -> str:
@@ -66,11 +65,10 @@ def _render_row(w) -> str:
                _of(w.epoch, w.epochs), _of(w.step, w.steps), _num(w.loss), speed, metrics])
 
 
-def _render_table(run: RunProgress, rows: list | None = None, cache: dict | None = None) -> str:
+def _render_table(rows: list, cache: dict) -> str:
     """The per-task table as HTML; ``cache`` (task key -> row HTML) holds the rows that did not change."""
-    cache = {} if cache is None else cache
     body = []
-    for w in run.rows() if rows is None else rows:
+    for w in rows:
         key = (w.job_name, w.task_index)
         if key not in cache:
             cache[key] = _render_row(w)
@@ -86,18 +84,25 @@ def _render_summary(run: RunProgress, page: int, pages: int) -> str:
     return '<div class="tfnb-summary">' + "<br>".join(lines) + "</div>"
 
 
-def _render_live(run: RunProgress, rows: list | None = None) -> str:
+def _render_live(rows: list) -> str:
     """One line per task with a running carriage-return bar, as a terminal would show it."""
-    lines = [f"[{w.label}] {w.live}" for w in (run.rows() if rows is None else rows) if w.live]
+    lines = [f"[{w.label}] {w.live}" for w in rows if w.live]
     text = html.escape("\n".join(lines))
     return f'<pre class="tfnb-live" style="margin:2px 0;white-space:pre-wrap">{text}</pre>' if lines else ""
 
 
+def _later(wait: float, fn) -> threading.Timer:
+    timer = threading.Timer(max(wait, 0.0), fn)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 class Panel:
-    """A run's and a sweep's live widget: status line, chart, table and log area in one ``box``, re-rendered under a
-    lock at most every ``refresh_interval`` seconds (a timer renders the latest state when no further event comes)
-    and at :meth:`close`. Subclasses fold events (``_fold``), render (``_render_parts``) and say what the chart draws
-    (``_version``, ``_frame_args``, ``_new_chart``)."""
+    """A run's and a sweep's live widget in one ``box``, re-rendered under a lock at most every ``refresh_interval``
+    seconds (a timer renders the latest state when no further event comes) and at :meth:`close`. Subclasses fold
+    events (``_fold``), render (``_render_parts``) and say what the chart draws (``_version``, ``_frame_args``,
+    ``_new_chart``)."""
 
     _what = "panel"
 
@@ -112,11 +117,9 @@ class Panel:
         self.status, self.table = widgets.HTML(), widgets.HTML()
         missing = matplotlib_missing()
         self.chart = None if missing else widgets.Image(format="png", layout=widgets.Layout(display="none"))
-        if missing:
-            self._chart_box = widgets.HTML(note(html.escape(missing), "tfnb-chart-missing"))
-        else:
+        self._chart_box = widgets.HTML(note(html.escape(missing), "tfnb-chart-missing")) if missing else self.chart
+        if self.chart is not None:
             self.chart.add_class("tfnb-chart")
-            self._chart_box = self.chart
         self._chart = None  # made at the first frame
         self._drawn = (0, float("-inf"))  # (chart version, time) of the last frame
         self._frame: threading.Timer | None = None  # the frame being drawn or waiting for its time
@@ -165,14 +168,16 @@ class Panel:
             if not self._fold(batch):
                 return
             self._dirty = True
-            interval = max(self.refresh_interval, _LARGE_REFRESH) if self._large() else self.refresh_interval
-            wait = self._last_render + interval - time.monotonic()
-            if wait <= 0 and self._timer is None:
+            if self._timer is not None:
+                return
+            wait = self._last_render + self._interval(self.refresh_interval, _LARGE_REFRESH) - time.monotonic()
+            if wait <= 0:
                 self._render()
-            elif self._timer is None:  # render the latest state a little later even if no further event arrives
-                self._timer = threading.Timer(max(wait, 0.0), self._flush)
-                self._timer.daemon = True
-                self._timer.start()
+            else:  # render the latest state a little later even if no further event arrives
+                self._timer = _later(wait, self._flush)
+
+    def _interval(self, interval: float, large: float) -> float:
+        return max(interval, large) if self._large() else interval
 
     def _large(self) -> bool:
         return False
@@ -200,10 +205,8 @@ class Panel:
         version, drawn_at = self._drawn
         if self.chart is None or self._frame is not None or self._closed or self._version() == version:
             return
-        interval = max(self.chart_interval, _LARGE_CHART) if self._large() else self.chart_interval
-        self._frame = threading.Timer(max(drawn_at + interval - time.monotonic(), 0.0), self._draw_frame)
-        self._frame.daemon = True
-        self._frame.start()
+        self._frame = _later(drawn_at + self._interval(self.chart_interval, _LARGE_CHART) - time.monotonic(),
+                             self._draw_frame)
 
     def _draw_frame(self) -> None:
         with self._lock:
@@ -253,12 +256,9 @@ class ProgressWidget(Panel):
     """Live ipywidgets panel of a run: status line, loss chart, per-task table and the latest log lines.
 
     Pass it as ``tfnb.run(..., display=widget)`` (``tfnb.run`` builds one by itself in a notebook). Events update
-    :attr:`run` at once; the widgets re-render at most every ``refresh_interval`` seconds (1 s for a large run), only
-    the rows that changed, and once more at the end. The chart (loss and one metric by epoch, a line per task for the
-    first :data:`tfnb.monitor.progress.CHART_TASKS` tasks) is a matplotlib PNG drawn at most every ``chart_interval``
-    seconds (5 s for a large run); without matplotlib the panel says how to get it. A Keras ``verbose=1`` bar shows as
-    one updating line per task. Above :data:`tfnb.monitor.progress.SUMMARY_ABOVE` tasks a summary (counts by state,
-    slowest/fastest task, stragglers, total examples/s) heads pages of :data:`PAGE_ROWS` tasks, those of note first.
+    :attr:`run` at once; the widgets re-render at most every ``refresh_interval`` seconds (1 s for a large run) and
+    at the end; the matplotlib chart at most every ``chart_interval`` seconds (5 s for a large run). A large run
+    shows a summary over pages of tasks, those of note first (see docs/monitoring.md).
 
     Args:
         num_workers: chief + worker tasks, to show their rows before they report (optional).
@@ -272,12 +272,9 @@ class ProgressWidget(Panel):
 
     Attributes:
         run: the :class:`RunProgress` rendered; ``widget.workers[("worker", 1)].step`` reads it.
-        status, summary, table, live: ``ipywidgets.HTML`` with the status line, a large run's
-            summary, the per-task table and the tasks' carriage-return lines.
-        chart: ``ipywidgets.Image`` with the latest chart frame (PNG), or None without matplotlib.
+        status, summary, table, live: ``ipywidgets.HTML``; ``chart``: ``ipywidgets.Image`` (None without
+            matplotlib); ``logs``: ``ipywidgets.Output``; ``box``: the ``ipywidgets.VBox`` holding them.
         page: the page of the table shown (large runs).
-        logs: ``ipywidgets.Output`` with the latest log lines, each prefixed by its task.
-        box: the ``ipywidgets.VBox`` holding them (what the notebook shows).
         renders: how many times the widgets were re-rendered; ``frames``: chart frames drawn.
 
     Example:
@@ -357,16 +354,16 @@ class ProgressWidget(Panel):
     def _render_parts(self) -> None:
         colour = COLOURS.get(self.run.outcome, "inherit")  # of the outcome; none while running
         self.status.value = status_line(colour, f"tfnb: {self.run.status_text()}", self.run.log_file)
-        rows = None
-        if self.run.large():
-            notable = self.run.notable()
-            pages = -(-len(notable) // PAGE_ROWS)
+        large = self.run.large()
+        rows = self.run.notable() if large else self.run.rows()
+        pages = -(-len(rows) // PAGE_ROWS)
+        if large:
             self.page = min(max(self.page, 0), pages - 1)
-            rows = notable[self.page * PAGE_ROWS:(self.page + 1) * PAGE_ROWS]
-        self.summary.value = "" if rows is None else _render_summary(self.run, self.page, pages)
-        self._pager.layout.display = "none" if rows is None else "flex"
-        self.table.value = _render_table(self.run, rows, self._rows)
-        self.live.value = _render_live(self.run, rows)
+            rows = rows[self.page * PAGE_ROWS:(self.page + 1) * PAGE_ROWS]
+        self.summary.value = _render_summary(self.run, self.page, pages) if large else ""
+        self._pager.layout.display = "flex" if large else "none"
+        self.table.value = _render_table(rows, self._rows)
+        self.live.value = _render_live(rows)
         if self._logs_dirty:
             text = "\n".join(self.run.logs) + "\n"
             self.logs.outputs = ({"output_type": "stream", "name": "stdout", "text": text},)

@@ -1,9 +1,5 @@
-"""A sweep, shown: the live panel in a notebook (:class:`SweepPanel`) and the same as lines (:class:`SweepConsole`).
-
-Both fold the :class:`~tfnb.tuning.SweepEvent` s ``tfnb.sweep`` hands its display into one :class:`SweepModel`, on the
-run's panel and console bases. The panel's chart shows the objective of each trial with the best so far, and each
-trial's metric by epoch; each trial's latest lines sit in a collapsed section of their own (every line stays in its
-log file). The console prints one line per trial event and each trial's log file, never the trials' output.
+"""A sweep, shown: the live panel in a notebook (:class:`SweepPanel`) and the same as lines (:class:`SweepConsole`),
+on the run's panel and console bases; both fold the sweep's :class:`tfnb.RunEvent` s into one :class:`SweepModel`.
 """
 from __future__ import annotations
 
@@ -11,9 +7,10 @@ import html
 import time
 from collections import Counter, deque
 
+from .._protocol import EventKind, RunEvent
 from ..monitor.charts import figure, png
 from ..monitor.progress import _num, _of
-from ..tuning.outcomes import SweepEvent, SweepEventKind, SweepResult, TrialResult, better, format_params
+from ..tuning.outcomes import STATES, SweepResult, TrialResult, better, format_params
 from .console import Console
 from .progress import COLOURS, Panel, note, state_cell, status_line, table, tr
 
@@ -31,15 +28,15 @@ class SweepModel:
         self.result: SweepResult | None = None
         self.version = 0  # bumped on each change of a row (the chart's cue)
 
-    def apply(self, event: SweepEvent) -> TrialResult | None:
+    def apply(self, event: RunEvent) -> TrialResult | None:
         """Fold one event in; returns the trial row it changed, if any."""
-        if event.kind == SweepEventKind.BEGIN:
+        if event.kind == EventKind.BEGIN:
             self.info.update(event.data)
-        elif event.kind == SweepEventKind.FINISH:
+        elif event.kind == EventKind.FINISH:
             self.result = event.result
         elif event.trial is not None:
             number = event.trial.number
-            if event.kind == SweepEventKind.LINES:
+            if event.kind == EventKind.LINES:
                 self.lines.setdefault(number, deque(maxlen=_KEEP_LINES)).extend(event.lines)
                 self.rows.setdefault(number, event.trial)
             else:
@@ -65,13 +62,11 @@ class SweepModel:
 
     def status(self) -> str:
         counts = Counter(row.state for row in self.rows.values())
-        final = ("complete", "pruned", "failed", "cancelled")
-        parts = [f"{sum(counts[s] for s in final)}/{self.info.get('n_trials', '?')} trials done"]
+        parts = [f"{sum(counts[s] for s in STATES[3:])}/{self.info.get('n_trials', '?')} trials done"]
         if self.result is None:
-            running = counts["running"] + counts["starting"] + counts["pruning"]
-            parts.append(f"{running} running ({self.info.get('at_once', '?')} at a time, "
+            parts.append(f"{sum(counts[s] for s in STATES[:3])} running ({self.info.get('at_once', '?')} at a time, "
                          f"{self.info.get('slots_per_trial', '?')} task slot(s) each)")
-        parts += [f"{counts[s]} {s}" for s in final if counts[s]]
+        parts += [f"{counts[s]} {s}" for s in STATES[3:] if counts[s]]
         best = self.best()
         if best is not None:
             parts.append(f"best: trial {best.number} {self.metric}={best.value:.4g} ({format_params(best.params)})")
@@ -81,9 +76,8 @@ class SweepModel:
 
 
 class SweepConsole(Console):
-    """A sweep as lines: one per trial event (started, each epoch, its end), each trial's log file, a summary.
-
-    The trials' own output is not printed (it stays in each trial's log file, named once per trial).
+    """A sweep as lines: one per trial event (started, each epoch, its end), each trial's log file, a summary; never
+    the trials' own output (it stays in each trial's log file).
 
     Args:
         stream: where to write (default: the current ``sys.stdout``).
@@ -97,18 +91,18 @@ class SweepConsole(Console):
         self.model = SweepModel(shape)
         self._said: dict[int, tuple] = {}  # trial -> (state, epoch, log file) last printed
 
-    def __call__(self, event: SweepEvent) -> None:
+    def __call__(self, event: RunEvent) -> None:
         row = self.model.apply(event)
-        if event.kind == SweepEventKind.BEGIN:
+        if event.kind == EventKind.BEGIN:
             d = event.data
             resumed = f", {d['done_before']} trials before" if d.get("done_before") else ""
             tracked = f"; MLflow run {d['mlflow_run_id']}" if d.get("mlflow_run_id") else ""
             self._print(f"[sweep] {d.get('n_trials')} trials, {d.get('at_once')} at a time "
                         f"({d.get('slots_per_trial')} task slot(s) each on {d.get('master') or 'Spark'}); "
                         f"{d.get('direction')} {d.get('metric')}; study {d.get('study')}{resumed}{tracked}")
-        elif event.kind == SweepEventKind.TRIAL and row is not None:
+        elif event.kind == EventKind.TRIAL and row is not None:
             self._trial(row)
-        elif event.kind == SweepEventKind.FINISH and event.result is not None:
+        elif event.kind == EventKind.FINISH and event.result is not None:
             for line in summary_lines(event.result):
                 self._print(f"[sweep] {line}")
 
@@ -154,8 +148,7 @@ def _cell(value) -> str:
 
 
 class SweepChart:
-    """The panel's chart: the objective of each trial with the best so far (left), the metric by epoch of each
-    trial (right; pruned trials stop short). Drawn off-screen with matplotlib (monitor.charts' Agg figure)."""
+    """The panel's chart: each trial's objective with the best so far (left), each trial's metric by epoch (right)."""
 
     def __init__(self, width: float = 8.0, height: float = 2.6):
         self.fig = figure(width, height)
@@ -163,7 +156,6 @@ class SweepChart:
         self.fig.subplots_adjust(left=0.08, right=0.99, bottom=0.2, top=0.88, wspace=0.22)
 
     def png(self, rows: list, metric: str, direction: str) -> bytes:
-        """One frame of ``rows`` (TrialResults by number)."""
         from matplotlib.ticker import MaxNLocator
 
         ax, curves = self.trials_ax, self.epochs_ax
@@ -225,10 +217,9 @@ def render_log(row: TrialResult, lines) -> str:
 class SweepPanel(Panel):
     """The live panel of a sweep in a notebook (ipywidgets): status, chart, table of trials, trial logs.
 
-    Events fold in at once; the widgets re-render at most every ``refresh_interval`` seconds and the
-    chart at most every ``chart_interval`` (and only when a trial's row changed). Each trial's latest
-    output sits in a collapsed section of its own (an Accordion, which opens without a round trip to the
-    busy kernel), with the path of its log file. ``tfnb.sweep`` builds one by itself in a notebook.
+    The widgets re-render at most every ``refresh_interval`` seconds, the chart at most every ``chart_interval``
+    (when a row changed). Each trial's latest output sits in a collapsed section of its own (an Accordion: it opens
+    without a round trip to the busy kernel). ``tfnb.sweep`` builds one by itself in a notebook.
 
     Attributes:
         model: the :class:`SweepModel` rendered. ``status``, ``table``: ``ipywidgets.HTML``; ``chart``:
@@ -251,13 +242,13 @@ class SweepPanel(Panel):
 
     @classmethod
     def for_sweep(cls, **shape) -> "SweepPanel":
-        """The ``widget`` sweep display: a new panel, shown in the running cell."""
+        """The ``widget`` sweep display, shown in the running cell."""
         return cls._in_cell(**shape)
 
     def _fold(self, batch) -> bool:
         for event in batch:
             row = self.model.apply(event)
-            if event.kind == SweepEventKind.LINES and row is not None:
+            if event.kind == EventKind.LINES and row is not None:
                 self._dirty_logs.add(row.number)
         return True
 

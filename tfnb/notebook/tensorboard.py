@@ -1,7 +1,5 @@
-"""TensorBoard for a person: ``tfnb.tensorboard(log_dir)``, the URL a browser opens, and the notebook panel.
-They render the typed outcomes of :mod:`tfnb.monitor.tensorboard`: in a Jupyter or Databricks kernel as a
-:class:`TensorBoardPanel`, elsewhere as one line with the URL.
-"""
+"""``tfnb.tensorboard(log_dir)``: the outcomes of :mod:`tfnb.monitor.tensorboard` as a :class:`TensorBoardPanel` in a
+Jupyter or Databricks kernel, elsewhere as one line with the URL a browser opens."""
 from __future__ import annotations
 
 import datetime
@@ -83,13 +81,10 @@ def tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
 
 def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, str] | None = None,
                 spark_conf: Mapping[str, str] | None = None) -> str:
-    """The URL a notebook user's browser opens to reach a running TensorBoard (anything with ``.port``, ``.url``).
-
-    The first that applies: ``proxy_url`` or ``TENSORBOARD_PROXY_URL`` with ``%PORT%`` replaced (as TensorBoard's
-    own ``%tensorboard`` does); on Databricks (``DATABRICKS_RUNTIME_VERSION`` set) :func:`databricks_proxy_url`;
-    under JupyterHub (``JUPYTERHUB_SERVICE_PREFIX`` set) ``<prefix>proxy/<port>/``, served by jupyter-server-proxy;
-    else the driver's own ``http://127.0.0.1:PORT/`` (the browser runs on the kernel's machine). ``environ`` and
-    ``spark_conf`` default to ``os.environ`` and the active Spark session's conf.
+    """The URL a browser opens to reach a running TensorBoard (anything with ``.port``, ``.url``); the first that
+    applies: ``proxy_url`` or ``TENSORBOARD_PROXY_URL`` with ``%PORT%`` replaced (as ``%tensorboard`` does), on
+    Databricks :func:`databricks_proxy_url`, under JupyterHub ``<prefix>proxy/<port>/`` (jupyter-server-proxy), else
+    the driver's own URL. ``environ`` and ``spark_conf`` default to ``os.environ`` and the active Spark conf.
     """
     env = os.environ if environ is None else environ
     port = outcome.port
@@ -172,11 +167,9 @@ def status_html(outcome: Outcome) -> str:
 
 
 class TensorBoardPanel:
-    """The widget panel for one log_dir: status line, link, Reload / Stop, TensorBoard iframe.
-
-    Reload re-checks the instance (starting a new one if it died or was stopped) and reloads the
-    iframe; Stop stops the TensorBoard process. ``start=False`` builds the panel without looking
-    for TensorBoard until :meth:`reload`; ``options`` go to ``ensure_tensorboard``.
+    """The widget panel for one log_dir: status line, link, Reload (restarts TensorBoard if it died or was stopped)
+    and Stop buttons, TensorBoard iframe. ``start=False`` waits for :meth:`reload`; ``options`` are
+    :func:`tfnb.tensorboard`'s.
 
     Attributes:
         outcome: the latest ``Launched``/``Reused``/``Failed``/``TimedOut`` (None after Stop).

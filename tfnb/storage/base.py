@@ -1,5 +1,5 @@
-"""The storage contract every backend keeps (:class:`Store`, :class:`Entry`, the errors) and the helpers for
-atomic writes and downloads the backends share."""
+"""The storage contract every backend keeps (:class:`Store`, :class:`Entry`, the errors) and the atomic-write helpers
+the backends share."""
 from __future__ import annotations
 
 import contextlib
@@ -54,23 +54,17 @@ def normalize(url: str | os.PathLike) -> str:
 
 
 class Store:
-    """A directory tree (or one file) addressed by relative ``/``-separated paths (``""``: the root).
+    """A directory tree (or one file) addressed by relative ``/``-separated paths (``""``: the root). Each failure
+    is a StorageError naming the URL, what failed and the fix (a MissingError, also a FileNotFoundError, when absent).
 
-    Every backend has these operations; each failure is a StorageError naming the URL, what failed
-    and the fix (a MissingError, also a FileNotFoundError, when absent):
-
-    * ``list(rel="", recursive=True) -> {sub: Entry}``: files below ``rel``, relative to it; ``{}``
-      when it does not exist; temporary names skipped.
-    * ``stat(rel="") -> Entry | None``: the file ``rel``, None when no file is there (a folder is not).
-    * ``read(rel="", offset=0, length=None) -> bytes``: all of it, or a range.
-    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False)``:
-      download atomically (via ``.NAME.tfnb-part-*`` beside ``local_path``). ``size``/``version`` are
-      what a listing said: a file that no longer matches fails instead of arriving mixed or torn;
+    * ``list(rel="", recursive=True) -> {sub: Entry}``: files below ``rel``; ``{}`` when missing; no temporary names.
+    * ``stat(rel="") -> Entry | None``: None when no file is there. ``read(rel="", offset=0, length=None) -> bytes``.
+    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False)``: download
+      atomically; a file no longer the listed ``size``/``version`` fails instead of arriving mixed or torn;
       ``on_bytes(n)`` reports progress (negative when a retry restarts); a set ``cancel`` Event stops it;
       ``whole`` asks for one request, not parallel ranges (the caller keeps enough requests in flight).
-    * ``put(rel, local_path)``, ``write(rel, data)``: create or replace ``rel`` atomically.
+    * ``put(rel, local_path)``, ``write(rel, data)``, ``put_dir(rel, local_dir)``: create or replace atomically.
     * ``append(rel, data)``: only where :attr:`appendable`. ``delete(rel)``: a missing file is fine.
-    * ``put_dir(rel, local_dir)``: make ``rel`` a copy of ``local_dir``. ``close()``: release pools.
     """
 
     root = ""            # the normalised URL or absolute path
@@ -98,10 +92,6 @@ class Store:
 
     def close(self) -> None:
         pass
-
-
-def is_temp(name: str) -> bool:
-    return PART in name
 
 
 def guarded(doing: str):
@@ -145,12 +135,15 @@ def temp_name(path: str, named: bool = False) -> str:
 
 
 @contextlib.contextmanager
-def replacing(path: str, named: bool = False) -> Iterator[str]:
-    """A temporary name that replaces ``path`` when the block succeeds, removed when it fails."""
+def replacing(path: str, url: str = "", size: int | None = None) -> Iterator[str]:
+    """A temporary name that replaces ``path`` when the block succeeds, removed when it fails. A download of ``url``
+    lands under a ``named`` one and must hold the listing's ``size`` (else it changed meanwhile)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = temp_name(path, named)
+    tmp = temp_name(path, named=bool(url))
     try:
         yield tmp
+        if size is not None and (got := os.path.getsize(tmp)) != size:
+            raise StorageError(f"{url} arrived with {got} bytes but was listed with {size}; it changed, run again")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -162,16 +155,6 @@ def atomic_write(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically."""
     with replacing(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
-
-
-@contextlib.contextmanager
-def landing(url: str, local_path: str, size: int | None) -> Iterator[str]:
-    """A hidden name to download ``local_path`` into, renamed once its size is the listing's ``size``."""
-    with replacing(local_path, named=True) as tmp:
-        yield tmp
-        got = os.path.getsize(tmp)
-        if size is not None and got != size:
-            raise StorageError(f"{url} arrived with {got} bytes but was listed with {size}; it changed, run again")
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from .._deps import require
 from ..errors import ConfigError, MissingDependencyError, StorageError
-from .base import Entry, Store, check_cancel, guarded, is_temp, landing, os_error, temp_name
+from .base import PART, Entry, Store, check_cancel, guarded, os_error, replacing, temp_name
 
 # object stores: a PUT is atomic already, and a rename would be a second full copy
 _OBJECT_STORES = frozenset({"gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2", "memory"})
@@ -65,7 +65,7 @@ class FsspecStore(Store):
         out = {}
         for name, info in found.items():
             sub = name[len(base):].lstrip("/") if name.startswith(base + "/") else ""
-            if sub and info.get("type", "file") == "file" and not is_temp(sub):
+            if sub and info.get("type", "file") == "file" and PART not in sub:
                 out[sub] = _entry(sub, info)
         return out
 
@@ -90,23 +90,19 @@ class FsspecStore(Store):
         if version is not None and (self.stat(rel) or Entry(rel, -1, 0, "")).version != version:
             raise StorageError(f"{url} changed since it was listed; run again")
         check_cancel(cancel, url)
+        reported = 0
 
-        class Progress(Callback):
-            reported = 0
-
-            def call(self, *args, **kwargs):
+        def report(_size, done: int, final: bool = False, **_) -> None:   # a hook of fsspec's Callback
+            nonlocal reported
+            if not final:
                 check_cancel(cancel, url)
-                self.report(self.value)
+            if on_bytes and done > reported:
+                on_bytes(done - reported)
+                reported = done
 
-            def report(self, done: int) -> None:
-                if on_bytes and done > self.reported:
-                    on_bytes(done - self.reported)
-                    self.reported = done
-
-        progress = Progress()
-        with landing(url, local_path, size) as tmp:
-            self.fs.get_file(self._full(rel), tmp, callback=progress)
-            progress.report(os.path.getsize(tmp))   # local copies report nothing on the way
+        with replacing(local_path, url, size) as tmp:
+            self.fs.get_file(self._full(rel), tmp, callback=Callback(hooks={"progress": report}))
+            report(None, os.path.getsize(tmp), final=True)   # local copies report nothing on the way
 
     def _replace(self, rel: str, send) -> None:
         path = self._full(rel)

@@ -1,14 +1,9 @@
-"""``s3://`` through boto3 (not s3fs, which pins an old botocore), and through obstore (Rust's object_store, the
-``s3-native`` extra) for listings and downloads.
-
-A store picks one client per operation when it is made, and a failed call is not repeated through the other: with
-obstore installed it lists and downloads, and boto3 resolves the credentials (options, environment, profile,
-instance role) and does the rest. boto3 does it all without obstore, with TFNB_S3_NATIVE=0, with options only
-botocore understands (``config``, ``client_kwargs``) or without credentials (its error says what to set). Why:
-bench/staging.py on 2 shared cores staged at 0.98-1.61 x s5cmd through obstore, 0.47-0.86 x through boto3 alone.
-Keys obstore cannot name (an empty, '.' or '..' part: S3 allows them) are listed and fetched through boto3.
-obstore does not follow S3's redirect to a bucket's region: a store answered "wrong region" asks the bucket's
-region once (``x-amz-bucket-region``) and goes on in it.
+"""``s3://`` through boto3 (not s3fs, which pins an old botocore), and obstore (the ``s3-native`` extra) for listings
+and downloads: bench/staging.py on 2 shared cores staged at 0.98-1.61 x s5cmd through obstore, 0.47-0.86 x through
+boto3 alone. boto3 resolves the credentials and does the rest, and all of it without obstore, with TFNB_S3_NATIVE=0,
+options only botocore understands or no credentials; a failed call is not repeated through the other client.
+Keys obstore cannot name (an empty, '.' or '..' part) go through boto3; as obstore does not follow S3's redirect to a
+bucket's region, a store answered "wrong region" asks for it once (``x-amz-bucket-region``) and goes on there.
 """
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ from typing import Any, Mapping
 from .._config import setting
 from .._deps import require
 from ..errors import ConfigError, StorageError
-from .base import S3_OPTIONS, Entry, MissingError, Store, check_cancel, guarded, is_temp, landing
+from .base import PART, S3_OPTIONS, Entry, MissingError, Store, check_cancel, guarded, replacing
 
 _IO_CHUNK = 1 << 20        # bytes per write: smaller blocks cost more CPU per byte
 _GET_ATTEMPTS = 5          # tries of one body, as s3transfer's num_download_attempts
@@ -202,8 +197,7 @@ class S3Store(Store):
         return StorageError(f"{doing} {url}{where} failed: {code}: {msg}")
 
     def _natively(self, call):
-        """``call(obstore store)``; a bucket outside the configured region is asked for its region once and the
-        call made again there (obstore cannot follow S3's redirect as botocore does)."""
+        """``call(obstore store)``, made again in the bucket's own region once when it is elsewhere."""
         native = self.native
         try:
             return call(native)
@@ -221,7 +215,6 @@ class S3Store(Store):
         return call(moved)
 
     def _region(self) -> str | None:
-        """The bucket's region as the server names it (HeadBucket's ``x-amz-bucket-region``), or None."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -235,7 +228,7 @@ class S3Store(Store):
     def list(self, rel: str = "", recursive: bool = True) -> dict[str, Entry]:
         base = self._key(rel)
         base = base + "/" if base else ""
-        found: list[tuple[str, int, Any, str]] | None = []
+        found: list[tuple[str, int, Any, str]] | None = None
         if self.native is not None:
             import obstore
             from obstore.exceptions import InvalidPathError
@@ -250,17 +243,16 @@ class S3Store(Store):
                 found = [(obj["path"], obj["size"], obj["last_modified"], obj.get("e_tag") or "")
                          for obj in self._natively(listing)]
             except InvalidPathError:  # a key obstore cannot name (an empty, '.' or '..' part): boto3 lists it
-                found = None
-        if found is None or self.native is None:
-            found = []
+                pass
+        if found is None:
             args = {"Bucket": self.bucket, "Prefix": base, **({} if recursive else {"Delimiter": "/"})}
-            for page in self.client.get_paginator("list_objects_v2").paginate(**args):
-                for obj in page.get("Contents", ()):
-                    found.append((obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", "")))
+            found = [(obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", ""))
+                     for page in self.client.get_paginator("list_objects_v2").paginate(**args)
+                     for obj in page.get("Contents", ())]
         out: dict[str, Entry] = {}
         for key, size, modified, etag in found:
             sub = key[len(base):]
-            if sub and not sub.endswith("/") and not is_temp(sub):
+            if sub and not sub.endswith("/") and PART not in sub:
                 out[sub] = Entry(sub, int(size), modified.timestamp(), str(etag).strip('"'))
         return out
 
@@ -299,13 +291,13 @@ class S3Store(Store):
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False) -> None:
         args = (rel, size, version, on_bytes or (lambda n: None), cancel,
                 size is not None and size > self.chunk_size and not whole)
-        with landing(self.url(rel), local_path, size) as tmp:
+        with replacing(local_path, self.url(rel), size) as tmp:
             if self.native is None or not _nameable(self._key(rel)):
                 return self._get(self._request, tmp, *args)
             self._natively(lambda native: self._get(_native_request(native), tmp, *args))
 
     def _request(self, key: str, version: str | None, span: tuple[int, int] | None):
-        """One GET through boto3: (ETag, the body's blocks)."""
+        """One GET through boto3: (ETag, the body's blocks), as :func:`_native_request` through obstore."""
         args = {"Bucket": self.bucket, "Key": key, **({"IfMatch": f'"{version}"'} if version else {})}
         if span:
             args["Range"] = f"bytes={span[0]}-{span[1] - 1}"
@@ -392,7 +384,6 @@ class S3Store(Store):
 
 
 def _nameable(key: str) -> bool:
-    """Whether obstore can name ``key``: S3 keys may hold empty, '.' or '..' parts, obstore's paths may not."""
     return all(part not in ("", ".", "..") for part in key.split("/"))
 
 
@@ -403,12 +394,12 @@ def _bucket_region(response: Mapping) -> str | None:
 
 
 def _native_store(bucket: str, options: Mapping[str, Any], region: str | None = None):
-    """An obstore S3Store for ``bucket`` with botocore's credentials, or None for boto3 (see the module docstring).
-    ``region``, the bucket's own once known, overrides the configured one."""
+    """An obstore S3Store for ``bucket`` (in ``region`` when known), or None for boto3 (see the module docstring)."""
     given = {S3_OPTIONS.get(k, k): v for k, v in options.items()}
     if not setting("s3_native", None, True) or not set(given) <= _NATIVE_OPTIONS:
         return None
     try:
+        from obstore.auth.boto3 import Boto3CredentialProvider
         from obstore.store import S3Store as NativeStore
     except ImportError:
         return None
@@ -429,9 +420,8 @@ def _native_store(bucket: str, options: Mapping[str, Any], region: str | None = 
             config.update(access_key_id=keys[0], secret_access_key=keys[1],
                           **({"token": given["aws_session_token"]} if given.get("aws_session_token") else {}))
         else:
-            provider = _credential_provider(session)
-            if provider is None:
-                return None
+            # botocore's credentials, refreshed as botocore refreshes them; with none it raises: boto3 says what to set
+            provider = Boto3CredentialProvider(session, ttl=datetime.timedelta(seconds=_CREDENTIAL_TTL))
         return NativeStore(bucket, config=config, credential_provider=provider,
                            client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
                                            "timeout": "600s", "connect_timeout": "10s"},
@@ -441,22 +431,7 @@ def _native_store(bucket: str, options: Mapping[str, Any], region: str | None = 
         return None
 
 
-def _credential_provider(session):
-    """botocore's credentials for obstore, refreshed as botocore refreshes them; None when it finds none."""
-    credentials = session.get_credentials()
-    if credentials is None:
-        return None
-
-    def provide() -> dict:
-        frozen = credentials.get_frozen_credentials()
-        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
-                "expires_at": datetime.datetime.now(datetime.timezone.utc)
-                + datetime.timedelta(seconds=_CREDENTIAL_TTL)}
-    return provide
-
-
 def _native_request(native):
-    """One GET through obstore, as :meth:`S3Store._request`."""
     import obstore
 
     def request(key: str, version: str | None, span: tuple[int, int] | None):

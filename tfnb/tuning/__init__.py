@@ -1,8 +1,6 @@
 """Hyperparameter sweeps: ``tfnb.sweep`` runs many distributed trainings at once, searched and pruned by Optuna.
-
-:mod:`.loop` is the sweep and its trials, :mod:`.space` the search space and study, :mod:`.tracking` its MLflow runs,
-:mod:`.outcomes` its results and events. Optuna is imported at the first sweep; ``sweep`` itself (and the launcher
-under it) loads with its first use.
+:mod:`.loop` is the sweep, :mod:`.space` its search space and study, :mod:`.tracking` its MLflow runs,
+:mod:`.outcomes` its results; ``sweep`` (and the launcher under it) loads with its first use.
 """
 from __future__ import annotations
 

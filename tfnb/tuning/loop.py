@@ -1,11 +1,7 @@
-"""``tfnb.sweep``: Optuna's ask-and-tell loop, running each trial as a ``tfnb.run`` on a thread of its own.
+"""``tfnb.sweep``: Optuna's ask-and-tell loop on the caller's thread, each trial a ``tfnb.run`` on a thread of its own.
 
-The loop, on the caller's thread (every display call happens there), asks the study for as many trials as fit the
-cluster's task slots, starts each, and as each ends tells the study and starts the next in its slots. A trial reports
-the chief's epoch-end metric to the study and, when the pruner says so, cancels its run (``LaunchHooks(cancel=...)``).
-Not ``study.optimize(n_jobs=...)``: its ThreadPoolExecutor joins the running trials before a Ctrl-C reaches the
-caller (measured: a SIGINT at 0.5 s reached it at 5.06 s, when both 5 s trials had finished), so Ctrl-C could not
-cancel them, and its callbacks run on the trials' threads.
+Not ``study.optimize(n_jobs=...)``: it joins the running trials before a Ctrl-C reaches the caller (measured: a SIGINT
+at 0.5 s reached it at 5.06 s, when both 5 s trials had finished), so Ctrl-C could not cancel them.
 """
 from __future__ import annotations
 
@@ -20,15 +16,14 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
-from .._protocol import EventKind, number
+from .._protocol import EventKind, RunEvent, number
 from ..errors import (ClusterError, ConfigError, MissingDependencyError, RunCancelledError, RunTimeoutError,
                       WorkerError, below, suggest, summary)
 from ..launcher import LaunchHooks, RunOptions, check_cluster, get_spark, is_connect, pickle_fn
 from ..launcher import run as tfnb_run
 from ..monitor.display import check_display, make_display
 from ..monitor.tracking import check_option, logging_to
-from .outcomes import (SweepCancelledError, SweepEvent, SweepEventKind, SweepResult, SweepStoppedError, TrialResult,
-                       better)
+from .outcomes import KEPT, SweepCancelledError, SweepResult, SweepStoppedError, TrialResult, better
 from .space import distributions, make_study, require_optuna, sample, warn_clustered
 from .tracking import SweepTracker
 
@@ -93,9 +88,8 @@ _LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.
 
 
 def _error_key(error: BaseException) -> tuple:
-    """What makes two trials' errors "the same": the exception's type and the innermost frame of the user's code that
-    raised it (as error trackers group them), so a bug whose message holds data (``index 13 is out of bounds``) is one
-    error in every trial; without such a frame, the type and the first line with its numbers masked."""
+    """What makes two trials' errors "the same", as error trackers group them: the exception's type and the innermost
+    frame of the user's code; without one, the type and the first line with its numbers masked."""
     if isinstance(error, WorkerError):
         kind, message, traceback = error.exc_type, error.failure.message, error.failure.traceback or ""
     else:
@@ -128,7 +122,7 @@ class _Sweep:
     same_error_limit: int
 
     def __post_init__(self):
-        self.q: queue.SimpleQueue = queue.SimpleQueue()  # from the trials' threads: SweepEvents, and each Trial ended
+        self.q: queue.SimpleQueue = queue.SimpleQueue()  # from the trials' threads: RunEvents, and each Trial ended
         self.trials: dict[int, Trial] = {}  # every trial launched
         self.running: dict[int, Trial] = {}  # those whose end the loop has not handled yet
         self.stopped: str | None = None  # why no further trial starts, as the cancelled trials' rows say it
@@ -138,7 +132,7 @@ class _Sweep:
 
     def run(self, begin: dict) -> SweepResult:
         try:
-            self.display(SweepEvent(SweepEventKind.BEGIN, data=begin))
+            self.display(RunEvent(EventKind.BEGIN, "sweep", 0, begin))
             while True:
                 while self.stopped is None and len(self.trials) < self.n_trials and len(self.running) < self.at_once:
                     self._launch()
@@ -176,13 +170,13 @@ class _Sweep:
         started = self.running[trial.number] = self.trials[trial.number] = Trial(self, trial, params)
         threading.Thread(target=started.run, name=f"tfnb-trial-{trial.number}", daemon=True).start()
 
-    def _next(self) -> SweepEvent | Trial:
+    def _next(self) -> RunEvent | Trial:
         while True:
             with contextlib.suppress(queue.Empty):
                 return self.q.get(timeout=0.5)  # a timeout keeps Ctrl-C reaching this thread
 
-    def _handle(self, item: SweepEvent | Trial) -> None:
-        if isinstance(item, SweepEvent):
+    def _handle(self, item: RunEvent | Trial) -> None:
+        if isinstance(item, RunEvent):
             self.display(item)
         else:
             self._ended(item)
@@ -193,12 +187,10 @@ class _Sweep:
 
         states, row = optuna.trial.TrialState, ended.row
         self.running.pop(row.number, None)
-        attrs = {"state": row.state, "seconds": round(row.seconds, 3), "error": row.error, "model_dir": row.model_dir,
-                 "log_file": row.log_file, "mlflow_run_id": row.mlflow_run_id}
         with contextlib.suppress(Exception):  # the study's storage failing must not lose the other trials
-            for key, value in attrs.items():
-                if value is not None:
-                    ended.trial.set_user_attr(f"tfnb.{key}", value)
+            for key in KEPT:
+                if getattr(row, key) is not None:
+                    ended.trial.set_user_attr(f"tfnb.{key}", getattr(row, key))
         state = {"complete": states.COMPLETE, "pruned": states.PRUNED}.get(row.state, states.FAIL)
         try:
             self.study.tell(ended.trial, row.value if state == states.COMPLETE else None, state=state)
@@ -206,7 +198,7 @@ class _Sweep:
             log.warning("tfnb.sweep: the study did not take trial %d (%s: %s)", row.number, type(e).__name__, e)
         if self.tracker is not None:
             self.tracker.trial_ended(row, self.metric)
-        self.display(SweepEvent(SweepEventKind.TRIAL, trial=row))
+        self.display(RunEvent(EventKind.TRIAL, "trial", row.number, {"trial": row}))
         if ended.verdict == "fatal":
             self._stop(f"trial {row.number} could not start", ended.error)
         elif self.stopped is not None or ended.verdict in ("cancelled", "cluster"):
@@ -250,7 +242,7 @@ class _Sweep:
         try:
             if self.tracker is not None:
                 self.tracker.finish(result, state)
-            self.display(SweepEvent(SweepEventKind.FINISH, result=result))
+            self.display(RunEvent(EventKind.FINISH, "sweep", 0, {"result": result}))
         finally:
             getattr(self.display, "close", lambda: None)()
         return result
@@ -268,17 +260,15 @@ def subdir(base: str | None, number: int) -> str | None:
 
 class Trial:
     """One trial and its ``tfnb.run``'s display (on the trial's thread; never raises), which hands rows and log lines
-    to the sweep's queue, then the trial itself when it ends. ``verdict``: complete, pruned, cancelled, bug (train_fn
-    raised: counts towards the same-error rule), fatal (no trial can start: stops the sweep), cluster (the cluster
-    failed it after launch: an elastic trial below min_workers, a ps job whose slots other jobs took) or failed."""
+    to the sweep's queue, then the trial itself when it ends. ``verdict``: complete, pruned, cancelled, bug (counts
+    towards the same-error rule), fatal (no trial can start), cluster (failed by the cluster after launch) or failed."""
 
     def __init__(self, sweep, trial, params: dict):
         self.sweep, self.trial = sweep, trial  # sweep: the loop's _Sweep, with what every trial shares
         self.row = TrialResult(trial.number, params, model_dir=subdir(sweep.model_dir, trial.number))
         self.cancel = threading.Event()
         self.verdict, self.error = None, None  # how it ended
-        self.pruned = self.launched = False  # launched: the run sent an event, so it is past tfnb.run's checks
-        self.optuna_ok = True
+        self.launched, self.optuna_ok = False, True  # launched: the run sent an event, so it is past tfnb.run's checks
 
     def run(self) -> None:
         """The trial's thread: its ``tfnb.run`` to the end, then the trial to the sweep's queue."""
@@ -287,7 +277,7 @@ class Trial:
             # its MLflow child run, made here so the sweep's loop never waits on it
             child = s.tracker.child(self.row.number, self.row.params) if s.tracker is not None else None
             self.row = self.row.replace(mlflow_run_id=child)
-            self._post(SweepEventKind.TRIAL)
+            self._post(EventKind.TRIAL)
             with logging_to(child, log_model=False) if child else contextlib.nullcontext():
                 returned = tfnb_run(s.train_fn, s.options, hooks=LaunchHooks(cancel=self.cancel), display=self,
                                     args=(dict(self.row.params), *s.options.args), model_dir=self.row.model_dir,
@@ -300,7 +290,7 @@ class Trial:
             else:  # diverged (NaN): a hyperparameter's doing; no objective at all: train_fn's, in every trial alike
                 self._end("failed" if value is not None else "bug", ValueError(why))
         except RunCancelledError as e:
-            self._end("pruned" if self.pruned else "cancelled", e)
+            self._end("pruned" if self.row.state == "pruning" else "cancelled", e)
         except (ConfigError, MissingDependencyError) as e:  # tfnb.run refused the options or the environment
             self._end("fatal", e)
         except ClusterError as e:
@@ -328,8 +318,8 @@ class Trial:
         self.row = row.replace(state=verdict if verdict in ("complete", "pruned", "cancelled") else "failed",
                                value=value, error=text, seconds=time.time() - row.started)
 
-    def _post(self, kind: SweepEventKind, **more) -> None:
-        self.sweep.q.put(SweepEvent(kind, trial=self.row, **more))
+    def _post(self, kind: EventKind, **more) -> None:
+        self.sweep.q.put(RunEvent(kind, "trial", self.row.number, {"trial": self.row, **more}))
 
     # ------------------------------------------------------------ the run's display
 
@@ -357,10 +347,10 @@ class Trial:
                 elif kind == EventKind.FAILED:
                     lines.append(f"[{event.label}] FAILED {data.get('exc_type')}: {data.get('message')}")
             if lines:
-                self._post(SweepEventKind.LINES, lines=tuple(lines))
+                self._post(EventKind.LINES, lines=tuple(lines))
             if changed:
                 self.row = self.row.replace(seconds=time.time() - self.row.started)
-                self._post(SweepEventKind.TRIAL)
+                self._post(EventKind.TRIAL)
         except Exception as e:  # noqa: BLE001 - a display error must not end the training
             log.warning("tfnb.sweep: trial %d's display failed (%s: %s)", self.row.number, type(e).__name__, e)
 
@@ -374,24 +364,22 @@ class Trial:
         best = value if better(value, self.row.best, self.sweep.direction) else self.row.best
         self.row = self.row.replace(epoch=epoch, best=best, value=value, curve=self.row.curve + ((epoch, value),),
                                     state="running" if self.row.state == "starting" else self.row.state)
-        if self.optuna_ok and not self.pruned:
+        if self.optuna_ok and self.row.state != "pruning":
             try:
                 self.trial.report(value, epoch)
-                self.pruned = self.trial.should_prune()
+                if self.trial.should_prune():
+                    self.row = self.row.replace(state="pruning")
+                    self.cancel.set()  # tfnb.run stops the job and its processes, then raises RunCancelledError
             except Exception as e:  # noqa: BLE001 - the study's storage failing must not end the training
                 self.optuna_ok = False
                 log.warning("tfnb.sweep: trial %d cannot report to the study (%s: %s); it runs on unpruned",
                             self.row.number, type(e).__name__, e)
-            if self.pruned:
-                self.row = self.row.replace(state="pruning")
-                self.cancel.set()  # tfnb.run stops the job and its processes, then raises RunCancelledError
         return True
 
 
 def objective(returned: Any, metric: str, reported: float | None) -> tuple[float | None, str | None]:
-    """(the trial's objective, why it cannot be used): a number train_fn returned, ``returned[metric]`` (the last
-    item of a list, as Keras' ``history.history`` holds), else the chief's last epoch-end report of it; NaN with
-    its reason when it diverged, None with its reason when there is none."""
+    """(the trial's objective, why it cannot be used): a number train_fn returned, ``returned[metric]`` (a list's last
+    item), else the chief's last epoch-end report of it; NaN or None with the reason when it diverged or is missing."""
     value = returned.get(metric) if isinstance(returned, Mapping) else returned
     if isinstance(value, (list, tuple)) and value:
         value = value[-1]
@@ -416,70 +404,49 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
           kwargs: dict | None = None, spark=None, model_dir: str | None = None, log_dir: str | None = None,
           mlflow: bool | str | None = None, display: Any = None, same_error_limit: int = 3,
           **run_options: Any) -> SweepResult:
-    """Search hyperparameters with Optuna, running ``n_trials`` distributed trainings, many at once.
+    """Search hyperparameters with Optuna, running ``n_trials`` distributed trainings, as many at once as fit.
 
-    Each trial is one ``tfnb.run(train_fn, num_workers=..., ...)`` given its hyperparameters. As many trials run at
-    once as the cluster's task slots hold, checked before the first launch; as one ends or is pruned the next starts
-    in its slots, on the executors' warm standbys. The chief's epoch-end metrics (``ctx.progress_callback()``, or
-    ``ctx.report(epoch=..., epoch_end=True, ...)``) reach the study as they arrive, and a trial its pruner stops is
-    cancelled like a stopped run: its Spark job and processes end, its slots are free at once.
-
-    A trial whose train_fn raises fails alone, but ``same_error_limit`` trials in a row failing with the same error
-    (the same exception type from the same line of your code, whatever its message says) stop the sweep: a bug, not a
-    bad hyperparameter. A lost executor is relaunched inside its trial (``max_attempts``); a trial the cluster fails
-    after it launched (an elastic trial below ``min_workers``) fails alone; one that cannot start at all stops the
-    sweep with that error. Interrupting the cell cancels every running trial.
+    Each trial is one ``tfnb.run(train_fn, num_workers=..., ...)`` given its hyperparameters; the chief's epoch-end
+    metrics reach the study as they arrive, and a trial its pruner stops is cancelled like a stopped run. A trial
+    whose train_fn raises fails alone, but ``same_error_limit`` trials in a row failing with the same error stop the
+    sweep. Packing, pruning and failures: docs/sweeps.md.
 
     Args:
         train_fn: ``train_fn(ctx, params, *args, **kwargs)``; ``params`` is a dict of this trial's hyperparameters.
             The objective is what the chief returns: a number, or a dict holding ``metric`` (a list's last item:
             Keras' ``history.history`` works); else the chief's last epoch-end report of ``metric``.
-        space: the search space: a dict of name to a list of choices, a ``(low, high)`` range (``(low, high,
-            "log")`` for a log scale; ints give integers) or an ``optuna.distributions`` object; or a function
-            ``space(trial) -> dict`` calling ``trial.suggest_*``.
+        space: a dict of name to a list of choices, a ``(low, high)`` range (``(low, high, "log")`` for a log scale;
+            ints give integers) or an ``optuna.distributions`` object; or a function ``space(trial) -> dict``.
         n_trials: trials to run in this call (a resumed study goes on counting).
         num_workers: chief + worker tasks of each trial.
         metric: the objective's name, also what is reported each epoch for pruning. Default ``"loss"``.
         direction: ``"minimize"`` or ``"maximize"``; default the study's, else minimize.
-        study: an ``optuna.Study`` (its sampler, pruner, storage; ``optuna.load_study`` to resume in a later cell,
-            MLflow included). Default: a new in-memory study with Optuna's TPE sampler (with ``constant_liar``, so
-            trials that run at once get different suggestions) and median pruner.
+        study: an ``optuna.Study`` (its sampler, pruner, storage; ``optuna.load_study`` to resume). Default: a new
+            in-memory study, Optuna's TPE sampler with ``constant_liar`` and its median pruner.
         at_once: trials at most at once (default: as many as fit).
         args: extra positional arguments for train_fn after ``params``; ``kwargs``: keyword arguments.
         spark: the SparkSession; default the active one, or a local one.
-        model_dir: each trial gets ``<model_dir>/trial-<number>`` as its ``ctx.model_dir``; ``log_dir`` likewise
-            (TensorBoard then compares the trials).
-        mlflow: True, an experiment name, or a dict as ``tfnb.run`` takes it: one MLflow parent run for the sweep, a
-            child run per trial (params, per-epoch metrics, state, duration), the best trial tagged and its model
-            logged (registered when the dict names ``registered_model_name``) (see :mod:`tfnb.tuning.tracking`).
-            Needs ``pip install 'tfnb[mlflow]'``.
-        display: a callable receiving every ``SweepEvent``, False for none; default a live panel (a table of trials
-            and a chart of the objective) in notebooks, lines on the console elsewhere.
+        model_dir: each trial gets ``<model_dir>/trial-<number>`` as its ``ctx.model_dir``; ``log_dir`` likewise.
+        mlflow: True, an experiment name, or a dict as ``tfnb.run`` takes it: a parent run for the sweep, a child run
+            per trial, the best trial tagged and its model logged. Needs ``pip install 'tfnb[mlflow]'``.
+        display: a callable receiving every :class:`tfnb.RunEvent` of the sweep, False for none; default a live panel
+            in notebooks, lines on the console elsewhere.
         same_error_limit: failed trials in a row with the same error that stop the sweep (default 3).
-        run_options: any other option of ``tfnb.run``, for every trial: ``timeout`` (per trial), ``max_attempts``,
-            ``env``, ``preimport``, ``warm``, ``gpus_per_worker``, ``data``...
+        run_options: any other option of ``tfnb.run``, for every trial (``timeout`` is per trial).
 
     Returns:
         A :class:`SweepResult`: ``trials`` (this call's :class:`TrialResult` s), ``best``, ``study``.
 
     Raises:
         ConfigError: a bad argument or search space (before anything launches).
-        ClusterError: one trial (or ``at_once`` trials) does not fit the cluster, or a trial cannot start (the
-            executors cannot run its tasks).
+        ClusterError: one trial (or ``at_once`` trials) does not fit the cluster, or a trial cannot start.
         SweepStoppedError: the same error ``same_error_limit`` times in a row; ``.result`` has the trials.
         SweepCancelledError: interrupted (a KeyboardInterrupt); ``.result`` has the trials.
         MissingDependencyError: Optuna (``pip install 'tfnb[sweep]'``) or MLflow is missing.
 
     Example:
-        >>> def train_fn(ctx, params):
-        ...     import tensorflow as tf
-        ...     model = build_model(params["units"], params["learning_rate"])
-        ...     history = model.fit(make_dataset(ctx), epochs=5, validation_data=val,
-        ...                         callbacks=[ctx.progress_callback()])
-        ...     return history.history
         >>> result = tfnb.sweep(train_fn, {"learning_rate": (1e-4, 1e-1, "log"), "units": [32, 64, 128]},
-        ...                     n_trials=20, num_workers=1, metric="val_accuracy", direction="maximize",
-        ...                     model_dir="/Volumes/main/default/tfnb/sweep", mlflow="digits-sweep")
+        ...                     n_trials=20, num_workers=1, metric="val_accuracy", direction="maximize")
         >>> result.best.params
         {'learning_rate': 0.0031, 'units': 128}
     """

@@ -1,5 +1,5 @@
-"""What a sweep returns and says while it runs: its trials and result, the :class:`SweepEvent` s its display
-renders, its two errors. Core types, no display code. A trial's state is one of :data:`STATES`, the last four final.
+"""What a sweep returns: its trials and result, its two errors. Core types, no display code. A trial's state is
+one of :data:`STATES`, the last four final.
 """
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Mapping
 
+from .._protocol import EventKind, RunEvent
 from ..errors import RunCancelledError, TfnbError
 
 STATES = ("starting", "running", "pruning", "complete", "pruned", "failed", "cancelled")
 FINAL = frozenset(STATES[3:])
+KEPT = ("state", "seconds", "error", "log_file", "model_dir", "mlflow_run_id")  # in the study: user_attrs "tfnb.<name>"
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,12 @@ class TrialResult:
     @classmethod
     def from_optuna(cls, frozen) -> "TrialResult":
         """A finished trial of an earlier sweep of the study, from what Optuna stored of it."""
-        attrs = frozen.user_attrs
-        state = attrs.get("tfnb.state") or frozen.state.name.lower()
-        value = frozen.value if frozen.values else None
+        kept = {"state": frozen.state.name.lower(), **{k: frozen.user_attrs[f"tfnb.{k}"] for k in KEPT
+                                                       if f"tfnb.{k}" in frozen.user_attrs}}
         curve = tuple(sorted(frozen.intermediate_values.items()))
-        return cls(number=frozen.number, params=dict(frozen.params), state=state, value=value,
-                   epoch=curve[-1][0] if curve else None, curve=curve, seconds=attrs.get("tfnb.seconds", 0.0),
-                   error=attrs.get("tfnb.error"), log_file=attrs.get("tfnb.log_file"),
-                   model_dir=attrs.get("tfnb.model_dir"), mlflow_run_id=attrs.get("tfnb.mlflow_run_id"),
-                   started=frozen.datetime_start.timestamp() if frozen.datetime_start else 0.0)
+        return cls(frozen.number, dict(frozen.params), value=frozen.value if frozen.values else None,
+                   epoch=curve[-1][0] if curve else None, curve=curve,
+                   started=frozen.datetime_start.timestamp() if frozen.datetime_start else 0.0, **kept)
 
 
 def better(a: float | None, b: float | None, direction: str) -> bool:
@@ -138,26 +136,8 @@ def format_params(params: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
-class SweepEventKind(str, Enum):
-    """The kinds of :class:`SweepEvent`; a ``str`` enum like :class:`tfnb.RunEvent`'s kinds."""
-
-    __str__, __repr__ = str.__str__, str.__repr__
-
-    BEGIN = "begin"   # data: n_trials, at_once, metric, direction, slots_per_trial, study, mlflow_run_id
-    TRIAL = "trial"   # trial: its row changed (launched, epoch end, state)
-    LINES = "lines"   # trial, lines: what its tasks printed
-    FINISH = "finish"  # result: the SweepResult
-
-
-@dataclass(frozen=True)
-class SweepEvent:
-    """One thing that happened in a sweep, as the sweep's display receives it (on the sweep's thread)."""
-
-    kind: SweepEventKind
-    trial: TrialResult | None = None
-    lines: tuple = ()
-    result: SweepResult | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
+SweepEvent = RunEvent  # a sweep's events are RunEvents (kinds begin, trial, lines, finish): the same type
+SweepEventKind = EventKind  # the same enum
 
 
 class SweepStoppedError(TfnbError):

@@ -1,6 +1,4 @@
-"""The search space and the study ``tfnb.sweep`` accepts, checked before anything launches: a space Optuna cannot
-sample is refused here first, with the fix.
-"""
+"""The search space and the study ``tfnb.sweep`` accepts, checked (with the fix) before anything launches."""
 from __future__ import annotations
 
 import logging
