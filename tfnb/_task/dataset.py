@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
-from .feed import _BLOCK_BYTES, FeedColumn, FeedInfo, _no_rows_message, known_counts
+from .feed import _BLOCK_BYTES, FeedColumn, FeedInfo, _no_rows_message
 from .spill import _MAGIC_BYTES
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class _Plan:
     def bound(self, st: dict) -> int:
         """Rows this worker may serve in an epoch, as far as ``st`` tells: exact once the counts are final, before
         that whole batches of the rows every worker has (never more than the final number)."""
-        counts = known_counts(st)
+        counts = st["counts"]
         if counts is None:
             return st["safe"] // self.batch_size * self.batch_size
         steps = _steps_for(counts, self.batch_size, self.drop_remainder)
@@ -109,8 +109,8 @@ def _plan(info: FeedInfo, batch_size: int, feature_cols, label_col, drop_remaind
     lengths = dict(st["lengths"] or {})
     features = tuple(spec.column(c) for c in feature_cols)
     label = spec.column(label_col) if label_col is not None else None
-    if known_counts(st) is not None:
-        _steps_for(known_counts(st), batch_size, drop_remainder)
+    if st["counts"] is not None:
+        _steps_for(st["counts"], batch_size, drop_remainder)
     width = sum(lengths[c.name] if c.is_array else 1 for c in features)
     label_width = lengths[label.name] if label is not None and label.is_array else None
     return _Plan(features, label, tuple(sorted(lengths.items())), width, label_width, batch_size, drop_remainder)
@@ -333,8 +333,8 @@ def _dataset(tf, part: _Part, plan: _Plan, rows: int, epochs: int | None, shuffl
                 yield x if y is None else (x, y)
 
     # one epoch's batch sizes, cycled by rebatch: a short last batch needs the final counts
-    st = part.info.state(lambda s: drop_remainder or known_counts(s) is not None)
-    final = known_counts(st) is not None
+    st = part.info.state(lambda s: drop_remainder or s["counts"] is not None)
+    final = st["counts"] is not None
     full, rest = divmod(plan.bound(st), rows) if final else (0, 0)
     sizes = rows if rest == 0 else [rows] * full + [rest]
     ds = tf.data.Dataset.from_generator(generate, output_signature=signature)

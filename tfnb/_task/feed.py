@@ -143,6 +143,7 @@ class FeedStream:
         self._wake: int | None = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
         self._lock = threading.Lock()  # the state: pump's thread and the channel's reader both change it
         self._final = threading.Event()
+        # counts: every worker's rows, once known (counted before launch, or told once every part is whole)
         self._state: dict = {"end": 0, "rows": 0, "safe": 0, "lengths": None, "final": None, "error": None,
                              "counts": None}
         if counts is not None:  # counted on the driver before launch: known to train_fn at once
@@ -252,11 +253,6 @@ class FeedStream:
         return rows
 
 
-def known_counts(st: dict) -> list[int] | None:
-    """Every worker's rows, once known (counted before launch, or every part whole)."""
-    return st["counts"]
-
-
 @dataclass(frozen=True)
 class FeedInfo:
     """This worker's part of the fed DataFrame, as ``ctx.feed``; reading the counts waits until they are known."""
@@ -292,8 +288,8 @@ class FeedInfo:
 
     @property
     def rows_per_worker(self) -> tuple[int, ...]:
-        st = self.state(lambda s: s.get("counts") is not None)
-        return tuple(known_counts(st))
+        st = self.state(lambda s: s["counts"] is not None)
+        return tuple(st["counts"])
 
     @property
     def min_rows(self) -> int:
