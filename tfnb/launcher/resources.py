@@ -40,7 +40,7 @@ def _local_cores(master: str) -> int | None:
     m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
     if not m:
         return None
-    return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1) or 1)
+    return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1) or 1)
 
 
 def profile_support(version: tuple[int, int, int], master: str, *, connect: bool) -> str | None:
@@ -302,8 +302,9 @@ def _executors(spark, leaving: frozenset = frozenset(), own: dict[str, int] | No
 
 def _expected(spark, master: str) -> tuple[int | None, tuple[int, float] | None]:
     """(executors the conf promises, (cores, GPUs) each), None where the conf does not say."""
-    if _local_cores(master) is not None:  # the driver's one JVM
-        return 1, (_local_cores(master), float(_conf(spark, "spark.driver.resource.gpu.amount", "0") or 0))
+    local = _local_cores(master)
+    if local is not None:  # the driver's one JVM
+        return 1, (local, float(_conf(spark, "spark.driver.resource.gpu.amount", "0") or 0))
     gpus = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
     cluster = _local_cluster(master)
     if cluster:
