@@ -17,8 +17,7 @@ import tfnb
 from tfnb import ClusterError
 from tfnb.launcher import EventKind
 
-from components import free_port
-from test_masters import _wait_for_port, _wait_for_workers, executor_jvm_pid
+from test_masters import _master_url, _wait_for_workers, executor_jvm_pid
 
 GLOBAL_BATCH = 96  # split evenly by 3 and by 2 workers: the same gradient, whatever the size
 ROWS = 6 * GLOBAL_BATCH
@@ -35,12 +34,11 @@ class Cluster:
                         SPARK_WORKER_DIR=str(folder / "work"),
                         # a Worker daemon told SIGPWR decommissions itself and its executors (a spot node's notice)
                         SPARK_WORKER_OPTS="-Dspark.decommission.enabled=true")
-        self.port, self.ui = free_port(), free_port()
         self.procs: list[subprocess.Popen] = []
-        self._start("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
-                    "--webui-port", str(self.ui))
-        _wait_for_port(self.port, time.monotonic() + 60)
-        self.url = f"spark://127.0.0.1:{self.port}"
+        self._start("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+                    "--webui-port", "0")
+        self.log = folder / "daemon-0.log"
+        self.url = _master_url(self.log, time.monotonic() + 60)
 
     def _start(self, *args, gate: Path | None = None) -> None:
         log = open(self.folder / f"daemon-{len(self.procs)}.log", "w")
@@ -53,7 +51,7 @@ class Cluster:
 
     def add_worker(self, gate: Path | None = None) -> None:
         self._start("org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
-                    "--webui-port", str(free_port()), self.url, gate=gate)
+                    "--webui-port", "0", self.url, gate=gate)
 
     def close(self) -> None:
         for p in self.procs:
@@ -74,7 +72,7 @@ def cluster(tmp_path_factory):
             c.add_worker()
         c.spare = c.folder / "start-the-spare-worker"
         c.add_worker(gate=c.spare)  # the Worker daemon that comes back during the run
-        _wait_for_workers(c.ui, 3, time.monotonic() + 120)
+        _wait_for_workers(c.log, 3, time.monotonic() + 120)
         c.session = spark_session(c.url, **{"spark.driver.host": "127.0.0.1", "spark.executor.memory": "768m",
                                             "spark.cores.max": "3", "spark.executor.cores": "1",
                                             "spark.decommission.enabled": "true"})

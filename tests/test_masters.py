@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import tfnb
-from components import free_port
 from tfnb.errors import ClusterError
 
 
@@ -104,27 +104,23 @@ def test_spark_connect_session(no_orphans):
     assert feed == {"rows": [500, 500], "steps": 5, "lengths": {"v": 2}}
 
 
-def _wait_for_port(port: int, deadline: float) -> None:
+def _master_url(log: Path, deadline: float) -> str:
+    """The URL of a standalone master started on port 0, read from its log."""
     while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        found = re.search(r"Starting Spark master at (spark://\S+)", log.read_text(errors="replace"))
+        if found:
+            return found.group(1)
         time.sleep(0.2)
-    raise TimeoutError(f"port {port} did not open")
+    raise TimeoutError(f"the standalone master did not start; see {log}")
 
 
-def _wait_for_workers(ui_port: int, count: int, deadline: float) -> None:
-    import urllib.request
-
+def _wait_for_workers(log: Path, count: int, deadline: float) -> None:
+    """Wait until ``count`` workers registered with the master whose log is ``log``."""
     while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json", timeout=5) as r:
-                if json.load(r).get("aliveworkers", 0) >= count:
-                    return
-        except OSError:
-            pass
+        if log.read_text(errors="replace").count("Master: Registering worker ") >= count:
+            return
         time.sleep(0.5)
-    raise TimeoutError(f"{count} standalone workers did not register")
+    raise TimeoutError(f"{count} standalone workers did not register; see {log}")
 
 
 @contextlib.contextmanager
@@ -144,7 +140,6 @@ def standalone(folder: Path, workers: int = 2, *, cores: int = 1, memory: str = 
     if properties:
         (folder / "worker.conf").write_text("".join(f"{k} {v}\n" for k, v in properties.items()))
         extra = ["--properties-file", str(folder / "worker.conf")]
-    port, ui = free_port(), free_port()
     procs = []
     logs = []
 
@@ -155,14 +150,14 @@ def standalone(folder: Path, workers: int = 2, *, cores: int = 1, memory: str = 
                                       start_new_session=True))
 
     try:
-        start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-               "--webui-port", str(ui)], "master")
-        _wait_for_port(port, time.monotonic() + 60)
+        start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+               "--webui-port", "0"], "master")
+        url = _master_url(folder / "master.log", time.monotonic() + 60)
         for i in range(workers):
             start(["org.apache.spark.deploy.worker.Worker", "--cores", str(cores), "--memory", memory, "--host",
-                   "127.0.0.1", "--webui-port", str(free_port()), *extra, f"spark://127.0.0.1:{port}"], f"worker{i}")
-        _wait_for_workers(ui, workers, time.monotonic() + 120)
-        yield f"spark://127.0.0.1:{port}"
+                   "127.0.0.1", "--webui-port", "0", *extra, url], f"worker{i}")
+        _wait_for_workers(folder / "master.log", workers, time.monotonic() + 120)
+        yield url
     finally:
         for p in procs:
             try:
