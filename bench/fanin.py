@@ -172,11 +172,13 @@ def replay(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict
 def driver(tasks: int, lines_per_s: float, seconds: float, display: str) -> dict:
     from tfnb.launcher.attempt import _Attempt
     from tfnb.launcher.channel import DriverChannel
+    from tfnb.launcher.hooks import LaunchHooks
+    from tfnb.launcher.options import RunOptions
 
     shown = Lag(_display(display, tasks))
     with tempfile.TemporaryDirectory() as model_dir:
-        att = _Attempt(None, dict(run_id="fanin", attempt=1, max_attempts=1, model_dir=model_dir), None,
-                       shown, None, tasks, 0)
+        att = _Attempt(None, dict(run_id="fanin", attempt=1, num_workers=tasks),
+                       RunOptions(tasks, max_attempts=1, model_dir=model_dir), LaunchHooks(), shown)
         att.channel = DriverChannel("127.0.0.1", att._on_message)
         address = "%s:%d" % att.channel.address
         per = tasks // SENDERS

@@ -19,6 +19,8 @@ from tfnb.launcher.channel import DriverChannel
 from tfnb._task.channel import TaskChannel
 from tfnb._task.supervisor import _MAX_LINE, _Lines
 from tfnb.launcher.attempt import _Attempt
+from tfnb.launcher.hooks import LaunchHooks
+from tfnb.launcher.options import RunOptions
 
 TASKS = 32
 LINES = 500        # per task
@@ -55,8 +57,8 @@ def test_a_burst_far_above_the_drivers_rate_loses_no_line_state_or_failure(tmp_p
     def display(event):
         seen[(event.kind, event.task_index if event.job_name == "worker" else event.job_name)].append(dict(event.data))
 
-    att = _Attempt(None, dict(run_id="burst", attempt=1, max_attempts=1, model_dir=str(tmp_path)), None,
-                   display, None, TASKS, 0)
+    att = _Attempt(None, dict(run_id="burst", attempt=1, num_workers=TASKS),
+                   RunOptions(TASKS, max_attempts=1, model_dir=str(tmp_path)), LaunchHooks(), display)
     att.q.bound = BOUND
     att.channel = DriverChannel("127.0.0.1", att._on_message)
     start = threading.Event()
@@ -68,7 +70,8 @@ def test_a_burst_far_above_the_drivers_rate_loses_no_line_state_or_failure(tmp_p
         start.set()
         gone = 0
         while gone < TASKS:
-            item = att.q.get()  # no timeout: a message the inbox holds without waking its reader hangs here
+            # no timeout: a message the inbox holds without waking its reader hangs here
+            (item,) = att.q.get_many(None, 1)
             if item[2].get("kind") == "disconnected":
                 gone += 1
             else:
@@ -105,8 +108,8 @@ def test_a_burst_far_above_the_drivers_rate_loses_no_line_state_or_failure(tmp_p
 
 def test_ctrl_c_during_a_pass_leaves_what_it_did_not_handle_for_the_next(tmp_path):
     shown = []
-    att = _Attempt(None, dict(run_id="ctrl-c", attempt=1, max_attempts=1, model_dir=str(tmp_path)), None,
-                   shown.append, None, 1, 0)
+    att = _Attempt(None, dict(run_id="ctrl-c", attempt=1, num_workers=1),
+                   RunOptions(1, max_attempts=1, model_dir=str(tmp_path)), LaunchHooks(), shown.append)
     peer = {"job_name": "chief", "task_index": 0, "rank": 0}
     for i in range(10):
         att.q.put_message(peer, {"kind": "log", "stream": "stdout", "lines": [f"line {i}", f"more {i}"]})

@@ -59,7 +59,7 @@ def test_feed_spec_infers_numeric_and_array_columns(spark):
         "b tinyint, s smallint, i int, l bigint, f float, d double, t boolean, "
         "af array<float>, al array<bigint>")
     spec = driver_feed.feed_spec(df)
-    assert spec.names == ("b", "s", "i", "l", "f", "d", "t", "af", "al")
+    assert tuple(c.name for c in spec.columns) == ("b", "s", "i", "l", "f", "d", "t", "af", "al")
     assert [(c.dtype, c.is_array) for c in spec.columns] == [
         ("int8", False), ("int16", False), ("int32", False), ("int64", False), ("float32", False),
         ("float64", False), ("bool", False), ("float32", True), ("int64", True)]
@@ -144,7 +144,7 @@ def test_spill_counts_rows_and_array_length(tmp_path):
     with pa.memory_map(spilled.path) as f:
         assert pa.ipc.open_file(f).read_all().column("x").to_pylist() == [1.0, 2.0, 3.0]
     info = finish_feed(spec, spilled, [3, 40])
-    assert (info.rows, info.min_rows, info.rows_per_worker) == (3, 3, (3, 40))
+    assert (info.state()["rows"], info.rows_per_worker) == (3, (3, 40))
     assert dataset.steps_per_epoch(_ctx(info), 2) == 1
     with pytest.raises(ConfigError, match=r"batch_size=4 but the smallest worker's part of the data has 3 rows "
                                           r"\(rows per worker: \[3, 40\]\).*lower batch_size to at most 3"):
@@ -220,8 +220,7 @@ _V = feeding.FeedSpec((feeding.FeedColumn("v", "float32", True),))
 
 def _read_epochs(info, batch_size: int, epochs: int, shuffle: bool = False, seed: int | None = None) -> list:
     """Row ids train_fn's dataset would serve, one list per epoch (the dataset's reader without TensorFlow)."""
-    plan = dataset._plan(info, batch_size, None, None, True)
-    part = dataset._Part(info, plan)
+    part = dataset._Part(info, batch_size, None, None, True)
     return [[int(i) for x, _ in part.epoch(batch_size * 3, shuffle, seed) for i in x[:, 0]] for _ in range(epochs)]
 
 
@@ -242,8 +241,7 @@ def test_train_fn_reads_rows_before_the_partition_is_complete(tmp_path):
 
     def read():
         try:
-            plan = dataset._plan(stream.info, 100, None, None, True)
-            part = dataset._Part(stream.info, plan)
+            part = dataset._Part(stream.info, 100, None, None, True)
             epochs = []
             for _ in range(2):
                 ids = []
@@ -265,7 +263,7 @@ def test_train_fn_reads_rows_before_the_partition_is_complete(tmp_path):
     assert "error" not in seen, seen.get("error")
     assert seen["released_by_reader"] and seen["complete_at_first_rows"] is False
     assert seen["epochs"] == [list(range(8000))] * 2  # 80 whole batches of 100, the same rows each epoch
-    assert stream.info.rows == 8096 and stream.info.array_lengths == (("v", 64),)
+    assert stream.info.state()["rows"] == 8096 and stream.info.state()["lengths"] == {"v": 64}
 
 
 def test_counts_from_the_driver_are_known_before_the_rows_arrive(tmp_path):
@@ -388,8 +386,9 @@ def _feed_report(ctx):
         too_big = None
     except Exception as e:  # noqa: BLE001 - the test checks the message
         too_big = f"{type(e).__name__}: {e}"
-    return {"rows": ctx.feed.rows, "rows_per_worker": list(ctx.feed.rows_per_worker),
-            "min_rows": ctx.feed.min_rows, "file_rows": table.num_rows, "lengths": dict(ctx.feed.array_lengths),
+    return {"rows": ctx.feed.state()["rows"], "rows_per_worker": list(ctx.feed.rows_per_worker),
+            "min_rows": min(ctx.feed.rows_per_worker), "file_rows": table.num_rows,
+            "lengths": ctx.feed.state()["lengths"],
             "steps": ctx.steps_per_epoch(32), "too_big": too_big, "path": ctx.feed.path}
 
 

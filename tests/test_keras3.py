@@ -103,9 +103,9 @@ def test_a_probe_that_cannot_run_applies_a_safe_correction_and_refuses_an_unsafe
         raise TypeError("_backend_update_step() takes 3 positional arguments but 4 were given")
 
     applied = []
-    safe = keras3.Patch("x", "i", "d", broken, lambda: applied.append("safe"), safe=True)
+    safe = keras3.Patch("x", broken, lambda: applied.append("safe"), safe=True)
     assert keras3._apply_if_needed(safe, "3.16.0") and applied == ["safe"]
-    unsafe = keras3.Patch("loss-scale", "i", "d", broken, lambda: applied.append("unsafe"))
+    unsafe = keras3.Patch("loss-scale", broken, lambda: applied.append("unsafe"))
     with pytest.raises(ConfigError) as caught:
         keras3._apply_if_needed(unsafe, "3.16.0")
     first = str(caught.value).splitlines()[0]

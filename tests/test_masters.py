@@ -74,7 +74,7 @@ def fail(ctx):
 
 def report_feed(ctx):
     return {"rows": list(ctx.feed.rows_per_worker), "steps": ctx.steps_per_epoch(100),
-            "lengths": dict(ctx.feed.array_lengths)}
+            "lengths": ctx.feed.state()["lengths"]}
 
 
 def test_spark_connect_session(no_orphans):

@@ -403,7 +403,7 @@ def test_loading_a_model_leaves_the_notebook_environment_alone(tmp_path):
         "    return m",
         "import numpy as np",
         "ev = EvalModel(model_fn, lambda: (np.zeros((4, 4), 'float32'), np.zeros((4, 1), 'float32')), None, '')",
-        f"ev.prepare({str(tmp_path / 'tb')!r}, {{}}, 1.0)",
+        f"ev.prepare({str(tmp_path / 'tb')!r}, {{}})",
         "model = ev._model",
         f"model.save({str(tmp_path / 'm.keras')!r})",
         f"loaded = _load_keras({str(tmp_path / 'm.keras')!r})",

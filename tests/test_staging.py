@@ -20,7 +20,8 @@ from components import free_port
 from s3region import start_region_front
 from s3server import moto_enforce_iam, put_tree  # fixtures rclone_s3 and moto_s3 come from conftest
 from tfnb.errors import ConfigError, MissingDependencyError, StorageError
-from tfnb.data.staging import MANIFEST_NAME, PART_SUFFIX, RemoteFile, StageResult, assign_shard, stage
+from tfnb.data.staging import MANIFEST_NAME, RemoteFile, StageResult, assign_shard, stage
+from tfnb.storage import PART as PART_SUFFIX
 
 MiB = 1024 * 1024
 BUCKET = "tfnb-data"

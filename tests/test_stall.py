@@ -89,7 +89,7 @@ def test_a_stopped_worker_is_gone_when_the_run_ends(spark, tmp_path, monkeypatch
     from leakcheck import processes, wait_gone
 
     stopped = [p for p in processes() if p.pid == pid]
-    assert not wait_gone(stopped, 5.0), f"the stopped train_fn process {pid} outlived its run (stop_grace 5 s)"
+    assert not wait_gone(stopped, 5.0), f"the stopped train_fn process {pid} outlived its run (5 s after SIGTERM)"
 
 
 def silent_sleeper(ctx):

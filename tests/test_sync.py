@@ -11,7 +11,8 @@ import pytest
 from s3server import rclone_s3  # noqa: F401
 
 from tfnb.errors import ConfigError, TfnbError
-from tfnb.monitor.sync import TMP_MARK, EventSync, complete_records
+from tfnb.monitor.sync import EventSync, complete_records
+from tfnb.storage import PART as TMP_MARK
 
 import tensorflow as tf  # a hard dependency: a broken install fails here, it does not skip
 

@@ -1,15 +1,7 @@
 """tfnb: distributed TensorFlow training, evaluation and monitoring on Apache Spark, from notebooks.
 
-Example:
-    >>> import tfnb
-    >>> def train_fn(ctx):
-    ...     import tensorflow as tf
-    ...     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    ...     ...
-    >>> tfnb.run(train_fn, num_workers=2)
-
-Heavy modules (TensorFlow, pyspark, ipywidgets, boto3) are imported only when used; the public names
-below load their modules on first use. docs/architecture.md shows the layout.
+The public names load their modules on first use, so heavy ones (TensorFlow, pyspark, ipywidgets, boto3) load only
+when used. docs/getting-started.md shows a first run, docs/architecture.md the layout.
 """
 from __future__ import annotations
 

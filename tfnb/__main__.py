@@ -1,8 +1,5 @@
-"""``python -m tfnb stage SRC DEST [--index I --count N]``: copy a shard of files to local disk.
-
-The demo and the DBC archive tools are developer tools of the repository (``tools/``), not of the installed
-package: ``./dev demo`` and ``./dev dbc`` (or ``python -m tools.demo`` / ``python -m tools.dbc`` in a checkout).
-"""
+"""``python -m tfnb stage SRC DEST [--index I --count N]``: copy a shard of files to local disk (the demo and the
+DBC tools are the repository's: ``./dev demo``, ``./dev dbc``)."""
 from __future__ import annotations
 
 import sys

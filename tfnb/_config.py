@@ -5,7 +5,7 @@ A train_fn process reads the driver's ``TFNB_*`` settings (:func:`use_settings`)
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from .errors import ConfigError
 
@@ -14,16 +14,12 @@ T = TypeVar("T")
 
 def _bool(text: str) -> bool:
     low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(text)
+    if low not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        raise ValueError(text)
+    return low in ("1", "true", "yes", "on")
 
 
 _CASTS: dict[type, Callable[[str], object]] = {bool: _bool, int: int, float: float, str: str}
-
-
 _SOURCE: Mapping[str, str] = os.environ  # where TFNB_* settings are read: the driver's environment
 
 
@@ -49,3 +45,14 @@ def setting(name: str, explicit: T | None, default: T, cast: type | None = None)
         raise ConfigError(
             f"{var}={raw!r} is not a valid {getattr(kind, '__name__', kind)}; fix or unset {var}"
         ) from e
+
+
+def check_seconds(name: str, value: Any, must: str | None = None, *,
+                  optional: bool = False, zero: bool = False) -> float | None:
+    """``value`` as seconds: a number (not a bool) > 0 (>= 0 when ``zero``), or None when ``optional``; else
+    ConfigError "``name``=``value`` must be ``must``"."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if zero else value > 0):
+        raise ConfigError(f"{name}={value!r} must be {must or 'a number of seconds ' + ('>= 0' if zero else '> 0')}")
+    return float(value)

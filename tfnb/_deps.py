@@ -1,13 +1,12 @@
-"""Lazy imports of heavy or optional packages, with an install hint when missing or too old.
-
-Spark and TensorFlow are not install requirements of tfnb (a Databricks runtime brings its own,
-and pip must not replace them), so their floors are checked here, at first use.
-"""
+"""Lazy imports of heavy or optional packages, with an install hint when missing or too old. Spark and TensorFlow are
+not install requirements of tfnb (a Databricks runtime brings its own, and pip must not replace them), so their floors
+are checked here, at first use."""
 from __future__ import annotations
 
 import contextlib
 import importlib
 import importlib.util
+import os
 import re
 from types import ModuleType
 
@@ -15,7 +14,8 @@ from .errors import MissingDependencyError
 
 # module -> what to pip install, where that is not the module's own name
 _HINTS = {"tf_keras": "tf-keras", "IPython": "ipython", "pyspark": "'tfnb[spark]' (pyspark)",
-          "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)"}
+          "mlflow": "'tfnb[mlflow]' (mlflow-skinny; Databricks runtimes ship MLflow)",
+          "optuna": "'tfnb[sweep]' (optuna), or on Databricks %pip install optuna"}
 
 # Floors, and why (README "Requirements" says the same).
 SPARK_FLOOR = (3, 5)       # DataFrame.mapInArrow(..., barrier=True) is Spark 3.5+
@@ -69,36 +69,40 @@ def _floor(name: str, found: str, floor: tuple[int, ...], why: str, fix: str) ->
 def require_spark(spark=None) -> ModuleType:
     """Import pyspark and check it, and ``spark``'s server when given, is Spark >= 3.5."""
     pyspark = require("pyspark", "tfnb.run")
-    why = "tfnb launches TensorFlow as one barrier DataFrame.mapInArrow job"
-    _floor("Spark", getattr(pyspark, "__version__", "0"), SPARK_FLOOR, why, _SPARK_FIX)
+    found = [getattr(pyspark, "__version__", "0")]
     if spark is not None:
-        try:
-            server = spark.version
-        except Exception:  # noqa: BLE001 - a session that cannot say is checked by its first job
-            server = None
-        if isinstance(server, str):
-            _floor("Spark", server, SPARK_FLOOR, why, _SPARK_FIX)
+        with contextlib.suppress(Exception):  # a session that cannot say is checked by its first job
+            found.append(spark.version)
+    for version in filter(lambda v: isinstance(v, str), found):
+        _floor("Spark", version, SPARK_FLOOR, "tfnb launches TensorFlow as one barrier DataFrame.mapInArrow job",
+               _SPARK_FIX)
     return pyspark
+
+
+@contextlib.contextmanager
+def temp_env(name: str, value: str):
+    """``os.environ[name] = value`` inside the block; the variable's earlier value (or absence) after it."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def tensorflow_with_tf_keras(purpose: str = "") -> ModuleType:
     """``require("tensorflow")`` with ``tf.keras`` meaning tf-keras (where installed) when this process imports
     TensorFlow first; TF_USE_LEGACY_KERAS is set only meanwhile, so the notebook's environment stays its user's."""
-    import os
     import sys
 
     if "tensorflow" in sys.modules or importlib.util.find_spec("tf_keras") is None:
         return require("tensorflow", purpose)
-    before = os.environ.get("TF_USE_LEGACY_KERAS")
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    try:
+    with temp_env("TF_USE_LEGACY_KERAS", "1"):
         tf = require("tensorflow", purpose)
         getattr(tf.keras, "Model", None)  # resolves TensorFlow's lazy keras module while the variable is set
-    finally:
-        if before is None:
-            os.environ.pop("TF_USE_LEGACY_KERAS", None)
-        else:
-            os.environ["TF_USE_LEGACY_KERAS"] = before
     return tf
 
 

@@ -1,13 +1,8 @@
-"""What crosses the wire, one vocabulary for both ends: the channel's frames and message kinds, a run's events, and
-the files, signals and variables between a task and its train_fn process.
+"""What crosses the wire, one vocabulary for both ends: the channel's frames and message kinds (:class:`Msg`), a
+run's events (:class:`RunEvent`) and the files, signals and variables between a task and its train_fn process.
 
-The channel (:mod:`tfnb.launcher.channel`, :mod:`tfnb._task.channel`; why it is safe: docs/security.md): a frame is a
-4-byte big-endian length and a body. Handshake: driver -> task ``{"nonce": sn}``; task -> driver ``{"auth":
-HMAC(secret, "task"|sn|tn), "nonce": tn, "peer": {...}}``; driver -> task ``{"kind": "welcome", "auth": HMAC(secret,
-"driver"|tn|sn)}``, or the task hangs up. Every later body is ``MAC || JSON``, MAC = HMAC-SHA256(key, sequence ||
-JSON), a key per direction derived from the secret and both nonces. A body's ``kind`` is one of :class:`Msg`
-(:meth:`_Sealer.seal` refuses any other); a run's events (:class:`RunEvent`, kinds :class:`EventKind`) cross it as
-``event`` messages (a sweep's are made on the driver).
+A frame is a 4-byte big-endian length and a body; after the handshake (docs/security.md) a body is
+``HMAC-SHA256(key, sequence || JSON) || JSON`` with a key per direction, and :meth:`_Sealer.seal` refuses unknown kinds.
 """
 from __future__ import annotations
 
@@ -200,12 +195,10 @@ def number(value: Any) -> float | None:
     if type(value) is float or type(value) is int:  # what JSON gives the driver, many times a second
         return float(value)
     try:
-        if hasattr(value, "numpy"):
-            value = value.numpy()
+        value = value.numpy() if hasattr(value, "numpy") else value
         if getattr(value, "size", 1) != 1:
             return None
-        if hasattr(value, "item"):
-            value = value.item()
+        value = value.item() if hasattr(value, "item") else value
         return None if isinstance(value, bool) else float(value)
     except Exception:  # noqa: BLE001 - a symbolic or odd value is simply not reported
         return None

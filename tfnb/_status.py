@@ -18,11 +18,8 @@ def write_status(model_dir: str, state: str, *, storage_options: Mapping[str, An
 
 
 def read_status(model_dir: str | Store) -> dict | None:
-    """The last status written to ``model_dir``, or None when there is none (yet).
-
-    Raises:
-        StorageError: the status cannot be read (credentials, bucket, endpoint, permission).
-    """
+    """The last status written to ``model_dir``, or None when there is none (yet); StorageError when it cannot be
+    read (credentials, bucket, endpoint, permission)."""
     store = model_dir if isinstance(model_dir, Store) else open_store(model_dir, purpose="reading the run status in")
     try:
         return json.loads(store.read(STATUS_FILE))

@@ -80,31 +80,28 @@ _PEER_MESSAGES = re.compile(
 # Raised in train_fn by Keras 3's fit (tfnb._task.keras3) where it cannot train: first line, then the detail.
 KERAS3_UNTESTED = ("Keras {version} ({backend}) is not supported under tf.distribute (tested: {low} to {high}); "
                    "install a tested Keras, or use tf.keras (tf-keras)\n"
-                   "Keras 3's own trainer fails under MultiWorkerMirroredStrategy (keras-team/keras#20585); tfnb "
-                   "corrects it from Keras {low} on, with the TensorFlow backend (docs/keras3.md). For this one: "
-                   "pip install 'keras>={low},<={high}', or build the model with tf.keras, which tfnb.run makes "
-                   "tf-keras where it is installed (or `import tf_keras as keras`).")
+                   "Keras 3's trainer fails under MultiWorkerMirroredStrategy (keras-team/keras#20585); tfnb corrects "
+                   "it from Keras {low} on, with the TensorFlow backend (docs/keras3.md): pip install "
+                   "'keras>={low},<={high}', or use tf.keras (tf-keras where installed) or `import tf_keras as keras`.")
 KERAS3_PROBE = ("Keras {version}: tfnb could not check it for the defect '{name}'; install a tested Keras ({low} to "
                 "{high}), or use tf.keras (tf-keras)\n"
-                "The check runs Keras' own code on stand-ins, and it failed: {error}. Applying the correction blindly "
-                "could train wrong where Keras has no such defect, so tfnb stops rather than guess (docs/keras3.md). "
-                "pip install 'keras>={low},<={high}'.")
+                "The check runs Keras' own code on stand-ins and failed: {error}. A correction applied blindly could "
+                "train wrong where Keras has no such defect, so tfnb stops (docs/keras3.md): pip install "
+                "'keras>={low},<={high}'.")
 KERAS3_SELFCHECK = ("{what} failed tfnb's self-check: {detail}; install a tested Keras ({low} to {high}), or use "
                     "tf.keras\n"
-                    "{untested} newer than tfnb's tests, so at the first fit under {strategy} tfnb trained a linear "
-                    "model one SGD step on every worker and compared it with the same step computed in one process "
-                    "(docs/keras3.md, 'Newer versions'). {checks} pip install 'keras>={low},<={high}', or build the "
-                    "model with tf.keras (tf-keras).")
+                    "{untested} newer than tfnb's tests, so at the first fit under {strategy} every worker trained a "
+                    "linear model one SGD step and compared it with the same step in one process (docs/keras3.md, "
+                    "'Newer versions'). {checks} pip install 'keras>={low},<={high}', or use tf.keras (tf-keras).")
 KERAS3_DEVICES = ("Keras {version} cannot train on {devices} devices per worker; use one device per worker (e.g. "
                   "gpus_per_worker=1) or Keras >= 3.15, or tf.keras (tf-keras)\n"
                   "This Keras applies each device's gradient to that device's copy of the weights alone "
-                  "(keras-team/keras#19308), so a worker's copies drift apart; tfnb corrects this across workers, one "
-                  "device each, but not between the devices of one process.")
+                  "(keras-team/keras#19308): tfnb corrects this across workers of one device each, not between the "
+                  "devices of one process.")
 KERAS3_PS = ("Keras 3's fit does not train under ParameterServerStrategy; use tf.keras (tf-keras) for a ps run, or "
              "num_ps=0\n"
-             "Keras 3 has no ParameterServerStrategy support (no ClusterCoordinator in its trainer). tf-keras's fit "
-             "drives the coordinator: build the model with tf.keras (tf-keras, legacy_keras=True) or "
-             "`import tf_keras as keras`; or train with MultiWorkerMirroredStrategy (num_ps=0), where Keras 3 runs.")
+             "Keras 3's trainer has no ClusterCoordinator support (tf-keras's fit has): build the model with tf.keras "
+             "(legacy_keras=True) or `import tf_keras as keras`, or train with MultiWorkerMirroredStrategy (num_ps=0).")
 
 FIRST_LINE = 200  # the most an error's first line holds: what failed and the fix, read at a glance
 
@@ -204,12 +201,9 @@ class WorkerStalledError(WorkerError):
                 f"Its train_fn process was alive{f' on {f.host}' if f.host else ''}; last step: {step}; last line: "
                 f"{self.last_line!r}.\nWatchdog: {f.message}.\nstall_timeout= (or TFNB_STALL_TIMEOUT) is in "
                 "seconds; stall_timeout=None turns the watchdog off.")
-        own = self.stacks.get(f.label)
-        if own:
-            text += f"\n\nStack of {f.label} (all threads):\n{own.rstrip()}"
-        for label, stack in self.stacks.items():
-            if label != f.label and stack:
-                text += f"\n\nStack of {label}:\n{stack.rstrip()}"
+        for label in sorted(self.stacks, key=lambda label: label != f.label):  # the stalled task's first
+            if self.stacks[label]:
+                text += f"\n\nStack of {label}{' (all threads)' * (label == f.label)}:\n{self.stacks[label].rstrip()}"
         return text
 
 

@@ -16,10 +16,8 @@ def _emit(**data: Any) -> None:
 
 def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: float = 0.5,
                    every_n_steps: int | None = None):
-    """A Keras callback that reports epoch, step, loss, metrics and throughput to the driver's display.
-
-    Add it to ``model.fit(callbacks=[...])`` on every worker (one row each). It converts logs only when it sends:
-    at most once per ``interval`` seconds (or ``every_n_steps`` batches), and at each epoch end.
+    """A Keras callback (tf-keras and Keras 3 alike) that reports epoch, step, loss, metrics and throughput to the
+    driver's display: at most once per ``interval`` seconds (or ``every_n_steps`` batches), and at each epoch end.
 
     Args:
         ctx: the WorkerContext (optional; reports go to the run this process belongs to).
@@ -28,16 +26,8 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
         interval: minimum seconds between two step updates.
         every_n_steps: report every N batches instead of by time.
 
-    Returns:
-        A Keras callback, for ``tf.keras`` (tf-keras) and Keras 3 (``import keras``) models alike.
-
     Raises:
         ConfigError: a bad batch_size, interval or every_n_steps.
-
-    Example:
-        >>> def train_fn(ctx):
-        ...     ...
-        ...     model.fit(ds, epochs=3, callbacks=[ctx.progress_callback(batch_size=64)])
     """
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ConfigError(f"batch_size={batch_size!r} must be an int >= 1 (examples per step on this worker)")
@@ -46,9 +36,10 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
     if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
         raise ConfigError(f"every_n_steps={every_n_steps!r} must be an int >= 1, or None to report by time")
     from .._deps import require
+    from .profiling import Tracer
 
     tf = require("tensorflow", "the tfnb Keras progress callback")
-    tracer = ctx._tracer if getattr(ctx, "profile_steps", None) else None
+    tracer = ctx._tracer if ctx is not None else Tracer(None)  # without profile_steps it traces nothing
     try:  # tf.keras's Callback (tf-keras's also serves Keras 3's fit)
         base = tf.keras.callbacks.Callback
     except (ImportError, AttributeError):  # TF_USE_LEGACY_KERAS=1 without tf-keras installed: Keras 3's
@@ -61,31 +52,20 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             super().__init__()
             # tf-keras then hands us tensors and skips its per-batch device sync; we convert only what we send
             self._supports_tf_logs = True
-            self.epoch, self.epochs, self.steps = 0, None, None
+            self.epoch, self.epochs, self.steps, self.epochs_begun = 0, None, None, 0
             self._batches = self._done = 0  # batches done in this epoch, in this fit
             self._mark = self._epoch_start = (time.monotonic(), 0)  # (time, _done) at the last rate measurement
             self._last_batch_time = time.monotonic()
-            self.epochs_begun = 0    # in this fit: the first (maybe resumed) epoch is no boundary
 
-        def _send(self, logs, **fields):
+        def _send(self, logs, steps_per_sec=None, **fields):
+            per_example = steps_per_sec * batch_size if steps_per_sec is not None and batch_size else None
             data = {"epoch": self.epoch + 1, "epochs": self.epochs, "step": self._batches, "steps": self.steps,
-                    **fields}
-            if batch_size is not None:
-                data["batch_size"] = batch_size
-                if data.get("steps_per_sec") is not None:
-                    data["examples_per_sec"] = data["steps_per_sec"] * batch_size
-            for key, value in (logs or {}).items():
-                if key in ("batch", "size") or key in data:
-                    continue
-                num = _number(value)
-                if num is not None:
-                    data[key] = num
-            _emit(**data)
+                    "steps_per_sec": steps_per_sec, "batch_size": batch_size, "examples_per_sec": per_example, **fields}
+            # the logs' numbers (None: not a number, dropped), converted only now that they are sent
+            _emit(**data, **{k: _number(v) for k, v in (logs or {}).items() if k not in (*data, "batch", "size")})
 
         def on_train_begin(self, logs=None):
-            params = self.params or {}
-            self.epochs = params.get("epochs")
-            self.steps = params.get("steps")
+            self.epochs, self.steps = (self.params or {}).get("epochs"), (self.params or {}).get("steps")
             _emit(epochs=self.epochs, steps=self.steps, batch_size=batch_size)
             if ctx is not None:
                 from .resize import join_vote
@@ -93,26 +73,23 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
                 join_vote(ctx)  # an elastic run: this worker votes at each epoch start (on_epoch_begin)
 
         def on_epoch_begin(self, epoch, logs=None):
-            if ctx is not None and self.epochs_begun:
+            if ctx is not None and self.epochs_begun:  # in this fit: the first (maybe resumed) epoch is no boundary
                 from .resize import epoch_boundary
 
                 epoch_boundary(ctx, self.model.distribute_strategy, epoch)  # an elastic run that widens stops here
             self.epochs_begun += 1
-            self.epoch = epoch
-            self._batches = 0
+            self.epoch, self._batches = epoch, 0
             self._mark = self._epoch_start = (time.monotonic(), self._done)
 
         def on_train_batch_begin(self, batch, logs=None):
-            if tracer is not None:
-                tracer.before_step(self._done + 1)
+            tracer.before_step(self._done + 1)
 
         def on_train_batch_end(self, batch, logs=None):
             # batch is the index within the epoch; with steps_per_execution > 1 some indices are skipped
             done = batch + 1
             self._done += max(done - self._batches, 0)
             self._batches = done
-            if tracer is not None:
-                tracer.after_step(self._done)
+            tracer.after_step(self._done)
             now = self._last_batch_time = time.monotonic()
             t0, n0 = self._mark
             due = self._done - n0 >= every_n_steps if every_n_steps is not None else now - t0 >= interval
@@ -130,7 +107,6 @@ def keras_callback(ctx: Any = None, *, batch_size: int | None = None, interval: 
             self._send(logs, epoch_end=True, steps_per_sec=rate)
 
         def on_train_end(self, logs=None):
-            if tracer is not None:
-                tracer.finish(self._done)
+            tracer.finish(self._done)
 
     return TfnbProgress()

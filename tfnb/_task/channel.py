@@ -17,10 +17,9 @@ _BATCH_BYTES = 256 << 10  # a task sends its batch early when this much is waiti
 
 
 class TaskChannel:
-    """Task end: one authenticated connection to the driver (ConnectionError when either side fails the secret).
-    :meth:`send` goes out at once, after what :meth:`post` gathered; :meth:`post` waits up to ``window`` seconds
-    (None: until :meth:`flush`) to share a frame. ``on_message`` runs on a reader thread; ``on_lost`` once if the
-    driver goes away. Thread-safe."""
+    """One authenticated connection to the driver (ConnectionError when either side fails the secret). What
+    :meth:`post` queues waits up to ``window`` seconds (None: until :meth:`flush`) to share a frame; :meth:`send`
+    goes out at once, after it. ``on_message`` runs on a reader thread; ``on_lost`` once if the driver goes away."""
 
     def __init__(self, address, token: str, peer: dict, on_message: Callable[[dict], None] | None = None,
                  on_lost: Callable[[], None] | None = None, timeout: float = 30.0, window: float | None = 0.1):
@@ -78,15 +77,9 @@ class TaskChannel:
         except OSError:
             return False
 
-    def _take(self) -> list:
-        with self._pending_lock:
-            msgs, self._pending, self._merged, self._pending_bytes = self._pending, [], {}, 0
-            return msgs
-
     def send(self, kind: Msg, **fields) -> bool:
         """Send one message now (after what was posted before it); False when the driver is gone."""
-        with self._lock:  # nothing posted later can overtake it
-            return self._write(self._take() + [{"kind": kind, **fields}])
+        return self.flush({"kind": kind, **fields})
 
     def send_apart(self, kind: Msg, **fields) -> bool:
         """Send one message now in a frame of its own, ahead of what waits for the next batch."""
@@ -100,9 +93,8 @@ class TaskChannel:
         with self._pending_lock:
             at = self._merged.get(merge) if merge is not None else None
             if at is not None:
-                old = self._pending[at]
-                if isinstance(old.get("data"), dict) and isinstance(msg.get("data"), dict):
-                    msg["data"] = {**old["data"], **msg["data"]}
+                if "data" in msg:  # one merge key, one kind: a progress event's fields
+                    msg["data"] = {**self._pending[at]["data"], **msg["data"]}
                 self._pending[at] = msg
                 full = False
             else:
@@ -125,8 +117,7 @@ class TaskChannel:
             self.flush()
 
     def _append(self, msg: dict, merge: str | None, size: int) -> bool:
-        # under _pending_lock; True when the batch is full: the caller sends it and waits for the socket
-        # (as does the process writing the output) instead of queueing without bound
+        # under _pending_lock; True when full: the caller sends it, waiting for the socket, instead of queueing more
         if merge is None:
             self._merged.clear()
         else:
@@ -137,10 +128,12 @@ class TaskChannel:
             self._pending_lock.notify()
         return self._pending_bytes >= _BATCH_BYTES
 
-    def flush(self) -> bool:
-        """Send what was posted, as one frame."""
-        with self._lock:
-            return self._write(self._take())
+    def flush(self, *last: dict) -> bool:
+        """Send what was posted (and ``last``), as one frame."""
+        with self._lock:  # nothing posted later can overtake it
+            with self._pending_lock:
+                msgs, self._pending, self._merged, self._pending_bytes = self._pending, [], {}, 0
+            return self._write(msgs + list(last))
 
     def _flush_loop(self) -> None:
         while not self._closing:

@@ -1,7 +1,6 @@
-"""The process that runs ``train_fn``: one fresh Python per task and attempt (TensorFlow configures collective ops
-once per process), started by tfnb._task.supervisor (:func:`main`) or forked by a warm standby (:func:`run_claimed`).
-It waits for ``go`` while TensorFlow imports, runs train_fn with ``ctx.pkl`` and writes ``result.pkl`` or
-``error.json``; with ``linger`` it keeps its TensorFlow server up until ``end``."""
+"""The process that runs ``train_fn``, one per task and attempt (TensorFlow configures collective ops once per
+process): started fresh or forked by a warm standby, both in :func:`run`. It imports TensorFlow,
+waits for ``go``, runs train_fn and writes its result or error; with ``linger`` its TF server stays up until ``end``."""
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +19,7 @@ from ..storage import atomic_write
 from .setup import ENV_SUPERVISOR
 
 
-def prctl(option: int, arg) -> None:
-    """Linux's prctl(2); nothing where libc has none."""
+def prctl(option: int, arg) -> None:  # Linux's prctl(2); nothing where libc has none
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             import ctypes
@@ -39,7 +37,7 @@ def _die_with_supervisor() -> None:
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _watch_parent(fd: int = 0) -> tuple[threading.Event, threading.Event]:
+def _watch_parent(fd: int) -> tuple[threading.Event, threading.Event]:
     """Events set when the supervisor says go / end on ``fd``; kills this process group if it dies first."""
     go, end = threading.Event(), threading.Event()
 
@@ -92,14 +90,12 @@ class _KerasWatch:
 
 
 def _install(name: str, module) -> None:
-    if name == "keras":
-        from .keras3 import install
-    else:
-        from .legacy_keras import install
-    install(module)
+    import importlib
+
+    importlib.import_module(".keras3" if name == "keras" else ".legacy_keras", __package__).install(module)
 
 
-def _serve_forever(ctx) -> None:
+def serve_forever(ctx) -> None:
     """ps and worker tasks of a ParameterServerStrategy cluster: run a TF server until told to stop."""
     import tensorflow as tf
 
@@ -121,19 +117,13 @@ def prepare() -> None:
         sys.meta_path.insert(0, watch)
 
 
-def main(argv: list[str]) -> None:
-    """A fresh process: ``argv`` is ``[WORKDIR]``; go and end come on stdin."""
-    _die_with_supervisor()
-    prepare()
-    _run(argv[0], *_watch_parent(), preimport=True)
-
-
-def run_claimed(conn, workdir: str) -> None:
-    """A process forked by a warm standby (already prepared and imported); go and end come on ``conn``."""
-    _run(workdir, *_watch_parent(conn.fileno()), preimport=False)
-
-
-def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: bool) -> None:
+def run(workdir: str, fd: int, fresh: bool = False) -> None:
+    """Run train_fn once told go on ``fd``: a ``fresh`` process' stdin, or the connection of a warm standby, which
+    prepared and imported."""
+    if fresh:
+        _die_with_supervisor()
+        prepare()
+    go, end = _watch_parent(fd)
     # the stall watchdog's stack dump: faulthandler writes from its C signal handler, even while stuck in C code
     stacks = open(os.path.join(workdir, STACKS), "a")  # kept open: faulthandler writes to its descriptor
     faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True)
@@ -143,7 +133,7 @@ def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: boo
 
         with open(os.path.join(workdir, PAYLOAD), "rb") as f:
             payload = cloudpickle.load(f)
-        if preimport:
+        if fresh:
             _preimport()
         go.wait()
         with open(os.path.join(workdir, CONTEXT), "rb") as f:
@@ -154,11 +144,7 @@ def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: boo
         if held:
             with contextlib.suppress(OSError):
                 os.close(int(held))
-        if payload["mode"] == "serve":
-            _serve_forever(ctx)
-            result = None
-        else:
-            result = payload["fn"](ctx, *payload["args"], **payload.get("kwargs", {}))
+        result = payload["fn"](ctx, *payload["args"], **payload["kwargs"])
         try:
             data = cloudpickle.dumps(result)
         except Exception as e:  # noqa: BLE001 - any pickling failure means the same fix
@@ -192,14 +178,8 @@ def _run(workdir: str, go: threading.Event, end: threading.Event, preimport: boo
     os._exit(code)
 
 
-def _remove_generated_sources() -> None:
-    """Autograph's temporary ``__autograph_generated_file*.py``, removed at interpreter exit, which ``os._exit``
-    skips."""
+def _remove_generated_sources() -> None:  # autograph removes its temporary files at an exit os._exit skips
     for name, module in list(sys.modules.items()):
         if name.startswith("__autograph_generated_file"):
             with contextlib.suppress(OSError, TypeError):
                 os.unlink(module.__file__)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -11,10 +11,8 @@ from typing import Any, Iterator, Mapping
 
 @dataclass(frozen=True)
 class WorkerContext:
-    """The task's place in the TensorFlow cluster, passed as ``train_fn(ctx, *args)``.
-
-    TF_CONFIG is already set in the environment from ``tf_config``, so
-    ``tf.distribute.MultiWorkerMirroredStrategy()`` needs no arguments.
+    """The task's place in the TensorFlow cluster, passed as ``train_fn(ctx, *args)``. TF_CONFIG is already set from
+    ``tf_config``, so ``tf.distribute.MultiWorkerMirroredStrategy()`` needs no arguments.
 
     Attributes:
         task_index: the worker's rank, 0..num_workers-1 (0 is the chief); for a ps task, its ps index.
@@ -22,15 +20,13 @@ class WorkerContext:
         num_workers: number of chief + worker tasks (ps tasks not counted).
         num_ps: number of parameter-server tasks.
         job_name: ``"chief"``, ``"worker"`` or ``"ps"``.
-        cluster_spec: ``{"worker": ["host:port", ...]}`` (MultiWorkerMirroredStrategy), or with
-            ``"chief"`` and ``"ps"`` keys when ``num_ps > 0``.
+        cluster_spec: ``{"worker": ["host:port", ...]}``, with ``"chief"`` and ``"ps"`` keys when ``num_ps > 0``.
         tf_config: the TF_CONFIG dict set for this task.
         gpus: GPU ids Spark assigned to this task (CUDA_VISIBLE_DEVICES is set from them); empty on CPU.
         model_dir: checkpoint/model directory given to ``tfnb.run`` (or None).
         log_dir: TensorBoard log directory given to ``tfnb.run`` (or None).
         attempt: 1 on the first launch, 2.. when tfnb relaunched the job after a task died (or resized it).
-        requested_workers: the ``num_workers`` the run was asked for; an elastic run (``min_workers``) may launch
-            with fewer (``num_workers``) after losing executors, and widens again when they return.
+        requested_workers: the ``num_workers`` the run was asked for; an elastic run may launch with fewer.
         min_workers: the fewest workers an elastic run goes on with; None when the run is not elastic.
         resized_from: the previous launch's number of workers when this launch has another, else None.
         max_attempts: how many launches tfnb will make at most.
@@ -40,8 +36,7 @@ class WorkerContext:
         feed: internal description of the DataFrame partition fed to this task (see ``dataset``).
         profile_steps: ``(first, last)`` training steps to trace (``tfnb.run(profile_steps=...)``), or None.
         profile_run: the profile plugin's run folder for this attempt's traces (see ``profile``).
-        settings: the driver's ``TFNB_*`` settings, ``(name, value)`` pairs: tfnb calls inside train_fn
-            (``tfnb.stage``, ``tfnb.EventSync``...) resolve their settings from these, as the driver did.
+        settings: the driver's ``TFNB_*`` settings as ``(name, value)`` pairs, which tfnb calls inside train_fn use.
     """
 
     task_index: int
@@ -145,8 +140,7 @@ class WorkerContext:
     def epoch_boundary(self, strategy: Any = None, epoch: int | None = None) -> None:
         """In an elastic run's custom loop, call at each epoch start after the first, on every worker, once the last
         checkpoint is written: when the run is resized it raises a ``BaseException`` on every worker (let it
-        propagate: tfnb relaunches from that checkpoint). A no-op without ``min_workers``. ``ctx.progress_callback()``
-        does this for ``fit``: every worker calls one or the other (the vote is a collective), else a ConfigError.
+        propagate: tfnb relaunches from that checkpoint). A no-op without ``min_workers``; docs/reliability.md.
 
         Example:
             >>> for epoch in range(start, epochs):

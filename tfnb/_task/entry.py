@@ -2,57 +2,52 @@
 It takes a :class:`TaskSpec` of plain values and the task's Arrow batches, and yields the chief's pickled result."""
 from __future__ import annotations
 
+import importlib
+import json
 import os
+import pickle
 import shutil
+import socket
+import sys
 import tempfile
+import traceback
 from typing import Iterator
 
 from .._protocol import RESULT, Msg
 from .context import WorkerContext
-from .setup import TaskSpec, _spark_local_dir, assign_role, assigned_gpus, build_cluster, reserve_port, tf_config_for
+from .setup import TaskSpec, assign_role, assigned_gpus, reserve_port, tf_config_for
 from .supervisor import _failure_from_child, _Supervisor
 
 RESULT_SCHEMA = "rank int, result binary"
+BOOT_MARK = "tfnb-boot"  # <tfnb-boot>{json}</tfnb-boot>: why a task could not start, in Spark's job error
+# what train_fn's WorkerContext takes from the TaskSpec as it is
+_FROM_SPEC = ("num_workers", "num_ps", "model_dir", "log_dir", "attempt", "max_attempts", "run_id", "profile_steps",
+              "profile_run", "settings", "requested_workers", "resized_from", "min_workers")
 
 
 class TaskFailed(RuntimeError):
     """Raised in the Spark task so the barrier stage fails; the driver already has the details."""
 
 
-BOOT_MARK = "tfnb-boot"  # <tfnb-boot>{json}</tfnb-boot>: why a task could not start, in Spark's job error
-
-
 def task_entry(spec_blob: bytes, version: str, package: str = __name__.split(".")[0]):
-    """The run's ``mapInArrow`` function: ``run_task`` behind a bootstrap Spark can always unpickle. The closure
-    holds plain values and imports what it needs, so cloudpickle ships it by value: an executor lacking tfnb or
-    cloudpickle (or with another tfnb) fails with one line the driver finds in the job's error
-    (tfnb.launcher.verdict), not a ModuleNotFoundError inside Spark's unpickling."""
-    def tfnb_task(batches):
+    """The run's ``mapInArrow`` function: ``run_task`` behind a closure of plain values, shipped by value, so an
+    executor lacking tfnb or cloudpickle (or with another tfnb) fails with one line the driver finds in the job's
+    error (tfnb.launcher.verdict), not a ModuleNotFoundError inside Spark's unpickling."""
+    def tfnb_task(batches):  # stdlib modules travel by name, the rest by value: no global of tfnb here
         info = None
         try:
-            import importlib
-
-            # the executor's own tfnb, whatever its version; absolute names: this closure travels by value
-            installed = importlib.import_module(package).__version__
+            installed = importlib.import_module(package).__version__  # the executor's own, whatever its version
             if installed != version:
                 info = {"version": installed}
             else:
-                import pickle
-
                 run_task = importlib.import_module("tfnb._task.entry").run_task
                 # train_fn and its result travel by cloudpickle: missing, the executor cannot start tfnb
                 importlib.import_module("cloudpickle")
                 spec = pickle.loads(spec_blob)
         except BaseException as e:  # noqa: BLE001 - whatever stops tfnb loading goes to the driver
-            import traceback
-
             info = {"exc_type": type(e).__name__, "message": str(e)[:1000], "module": getattr(e, "name", None),
                     "traceback": "".join(traceback.format_exc().splitlines(True)[-12:])}
         if info is not None:
-            import json
-            import socket
-            import sys
-
             try:
                 from pyspark import BarrierTaskContext
 
@@ -80,58 +75,54 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
 
         bctx = BarrierTaskContext.get()
         part = bctx.partitionId()
-        # the ps tasks' own job starts at rank num_workers
-        place = (spec.first_rank + part, bctx.getTaskInfos()[part].address.rsplit(":", 1)[0], bctx.resources())
+        place = (spec.first_rank + part,  # the ps tasks' own job starts at rank num_workers
+                 bctx.getTaskInfos()[part].address.rsplit(":", 1)[0], bctx.resources())
     rank, host, resources = place
     job_name, task_index = assign_role(rank, spec.num_workers, spec.num_ps)
-    workdir = tempfile.mkdtemp(prefix=f"tfnb-{spec.run_id}-a{spec.attempt}-{rank}-", dir=_spark_local_dir())
-    chan = sup = held = None
+    # Spark deletes its local dirs when the application ends, even after a task killed before its clean-up
+    local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
+    workdir = tempfile.mkdtemp(prefix=f"tfnb-{spec.run_id}-a{spec.attempt}-{rank}-",
+                               dir=local if os.path.isdir(local) else None)
+    sup, chan = _Supervisor(spec, workdir), None
     try:
         peer = {"job_name": job_name, "task_index": task_index, "rank": rank, "host": host}
-        sup = _Supervisor(spec, workdir)
         # the driver gone, nobody reads the run: stop
         chan = sup.chan = TaskChannel(spec.channel, spec.token, peer, on_message=sup.on_driver, on_lost=sup.stop,
                                       window=batch_window(spec.num_workers + spec.num_ps))
         gpus = assigned_gpus(resources, spec.use_gpu, job_name)
         chan.send(Msg.STATE, state="starting", pid=os.getpid(), gpus=list(gpus))
         mode = "serve" if spec.num_ps > 0 and job_name != "chief" else "train"
-        held = reserve_port()
-        port = held.getsockname()[1]
-        sup.start(mode, gpus, held)
-        held = None
+        with reserve_port() as held:
+            port = held.getsockname()[1]
+            sup.start(mode, gpus, held)
         fed = feed_info = None
         if spec.hooks.feeder is not None:
             fed = spec.hooks.feeder.spill(batches, workdir)  # tfnb.compat: the whole partition before train_fn
         elif spec.feed is None:
             for _ in batches:
                 pass
-        # Addresses through the driver, not Spark's allGather (a one-second poll); a frame of its own, answered
-        # as it arrives
+        # addresses through the driver, not Spark's allGather (a one-second poll), in a frame of its own
         chan.send_apart(Msg.ADDR, addr=f"{host}:{port}", rows=fed.rows if fed is not None else 0)
         sup.gathered.wait()
-        if sup.tasks is None:  # stopped first
+        if not sup.cluster:  # stopped first
             chan.send(Msg.STATE, state="stopped")
             return
-        gathered = sup.tasks
+        gathered = sup.cluster["tasks"]
         here = sum(g["addr"].rsplit(":", 1)[0] == host for g in gathered)  # this run's tasks on this host
-        cluster = build_cluster([g["addr"] for g in gathered], spec.num_workers, spec.num_ps)
+        tf_config = tf_config_for([g["addr"] for g in gathered], job_name, task_index, spec.num_workers, spec.num_ps)
         if spec.hooks.feeder is not None:
             feed_info = spec.hooks.feeder.finish(fed, [g["rows"] for g in gathered])
         elif spec.feed is not None:
             from .feed import FeedStream
 
-            sup.feed = FeedStream(spec.feed, workdir, spec.num_workers, tasks_here=here, counts=sup.counts)
+            sup.feed = FeedStream(spec.feed, workdir, spec.num_workers, tasks_here=here,
+                                  counts=sup.cluster.get("counts"))
             if sup.stop_requested.is_set():
                 sup.feed.abort()
             feed_info = sup.feed.info
-        ctx = WorkerContext(
-            task_index=task_index, num_workers=spec.num_workers, num_ps=spec.num_ps, job_name=job_name,
-            cluster_spec=cluster, tf_config=tf_config_for(cluster, job_name, task_index, spec.num_ps),
-            gpus=gpus, model_dir=spec.model_dir, log_dir=spec.log_dir, attempt=spec.attempt,
-            max_attempts=spec.max_attempts, run_id=spec.run_id, host=host, local_dir=workdir, feed=feed_info,
-            profile_steps=spec.profile_steps, profile_run=spec.profile_run, settings=spec.settings,
-            requested_workers=spec.requested_workers or spec.num_workers, resized_from=spec.resized_from,
-            min_workers=spec.min_workers)
+        ctx = WorkerContext(task_index=task_index, job_name=job_name, cluster_spec=tf_config["cluster"],
+                            tf_config=tf_config, gpus=gpus, host=host, local_dir=workdir, feed=feed_info,
+                            **{name: getattr(spec, name) for name in _FROM_SPEC})
         sup.release(ctx, mode)
         if sup.feed is not None:
             sup.feed.pump(batches, lambda rows, done: chan.send_apart(Msg.FEED, rows=rows, done=done))
@@ -147,8 +138,7 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
         if code == 0 and mode == "train" and not os.path.exists(os.path.join(workdir, RESULT)):
             code = None  # os._exit(0) before train_fn returned: a death, not a success
         if code != 0:
-            failure = _failure_from_child(workdir, code, "TensorFlow server process" if mode == "serve" else
-                                          "train_fn process")
+            failure = _failure_from_child(workdir, code, mode)
             if chan.send(Msg.FAILED, failure=failure):
                 return  # the driver has the details: no second copy of the traceback in the executor log
             raise TaskFailed(f"{job_name} {task_index}: {failure['exc_type']}: {failure['message']}")
@@ -159,22 +149,15 @@ def run_task(spec: TaskSpec, batches: Iterator, place: tuple | None = None) -> I
                 data = f.read()
             yield pa.RecordBatch.from_pydict({"rank": [rank], "result": [data]},
                                              schema=pa.schema([("rank", pa.int32()), ("result", pa.binary())]))
-    except TaskFailed:
-        raise
     except BaseException as e:
-        if chan is not None:
-            import traceback
-
+        if chan is not None and not isinstance(e, TaskFailed):  # a TaskFailed's details are the driver's already
             chan.send(Msg.FAILED, failure={"exc_type": type(e).__name__, "message": str(e),
                                          "traceback": traceback.format_exc()})
         raise
     finally:
-        if sup is not None:
-            sup.kill()
-            if sup.feed is not None:
-                sup.feed.remove()
-        if held is not None:
-            held.close()
+        sup.kill()
+        if sup.feed is not None:
+            sup.feed.remove()
         if chan is not None:
             chan.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -6,26 +6,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import logging
 import os
 import shutil
 import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from queue import Queue
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError
 from ..storage import atomic_write
 from .spill import ArrowSpill, spill_dir
 
-log = logging.getLogger(__name__)
-
 SPILL_FILE = "tfnb-feed.arrow"
-_BLOCK_BYTES = 4 << 20  # rows handed from Python to tf.data at a time, cut into batches by tf.data
-# Spark type class name -> numpy dtype of the values as they arrive in Arrow.
-_NUMERIC = {"ByteType": "int8", "ShortType": "int16", "IntegerType": "int32", "LongType": "int64",
-            "FloatType": "float32", "DoubleType": "float64", "BooleanType": "bool"}
 
 
 @dataclass(frozen=True)
@@ -45,18 +39,6 @@ class FeedSpec:
     nbytes: int | None = None  # the whole DataFrame's size in Spark's cache, when the driver knows it
     memory_share: float = 0.0  # share of a host's free memory the spill may take (TFNB_SPILL_MEMORY)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
-
-    @functools.cached_property
-    def arrays_first(self) -> tuple[FeedColumn, ...]:
-        """The columns in the order a fed part's batches hold them."""
-        return tuple(sorted(self.columns, key=lambda c: not c.is_array))
-
-    def column(self, name: str) -> FeedColumn:
-        return next(c for c in self.columns if c.name == name)
-
 
 STATE_FILE = "tfnb-feed.json"  # how far the task has written, replaced atomically on every change
 WAKE_FIFO = "tfnb-feed.wake"   # one byte per state change, so train_fn waits without polling
@@ -66,19 +48,18 @@ _TELL_EVERY = 0.05  # seconds between two row counts told to the driver while th
 def _arrow_schema(spec: FeedSpec):
     import pyarrow as pa
 
-    fields = []
-    for c in spec.columns:
-        t = pa.from_numpy_dtype(c.dtype) if c.dtype != "bool" else pa.bool_()
-        fields.append(pa.field(c.name, pa.list_(t) if c.is_array else t))
-    return pa.schema(fields)
+    types = {c.name: pa.from_numpy_dtype(c.dtype) for c in spec.columns}
+    return pa.schema([(c.name, pa.list_(types[c.name]) if c.is_array else types[c.name]) for c in spec.columns])
 
 
-def _check_batch(spec: FeedSpec, batch, lengths: dict[str, int]) -> None:
-    """Reject nulls and ragged arrays: a batch matrix needs one number per cell."""
+def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
+    """The batch's fed columns, arrays first as fixed-size lists: no offsets, and the first array starts its
+    message's body, 64-byte aligned, so TensorFlow takes it without a copy (half of ``ctx.dataset``'s cost).
+    Nulls and ragged arrays are refused: a batch matrix needs one number per cell."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    for c in spec.columns:
+    cols, order = [], sorted(spec.columns, key=lambda c: not c.is_array)
+    for c in order:
         col = batch.column(c.name)
         nulls = col.null_count + (col.flatten().null_count if c.is_array else 0)
         if nulls:
@@ -86,34 +67,27 @@ def _check_batch(spec: FeedSpec, batch, lengths: dict[str, int]) -> None:
                 f"column {c.name!r} has null values ({nulls} in one batch); tfnb feeds complete rows: "
                 f"fill them (df.na.fill(0, [{c.name!r}])) or drop those rows "
                 f"(df.dropna(subset=[{c.name!r}])) before tfnb.run(data=df)")
-        if not c.is_array:
-            continue
-        if pa.types.is_fixed_size_list(col.type):
-            lo = hi = col.type.list_size
-        else:
-            mm = pc.min_max(pc.list_value_length(col))
-            lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        seen = lengths.setdefault(c.name, lo)
-        if lo != hi or lo != seen:
-            sizes = sorted({seen, lo, hi})
-            raise ConfigError(
-                f"column {c.name!r} holds arrays of different lengths ({', '.join(map(str, sizes))}); "
-                "tfnb feeds fixed-length arrays: pad or cut them to one length n, e.g. "
-                f"F.slice(F.concat({c.name!r}, F.array_repeat(F.lit(0.0), n)), 1, n)")
-
-
-def _prepare(spec: FeedSpec, batch, lengths: dict[str, int]):
-    """The batch's fed columns, checked, arrays first as fixed-size lists: no offsets, and the first array starts
-    its message's body, 64-byte aligned, so TensorFlow takes it without a copy (half of ``ctx.dataset``'s cost)."""
-    import pyarrow as pa
-
-    _check_batch(spec, batch, lengths)
-    order = spec.arrays_first
-    cols = [batch.column(c.name) for c in order]
-    cols = [pa.FixedSizeListArray.from_arrays(col.flatten(), lengths[c.name])
-            if c.is_array and not pa.types.is_fixed_size_list(col.type) else col
-            for c, col in zip(order, cols)]
+        cols.append(_fixed_size(c.name, col, lengths) if c.is_array else col)
     return pa.RecordBatch.from_arrays(cols, names=[c.name for c in order])
+
+
+def _fixed_size(name: str, col, lengths: dict[str, int]):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    fixed = pa.types.is_fixed_size_list(col.type)
+    if fixed:
+        lo = hi = col.type.list_size
+    else:
+        mm = pc.min_max(pc.list_value_length(col))
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    seen = lengths.setdefault(name, lo)
+    if lo != hi or lo != seen:
+        raise ConfigError(
+            f"column {name!r} holds arrays of different lengths ({', '.join(map(str, sorted({seen, lo, hi})))}); "
+            "tfnb feeds fixed-length arrays: pad or cut them to one length n, e.g. "
+            f"F.slice(F.concat({name!r}, F.array_repeat(F.lit(0.0), n)), 1, n)")
+    return col if fixed else pa.FixedSizeListArray.from_arrays(col.flatten(), lo)
 
 
 def _no_rows_message(rows_per_worker: Sequence[int]) -> str:
@@ -129,9 +103,8 @@ def _no_rows_message(rows_per_worker: Sequence[int]) -> str:
 
 class FeedStream:
     """Writes the partition while train_fn reads it (``info`` becomes ``ctx.feed``). :meth:`pump` publishes after
-    each batch how far the file is whole and tells the driver its rows; the driver answers with the smallest count
-    (:meth:`heard`), rows every worker will have, then with the final counts: every worker serves the same number
-    of batches without a counting job before launch."""
+    each batch how far the file is whole and tells the driver its rows; the driver answers (:meth:`heard`) with the
+    smallest count, then the final counts: every worker serves the same batches without counting before launch."""
 
     def __init__(self, spec: FeedSpec, workdir: str, num_workers: int, tasks_here: int = 1,
                  counts: Sequence[int] | None = None):
@@ -147,7 +120,7 @@ class FeedStream:
         self._state: dict = {"end": 0, "rows": 0, "safe": 0, "lengths": None, "final": None, "error": None,
                              "counts": None}
         if counts is not None:  # counted on the driver before launch: known to train_fn at once
-            self._set_counts(counts)
+            self.heard({"counts": list(counts)})
         self._publish()
         self.info = FeedInfo(path=os.path.join(self._spill_dir, SPILL_FILE), spec=spec, state_dir=workdir)
 
@@ -169,75 +142,56 @@ class FeedStream:
             if self._final.is_set():
                 return
             if isinstance(msg.get("counts"), list):
-                self._set_counts(msg["counts"])
-                self._publish()
+                rows = [int(r) for r in msg["counts"]][:self.num_workers]
+                self._state.update(counts=rows, safe=min(rows, default=0))
+                self._final.set()
             elif int(msg.get("safe", 0)) > self._state["safe"]:
                 self._state["safe"] = int(msg["safe"])
-                self._publish()
-
-    def _set_counts(self, counts: Sequence[int]) -> None:
-        rows = [int(r) for r in counts][:self.num_workers]
-        self._state.update(counts=rows, safe=min(rows, default=0))
-        self._final.set()
+            else:
+                return
+            self._publish()
 
     def abort(self) -> None:
         """The run is being stopped: :meth:`pump` stops waiting for the final counts."""
         self._final.set()
 
-    def _write_all(self, queue: Queue, spill: ArrowSpill, tell: Callable[[int, bool], Any],
-                   failed: list) -> None:
-        """The writer thread: each queued batch into the file, then the new state."""
-        told = None
-        while (item := queue.get()) is not None:
-            if failed:
-                continue  # drain: the receiving thread stops at its next batch
-            try:
-                spill.write(item[0])
-                with self._lock:
-                    self._state.update(end=spill.end, rows=spill.rows, lengths=item[1])
-                    self._publish()
-                if told is None or time.monotonic() - told >= _TELL_EVERY:
-                    tell(spill.rows, False)
-                    told = time.monotonic()
-            except BaseException as e:  # noqa: BLE001 - raised by pump() in the receiving thread
-                failed.append(e)
-
     def pump(self, batches: Iterable, tell: Callable[[int, bool], Any]) -> list[int] | None:
         """Write the partition and agree on the counts: the rows per worker (None: stopped). ``tell(rows, done)``
         reports this task's rows to the driver. ConfigError: nulls or ragged arrays, or a worker without rows."""
-        start = time.perf_counter()
+        start, first, told = time.perf_counter(), None, float("-inf")
         spill = ArrowSpill(self.info.path, _arrow_schema(self.spec))
         lengths: dict[str, int] = {}
-        first = None
-        # a writer thread writes while this one takes the next batch from Spark; the queue bounds memory
-        queue: Queue = Queue(maxsize=4)
-        failed: list[BaseException] = []
-        writer = threading.Thread(target=self._write_all, args=(queue, spill, tell, failed),
-                                  name="tfnb-feed-writer", daemon=True)
-        writer.start()
+
+        def write(batch, lengths: dict) -> None:  # in the writer thread
+            nonlocal told
+            spill.write(batch)
+            with self._lock:
+                self._state.update(end=spill.end, rows=spill.rows, lengths=lengths)
+                self._publish()
+            if time.monotonic() - told >= _TELL_EVERY:
+                tell(spill.rows, False)
+                told = time.monotonic()
+
         try:
-            try:
+            # a writer thread writes while this one takes the next batch from Spark; at most 4 wait for it
+            with contextlib.closing(spill), ThreadPoolExecutor(1, thread_name_prefix="tfnb-feed-writer") as writer:
+                pending: deque = deque()
                 for batch in batches:
-                    if failed:
-                        break
                     if batch.num_rows:
                         first = first or time.time()
-                        queue.put((_prepare(self.spec, batch, lengths), dict(lengths)))
-            finally:
-                queue.put(None)
-                writer.join()
-                spill.close()
-            if failed:
-                raise failed[0]
+                        pending.append(writer.submit(write, _prepare(self.spec, batch, lengths), dict(lengths)))
+                        if len(pending) > 4:
+                            pending.popleft().result()
+                for done in pending:
+                    done.result()
             last = time.time()
             tell(spill.rows, True)
             self._final.wait()
             rows = self._state["counts"]
             if rows is None:
                 return None
-            with self._lock:
-                self._state.update(safe=min(rows), lengths=lengths, final={
-                    "seconds": time.perf_counter() - start, "first": first, "last": last})
+            with self._lock:  # safe and lengths are published already
+                self._state["final"] = {"seconds": time.perf_counter() - start, "first": first, "last": last}
             if not min(rows):
                 raise ConfigError(_no_rows_message(rows))
         except BaseException as e:
@@ -283,21 +237,8 @@ class FeedInfo:
                     ended = not os.read(wake, 1 << 16)  # end-of-file: the task's writer is gone
 
     @property
-    def rows(self) -> int:
-        return self.state()["rows"]
-
-    @property
     def rows_per_worker(self) -> tuple[int, ...]:
-        st = self.state(lambda s: s["counts"] is not None)
-        return tuple(st["counts"])
-
-    @property
-    def min_rows(self) -> int:
-        return min(self.rows_per_worker, default=0)
-
-    @property
-    def array_lengths(self) -> tuple[tuple[str, int], ...]:
-        return tuple(sorted((self.state()["lengths"] or {}).items()))
+        return tuple(self.state(lambda s: s["counts"] is not None)["counts"])
 
 
 @functools.lru_cache(maxsize=None)

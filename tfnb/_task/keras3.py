@@ -1,8 +1,6 @@
-"""Keras 3 under tf.distribute, in the train_fn process (docs/keras3.md). The first ``fit``, ``evaluate``,
-``predict``, ``*_on_batch``, optimizer ``apply`` or distributed dataset under a strategy calls :func:`ready`: it
-refuses what cannot work, applies once the corrections (tfnb._task.keras3_patches) whose defect reproduces, and
-runs the self-check (tfnb._task.selfcheck) where a version is newer than the tested ones.
-"""
+"""Keras 3 under tf.distribute, in the train_fn process (docs/keras3.md). The first model method, optimizer ``apply``
+or distributed dataset under a strategy calls :func:`ready`: it refuses what cannot work, applies the corrections
+(keras3_patches) whose defect reproduces, and runs the self-check (selfcheck) on versions newer than tested."""
 from __future__ import annotations
 
 import functools
@@ -16,21 +14,18 @@ _GUARDED = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "pr
 
 
 def install(keras) -> None:
-    """Guard Keras' entry points, not at import: a probe creates tensors, and TensorFlow configures collective ops only
-    before its first tensor. The ``early`` patches (no tensor; their defect is in what ``compile`` creates) apply
-    here."""
-    model = getattr(keras, "Model", None)
-    if not str(getattr(keras, "__version__", "")).startswith("3.") or model is None or hasattr(keras, "_tfnb"):
+    """Guard Keras' entry points (no probe at import: TensorFlow configures collectives only before its first tensor);
+    the ``early`` patches (no tensor; their defect is in what ``compile`` creates) apply here."""
+    if not str(getattr(keras, "__version__", "")).startswith("3.") or hasattr(keras, "_tfnb"):
         return
-    # applied: the names of the patches applied, once probed; checked: the self-check's verdict, once run
-    keras._tfnb = SimpleNamespace(applied=None, checked=None, checking=False, early=(), failed=None)
+    # applied: the names of the patches applied, once probed; checked: the self-check ran, or runs now
+    keras._tfnb = SimpleNamespace(applied=None, checked=False, early=(), failed=None)
     try:
         keras._tfnb.early = tuple(p.name for p in PATCHES if p.early and _apply_if_needed(p, str(keras.__version__)))
     except Exception as e:  # noqa: BLE001 - `import keras` must work; a run under a strategy stops on it (ready)
         keras._tfnb.failed = e
     for name in _GUARDED:
-        if hasattr(model, name):
-            setattr(model, name, _guarded(keras, getattr(model, name), name))
+        setattr(keras.Model, name, _guarded(keras, getattr(keras.Model, name), name))
     # a custom loop distributes its dataset eagerly on every worker before its first step: the self-check goes there
     strategy_cls = getattr(getattr(sys.modules.get("tensorflow"), "distribute", None), "Strategy", None)
     for name in ("experimental_distribute_dataset", "distribute_datasets_from_function"):
@@ -45,15 +40,11 @@ def install(keras) -> None:
 
 def _before(method, check):
     """``method``, calling ``check(self)`` first."""
-    if getattr(method, "_tfnb", False):
-        return method
-
     @functools.wraps(method)
     def checked(self, *args, **kwargs):
         check(self)
         return method(self, *args, **kwargs)
 
-    checked._tfnb = True
     return checked
 
 
@@ -61,8 +52,7 @@ def _distributing(keras, strategy) -> None:
     import tensorflow as tf
 
     mirrored = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.MirroredStrategy)
-    if keras._tfnb.checked is None and not keras._tfnb.checking and isinstance(strategy, mirrored) \
-            and _supported(keras):
+    if not keras._tfnb.checked and isinstance(strategy, mirrored) and _supported(keras):
         ready(keras, strategy)
 
 
@@ -130,39 +120,32 @@ def ready(keras, strategy) -> tuple[str, ...]:
     if not _supported(keras):
         raise ConfigError(KERAS3_UNTESTED.format(version=version, backend=keras.config.backend(), **tested_range()))
     if keras._tfnb.failed is not None:
-        from ..errors import KERAS3_PROBE, summary
-
-        raise ConfigError(KERAS3_PROBE.format(version=version, name="metric-variables", error=summary(
-            keras._tfnb.failed, 120), **tested_range())) from keras._tfnb.failed
+        raise _probe_failed(version, "metric-variables", keras._tfnb.failed) from keras._tfnb.failed
     if keras._tfnb.applied is None:
-        keras._tfnb.applied = _outside_any_scope(lambda: tuple(
-            p.name for p in PATCHES if p.name in keras._tfnb.early or not p.early and _apply_if_needed(p, version)))
+        from concurrent.futures import ThreadPoolExecutor
+
+        def probe() -> tuple[str, ...]:
+            return tuple(p.name for p in PATCHES
+                         if p.name in keras._tfnb.early or not p.early and _apply_if_needed(p, version))
+
+        # on a thread of its own: out of the strategy scope fit may run in (scopes are per thread)
+        with ThreadPoolExecutor(1, thread_name_prefix="tfnb-keras3-probe") as pool:
+            keras._tfnb.applied = pool.submit(probe).result()  # its exception raised here
     if "gradient-all-reduce" in keras._tfnb.applied and len(strategy.extended.worker_devices) > 1:
         from ..errors import KERAS3_DEVICES
 
         raise ConfigError(KERAS3_DEVICES.format(version=version, devices=len(strategy.extended.worker_devices)))
     outside_a_step = tf.distribute.in_cross_replica_context() or not tf.distribute.has_strategy()
-    if keras._tfnb.checked is None and not keras._tfnb.checking and tf.executing_eagerly() and outside_a_step:
+    if not keras._tfnb.checked and tf.executing_eagerly() and outside_a_step:
         from . import selfcheck
 
-        untested = selfcheck.untested(selfcheck.versions(keras, tf))
-        if not untested:
-            keras._tfnb.checked = True
-        else:
-            keras._tfnb.checking = True
-            try:
-                keras._tfnb.checked = selfcheck.check_or_refuse(keras, strategy, untested)
-            finally:
-                keras._tfnb.checking = False
+        keras._tfnb.checked = True  # the check's own fit, custom loop and train_on_batch do not check again
+        try:
+            selfcheck.check_or_refuse(keras, strategy, selfcheck.untested(selfcheck.versions(keras, tf)))
+        except BaseException:
+            keras._tfnb.checked = False
+            raise
     return keras._tfnb.applied
-
-
-def _outside_any_scope(fn):
-    """``fn()`` on a thread of its own, out of the strategy scope ``fit`` may run in (scopes are per thread)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1, thread_name_prefix="tfnb-keras3-probe") as pool:
-        return pool.submit(fn).result()  # its exception raised again here
 
 
 def _apply_if_needed(patch: Patch, version: str) -> bool:
@@ -171,14 +154,17 @@ def _apply_if_needed(patch: Patch, version: str) -> bool:
         needed = patch.probe()
     except Exception as e:  # noqa: BLE001 - whatever broke, the probe could not say "not needed"
         if not patch.safe:
-            from ..errors import KERAS3_PROBE, ConfigError, summary
-
-            raise ConfigError(KERAS3_PROBE.format(version=version, name=patch.name, error=summary(e, 120),
-                                                  **tested_range())) from e
+            raise _probe_failed(version, patch.name, e) from e
         needed = True
     if needed:
         patch.apply()
     return bool(needed)
+
+
+def _probe_failed(version: str, name: str, e: Exception):
+    from ..errors import KERAS3_PROBE, ConfigError, summary
+
+    return ConfigError(KERAS3_PROBE.format(version=version, name=name, error=summary(e, 120), **tested_range()))
 
 
 def selfcheck_fn(ctx) -> dict:
@@ -192,10 +178,10 @@ def selfcheck_fn(ctx) -> dict:
 
     if not str(keras.__version__).startswith("3."):
         raise RuntimeError(f"keras is {keras.__version__} here: the self-check is for Keras 3")
-    keras._tfnb.checking = True  # the check below is the one the caller asked for
+    before, keras._tfnb.checked = keras._tfnb.checked, True  # the check below is the one the caller asked for
     try:
         ready(keras, strategy)
         result = selfcheck.check(keras, strategy)
     finally:
-        keras._tfnb.checking = False
+        keras._tfnb.checked = before
     return {**result, "versions": selfcheck.versions(keras, tf), "patches": list(keras._tfnb.applied or ())}

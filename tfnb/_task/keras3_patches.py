@@ -1,6 +1,5 @@
 """The corrections of Keras 3 under tf.distribute (docs/keras3.md): each :class:`Patch` has a *probe* that runs
-Keras' code on stand-ins (no cluster, milliseconds) and says whether the defect is there, and an ``apply``.
-"""
+Keras' code on stand-ins (no cluster, milliseconds) and says whether the defect is there, and an ``apply``."""
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +17,6 @@ class Patch:
     """One correction of Keras 3."""
 
     name: str
-    issue: str
-    defect: str
     probe: Callable[[], bool]  # True: the defect reproduces in this Keras
     apply: Callable[[], None]
     safe: bool = False  # applying it is right whether or not the defect is there: a probe that fails applies it
@@ -62,18 +59,12 @@ def _trainer():
     return trainer
 
 
-class _Batches:
+class _Batches(list):
     """The epoch iterator ``_maybe_symbolic_build`` takes: ``(step, iterator)`` (3.7 to 3.10), ``(step, step,
     iterator)`` (3.3, 3.4, from 3.11), or ``enumerate_epoch()`` (3.5, 3.6)."""
 
-    def __init__(self, batch, width: int):
-        self.batch, self.width = batch, width
-
-    def __iter__(self):
-        return iter([(0,) * (self.width - 1) + (iter([self.batch]),)])
-
     def enumerate_epoch(self):
-        return iter([(0, iter([self.batch]))])
+        return iter([(0, self[0][-1])])
 
 
 def _probe_symbolic_build() -> bool:
@@ -98,7 +89,7 @@ def _probe_symbolic_build() -> bool:
                                _symbolic_build=lambda iterator=None, data_batch=None: got.append(data_batch))
         batch = (_per_replica(tf.zeros((2, 3))), _per_replica(tf.zeros((2,))))
         try:
-            maybe(fake, iterator=_Batches(batch, width))
+            maybe(fake, iterator=_Batches([(0,) * (width - 1) + (iter([batch]),)]))
         except Exception as e:  # noqa: BLE001 - another shape of iterator; none that works fails closed below
             errors.append(e)
             continue
@@ -142,8 +133,7 @@ def _apply_symbolic_build() -> None:
 # ---------------------------------------------------------------- datasets distributed from a function
 
 def _probe_distributed_datasets() -> bool:
-    """Keras 3.3's ``fit`` rejects ``strategy.distribute_datasets_from_function``'s dataset: "Unrecognized data
-    type"."""
+    """Keras 3.3's ``fit`` rejects ``distribute_datasets_from_function``'s dataset: "Unrecognized data type"."""
     from keras.src.trainers import data_adapters
     from tensorflow.python.distribute.input_lib import DistributedDatasetsFromFunction
 
@@ -249,16 +239,14 @@ _IN_KERAS_STEP = [0]  # > 0 while Keras' own train function runs: process-wide (
 def _probe_loss_scale() -> bool:
     """Keras before 3.8 leaves each replica's loss undivided while the replicas' gradients are summed: fit applies N
     times the global mean gradient. Seen as: a loss under a stand-in strategy of 2 replicas is not halved."""
+    from unittest import mock
+
     import keras
     import tensorflow as tf
 
-    api = tf.distribute
-    real = api.get_strategy
-    api.get_strategy = lambda: SimpleNamespace(num_replicas_in_sync=2)  # what Keras asks the replica count of
-    try:
+    two = SimpleNamespace(num_replicas_in_sync=2)
+    with mock.patch.object(tf.distribute, "get_strategy", lambda: two):  # what Keras asks the replica count of
         value = float(keras.losses.MeanSquaredError()(tf.ones((2, 1)), tf.zeros((2, 1))))
-    finally:
-        api.get_strategy = real
     if value not in (0.5, 1.0):
         raise RuntimeError(f"a mean squared error of 1 came out as {value} under 2 stand-in replicas")
     return value == 1.0
@@ -372,39 +360,30 @@ def _apply_metric_variables() -> None:
 # ---------------------------------------------------------------- callbacks that write files
 
 def _writes_elsewhere(model) -> bool:
-    """A non-chief worker: its copy of a file must not land on the chief's (it still saves: saving may be
-    collective)."""
+    """A non-chief worker: its files must not land on the chief's (it still saves: saving may be collective)."""
     strategy = model.distribute_strategy
     return _trainer()._collective_all_reduce_multi_worker(strategy) and not strategy.extended.should_checkpoint
 
 
-@contextlib.contextmanager
-def _elsewhere(callback, model, names: tuple[str, ...], root: str):
-    """On a non-chief worker, the callback's paths ``names`` (under ``root``) point into a private folder within the
-    block (as tf-keras does; Keras 3 does not)."""
-    if not _writes_elsewhere(model):
-        yield
-        return
-    saved = {n: getattr(callback, n) for n in names if hasattr(callback, n)}  # Keras 3.3 has fewer
-    private = tempfile.mkdtemp(prefix="tfnb-keras-worker-")
-    try:
-        for n, value in saved.items():
-            setattr(callback, n, os.path.normpath(os.path.join(private, os.path.relpath(os.fspath(value), root))))
-        yield
-    finally:
-        for n, value in saved.items():
-            setattr(callback, n, value)
-        shutil.rmtree(private, ignore_errors=True)
-
-
 def _redirect(cls, method: str, names: tuple[str, ...], root: Callable) -> None:
-    """``cls.method`` writes ``names`` (under ``root(callback)``) elsewhere on non-chief workers."""
+    """On a non-chief worker, ``cls.method`` writes the callback's paths ``names`` (under ``root(callback)``) into a
+    private folder, removed after (as tf-keras does; Keras 3 does not)."""
     original = getattr(cls, method)
 
     @functools.wraps(original)
     def redirected(self, *args, **kwargs):
-        with _elsewhere(self, self.model, names, root(self)):
+        if not _writes_elsewhere(self.model):
             return original(self, *args, **kwargs)
+        base, saved = root(self), {n: getattr(self, n) for n in names if hasattr(self, n)}  # Keras 3.3 has fewer
+        private = tempfile.mkdtemp(prefix="tfnb-keras-worker-")
+        try:
+            for n, value in saved.items():
+                setattr(self, n, os.path.normpath(os.path.join(private, os.path.relpath(os.fspath(value), base))))
+            return original(self, *args, **kwargs)
+        finally:
+            for n, value in saved.items():
+                setattr(self, n, value)
+            shutil.rmtree(private, ignore_errors=True)
 
     setattr(cls, method, redirected)
 
@@ -413,21 +392,18 @@ def _probe_writes(make, call) -> bool:
     """Whether a callback of a non-chief worker writes (or would write) under the folder the user gave it."""
     import keras
 
-    folder = tempfile.mkdtemp(prefix="tfnb-keras-probe-")
     saved = []
     model = keras.Model.__new__(keras.Model)  # a stand-in: no layers, saving only records where it goes
     record = lambda *a, **k: saved.append(a[0] if a else k.get("filepath"))  # noqa: E731 - either spelling
     model.__dict__.update(_distribute_strategy=_fake_mwms(), save_weights=record, save=record)
-    try:
+    with tempfile.TemporaryDirectory(prefix="tfnb-keras-probe-", ignore_cleanup_errors=True) as folder:
         callback = make(os.path.join(folder, "cb"))
         callback.set_model(model)
         try:
             saved.extend(call(callback) or ())  # an error fails the probe closed (these corrections are safe)
         finally:
-            _remove_private(callback.__dict__.pop("_tfnb_private", None))  # once corrected, the probe's own
+            _remove_private(callback)  # once corrected, the probe's own
         return any(os.path.abspath(os.fspath(p)).startswith(folder) for p in saved) or bool(os.listdir(folder))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 _BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
@@ -472,7 +448,7 @@ def _probe_tensorboard() -> bool:
                          lambda cb: (cb._train_dir, cb._val_dir))
 
 
-_PRIVATE: set = set()  # non-chief TensorBoard folders not removed yet: fit's guard removes them however it ends
+_PRIVATE: dict = {}  # non-chief TensorBoard callbacks -> their private folders; fit's guard removes those left
 
 
 def _apply_tensorboard() -> None:
@@ -486,10 +462,9 @@ def _apply_tensorboard() -> None:
     def redirected_set_model(self, model):
         if not _writes_elsewhere(model):
             return set_model(self, model)
-        _remove_private(self.__dict__.pop("_tfnb_private", None))
+        _remove_private(self)
         log_dir, self.log_dir = self.log_dir, tempfile.mkdtemp(prefix="tfnb-keras-worker-")
-        self._tfnb_private = self.log_dir
-        _PRIVATE.add(self.log_dir)
+        _PRIVATE[self] = self.log_dir
         try:
             return set_model(self, model)
         finally:
@@ -500,45 +475,26 @@ def _apply_tensorboard() -> None:
         try:
             return train_end(self, logs)
         finally:
-            _remove_private(self.__dict__.pop("_tfnb_private", None))
+            _remove_private(self)
 
     cls.set_model, cls.on_train_end = redirected_set_model, on_train_end
 
 
-def _remove_private(*folders: str | None) -> None:
-    """Remove these folders of :data:`_PRIVATE` (None: none), or, given nothing, every one left."""
-    for path in (folders if folders else list(_PRIVATE)):
-        if path:
-            _PRIVATE.discard(path)
-            shutil.rmtree(path, ignore_errors=True)
+def _remove_private(*callbacks) -> None:
+    """Remove the private folders of these callbacks, or, given none, every one left."""
+    for callback in callbacks or list(_PRIVATE):
+        if callback in _PRIVATE:
+            shutil.rmtree(_PRIVATE.pop(callback), ignore_errors=True)
 
 
-PATCHES = (
-    Patch("gradient-all-reduce", "keras-team/keras#19308",
-          "the replicas' gradients are summed where no replica context is left, so each worker applies its own",
-          _probe_gradients, _apply_gradients),
-    Patch("loss-scale", "keras-team/keras#19308 (fixed in 3.8)",
-          "fit's loss is not divided by the replica count while the gradients are summed: N times the update",
-          _probe_loss_scale, _apply_loss_scale),
-    Patch("symbolic-build", "keras-team/keras#20585",
-          "fit/evaluate reduce a distributed input batch across workers to build the model",
-          _probe_symbolic_build, _apply_symbolic_build, safe=True),
-    Patch("distributed-datasets", "keras-team/keras#20134",
-          "fit does not take a dataset distributed from a function (each worker's own batches)",
-          _probe_distributed_datasets, _apply_distributed_datasets, safe=True),
-    Patch("metric-reduction", "keras-team/keras#20585",
-          "each step's scalar metrics are reduced along an axis 0 they do not have",
-          _probe_reduce_scalars, _apply_reduce_scalars, safe=True),
-    Patch("metric-variables", "keras-team/keras#20585 (fixed in 3.10)",
-          "metric variables sum their updates over the replicas, and each update re-adds the running total",
-          _probe_metric_variables, _apply_metric_variables, safe=True, early=True),
-    Patch("backup-and-restore", "keras-team/keras#20585 (callbacks)",
-          "BackupAndRestore: every worker writes and deletes the chief's backup folder",
-          _probe_backup, _apply_backup, safe=True),
-    Patch("model-checkpoint", "keras-team/keras#20585 (callbacks)",
-          "ModelCheckpoint: every worker saves to the chief's file",
-          _probe_checkpoint, _apply_checkpoint, safe=True),
-    Patch("tensorboard", "keras-team/keras#20585 (callbacks)",
-          "TensorBoard: every worker writes its event files into the chief's log folder",
-          _probe_tensorboard, _apply_tensorboard, safe=True),
+PATCHES = (  # each defect and its upstream issue: the table in docs/keras3.md, "The corrections"
+    Patch("gradient-all-reduce", _probe_gradients, _apply_gradients),
+    Patch("loss-scale", _probe_loss_scale, _apply_loss_scale),
+    Patch("symbolic-build", _probe_symbolic_build, _apply_symbolic_build, safe=True),
+    Patch("distributed-datasets", _probe_distributed_datasets, _apply_distributed_datasets, safe=True),
+    Patch("metric-reduction", _probe_reduce_scalars, _apply_reduce_scalars, safe=True),
+    Patch("metric-variables", _probe_metric_variables, _apply_metric_variables, safe=True, early=True),
+    Patch("backup-and-restore", _probe_backup, _apply_backup, safe=True),
+    Patch("model-checkpoint", _probe_checkpoint, _apply_checkpoint, safe=True),
+    Patch("tensorboard", _probe_tensorboard, _apply_tensorboard, safe=True),
 )

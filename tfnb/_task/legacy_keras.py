@@ -12,8 +12,6 @@ def install(tf_keras) -> None:
     except ImportError:  # not the layout of the tested releases: the logs stay tf-keras's
         return
     original = training.reduce_per_replica
-    if getattr(original, "_tfnb", False):
-        return
 
     @functools.wraps(original)
     def reduce_per_replica(values, strategy, reduction):
@@ -25,5 +23,4 @@ def install(tf_keras) -> None:
         n = strategy.num_replicas_in_sync
         return tf.nest.map_structure(lambda v: v / n if tf.is_tensor(v) and v.dtype.is_floating else v, out)
 
-    reduce_per_replica._tfnb = True
     training.reduce_per_replica = reduce_per_replica

@@ -1,6 +1,5 @@
-"""A ps task on the driver (``ps_placement="driver"``): :func:`tfnb._task.entry.run_task` without Spark. The
-launcher (tfnb.launcher.jobs.DriverPs) writes the pickled ``(TaskSpec, rank, host)`` to stdin (the spec holds the
-run's secret) and keeps it open: end-of-file means the launcher is gone, and the process stops."""
+"""A ps task on the driver (``ps_placement="driver"``): run_task without Spark, given the pickled ``(TaskSpec, rank,
+host)`` on stdin (it holds the run's secret), which tfnb.launcher.jobs.DriverPs keeps open until the task must stop."""
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +25,7 @@ def main() -> int:
     threading.Thread(target=_watch_launcher, args=(0,), name="tfnb-launcher-watch", daemon=True).start()
     from .entry import run_task
 
-    for _ in run_task(spec, iter(()), place=(rank, host, {})):
-        pass
+    list(run_task(spec, iter(()), place=(rank, host, {})))  # a ps task yields nothing
     return 0
 
 

@@ -1,7 +1,6 @@
 """Profiler traces of ``tfnb.run(..., profile_steps=(20, 25))`` (docs/monitoring.md, "Profiler"): written to a
 local folder (TensorFlow writes only where it can open files), then put into ``log_dir`` through tfnb's storage. A
-trace that fails never stops training. Under MultiWorkerMirroredStrategy only the chief traces, never its first step.
-"""
+trace that fails never stops training. Under MultiWorkerMirroredStrategy only the chief traces, never its first step."""
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def check_profile_steps(profile_steps: Any, log_dir: str | None) -> tuple[int, int] | None:
-    """``profile_steps`` as ``(first, last)``, checked on the driver; ConfigError when not steps >= 1 in order, or
-    no ``log_dir``."""
+    """``profile_steps`` as ``(first, last)``, checked on the driver."""
     if profile_steps is None:
         return None
     pair = (profile_steps, profile_steps) if isinstance(profile_steps, int) else profile_steps
@@ -37,11 +35,9 @@ def check_profile_steps(profile_steps: Any, log_dir: str | None) -> tuple[int, i
 
 
 def collective_role(tf_config: Any) -> str:
-    """``"leader"`` or ``"follower"`` when this process runs collectives with other tasks, else ``""``.
-
-    Stopping TensorFlow's profiler can crash a process whose trace holds a collective activity begun on one thread
-    and ended on another: a follower's in every step, the leader's in its first (measured: docs/monitoring.md).
-    """
+    """``"leader"`` or ``"follower"`` when this process runs collectives with other tasks, else ``""``. Stopping
+    TensorFlow's profiler can crash a process whose trace holds a collective activity begun on one thread and ended
+    on another: a follower's in every step, the leader's in its first (measured: docs/monitoring.md)."""
     from tensorflow.python.eager import context
 
     leader = getattr(context.context(), "_collective_leader", None)  # set by the strategy, "" when local
@@ -55,8 +51,7 @@ class Tracer:
     """One train_fn process's trace (``ctx.profile`` and the progress callback share it)."""
 
     def __init__(self, ctx: Any):
-        self.ctx = ctx
-        self.steps = getattr(ctx, "profile_steps", None)
+        self.ctx, self.steps = ctx, getattr(ctx, "profile_steps", None)
         # -> "tracing" -> "done"; or "failed" (said once, never retried); or "off" (a worker left out)
         self.state = "idle"
         self._tmp: str | None = None
@@ -69,7 +64,7 @@ class Tracer:
             self.start(step)
 
     def after_step(self, step: int) -> None:
-        if self.state == "tracing" and self.steps and step >= self.steps[1]:
+        if self.state == "tracing" and step >= self.steps[1]:
             self.stop()
 
     def finish(self, steps_run: int) -> None:
@@ -89,9 +84,23 @@ class Tracer:
 
             role = collective_role(self.ctx.tf_config)  # see there why a trace can crash these processes
             if role == "follower":
-                return self._leave_out()
+                self.state = "off"
+                if (self.ctx.tf_config or {}).get("task", {}).get("index") == 1:  # one line: the first follower's
+                    log.warning("tfnb: only the chief takes a profiler trace: stopping TensorFlow's profiler can "
+                                "crash a worker whose collectives another task leads (a defect of its host tracer); "
+                                "the chief's trace shows the steps, the progress display every worker's step rate")
+                return
             if role == "leader" and step == self._first:
-                return self._skip_first(step)
+                if self.steps[1] <= step:
+                    self.state = "failed"
+                    log.warning("tfnb: no profiler trace: profile_steps=%s holds only step %d, where the collectives "
+                                "are set up and stopping TensorFlow's profiler can crash the chief; pick steps from %d "
+                                "on", self.steps, step, step + 1)
+                else:  # idle: the next step starts the trace
+                    log.warning("tfnb: the chief traces steps %d-%d, not %d-%d: stopping TensorFlow's profiler after "
+                                "the step that sets up the collectives can crash it",
+                                step + 1, self.steps[1], *self.steps)
+                return
             self._tmp = tempfile.mkdtemp(prefix="tfnb-profile-", dir=self.ctx.local_dir or None)
             tf.profiler.experimental.start(self._tmp)
             self.state = "tracing"
@@ -120,31 +129,11 @@ class Tracer:
         finally:
             self._cleanup()
 
-    def _leave_out(self) -> None:
-        self.state = "off"
-        # one line for all the followers: the first of them (tfnb's leader is the chief, task 0)
-        if (self.ctx.tf_config or {}).get("task", {}).get("index") == 1:
-            log.warning("tfnb: only the chief takes a profiler trace: stopping TensorFlow's profiler can crash a "
-                        "worker whose collectives another task leads (a defect of its host tracer); the chief's "
-                        "trace shows the steps, the progress display every worker's step rate")
-
-    def _skip_first(self, step: int) -> None:
-        last = self.steps[1]
-        if last <= step:
-            self.state = "failed"
-            log.warning("tfnb: no profiler trace: profile_steps=%s holds only step %d, where the collectives are "
-                        "set up and stopping TensorFlow's profiler can crash the chief; pick steps from %d on",
-                        self.steps, step, step + 1)
-        else:  # idle: the next step starts the trace
-            log.warning("tfnb: the chief traces steps %d-%d, not %d-%d: stopping TensorFlow's profiler after the "
-                        "step that sets up the collectives can crash it", step + 1, last, self.steps[0], last)
-
     def _failed(self, what: str, e: Exception, fix: str) -> None:
         self.state = "failed"
         self._cleanup()
-        steps = f" of steps {self.steps[0]}-{self.steps[1]}" if self.steps else ""
-        log.warning("tfnb: the profiler trace%s %s (%s: %s); training goes on without it; %s",
-                    steps, what, type(e).__name__, e, fix)
+        log.warning("tfnb: the profiler trace of steps %d-%d %s (%s: %s); training goes on without it; %s",
+                    *self.steps, what, type(e).__name__, e, fix)
 
     def _cleanup(self) -> None:
         if self._tmp:

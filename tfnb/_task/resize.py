@@ -19,8 +19,7 @@ _joined = False
 
 
 def join_vote(ctx: Any, at: str = "fit") -> None:
-    """Tell the driver, once per process of an elastic run, that this worker votes: at ``fit``'s start or the
-    first ``"boundary"``."""
+    """Tell the driver, once per process of an elastic run, that this worker votes (``at`` fit or "boundary")."""
     global _joined
     if _joined or getattr(ctx, "min_workers", None) is None or not getattr(ctx, "local_dir", None):
         return
@@ -32,7 +31,7 @@ def join_vote(ctx: Any, at: str = "fit") -> None:
 
 
 def found_in(error: BaseException) -> BaseException | None:
-    """The :class:`Resize` ``error`` is or was raised from (its ``__cause__``/``__context__`` chain), else None."""
+    """The :class:`Resize` in ``error``'s ``__cause__``/``__context__`` chain, else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, Resize):
@@ -43,8 +42,7 @@ def found_in(error: BaseException) -> BaseException | None:
 
 
 def epoch_boundary(ctx: Any, strategy: Any = None, epoch: int | None = None) -> None:
-    """The start of an epoch after the first, on every worker, once the last checkpoint is written; Resize when
-    the driver asked for one (on every worker at once)."""
+    """:meth:`WorkerContext.epoch_boundary`: Resize on every worker at once when the driver asked for one."""
     if getattr(ctx, "min_workers", None) is None or not ctx.local_dir:
         return  # not elastic: nothing to agree on, no collective
     join_vote(ctx, "boundary")

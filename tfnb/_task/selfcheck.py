@@ -1,7 +1,6 @@
 """The self-check (docs/keras3.md): SGD steps of a tiny linear model under the run's strategy, three ways, against
 the same steps in numpy. Run at the first model method under a strategy where a version is newer than the tested
-ones, or alone by ``tfnb.selfcheck``; every worker takes part in the verdict, so all train or all stop.
-"""
+ones, or alone by ``tfnb.selfcheck``; every worker takes part in the verdict, so all train or all stop."""
 from __future__ import annotations
 
 import os
@@ -11,32 +10,20 @@ import sys
 from .._deps import TESTED_NEWEST, _version, tested_range
 
 FEATURES, LR, ROWS_PER_REPLICA = 4, 0.1, 4
-WAYS = ("fit", "custom loop", "train_on_batch")
 
 
-def spark_version() -> str | None:
-    """This process's pyspark version, read without importing pyspark (None where it cannot be told)."""
-    import importlib.metadata
+def versions(keras, tf) -> dict:
+    """The versions of Keras, TensorFlow and Spark in this process; Spark's read from pyspark's version.py without
+    importing it (pip, Spark's python/ folder or a zip alike), None where it cannot be told."""
     import importlib.util
 
     try:
-        return importlib.metadata.version("pyspark")
-    except Exception:  # noqa: BLE001 - not installed as a distribution (Spark's own python/ folder, a zip)
-        pass
-    try:
         spec = importlib.util.find_spec("pyspark")
         text = spec.loader.get_data(os.path.join(os.path.dirname(spec.origin), "version.py")).decode()
-        return re.search(r"__version__\W*=\W*['\"]([^'\"]+)", text).group(1)
+        spark = re.search(r"__version__[^=\n]*=\s*['\"]([^'\"]+)", text).group(1)
     except Exception:  # noqa: BLE001 - no pyspark here: nothing to compare
-        return None
-
-
-def versions(keras=None, tf=None) -> dict:
-    """The versions of Keras, TensorFlow and Spark in this process (None for one not found)."""
-    keras = keras or sys.modules.get("keras")
-    tf = tf or sys.modules.get("tensorflow")
-    return {"keras": getattr(keras, "__version__", None), "tensorflow": getattr(tf, "__version__", None),
-            "spark": spark_version()}
+        spark = None
+    return {"keras": keras.__version__, "tensorflow": tf.__version__, "spark": spark}
 
 
 _NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "spark": "Spark"}
@@ -44,11 +31,8 @@ _NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "spark": "Spark"}
 
 def untested(found: dict) -> list[str]:
     """Those of ``found`` newer than the tested ones, as "Keras 3.16.0 (tested up to 3.15.1)"."""
-    out = []
-    for name, version in found.items():
-        if version and name in TESTED_NEWEST and _version(version, 3) > TESTED_NEWEST[name]:
-            out.append(f"{_NAMES[name]} {version} (tested up to {'.'.join(map(str, TESTED_NEWEST[name]))})")
-    return out
+    return [f"{_NAMES[name]} {version} (tested up to {'.'.join(map(str, TESTED_NEWEST[name]))})"
+            for name, version in found.items() if version and _version(version, 3) > TESTED_NEWEST[name]]
 
 
 def _start():
@@ -70,7 +54,7 @@ def _data(n: int):
 
 def one_process(batches):
     """SGD on mean squared error over ``batches`` in one process: the flat weights at the start and after each step,
-    and the epoch's loss."""
+    and each step's loss."""
     import numpy as np
 
     w, b = _start()
@@ -80,7 +64,7 @@ def one_process(batches):
         losses.append(float(np.mean(err ** 2)))
         w, b = w - LR * 2.0 / len(x) * x.T @ err, b - LR * 2.0 / len(x) * err.sum(0)
         weights.append(np.concatenate([w.ravel(), b]))
-    return weights, float(np.mean(losses))
+    return weights, losses
 
 
 def _model(keras, strategy):
@@ -168,79 +152,65 @@ def _train_on_batch(keras, tf, strategy, batches):
     return _flat(model), None, float(np.ravel(out)[0])
 
 
+WAYS = {"fit": _fit, "custom loop": _custom_loop, "train_on_batch": _train_on_batch}
+
+
 def check(keras, strategy) -> dict:
     """The check, on every worker: ``passed`` (the same on all), ``ratio`` (the worst way's update over the
-    one-process update, averaged over workers), ``detail`` (what differs, or ""), ``details`` and ``ratios``."""
+    one-process update, averaged over workers), ``details`` (what differs) and each way's ``ratios``."""
     import numpy as np
     import tensorflow as tf
 
+    from ..errors import summary
+
     batches = _data(int(strategy.num_replicas_in_sync))
-    weights, epoch_loss = one_process(batches)
-    _, step_loss = one_process(batches[:1])
+    weights, losses = one_process(batches)
     start, expected = weights[0], weights[1] - weights[0]
-    fails, ratios, errors = [], [], {}
-    for way, run in zip(WAYS, (_fit, _custom_loop, _train_on_batch)):
+    local, errors = np.zeros((3, len(WAYS)), "float32"), {}  # each way's failed, update ratio, no ratio
+    for i, (way, run) in enumerate(WAYS.items()):
         try:
             got, last, got_loss = run(keras, tf, strategy, batches)
-            ratios.append(float(np.dot(got - start, expected) / np.dot(expected, expected)))
+            local[1, i] = np.dot(got - start, expected) / np.dot(expected, expected)
             ok = np.allclose(got, weights[1], rtol=1e-4, atol=1e-6) and (
                 last is None or np.allclose(last, weights[2], rtol=1e-4, atol=1e-6))
-            loss = epoch_loss if way == "fit" else step_loss
-            if ok and got_loss is not None and abs(got_loss - loss) > 1e-4 * max(1.0, loss):
-                ok, errors[way] = False, f"its loss was {got_loss:.6g}, one process's {loss:.6g}"
-            fails.append(0.0 if ok else 1.0)
         except Exception as e:  # noqa: BLE001 - an error is a failed check, reported in one line
-            from ..errors import summary
-
-            fails.append(1.0)
-            ratios.append(float("nan"))
+            local[:, i] = 1.0, 0.0, 1.0
             errors[way] = f"it raised {type(e).__name__}: {summary(e, 120)}"
-    ratios = np.array(ratios)
-    local = np.concatenate([fails, np.where(np.isnan(ratios), 0.0, ratios), np.isnan(ratios)]).astype("float32")
-    agreed = strategy.reduce("MEAN", strategy.run(lambda: tf.constant(local)), axis=None).numpy().reshape(3, -1)
+            continue
+        loss = float(np.mean(losses)) if way == "fit" else losses[0]
+        if ok and got_loss is not None and abs(got_loss - loss) > 1e-4 * max(1.0, loss):
+            ok, errors[way] = False, f"its loss was {got_loss:.6g}, one process's {loss:.6g}"
+        local[0, i] = not ok
+    agreed = strategy.reduce("MEAN", strategy.run(lambda: tf.constant(local)), axis=None).numpy()
     failed = agreed[0] > 0
     mean_ratio = [float("nan") if nan > 0 else float(r) for r, nan in zip(agreed[1], agreed[2])]
-    details = []
-    for way, bad, ratio in zip(WAYS, failed, mean_ratio):
-        if bad:
-            why = errors.get(way) or (f"the update was {ratio:.2f}x the one-process update" if ratio == ratio
-                                      else "failed on another worker")
-            details.append(f"{way}: {why}")
+    details = [f"{way}: " + (errors.get(way) or (f"the update was {ratio:.2f}x the one-process update"
+                                                 if ratio == ratio else "failed on another worker"))
+               for way, bad, ratio in zip(WAYS, failed, mean_ratio) if bad]
     worst = max((r for r in mean_ratio if r == r), key=lambda r: abs(r - 1.0), default=float("nan"))
-    return {"passed": not failed.any(), "ratio": worst, "detail": details[0] if details else "",
-            "details": details, "ratios": dict(zip(WAYS, mean_ratio))}
+    return {"passed": not failed.any(), "ratio": worst, "details": details, "ratios": dict(zip(WAYS, mean_ratio))}
 
 
-def check_or_refuse(keras, strategy, newer: list[str]) -> bool:
-    """The self-check on untested versions: a log line on the chief when it passes, ConfigError when it fails."""
+def check_or_refuse(keras, strategy, newer: list[str]) -> None:
+    """The self-check where ``newer`` names untested versions: a line from the chief if it passes, else ConfigError."""
+    if not newer:
+        return
     import tensorflow as tf
 
     from ..errors import KERAS3_SELFCHECK, ConfigError
 
     result = check(keras, strategy)
+    mwms = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)  # of class CollectiveAllReduceStrategy
+    name = "MultiWorkerMirroredStrategy" if mwms else "MirroredStrategy"  # the two that ready() checks under
     if not result["passed"]:
+        checks = ", ".join(f"{way} {r:.2f}x" if r == r else f"{way} none" for way, r in result["ratios"].items())
+        checks = f"Updates over the one-process update: {checks}. {'; '.join(result['details'])}."
         raise ConfigError(KERAS3_SELFCHECK.format(
-            what=f"Keras {keras.__version__}", detail=result["detail"], strategy=strategy_name(strategy),
+            what=f"Keras {keras.__version__}", detail=result["details"][0], strategy=name,
             untested=" and ".join(newer) + (" is" if len(newer) == 1 else " are"),
-            checks=_checks(result), **tested_range()))
+            checks=checks, **tested_range()))
     if getattr(strategy.extended, "should_checkpoint", True):  # the chief
-        print(f"tfnb: {', '.join(newer)}: untested, passed tfnb's self-check under {strategy_name(strategy)} "
+        print(f"tfnb: {', '.join(newer)}: untested, passed tfnb's self-check under {name} "
               f"(fit, custom loop and train_on_batch trained as one process; TensorFlow {tf.__version__})",
               file=sys.stderr, flush=True)
-    return True
 
-
-def _checks(result: dict) -> str:
-    return ("Updates over the one-process update: " + ", ".join(
-        f"{way} {r:.2f}x" if r == r else f"{way} none" for way, r in result["ratios"].items()) + ". "
-        + "; ".join(result["details"]) + ".")
-
-
-def strategy_name(strategy) -> str:
-    """The public name of ``strategy``'s class (MultiWorkerMirroredStrategy, not CollectiveAllReduceStrategy)."""
-    import tensorflow as tf
-
-    for name in ("MultiWorkerMirroredStrategy", "MirroredStrategy"):
-        if isinstance(strategy, getattr(tf.distribute, name)):
-            return name
-    return type(strategy).__name__

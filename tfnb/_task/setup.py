@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,14 +9,6 @@ from typing import Any
 from .._protocol import ENV_PREIMPORT
 
 ENV_SUPERVISOR = "TFNB_SUPERVISOR_PID"  # a fresh train_fn process' supervisor: it dies with it (tfnb._task.child)
-
-# What TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL, never actionable: dropped unless it is 0
-_TF_STARTUP_NOISE = re.compile(
-    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
-    r"|^[IWE]\d{4} [\d:.]+\s+\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc|cuda_platform\.cc|"
-    r"cuda_executor\.cc|cuda_dnn\.cc|cuda_fft\.cc|cuda_blas\.cc)(:\d+)?\] "
-    r"|^To enable the following instructions: .* in other operations, rebuild TensorFlow")
-
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -41,7 +31,6 @@ class TaskSpec:
     feed: Any = None  # feeding.FeedSpec when tfnb.run(data=df)
     profile_steps: tuple | None = None  # (first, last) steps each worker traces (tfnb._task.profiling)
     profile_run: str = ""  # the profile plugin's run folder for this attempt
-    stop_grace: float = 5.0
     hooks: TaskHooks = field(default_factory=lambda: TaskHooks())  # an add-on's LaunchHooks, task part
     settings: tuple = field(default=(), repr=False)  # the driver's TFNB_* settings, (name, value) pairs
     warm: bool = False  # fork the train_fn process from this host's warm standby (started when none matches)
@@ -63,10 +52,6 @@ class TaskHooks:
     task_cwd: bool = False
 
 
-def is_startup_noise(line: str, min_log_level: str) -> bool:
-    return min_log_level not in ("", "0") and bool(_TF_STARTUP_NOISE.match(line))
-
-
 def assign_role(rank: int, num_workers: int, num_ps: int) -> tuple[str, int]:
     """(job_name, task_index) for barrier partition ``rank``: chief first, then workers, then ps."""
     if rank < num_workers:
@@ -74,21 +59,12 @@ def assign_role(rank: int, num_workers: int, num_ps: int) -> tuple[str, int]:
     return "ps", rank - num_workers
 
 
-def build_cluster(addresses: list[str], num_workers: int, num_ps: int) -> dict[str, list[str]]:
-    """TF cluster spec: every task a ``worker`` for MultiWorkerMirroredStrategy; with ps tasks, a ``chief`` job."""
+def tf_config_for(addresses: list[str], job: str, index: int, num_workers: int, num_ps: int) -> dict:
+    """TF_CONFIG of an assign_role task: all ``worker`` for MultiWorkerMirroredStrategy; with ps, a ``chief`` job."""
     if num_ps == 0:
-        return {"worker": list(addresses)}
-    return {"chief": [addresses[0]], "worker": list(addresses[1:num_workers]), "ps": list(addresses[num_workers:])}
-
-
-def tf_config_for(cluster: dict, job_name: str, task_index: int, num_ps: int) -> dict:
-    if num_ps == 0:
-        task = {"type": "worker", "index": task_index}
-    elif job_name == "worker":
-        task = {"type": "worker", "index": task_index - 1}
-    else:
-        task = {"type": job_name, "index": task_index if job_name == "ps" else 0}
-    return {"cluster": cluster, "task": task}
+        return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}
+    cluster = {"chief": addresses[:1], "worker": addresses[1:num_workers], "ps": addresses[num_workers:]}
+    return {"cluster": cluster, "task": {"type": job, "index": index - (job == "worker")}}
 
 
 def assigned_gpus(resources: dict, use_gpu: bool | None, job_name: str = "worker") -> tuple[str, ...]:
@@ -102,20 +78,16 @@ def assigned_gpus(resources: dict, use_gpu: bool | None, job_name: str = "worker
 
 
 def child_env(base: dict, spec: TaskSpec, gpus: tuple) -> dict:
-    """The train_fn process environment; TF_CONFIG is added by the child once the cluster is known."""
-    env = dict(base)
-    # With no GPU assigned the process sees none, even on a GPU host: Spark did not give it one.
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    """The train_fn process environment; TF_CONFIG is added by the child once the cluster is known. With no GPU
+    assigned the process sees none, even on a GPU host: Spark did not give it one."""
+    env = {name: value for name, value in base.items() if name != "TF_CONFIG"}
     if spec.legacy_keras or (spec.legacy_keras is None and importlib.util.find_spec("tf_keras") is not None):
         # tf.keras code keeps tf-keras's behaviour where it is installed; `import keras` is Keras 3 either way
         env.setdefault("TF_USE_LEGACY_KERAS", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.pop("TF_CONFIG", None)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["TFNB_RUN_ID"] = spec.run_id
-    env["TFNB_ATTEMPT"] = str(spec.attempt)
-    env[ENV_PREIMPORT] = ",".join(spec.preimport)
-    env.update(dict(spec.env))
+    env.update({"CUDA_VISIBLE_DEVICES": ",".join(gpus), "PYTHONUNBUFFERED": "1", "TFNB_RUN_ID": spec.run_id,
+                "TFNB_ATTEMPT": str(spec.attempt), ENV_PREIMPORT: ",".join(spec.preimport)})
+    env.update(spec.env)
     return env
 
 
@@ -125,10 +97,3 @@ def reserve_port() -> socket.socket:
     sock.bind(("", 0))
     sock.set_inheritable(True)
     return sock
-
-
-def _spark_local_dir() -> str | None:
-    # Spark deletes its local dirs when the application ends, even after a task killed before its clean-up
-    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
-    first = dirs.split(",")[0] if dirs else ""
-    return first if first and os.path.isdir(first) else None

@@ -1,6 +1,5 @@
-"""The task's supervisor of its train_fn process (:class:`TrainFnProcess`: fresh, or forked by a warm standby):
-forward its output and events, answer the driver's requests (stop, stacks, the cluster's addresses), read its
-outcome."""
+"""The task's supervisor of its train_fn process (fresh, or forked by a warm standby): forwards its output and
+events, answers the driver's requests (stop, stacks, the cluster's addresses), reads its outcome."""
 from __future__ import annotations
 
 import contextlib
@@ -14,25 +13,32 @@ import sys
 import threading
 import time
 
+import cloudpickle
+
 from .. import _protocol as events
 from .._protocol import (CONTEXT, DUMP_SIGNAL, END, ENV_HELD_PORT_FD, ENV_KEPT_PORT_FD, ERROR, FINISHED, GO, PAYLOAD,
                          STACKS, Msg)
 from ..storage import atomic_write
 from .context import WorkerContext
 from .resize import RESIZE
-from .setup import ENV_SUPERVISOR, TaskSpec, child_env, is_startup_noise
+from .setup import ENV_SUPERVISOR, TaskSpec, child_env
 from .warm import alive
 
 _MAX_STACK = 64 << 10  # characters of a stack dump sent to the driver
 _MAX_LINE = 64 << 10    # characters of one output line sent; longer ones are cut with a marker
 _PARTIAL_EVERY = 1.0    # seconds between two updates of a carriage-return line (a progress bar)
 _LINE_END = re.compile(rb"[\r\n]")
+# What TensorFlow's C++ logging prints before it reads TF_CPP_MIN_LOG_LEVEL, never actionable: dropped unless it is 0
+_TF_STARTUP_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|^[IWE]\d{4} [\d:.]+\s+\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc|cuda_platform\.cc|"
+    r"cuda_executor\.cc|cuda_dnn\.cc|cuda_fft\.cc|cuda_blas\.cc)(:\d+)?\] "
+    r"|^To enable the following instructions: .* in other operations, rebuild TensorFlow")
 
 
 class _Lines:
-    """Splits output into lines for ``emit(line, partial=False)``. Carriage-return rewrites (a progress bar) are
-    sent as ``partial`` at most every _PARTIAL_EVERY seconds, and the state at the newline as the line; backspaces
-    are dropped."""
+    """Splits output into lines for ``emit(line, partial=False)``: a progress bar's carriage-return states go as
+    ``partial`` at most every _PARTIAL_EVERY seconds, its state at the newline as the line; backspaces are dropped."""
 
     def __init__(self, emit, clock=time.monotonic):
         self._emit = emit
@@ -65,8 +71,7 @@ class _Lines:
 
     def end(self) -> None:
         if self._buf.strip(b"\x08") or self._latest is not None:
-            self._send(self._buf if self._buf.strip(b"\x08") else self._latest, False)
-        self._buf, self._latest = b"", None
+            self.feed(b"\n")
 
     def _send(self, seg: bytes, partial: bool) -> None:
         line = seg.replace(b"\x08", b"").decode("utf-8", "replace")
@@ -75,8 +80,7 @@ class _Lines:
         self._emit(*(line, True) if partial else (line,))  # the events pipe's handler takes the line alone
 
 
-# The standard library alone until tfnb._task.child is imported: a failing import reaches the driver from
-# error.json like any other error.
+# the standard library alone until tfnb._task.child imports: a failing import reaches the driver from error.json
 _CHILD_MAIN = f"""import sys
 try:
     import tfnb._task.child as child
@@ -87,29 +91,15 @@ except BaseException as e:
                    "module": getattr(e, "name", None), "python": sys.executable,
                    "python_version": sys.version.split()[0], "boot": True}}, f)
     raise
-child.main(sys.argv[1:])
+child.run(sys.argv[1], 0, fresh=True)
 """
-
-
 UNKNOWN_EXIT = -1000  # a claimed standby's process died without saying how (a signal or a crash in native code)
-
-
-def _readline(sock: socket.socket) -> bytes:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(1)
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return buf
 
 
 class TrainFnProcess:
     """The train_fn process, as the part of ``subprocess.Popen`` the supervisor uses: forked by the warm standby at
-    the other end of ``conn`` (tfnb._task.warm), else started fresh, as when that standby ends before it forks.
-    Until then this keeps its ends of the pipes and the held port for a fresh process. Nothing is written to
-    ``stdin`` before :attr:`pid` is read (the supervisor reads it before ``go``), so a fresh process' stdin replaces
-    the connection's with nothing lost."""
+    the other end of ``conn``, else (or when that standby ends before it forks) started fresh. Nothing is written to
+    ``stdin`` before :attr:`pid` is read, so a fresh process' stdin replaces the connection's with nothing lost."""
 
     def __init__(self, conn: socket.socket | None, workdir: str, cwd: str, env: dict, held_fd: int,
                  keep_port: bool = False):
@@ -129,9 +119,8 @@ class TrainFnProcess:
         self._fresh: subprocess.Popen | None = None
         self._lock, self._waiting = threading.Lock(), threading.Lock()
         self.conn = conn
-        self.stdin = conn.makefile("wb") if conn is not None else None
-        self.stdout = os.fdopen(out_r, "rb")
-        self.stderr = os.fdopen(err_r, "rb")
+        self.stdin = conn.makefile("rwb") if conn is not None else None  # go, end; from a standby: pid, exit code
+        self.stdout, self.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
         self.returncode: int | None = None
         self._pid: int | None = None
         if conn is None:
@@ -139,12 +128,11 @@ class TrainFnProcess:
 
     @property
     def pid(self) -> int:
-        """The pid a standby sends once it forked (after its imports), else a fresh process'; ProcessLookupError
-        when the standby ended first and no fresh process can start."""
+        """The pid a standby sends once it forked, else a fresh process' (ProcessLookupError if none can start)."""
         with self._lock:
             if self._pid is None:
                 try:
-                    forked = int(_readline(self.conn)) if self.conn is not None else None
+                    forked = int(self.stdin.readline()) if self.conn is not None else None
                 except (OSError, ValueError):
                     forked = None
                 try:
@@ -186,21 +174,16 @@ class TrainFnProcess:
             if self.returncode is None:
                 try:
                     self.pid  # noqa: B018 - its line comes first
-                    self.returncode = self._fresh.wait() if self._fresh is not None else int(_readline(self.conn))
+                    self.returncode = self._fresh.wait() if self._fresh is not None else int(self.stdin.readline())
                 except (OSError, ValueError):
                     self.returncode = UNKNOWN_EXIT
-                self._reap()
+                # a standby's process is not our child (the standby reaps it): make "ended" mean ended
+                end = time.monotonic() + 2.0
+                while self._fresh is None and self._pid and alive(self._pid) and time.monotonic() < end:
+                    time.sleep(0.02)
         return self.returncode
 
-    def _reap(self) -> None:
-        # A standby's process is not our child (the standby reaps it, then sends its code): make "ended" mean ended.
-        for _ in range(100):
-            if self._pid is None or self._fresh is not None or not alive(self._pid):
-                return
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        """Close this end of the standby's connection (its process then ends) or the fresh process' stdin."""
+    def close(self) -> None:  # a standby's process ends with its connection
         for f in (self.stdin, self.conn):
             if f is not None:
                 with contextlib.suppress(OSError):
@@ -208,7 +191,7 @@ class TrainFnProcess:
 
 
 class _Supervisor:
-    """Runs the child process, forwards its output and events, and stops it on request."""
+    """Runs the train_fn process, forwards its output and events, and stops it on request."""
 
     def __init__(self, spec: TaskSpec, workdir: str):
         self.spec, self.workdir = spec, workdir
@@ -219,58 +202,47 @@ class _Supervisor:
         self._settled = threading.Event()  # the child exited, or train_fn returned and it lingers
         self.released = threading.Event()  # the driver's "end" (every train_fn returned) or a stop
         self.feed = None  # the FeedStream that hears the driver's row counts (tfnb.run(data=df))
-        self.tasks: list | None = None  # every task's address and rows, from the driver
-        self.counts: list | None = None
+        self.cluster: dict = {}  # the driver's CLUSTER: every task's address and rows, maybe every worker's count
         self.gathered = threading.Event()  # set with tasks, or by a stop
         self._waiter: threading.Thread | None = None
         self._progressed = False  # a progress report was sent
 
     def on_driver(self, msg: dict) -> None:
         kind = msg.get("kind")
+        if kind == Msg.RESIZE or kind == Msg.CLUSTER and msg.get("resize"):  # a CLUSTER's: before this task connected
+            with contextlib.suppress(OSError):
+                open(os.path.join(self.workdir, RESIZE), "w").close()
         if kind == Msg.STOP:
             self.stop()
         elif kind == Msg.END:
             self.released.set()
         elif kind == Msg.CLUSTER:
-            self.tasks = msg.get("tasks")
-            self.counts = msg.get("counts")  # every worker's rows, when the driver counted them before launch
-            if msg.get("resize"):  # asked before this task connected
-                self._ask_resize()
+            self.cluster = msg
             self.gathered.set()
         elif kind == Msg.FEED and self.feed is not None:
             self.feed.heard(msg)
-        elif kind == Msg.RESIZE:
-            self._ask_resize()
         elif kind == Msg.DUMP:
             # off the reader thread: a stop may follow while the dump is written
             threading.Thread(target=self.send_stacks, name="tfnb-dump", daemon=True).start()
 
-    def _ask_resize(self) -> None:
-        with contextlib.suppress(OSError):
-            open(os.path.join(self.workdir, RESIZE), "w").close()
-
     def send_stacks(self) -> None:
         """Send the driver every thread's stack of the train_fn process (stall watchdog)."""
-        p, path = self.proc, os.path.join(self.workdir, STACKS)
-        before = os.path.getsize(path) if os.path.exists(path) else 0
         try:
-            os.kill(p.pid, DUMP_SIGNAL)
-            os.kill(p.pid, signal.SIGCONT)  # a stopped process handles the signal only once continued
-        except (AttributeError, ProcessLookupError):
-            self.chan.send(Msg.STACK, text="(the train_fn process is not running)")
-            return
-        # faulthandler writes from its signal handler without buffering: done once the file stops growing
-        size, end = before, time.monotonic() + 3.0
-        while time.monotonic() < end:
-            time.sleep(0.1)
-            now = os.path.getsize(path) if os.path.exists(path) else 0
-            if before < now == size:
-                break
-            size = now
-        try:
-            with open(path, errors="replace") as f:
+            with open(os.path.join(self.workdir, STACKS), "a+", errors="replace") as f:
+                before = size = f.seek(0, os.SEEK_END)
+                os.kill(self.proc.pid, DUMP_SIGNAL)
+                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped process handles the signal only once continued
+                # faulthandler writes from its signal handler without buffering: done once the file stops growing
+                end = time.monotonic() + 3.0
+                while time.monotonic() < end:
+                    time.sleep(0.1)
+                    if before < (now := os.fstat(f.fileno()).st_size) == size:
+                        break
+                    size = now
                 f.seek(before)
                 text = f.read()
+        except (AttributeError, ProcessLookupError):
+            text = "(the train_fn process is not running)"
         except OSError:
             text = ""
         self.chan.send(Msg.STACK, text=text[-_MAX_STACK:] or "(the train_fn process did not answer)")
@@ -284,7 +256,7 @@ class _Supervisor:
         self._signal(signal.SIGTERM)
         # a stopped process (SIGSTOP) holds SIGTERM until continued, and Spark may kill us before the SIGKILL
         self._signal(signal.SIGCONT)
-        t = threading.Timer(self.spec.stop_grace, self._signal, args=(signal.SIGKILL,))
+        t = threading.Timer(5.0, self._signal, args=(signal.SIGKILL,))  # 5 s to end cleanly
         t.daemon = True
         t.start()
 
@@ -292,20 +264,15 @@ class _Supervisor:
         if self.proc is not None and self.proc.returncode is None:  # not reaped yet: its pid is still its own
             self._kill_group(sig)
 
-    def _pump(self, stream, handle) -> None:
-        def pump():
-            lines = _Lines(handle)
-            while chunk := os.read(stream.fileno(), 1 << 16):
-                lines.feed(chunk)
-            lines.end()
-            stream.close()
+    @staticmethod
+    def _pump(stream, handle) -> None:
+        lines = _Lines(handle)
+        while chunk := os.read(stream.fileno(), 1 << 16):
+            lines.feed(chunk)
+        lines.end()
+        stream.close()
 
-        t = threading.Thread(target=pump, daemon=True)
-        t.start()
-        self._threads.append(t)
-
-    def _claim_standby(self, env: dict, gpus: tuple, held: socket.socket, cwd: str):
-        """A matching warm standby's process, now this task's child; None to start one."""
+    def _claim_standby(self, env: dict, gpus: tuple, held: socket.socket, cwd: str):  # None: start a fresh one
         if not self.spec.warm or self.spec.hooks.keep_port:
             return None
         from . import warm as _warm
@@ -326,49 +293,41 @@ class _Supervisor:
 
     def start(self, mode: str, gpus: tuple, held: socket.socket) -> None:
         """Start the child now; it imports TensorFlow while the tasks exchange addresses."""
-        import cloudpickle
+        from .child import serve_forever
 
-        fn, args, kwargs = cloudpickle.loads(self.spec.payload) if mode == "train" else (None, (), {})
-        with open(os.path.join(self.workdir, PAYLOAD), "wb") as f:
-            cloudpickle.dump({"fn": fn, "args": args, "kwargs": kwargs, "mode": mode,
-                              "linger": self.spec.linger and mode == "train"}, f)
+        fn, args, kwargs = cloudpickle.loads(self.spec.payload) if mode == "train" else (serve_forever, (), {})
+        atomic_write(os.path.join(self.workdir, PAYLOAD), cloudpickle.dumps(
+            {"fn": fn, "args": args, "kwargs": kwargs, "linger": self.spec.linger and mode == "train"}))
         env = child_env(os.environ, self.spec, gpus)
         cwd = os.getcwd() if self.spec.hooks.task_cwd else self.workdir
         claimed = self._claim_standby(env, gpus, held, cwd) if mode == "train" else None
         self.proc = claimed or TrainFnProcess(None, self.workdir, cwd, env, held.fileno(),
                                               keep_port=self.spec.hooks.keep_port)
         held.close()
-        self._start_pumps(env)
-
-    def _start_pumps(self, env: dict) -> None:
-        level = env.get("TF_CPP_MIN_LOG_LEVEL", "")
+        noise = _TF_STARTUP_NOISE if env.get("TF_CPP_MIN_LOG_LEVEL", "") not in ("", "0") else None
 
         def forward(stream):
             def send(line, partial=False):
                 if partial:  # a progress bar's latest state: replaces the one still waiting to be sent
                     self.chan.post(Msg.LOG, merge=stream, stream=stream, line=line, partial=True)
-                elif not is_startup_noise(line, level):
+                elif not (noise and noise.match(line)):
                     self.chan.post_line(stream, line)
             return send
 
-        self._pump(self.proc.stdout, forward("stdout"))
-        self._pump(self.proc.stderr, forward("stderr"))
-        self._pump(os.fdopen(self.proc.events, "rb"), self._forward_event)
+        for pair in ((self.proc.stdout, forward("stdout")), (self.proc.stderr, forward("stderr")),
+                     (os.fdopen(self.proc.events, "rb"), self._forward_event)):
+            self._threads.append(threading.Thread(target=self._pump, args=pair, daemon=True))
+            self._threads[-1].start()
         if self.stop_requested.is_set():
             self.stop()
 
     def release(self, ctx: WorkerContext, mode: str) -> None:
-        """Hand the child its context and let it run train_fn."""
-        import cloudpickle
-
         atomic_write(os.path.join(self.workdir, CONTEXT), cloudpickle.dumps(ctx))
         try:  # before go: a claim's pid closes its spare copy of the held port, which TF binds after go
             pid = self.proc.pid
         except ProcessLookupError:
             pid = None  # the standby ended before it forked: wait() reports it
-        with contextlib.suppress(OSError):  # the child is already gone; wait() reports how it ended
-            self.proc.stdin.write(GO)
-            self.proc.stdin.flush()
+        self._tell(GO)
         self.chan.send(Msg.STATE, state="training" if mode == "train" else "serving", pid=pid)
 
     def _forward_event(self, line: str) -> None:
@@ -380,8 +339,7 @@ class _Supervisor:
         if kind == FINISHED:
             self._settled.set()
             return
-        # progress merges while a batch gathers; an epoch's end and the first report (a relaunch's resumed
-        # epoch) are kept
+        # progress merges while a batch gathers; an epoch's end and the first report (a resumed epoch) are kept
         if kind == events.PROGRESS and not self._progressed:
             self._progressed = True
             self.chan.send(Msg.EVENT, event=kind, data=msg, first=True)  # in order, and never merged away
@@ -391,19 +349,20 @@ class _Supervisor:
 
     def wait(self) -> int | None:
         """The child's exit code; None when train_fn returned and the child lingers until :meth:`end`."""
-        assert self.proc is not None
         self._waiter = threading.Thread(target=self._await_exit, name="tfnb-child-wait", daemon=True)
         self._waiter.start()
         self._settled.wait()
         return None if self.proc.returncode is None else self._ended()
 
-    def end(self) -> int:
-        """Let a lingering child exit; its exit code."""
-        with contextlib.suppress(OSError):  # already gone: its exit code says how
-            self.proc.stdin.write(END)
-            self.proc.stdin.flush()
+    def end(self) -> int:  # a lingering child's exit code
+        self._tell(END)
         self._waiter.join()
         return self._ended()
+
+    def _tell(self, word: bytes) -> None:
+        with contextlib.suppress(OSError):  # the child is already gone; wait() reports how it ended
+            self.proc.stdin.write(word)
+            self.proc.stdin.flush()
 
     def _await_exit(self) -> None:
         self.proc.wait()
@@ -426,8 +385,9 @@ class _Supervisor:
             self.proc.close()
 
 
-def _failure_from_child(workdir: str, code: int | None, what: str = "train_fn process") -> dict:
-    """How the child ended, as the failure the driver gets; ``what`` names it ("TensorFlow server process")."""
+def _failure_from_child(workdir: str, code: int | None, mode: str) -> dict:
+    """How the child ended, as the failure the driver gets."""
+    what = "TensorFlow server process" if mode == "serve" else "train_fn process"
     path = os.path.join(workdir, ERROR)
     if os.path.exists(path):
         with open(path) as f:

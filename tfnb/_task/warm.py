@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
 from .._private import private_dir, state_dir
@@ -24,6 +25,7 @@ from ..errors import UnsafePathError
 _FOLDER = "warm"
 _MAX_MSG = 1 << 20
 _MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path holds 108 with the closing NUL)
+TRAIN_FN = b"tfnb-train_fn"  # what a forked process calls itself (its /proc/PID/comm), keeping the standby's cmdline
 _HANGUP = getattr(select, "POLLRDHUP", 0)  # the peer closed (Linux); elsewhere poll's POLLHUP alone says it
 
 
@@ -32,8 +34,7 @@ class Unavailable(Exception):
 
 
 def _path(want: str) -> str:
-    """The socket of this executor's standby keyed ``want``; Unavailable when the warm folder is not this user's
-    alone or the path is too long for a Unix socket."""
+    """The socket of this executor's standby keyed ``want``; Unavailable when no such socket can be made."""
     try:
         folder = private_dir(_FOLDER)
     except UnsafePathError as e:
@@ -51,20 +52,15 @@ def _path(want: str) -> str:
 
 
 def key(preimport: tuple, legacy_keras: bool, env: tuple, gpus: tuple) -> str:
-    """What a standby must share with a run, all fixed before TensorFlow is imported: ``<settings>.<GPUs>``, the
-    GPUs readable so a task can tell a sibling's standby from a stale one."""
+    """``<settings>.<GPUs>``: what a standby must share with a run, all fixed before TensorFlow is imported. The GPUs
+    are ``none``, short plain addresses joined by ``_`` (a task tells a sibling's standby from a stale one), else a
+    hash (``@...``) whose overlap cannot be told (a Unix socket's path holds at most 107 bytes)."""
     fixed = [sys.executable, list(preimport), legacy_keras, [list(kv) for kv in env],
              os.environ.get("TF_CPP_MIN_LOG_LEVEL", ""), os.environ.get("PYTHONPATH", "")]
-    return hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:16] + "." + _gpu_tag(gpus)
-
-
-def _gpu_tag(gpus: tuple) -> str:
-    """``none``, short plain addresses joined by ``_``, else a hash (``@...``) whose overlap cannot be told."""
-    if not gpus:
-        return "none"
-    if all(re.fullmatch(r"[A-Za-z0-9]{1,12}", g) for g in gpus) and len("_".join(gpus)) <= 40:
-        return "_".join(gpus)  # (a Unix socket's path holds at most 107 bytes)
-    return "@" + hashlib.sha256(json.dumps(list(gpus)).encode()).hexdigest()[:10]
+    tag = "_".join(gpus) or "none"
+    if gpus and not all(re.fullmatch(r"[A-Za-z0-9]{1,12}", g) for g in gpus) or len(tag) > 40:
+        tag = "@" + hashlib.sha256(json.dumps(list(gpus)).encode()).hexdigest()[:10]
+    return hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:16] + "." + tag
 
 
 def _stale(want: str, other: str) -> bool:
@@ -87,12 +83,6 @@ def _sockets() -> list[str]:
     return sorted(glob.glob(os.path.join(folder, "*.sock"))) + sorted(glob.glob(os.path.join(folder, "*.sock.part")))
 
 
-def _unlink(*paths: str) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
 def _connect(path: str) -> socket.socket | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -101,7 +91,7 @@ def _connect(path: str) -> socket.socket | None:
         conn.settimeout(None)
         return conn
     except ConnectionRefusedError:
-        _unlink(path)  # its standby is gone (or was just claimed, and unlinks it itself)
+        Path(path).unlink(missing_ok=True)  # its standby is gone (or was just claimed, and unlinks it itself)
     except OSError:
         pass
     conn.close()
@@ -124,13 +114,11 @@ def claim(want: str) -> Iterator[socket.socket]:
             yield conn
 
 
-def _owner() -> str:
-    """This executor: its Python daemon, the parent of the worker a task runs in."""
+def _owner() -> str:  # this executor: its Python daemon, the parent of the worker a task runs in
     return str(os.getppid())
 
 
-def _name_of(path: str) -> tuple[str, str]:
-    """(key, owner) of a standby's socket ``<key>-<owner>.sock[.part]``."""
+def _name_of(path: str) -> tuple[str, str]:  # (key, owner) of ``<key>-<owner>.sock[.part]``
     key, _, owner = os.path.basename(path).split(".sock", 1)[0].partition("-")
     return key, owner
 
@@ -166,11 +154,9 @@ def alive(pid: int) -> bool:
 
 
 def standby(path: str, idle: float, watch_pid: int):
-    """Import, then fork one train_fn process per claim and send each one's exit code; the connection is the
-    process' parent-death watch. Returns only in a forked process, as ``(connection to the task, workdir)``. Stops
-    taking claims after ``idle`` seconds idle, once ``watch_pid`` (the executor's Python daemon: Spark kills idle
-    Python workers after a minute) exits, or when a task of other settings discards it; exits once its children
-    ended."""
+    """Import, then fork a train_fn process per claim (returning ``(connection to the task, workdir)`` in it) and
+    send its exit code. Stops taking claims after ``idle`` seconds idle, once ``watch_pid`` (the executor's Python
+    daemon: Spark kills idle Python workers after a minute) exits, or when a task of other settings discards it."""
     import signal
 
     from . import child
@@ -188,9 +174,9 @@ def standby(path: str, idle: float, watch_pid: int):
     try:
         os.link(path + ".part", path)  # warm: claimed before standbys still importing
     except FileExistsError:
-        _unlink(path + ".part")
+        Path(path + ".part").unlink(missing_ok=True)
         os._exit(0)  # one with these settings became warm meanwhile; its tasks fall back to fresh processes
-    _unlink(path + ".part")
+    Path(path + ".part").unlink(missing_ok=True)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -209,7 +195,7 @@ def standby(path: str, idle: float, watch_pid: int):
                 deadline = time.monotonic() + idle
         if open_ and (stale or time.monotonic() > deadline and not running or not alive(watch_pid)):
             open_ = False
-            _unlink(path)
+            Path(path).unlink(missing_ok=True)
             listener.close()
         poller = select.poll()
         poller.register(wake_r, select.POLLIN)
@@ -253,41 +239,29 @@ def standby(path: str, idle: float, watch_pid: int):
             for fd in (wake_r, wake_w, listener.fileno(), *(c.fileno() for c in running.values())):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            return conn, _take_over(info, fds)
+            # its own session, name and random state; the run's pipes, environment, port and folder (cmdline kept)
+            os.setsid()
+            child.prctl(15, TRAIN_FN)  # PR_SET_NAME
+            if "numpy.random" in sys.modules:  # Python's random reseeds itself in a forked child; numpy's does not
+                sys.modules["numpy.random"].seed()
+            out_w, err_w, ev_w, held = fds
+            for fd, std in ((out_w, 1), (err_w, 2)):
+                os.dup2(fd, std)
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(info["env"], **{ENV_FD: str(ev_w), ENV_HELD_PORT_FD: str(held)})
+            os.chdir(info["cwd"])
+            return conn, info["workdir"]
         for fd in fds:
             os.close(fd)
-        try:
+        with contextlib.suppress(OSError):  # the task went away: the process sees its connection closed and ends
             conn.sendall(f"{pid}\n".encode())
-        except OSError:
-            pass  # the task went away: the process sees its connection closed and ends
         running[pid] = conn
     os._exit(0)
 
 
-TRAIN_FN = b"tfnb-train_fn"  # what a forked process calls itself (its /proc/PID/comm), keeping the standby's cmdline
-
-
-def _take_over(info: dict, fds: list[int]) -> str:
-    """In the forked process: its own process group, the run's pipes, environment, port and folder, a random
-    state and a name of its own (its command line stays the standby's). Returns the workdir."""
-    from .child import prctl
-
-    os.setsid()
-    prctl(15, TRAIN_FN)  # PR_SET_NAME
-    if "numpy.random" in sys.modules:  # Python's random reseeds itself in a forked child; numpy's global state does not
-        sys.modules["numpy.random"].seed()
-    out_w, err_w, ev_w, held = fds
-    for fd, std in ((out_w, 1), (err_w, 2)):
-        os.dup2(fd, std)
-        os.close(fd)
-    os.environ.clear()
-    os.environ.update(info["env"], **{ENV_FD: str(ev_w), ENV_HELD_PORT_FD: str(held)})
-    os.chdir(info["cwd"])
-    return info["workdir"]
-
-
 if __name__ == "__main__":
     _conn, _workdir = standby(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))
-    from .child import run_claimed
+    from .child import run
 
-    run_claimed(_conn, _workdir)
+    run(_workdir, _conn.fileno())

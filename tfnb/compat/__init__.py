@@ -1,8 +1,6 @@
-"""TensorFlowOnSpark 2.2.5 and spark-tensorflow-distributor programs on tfnb, by changing one import.
-
+"""TensorFlowOnSpark 2.2.5 and spark-tensorflow-distributor programs on tfnb, by changing one import:
 ``from tfnb.compat import TFCluster, TFNode, MirroredStrategyRunner`` (see docs/migrating.md); also the helpers of
-``tensorflowonspark.compat``: ``export_saved_model``, ``disable_auto_shard``, ``is_gpu_available``.
-"""
+``tensorflowonspark.compat``: ``export_saved_model``, ``disable_auto_shard``, ``is_gpu_available``."""
 from __future__ import annotations
 
 from . import cluster as TFCluster  # noqa: N812 - TensorFlowOnSpark's module names
@@ -19,18 +17,15 @@ def export_saved_model(model, export_dir: str, is_chief: bool = False) -> None:
     Example:
         >>> compat.export_saved_model(model, args.export_dir, ctx.job_name == "chief")
     """
-    import shutil
+    import contextlib
     import tempfile
 
-    target = export_dir if is_chief else tempfile.mkdtemp(prefix="tfnb-worker-model-")
-    try:
+    with (contextlib.nullcontext(export_dir) if is_chief else
+          tempfile.TemporaryDirectory(prefix="tfnb-worker-model-", ignore_cleanup_errors=True)) as target:
         if type(model).__module__.startswith("tf_keras"):
             model.save(target, save_format="tf")
         else:  # Keras 3 writes SavedModels with export()
             model.export(target)
-    finally:
-        if not is_chief:
-            shutil.rmtree(target, ignore_errors=True)
 
 
 def disable_auto_shard(options) -> None:

@@ -1,16 +1,14 @@
-"""RDD rows -> TensorFlowOnSpark's ``DataFeed`` in each node, through ``LaunchHooks.feeder`` of :func:`tfnb.run`.
-
-:func:`prepare` pickles the RDD in chunks and gives each feeding node one contiguous range of rows in RDD order, one
-shuffle moves each range to its barrier task, :class:`RddFeeder` spills it to a local Arrow file before ``map_fun``
-starts, :class:`FeedManager` hands it out; :func:`results_rdd` cuts the inference results back into the partitions.
-"""
+"""RDD rows -> TensorFlowOnSpark's ``DataFeed`` in each node, through ``LaunchHooks.feeder`` of :func:`tfnb.run`:
+:func:`prepare` gives each feeding node one contiguous range of pickled chunks in RDD order, :class:`RddFeeder`
+spills it in the task before ``map_fun`` starts, :class:`FeedManager` hands it out; :func:`results_rdd` cuts the
+inference results back into the input partitions."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, count, islice
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -131,23 +129,16 @@ def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
 
 
 @dataclass(frozen=True)
-class FeedFile:
-    """This node's rows (ctx.feed of the tfnb run), read by :class:`FeedManager`."""
-
-    path: str
-    rows: int
-    mode: str
-    epochs: int
-
-
-@dataclass(frozen=True)
 class RddFeeder:
-    """The launcher's ``LaunchHooks.feeder``: spills a task's chunk partition and describes it for map_fun."""
+    """The launcher's ``LaunchHooks.feeder``; once :meth:`spill` wrote a task's chunks, also this node's rows
+    (``ctx.feed`` of the tfnb run), read by :class:`FeedManager`."""
 
     mode: str
     epochs: int
+    path: str = ""
+    rows: int = 0
 
-    def spill(self, batches: Iterable, workdir: str) -> FeedFile:
+    def spill(self, batches: Iterable, workdir: str) -> "RddFeeder":
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -161,16 +152,16 @@ class RddFeeder:
                     spill.write(pa.RecordBatch.from_arrays(
                         [batch.column(n).cast(schema.field(n).type) for n in schema.names], schema=schema))
                     rows += int(pc.sum(batch.column("rows")).as_py() or 0)
-        return FeedFile(path=spill.path, rows=rows, mode=self.mode, epochs=self.epochs)
+        return replace(self, path=spill.path, rows=rows)
 
-    def finish(self, spilled: FeedFile, rows_per_task: Sequence[int]) -> FeedFile:
+    def finish(self, spilled: "RddFeeder", rows_per_task: Sequence[int]) -> "RddFeeder":
         return spilled  # the driver fixed every node's rows; the other nodes' counts change nothing
 
 
 class FeedManager:
     """``ctx.mgr``: this node's rows, handed out in order ``epochs`` times to its DataFeeds, and their results."""
 
-    def __init__(self, feed: FeedFile | None = None):
+    def __init__(self, feed: RddFeeder | None = None):
         self.feed = feed         # None in InputMode.TENSORFLOW
         self.results: list = []
         self.handed = 0
@@ -188,13 +179,12 @@ class FeedManager:
                 "Under InputMode.TENSORFLOW map_fun reads its own data (tf.data); under InputMode.SPARK "
                 "(TFCluster.run(..., input_mode=TFCluster.InputMode.SPARK)) cluster.train(rdd) feeds it.")
         if self._chunks is None:
-            import numpy as np
             import pyarrow as pa
+            import pyarrow.compute as pc
 
             table = pa.ipc.open_file(pa.memory_map(self.feed.path, "r")).read_all()
-            part = table.column("part").to_numpy()
-            order = np.lexsort((table.column("seq").to_numpy(), part)).tolist()
-            self._chunks = _read_chunks(table.column("data"), order, part.tolist(), self.feed.epochs)
+            order = pc.sort_indices(table, [("part", "ascending"), ("seq", "ascending")]).to_pylist()
+            self._chunks = _read_chunks(table.column("data"), order, table.column("part").to_pylist(), self.feed.epochs)
 
     @property
     def exhausted(self) -> bool:

@@ -1,9 +1,7 @@
-"""TensorFlowOnSpark's ``TFCluster`` API (``run``, ``train``, ``inference``, ``shutdown``) on :func:`tfnb.run`.
-
-Each node is a task of one barrier stage: no reservation server, and a cluster Spark cannot schedule is refused at
+"""TensorFlowOnSpark's ``TFCluster`` API (``run``, ``train``, ``inference``, ``shutdown``) on :func:`tfnb.run`. Each
+node is a task of one barrier stage: no reservation server, and a cluster Spark cannot schedule is refused at
 ``run()``. ``train``/``inference`` run ``map_fun`` once per call with the RDD's rows on the nodes' disks
-(TensorFlowOnSpark keeps one ``map_fun`` alive across calls); see docs/migrating.md.
-"""
+(TensorFlowOnSpark keeps one ``map_fun`` alive across calls); see docs/migrating.md."""
 from __future__ import annotations
 
 import logging
@@ -12,9 +10,10 @@ import threading
 from typing import Any, Callable
 
 from ..errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError, below, summary
-from ..launcher import EventKind, RunEvent
+from ..launcher import EventKind, LaunchHooks, RunEvent, check_cluster, make_display, pickle_fn
+from ..launcher import run as tfnb_run
 from ._feed import INFERENCE, TRAIN, prepare, results_rdd
-from .node import NodeMeta, run_node
+from .node import NodeMeta, _int, run_node
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +64,7 @@ def _session(sc):
 def _default_fs(sc) -> str:
     fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
     # "file:///" -> "file://", consistent with "hdfs://namenode" (as TensorFlowOnSpark does)
-    if fs.startswith("file://") and len(fs) > 7 and fs.endswith("/"):
-        fs = fs[:-1]
-    return fs
-
-
-def _int(name: str, value, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name}={value!r} but it must be an int >= {low}")
-    return value
+    return fs[:-1] if fs.startswith("file://") and len(fs) > 7 and fs.endswith("/") else fs
 
 
 class TFCluster:
@@ -114,17 +105,13 @@ class TFCluster:
         self._shut_down = False
 
     def _run_nodes(self, display, *, data=None, feeder=None, all_results=False, cancel=None):
-        from ..launcher import LaunchHooks, run
-
         hooks = LaunchHooks(feeder=feeder, all_results=all_results, daemon_ranks=frozenset(self._daemons),
                             cancel=cancel, keep_port=not self._meta.release_port, task_cwd=True)
-        return run(run_node, hooks=hooks, num_workers=self.num_executors, spark=self.spark, log_dir=self._log_dir,
-                   args=(self._map_fun, self._tf_args, self._meta), display=display, data=data)
+        return tfnb_run(run_node, hooks=hooks, num_workers=self.num_executors, spark=self.spark, log_dir=self._log_dir,
+                        args=(self._map_fun, self._tf_args, self._meta), display=display, data=data)
 
     def _start_background(self, reservation_timeout: float) -> None:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
-        from ..launcher import make_display
-
         display, running = make_display(self._display, self.num_executors), set()
 
         def sink(event: RunEvent) -> None:  # the display, noting which nodes run map_fun
@@ -202,14 +189,12 @@ class TFCluster:
 
     def train(self, dataRDD, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input") -> None:
         """Run ``map_fun`` on every node with ``dataRDD``'s rows fed to ``TFNode.DataFeed``; returns when all end.
-
         Each chief/master/worker node gets the same number of rows, a contiguous run of the RDD.
 
         Args:
             dataRDD: the rows, e.g. ``(features, label)`` tuples.
             num_epochs: passes over the data (``0`` means 10, as in TensorFlowOnSpark).
-            feed_timeout: accepted for compatibility.
-            qname: must be ``"input"``.
+            feed_timeout, qname: accepted for compatibility; ``qname`` must be ``"input"``.
 
         Raises:
             ConfigError: the cluster runs InputMode.TENSORFLOW, was shut down, or the RDD has fewer
@@ -240,8 +225,7 @@ class TFCluster:
         """Wait for the nodes to finish (InputMode.TENSORFLOW) and stop the cluster's TensorBoard.
 
         Args:
-            ssc: Spark Streaming is not supported; must be None.
-            grace_secs: accepted for compatibility.
+            ssc: Spark Streaming is not supported; must be None. ``grace_secs``: accepted for compatibility.
             timeout: seconds to wait before the nodes are stopped (RunTimeoutError); -1 waits forever.
 
         Raises:
@@ -314,10 +298,9 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
         input_mode: ``InputMode.TENSORFLOW`` (map_fun reads its data) or ``InputMode.SPARK`` (``train(rdd)``).
         log_dir: TensorBoard directory (also ``ctx.tfnb.log_dir``); default ``tensorboard_<id>`` in the working
             directory.
-        driver_ps_nodes: must be False.
+        driver_ps_nodes: must be False; ``queues``: accepted for compatibility.
         master_node: name of the chief node, ``"chief"`` for Keras/MultiWorkerMirroredStrategy, or None.
         reservation_timeout: seconds to wait for every node to start (InputMode.TENSORFLOW).
-        queues: accepted for compatibility.
         eval_node: one evaluator node (InputMode.TENSORFLOW only).
         release_port: False keeps each node's port reserved as ``ctx.tmp_socket`` until ``ctx.release_port()``.
         display: tfnb extension: where logs and progress go (see :func:`tfnb.run`); False for none.
@@ -358,8 +341,6 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
             f"num_executors={num_executors} cannot hold num_ps={num_ps}"
             f"{', the master node' if master_node else ''}{', the evaluator' if eval_node else ''} and at "
             "least one chief or worker node; raise num_executors or lower num_ps")
-    from ..launcher import check_cluster, pickle_fn
-
     pickle_fn(map_fun, (tf_args,))  # unpicklable map_fun/tf_args fail here, not in a node
     try:
         check_cluster(spark, num_executors)

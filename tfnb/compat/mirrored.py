@@ -1,7 +1,6 @@
 """spark-tensorflow-distributor's ``MirroredStrategyRunner`` on :func:`tfnb.run`: change one import (see
 docs/migrating.md). ``train`` runs in a fresh process per run, so reruns, cancelling and Spark Connect work, and
-``BarrierTaskContext.get()`` inside it raises, naming ``TF_CONFIG`` instead.
-"""
+``BarrierTaskContext.get()`` inside it raises, naming ``TF_CONFIG`` instead."""
 from __future__ import annotations
 
 import logging
@@ -10,6 +9,8 @@ import os
 from typing import Any, Callable
 
 from ..errors import ClusterError, ConfigError, below, summary
+from ..launcher import check_cluster, get_spark, spark_conf, temp_env
+from ..launcher import run as tfnb_run
 
 log = logging.getLogger(__name__)
 
@@ -21,15 +22,8 @@ def gpus_per_task(num_slots: int, num_tasks: int, rank: int) -> int:
     return num_slots // num_tasks + (rank < num_slots % num_tasks)
 
 
-def _conf(spark, key: str) -> str | None:
-    try:
-        return spark.conf.get(key, None)
-    except Exception:  # noqa: BLE001 - Spark Connect raises its own types for unknown keys
-        return None
-
-
 def _conf_true(spark, key: str) -> bool:
-    return (_conf(spark, key) or "false").strip().lower() == "true"
+    return (spark_conf(spark, key) or "false").strip().lower() == "true"
 
 
 class _NotInSparkTask:
@@ -44,13 +38,6 @@ class _NotInSparkTask:
             "(json.loads(os.environ['TF_CONFIG']) has the rank in ['task']['index'] and the peers in "
             "['cluster']['worker']); to gather values across workers use the strategy (strategy.gather / "
             "strategy.reduce).")
-
-
-def _hide_task_context() -> None:
-    import pyspark  # the task process runs with its Spark worker's environment
-    import pyspark.taskcontext as taskcontext
-
-    pyspark.BarrierTaskContext = taskcontext.BarrierTaskContext = _NotInSparkTask  # type: ignore[misc]
 
 
 def _run_program(train_fn: Callable, kwargs: dict, use_custom_strategy: bool, strategy_cls: str) -> Any:
@@ -73,7 +60,10 @@ def _task_main(ctx, train_fn: Callable, kwargs: dict, use_custom_strategy: bool,
                 f"{len(ctx.gpus)}; raise spark.task.resource.gpu.amount or lower num_slots")
         # TensorFlow reads CUDA_VISIBLE_DEVICES when it first touches a device, which is after this.
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ctx.gpus[:mine])
-    _hide_task_context()
+    import pyspark  # the task process runs with its Spark worker's environment
+    import pyspark.taskcontext as taskcontext
+
+    pyspark.BarrierTaskContext = taskcontext.BarrierTaskContext = _NotInSparkTask  # type: ignore[misc]
     return _run_program(train_fn, kwargs, use_custom_strategy, "MultiWorkerMirroredStrategy")
 
 
@@ -105,8 +95,6 @@ class MirroredStrategyRunner:
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
             raise ConfigError(f"num_slots is set to {num_slots!r} but must be an int > 0: the number of GPUs "
                               "(use_gpu=True) or Spark tasks (use_gpu=False) to train with")
-        from ..launcher import get_spark
-
         self._num_slots, self._local_mode, self._use_gpu = num_slots, local_mode, use_gpu
         self._gpu_resource_name, self._use_custom_strategy = gpu_resource_name, use_custom_strategy
         self._spark = get_spark(spark, 1 if local_mode else num_slots)
@@ -122,10 +110,8 @@ class MirroredStrategyRunner:
         if not self._use_gpu:
             return self._num_slots
         key = f"spark.task.resource.{self._gpu_resource_name}.amount"
-        raw = _conf(self._spark, key)
+        raw = spark_conf(self._spark, key)
         if raw is None:
-            from ..launcher import check_cluster
-
             try:  # the same mechanism as tfnb.run(gpus_per_worker=1): a task resource profile
                 check_cluster(self._spark, self._num_slots, use_gpu=True, gpus_per_worker=1)
             except ClusterError as e:
@@ -143,13 +129,11 @@ class MirroredStrategyRunner:
     def _gpus_asked(self) -> int | None:
         """``gpus_per_worker`` for tfnb.run: 1 for GPUs per run (no conf), 0 for CPU training where the conf gives
         every task GPUs and a run can ask for none, else None (the conf's amount)."""
-        amount = _conf(self._spark, f"spark.task.resource.{self._gpu_resource_name}.amount")
+        amount = spark_conf(self._spark, f"spark.task.resource.{self._gpu_resource_name}.amount")
         if self._use_gpu:
             return 1 if amount is None else None
         if float(amount or 0) <= 0:
             return None
-        from ..launcher import check_cluster
-
         try:
             check_cluster(self._spark, self._num_slots, use_gpu=False, gpus_per_worker=0)
         except ClusterError:
@@ -172,30 +156,21 @@ class MirroredStrategyRunner:
             raise ConfigError(
                 f"gpu_resource_name={self._gpu_resource_name!r}: distributed runs take GPUs from Spark's "
                 "'gpu' resource; name the resource 'gpu' in the cluster's Spark conf")
-        from ..launcher import run
-
-        return run(_task_main, num_workers=self._num_tasks, spark=self._spark,
-                   use_gpu=bool(self._use_gpu), gpus_per_worker=self._gpus_per_task,
-                   args=(train_fn, kwargs, self._use_custom_strategy, self._num_slots, self._use_gpu))
+        return tfnb_run(_task_main, num_workers=self._num_tasks, spark=self._spark,
+                        use_gpu=bool(self._use_gpu), gpus_per_worker=self._gpus_per_task,
+                        args=(train_fn, kwargs, self._use_custom_strategy, self._num_slots, self._use_gpu))
 
     def _run_local(self, train_fn: Callable, kwargs: dict) -> Any:
-        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-        try:
-            owned = self._driver_gpus() if self._use_gpu else []
-            if self._use_gpu and self._num_slots > len(owned):
-                raise ClusterError(f"num_slots={self._num_slots} GPUs requested for local training but the "
-                                   f"driver has {len(owned)} ({self._gpu_resource_name}); lower num_slots")
-            if not self._use_gpu and self._num_slots > 1:
-                raise ConfigError(f"num_slots={self._num_slots} but local CPU training runs one process; "
-                                  "set num_slots=1")
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(owned[: self._num_slots])
-            # One machine: MirroredStrategy, which (unlike the multi-worker one) can be created again on rerun.
+        owned = self._driver_gpus() if self._use_gpu else []
+        if self._use_gpu and self._num_slots > len(owned):
+            raise ClusterError(f"num_slots={self._num_slots} GPUs requested for local training but the "
+                               f"driver has {len(owned)} ({self._gpu_resource_name}); lower num_slots")
+        if not self._use_gpu and self._num_slots > 1:
+            raise ConfigError(f"num_slots={self._num_slots} but local CPU training runs one process; "
+                              "set num_slots=1")
+        # One machine: MirroredStrategy, which (unlike the multi-worker one) can be created again on rerun.
+        with temp_env("CUDA_VISIBLE_DEVICES", ",".join(owned[: self._num_slots])):
             return _run_program(train_fn, kwargs, self._use_custom_strategy, "MirroredStrategy")
-        finally:
-            if saved is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
     def _driver_gpus(self) -> list[str]:
         """The driver's GPU addresses; an existing CUDA_VISIBLE_DEVICES maps them (it renumbers devices)."""

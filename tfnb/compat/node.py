@@ -1,8 +1,6 @@
-"""TensorFlowOnSpark's ``TFNode`` API inside ``map_fun``: the node context, ``DataFeed`` and ``hdfs_path``.
-
-Unlike TensorFlowOnSpark 2.2.5 it fails instead of hanging: ``DataFeed`` in an ``InputMode.TENSORFLOW`` cluster
-raises, and so does an inference ``map_fun`` that does not return one result per row.
-"""
+"""TensorFlowOnSpark's ``TFNode`` API inside ``map_fun``: the node context, ``DataFeed`` and ``hdfs_path``. Unlike
+TensorFlowOnSpark 2.2.5 it fails instead of hanging: ``DataFeed`` in an ``InputMode.TENSORFLOW`` cluster raises, and
+so does an inference ``map_fun`` that does not return one result per row."""
 from __future__ import annotations
 
 import getpass
@@ -24,16 +22,19 @@ _SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://
             "viewfs://", "wasb://")
 
 
+def _int(name: str, value, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name}={value!r} but it must be an int >= {low}")
+    return value
+
+
 def hdfs_path(ctx, path: str) -> str:
     """An absolute, scheme-prefixed path for ``path``: a relative one goes under ``/user/<user>/`` on HDFS, under
     ``ctx.working_dir`` on ``file://``. ``ctx`` is anything with ``defaultFS`` and ``working_dir``.
 
     Example:
-        >>> ctx = type("Ctx", (), {"defaultFS": "file://", "working_dir": "/home/me"})
-        >>> hdfs_path(ctx, "model")
+        >>> hdfs_path(type("Ctx", (), {"defaultFS": "file://", "working_dir": "/home/me"}), "model")
         'file:///home/me/model'
-        >>> hdfs_path(ctx, "/data/x")
-        'file:///data/x'
     """
     if path.startswith(_SCHEMES):
         return path
@@ -64,10 +65,7 @@ def release_port(ctx) -> None:
 
 def start_cluster_server(ctx, num_gpus: int = 1, rdma: bool = False):
     """Start this node's ``tf.distribute.Server`` from ``ctx.cluster_spec`` (e.g. for a ps node), which
-    TensorFlowOnSpark 2.2.5 refuses under TensorFlow 2.
-
-    Returns:
-        ``(tf.train.ClusterSpec, tf.distribute.Server)``.
+    TensorFlowOnSpark 2.2.5 refuses under TensorFlow 2; returns ``(tf.train.ClusterSpec, tf.distribute.Server)``.
 
     Raises:
         ConfigError: ``rdma=True`` (no verbs protocol in TensorFlow 2), or the port is still reserved.
@@ -146,9 +144,7 @@ def _deprecated(name: str):
     return fn
 
 
-next_batch = _deprecated("next_batch")
-batch_results = _deprecated("batch_results")
-terminate = _deprecated("terminate")
+next_batch, batch_results, terminate = map(_deprecated, ("next_batch", "batch_results", "terminate"))
 
 
 class DataFeed:
@@ -194,9 +190,7 @@ class DataFeed:
 
     def next_batch(self, batch_size: int):
         """Up to ``batch_size`` rows (a list, or with ``input_mapping`` a dict of value lists); ``[]`` at the end."""
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size!r} but it must be an int >= 1")
-        rows = self.mgr.take(batch_size, stop_at_partition=not self.train_mode)
+        rows = self.mgr.take(_int("batch_size", batch_size, 1), stop_at_partition=not self.train_mode)
         if self.input_tensors is None:
             return rows
         return {t: [row[i] for row in rows] for i, t in enumerate(self.input_tensors)}

@@ -1,14 +1,13 @@
 """Spark DataFrame -> tf.data, the driver's half of ``tfnb.run(train_fn, data=df)``: :func:`feed_spec` checks the
 schema, :func:`split_for_workers` gives one balanced partition per worker (``tfnb._task.feed`` streams it to the
-task), :func:`agree_counts` agrees on the rows every worker serves.
-"""
+task), :func:`agree_counts` agrees on the rows every worker serves."""
 from __future__ import annotations
 
 import logging
 from typing import Any
 
 from .._protocol import Msg
-from .._task.feed import _NUMERIC, FeedColumn, FeedSpec
+from .._task.feed import FeedColumn, FeedSpec
 from .._config import setting
 from ..errors import ConfigError
 
@@ -18,12 +17,29 @@ log = logging.getLogger(__name__)
 _MAX_IMBALANCE = 0.01
 # The fed partitions go to /dev/shm when they fit in this share of a host's free memory (TFNB_SPILL_MEMORY).
 _SPILL_MEMORY = 0.5
+# Spark type class name -> numpy dtype of the values as they arrive in Arrow.
+_NUMERIC = {"ByteType": "int8", "ShortType": "int16", "IntegerType": "int32", "LongType": "int64",
+            "FloatType": "float32", "DoubleType": "float64", "BooleanType": "bool"}
 _HINTS = {"VectorUDT": "convert with pyspark.ml.functions.vector_to_array(col)", "DecimalType": "cast to double",
           "ArrayType": "cast to array<float>", "NestedArray": "flatten with F.flatten(col)",
           "StringType": "index or encode it (e.g. pyspark.ml.feature.StringIndexer), or drop it"}
 
 
-def _unsupported_hint(dtype) -> str:
+def numeric(dtype) -> tuple[str, bool] | None:
+    """(numpy dtype, is an array) of a Spark number or array of numbers, else None."""
+    array = type(dtype).__name__ == "ArrayType"
+    kind = _NUMERIC.get(type(dtype.elementType if array else dtype).__name__)
+    return (kind, array) if kind else None
+
+
+def check_dataframe(df, name: str) -> None:
+    if not (hasattr(df, "schema") and hasattr(df, "mapInArrow")):
+        raise ConfigError(f"{name} must be a Spark DataFrame, got {type(df).__name__}; convert it with "
+                          "spark.createDataFrame(...) or read it with spark.read")
+
+
+def unsupported_hint(dtype) -> str:
+    """How to make a column of Spark type ``dtype`` a number or an array of numbers."""
     kind = type(dtype).__name__
     if kind == "ArrayType" and type(dtype.elementType).__name__ == "ArrayType":
         kind = "NestedArray"
@@ -33,10 +49,7 @@ def _unsupported_hint(dtype) -> str:
 def feed_spec(df) -> FeedSpec:
     """``data=df``'s columns described for the tasks: numeric ones and arrays of numbers (the same length on every
     row, read from the data). ConfigError for anything else, named with the cast or drop that fixes it."""
-    if not (hasattr(df, "schema") and hasattr(df, "mapInArrow")):
-        raise ConfigError(
-            f"data must be a Spark DataFrame, got {type(df).__name__}; convert it with "
-            "spark.createDataFrame(...) or read it with spark.read")
+    check_dataframe(df, "data")
     schema = df.schema
     names = [f.name for f in schema.fields]
     if not names:
@@ -47,14 +60,11 @@ def feed_spec(df) -> FeedSpec:
                           "(df.toDF(*new_names) or .alias) so each column can be chosen by name")
     columns, bad = [], []
     for f in schema.fields:
-        dt = f.dataType
-        kind = type(dt).__name__
-        if kind in _NUMERIC:
-            columns.append(FeedColumn(f.name, _NUMERIC[kind], False))
-        elif kind == "ArrayType" and type(dt.elementType).__name__ in _NUMERIC:
-            columns.append(FeedColumn(f.name, _NUMERIC[type(dt.elementType).__name__], True))
+        found = numeric(f.dataType)
+        if found:
+            columns.append(FeedColumn(f.name, *found))
         else:
-            bad.append((f"{f.name!r} ({dt.simpleString()}", _unsupported_hint(dt)))
+            bad.append((f"{f.name!r} ({f.dataType.simpleString()}", unsupported_hint(f.dataType)))
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise ConfigError(
@@ -83,10 +93,9 @@ def _cached_partition_rows(df) -> list[int]:
     """Rows in each partition of a cached ``df``: one job in the JVM over the cache, no column values."""
     from pyspark.sql import functions as F
 
-    n = df.rdd.getNumPartitions() if hasattr(df, "_jdf") else None  # Spark Connect: from the counts
     found = {int(r["p"]): int(r["n"]) for r in
              df.select(F.spark_partition_id().alias("p")).groupBy("p").agg(F.count(F.lit(1)).alias("n")).collect()}
-    n = n if n is not None else max(found, default=-1) + 1
+    n = df.rdd.getNumPartitions() if hasattr(df, "_jdf") else max(found, default=-1) + 1  # Connect: from the counts
     return [found.get(i, 0) for i in range(n)]
 
 
@@ -104,8 +113,7 @@ def cached_nbytes(df) -> int | None:
 
 
 def _split_evenly(df, n: int) -> bool:
-    """``df`` is a cached ``repartition(n)`` (or one partition for one worker), balanced by construction: the cached
-    plan ends in Spark's round-robin exchange into ``n`` partitions, with nothing after the cache."""
+    """``df`` is a cached ``repartition(n)`` (or one partition for one worker), so balanced by construction."""
     try:
         rel = df._jdf.queryExecution().optimizedPlan()
         if rel.getClass().getSimpleName() != "InMemoryRelation":
@@ -125,11 +133,9 @@ def _split_evenly(df, n: int) -> bool:
 
 
 def split_for_workers(df, num_workers: int, num_ps: int = 0) -> tuple[Any, list[int] | None]:
-    """``(part, counts)``: ``df`` as exactly ``num_workers + num_ps`` balanced partitions (partition i feeds task i),
-    and the rows of each when a counting job gave them, else None. A cached DataFrame that already has that many
-    (nearly) equal partitions is fed as it is (for ``df.repartition(n).cache()`` on a classic session, without even
-    a counting job); anything else is repartitioned round-robin (one shuffle).
-    """
+    """``(part, counts)``: ``df`` as ``num_workers + num_ps`` balanced partitions (partition i feeds task i), and their
+    rows when a counting job gave them. A cached DataFrame of that many (nearly) equal partitions is fed as it is
+    (``df.repartition(n).cache()`` with no counting job); anything else is repartitioned round-robin (one shuffle)."""
     n = num_workers + num_ps
     if _is_cached(df):  # counting an uncached DataFrame would compute it twice; a cached one is cheap to count
         if _split_evenly(df, n):

@@ -1,8 +1,7 @@
 """DataFrame -> predictions, the driver's side of ``tfnb.predict``: check the call, read what it needs of the model
-once, and add the column lazily through the DataFrame API (classic and Spark Connect). Only the input columns reach
-the Python workers (:mod:`.scoring`), through a scalar iterator Arrow UDF (pyspark >= 4.1; before, ``mapInArrow``,
-which carries whole rows): per CPU-second 1.6x faster with a 1 KB column carried along (``bench/inference.py``).
-"""
+once, add the column lazily. Only the input columns reach the Python workers (:mod:`.scoring`), through a scalar
+iterator Arrow UDF (pyspark >= 4.1; before, ``mapInArrow``, which carries whole rows): per CPU-second 1.6x faster
+with a 1 KB column carried along (``bench/inference.py``)."""
 from __future__ import annotations
 
 import functools
@@ -13,12 +12,12 @@ from typing import Any, Mapping, Sequence
 
 from .._config import setting
 from ..errors import ConfigError, MissingDependencyError
+from .feeding import check_dataframe, numeric, unsupported_hint
 from .model import _batch_size, _describe, _fetch, _locate
 from .scoring import _predict_arrays, _predict_record_batches, _Spec
 
 log = logging.getLogger(__name__)
 
-_NUMERIC = ("byte", "short", "integer", "long", "float", "double")
 _OUTPUT_TYPES = ("float", "array")
 _MAX_ROWS = 1 << 16  # rows per call when Spark's Arrow batches are unbounded
 
@@ -26,35 +25,29 @@ _MAX_ROWS = 1 << 16  # rows per call when Spark's Arrow batches are unbounded
 def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], output_col: str = "prediction",
             batch_size: int | None = None, output_type: str | None = None,
             storage_options: Mapping[str, Any] | None = None):
-    """Add a column of model predictions to ``df`` (lazily; nothing runs until the result is used).
+    """Add a column of model predictions to ``df``, lazily (guide: docs/data.md, "Predict over a DataFrame").
 
     Args:
         df: a Spark DataFrame (classic or Spark Connect).
-        model_path: a Keras ``.keras``/``.h5`` file or a TF SavedModel directory: a path readable at the same
-            place on the executors (``/dbfs/...``) or a URL, downloaded once per executor.
-        input_cols: columns that make one model input row, in order: numeric columns, fixed-length arrays of
-            numbers and/or ``binary`` columns of packed values (the row's values in the model's input dtype, or
-            one ``uint8`` per value), concatenated and reshaped to the model's input shape and dtype. Nulls are
-            an error; models with more than one input are not supported (docs/data.md, "Predict over a DataFrame").
+        model_path: a Keras ``.keras``/``.h5`` file or a TF SavedModel directory, at a path every executor reads
+            (``/dbfs/...``) or a storage URL.
+        input_cols: the columns of the model's one input row, in order: numbers, fixed-length arrays of numbers
+            and/or ``binary`` columns of packed values (see the guide). Nulls are an error.
         output_col: name of the new column; it must not exist in ``df``.
-        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else the most whose tensors fit in
-            256 MiB, at most one Arrow batch).
-        output_type: ``"float"`` (one output with one value per row) or ``"array"`` (``array<float>``: all
-            outputs flattened per row), read from the model by default. Reading it, and the automatic batch size,
-            loads the model once on the driver (in a subprocess unless TensorFlow is imported); pass both to skip
+        batch_size: rows per model call (default ``TFNB_PREDICT_BATCH_SIZE``, else chosen from the model).
+        output_type: ``"float"`` or ``"array"`` (``array<float>``: all outputs flattened), read from the model by
+            default. Reading it, and the automatic batch size, load the model once on the driver; pass both to skip
             that, e.g. on a Connect client without TensorFlow.
-        storage_options: for a model URL: ``key``, ``secret``, ``endpoint_url``, ... (docs/data.md, "Storage
-            URLs and options"); sent to the executors with the task, never logged.
+        storage_options: for a model URL (docs/data.md, "Storage URLs and options"); never logged.
 
     Returns:
-        ``df`` with ``output_col`` appended; all other columns and rows unchanged. The column's
-        metadata holds the rows per model call: ``metadata["tfnb.batch_size"]``.
+        ``df`` with ``output_col`` appended, whose metadata holds the rows per model call
+        (``metadata["tfnb.batch_size"]``).
 
     Raises:
-        ConfigError: a missing or non-numeric input column, an existing ``output_col``, a bad
-            ``batch_size``/``output_type``, a model path that does not exist or does not load.
-        MissingDependencyError: the URL's backend (boto3, an fsspec package) or TensorFlow (for
-            reading the output type) is not installed on the driver.
+        ConfigError: a missing or unsupported input column, an existing ``output_col``, a bad ``batch_size`` or
+            ``output_type``, a model path that does not exist or does not load.
+        MissingDependencyError: the URL's backend or TensorFlow (to read the output type) is not installed.
         StorageError: the model URL cannot be read (credentials, bucket, endpoint, permission).
 
     Example:
@@ -66,14 +59,11 @@ def predict(df, model_path: str | os.PathLike, *, input_cols: Sequence[str], out
         raise ConfigError(f"output_col={output_col!r} must be a non-empty column name")
     size = setting("predict_batch_size", batch_size, None, int)
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise ConfigError(f"batch_size={size!r} must be an integer >= 1 (rows per model call); "
-                          "e.g. batch_size=1024")
+        raise ConfigError(f"batch_size={size!r} must be an integer >= 1 (rows per model call); e.g. batch_size=1024")
     if output_type is not None and output_type not in _OUTPUT_TYPES:
         raise ConfigError(f"output_type={output_type!r} is not one of {_OUTPUT_TYPES}; "
                           "pass 'float', 'array', or leave it out to read it from the model")
-    if not (hasattr(df, "schema") and hasattr(df, "mapInArrow")):
-        raise ConfigError(f"df must be a Spark DataFrame, got {type(df).__name__}; convert it with "
-                          "spark.createDataFrame(...) or read it with spark.read")
+    check_dataframe(df, "df")
     _check_schema(df.schema, cols, output_col)
     options = dict(storage_options or {})
     source, version, files = _locate(model_path, options)
@@ -113,13 +103,13 @@ def _conf_int(spark, key: str, default: int) -> int:
 
 
 def _check_input_cols(input_cols) -> tuple[str, ...]:
-    if isinstance(input_cols, str) or not isinstance(input_cols, (list, tuple)) or not input_cols:
+    if not isinstance(input_cols, (list, tuple)) or not input_cols:
         raise ConfigError(f"input_cols={input_cols!r} must be a non-empty list of column names, "
                           "e.g. input_cols=['features'] or input_cols=['x1', 'x2']")
     bad = [c for c in input_cols if not isinstance(c, str) or not c]
     if bad:
         raise ConfigError(f"input_cols contains {bad!r}; give column names as strings")
-    dups = sorted({c for c in input_cols if list(input_cols).count(c) > 1})
+    dups = sorted({c for c in input_cols if input_cols.count(c) > 1})
     if dups:
         raise ConfigError(f"input_cols lists {dups} more than once; name each column once")
     return tuple(input_cols)
@@ -132,13 +122,9 @@ def _check_schema(schema, cols: tuple[str, ...], output_col: str) -> None:
             raise ConfigError(f"input column {name!r} is not in the DataFrame (columns: "
                               f"{sorted(fields)}); fix input_cols")
         dtype = fields[name]  # a number, an array of numbers or packed bytes: what can feed a model
-        kind = dtype.typeName()
-        if not (kind in _NUMERIC or kind == "binary" or (kind == "array" and dtype.elementType.typeName() in _NUMERIC)):
-            hint = ("convert it with pyspark.ml.functions.vector_to_array(col)"
-                    if kind == "vector" or "Vector" in type(dtype).__name__
-                    else f"cast it (F.col({name!r}).cast('float')) or pick other columns")
-            raise ConfigError(f"input column {name!r} has type {dtype.simpleString()}; inputs must "
-                              f"be numeric, arrays of numbers or binary (packed values); {hint}")
+        if not (numeric(dtype) or type(dtype).__name__ == "BinaryType"):
+            raise ConfigError(f"input column {name!r} has type {dtype.simpleString()}; inputs must be numeric, "
+                              f"arrays of numbers or binary (packed values); {unsupported_hint(dtype)}")
     if output_col in fields:
         raise ConfigError(f"output_col={output_col!r} already exists in the DataFrame; pass another "
                           f"output_col or drop the column first (df.drop({output_col!r}))")

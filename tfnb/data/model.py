@@ -1,6 +1,5 @@
-"""The model ``tfnb.predict`` runs: where it is, its version (the file's mtime, or the remote files' sizes and ETags,
-read on the driver and in every cache key, so a changed model loads again), this machine's copy of it and loading it.
-"""
+"""The model ``tfnb.predict`` runs: where it is, its version (the file's mtime, or the remote files' sizes and ETags: in
+every cache key, so a changed model loads again), this machine's copy of it, and loading it."""
 from __future__ import annotations
 
 import contextlib
@@ -61,9 +60,8 @@ def _fresh_cache() -> str:
 
 
 def _fetch(url: str, version: str, files: tuple, options: Mapping[str, Any], cache_base: str) -> str:
-    """The local copy of the model at ``url``, downloaded once per (url, version); ``url`` itself when local (no
-    ``files``). A cached copy is used only when a record written after its download names this version and every
-    file has the size the driver listed."""
+    """The local copy of the model at ``url`` (``url`` itself when local: no ``files``), downloaded once per version:
+    a cached copy is used only when the record written after its download names it and every file has its size."""
     if not files:
         return url
     try:  # tfnb-model-cache-<uid> under TFNB_MODEL_CACHE_DIR or the temp folder, when 0700 and this user's
@@ -121,9 +119,8 @@ class _Model:
         return len(self.output_shapes) == 1 and self.output_shapes[0] in ([], [1])
 
     def describe(self) -> dict:
-        return {"input_shape": self.input_shape, "input_dtype": self.input_dtype,
-                "output_shapes": self.output_shapes, "scalar_output": self.scalar_output,
-                "values_per_row": self.values_per_row}
+        keys = ("input_shape", "input_dtype", "output_shapes", "scalar_output", "values_per_row")
+        return {key: getattr(self, key) for key in keys}
 
 
 def _load(path: str, threads: int | None) -> _Model:
@@ -134,9 +131,7 @@ def _load(path: str, threads: int | None) -> _Model:
         with contextlib.suppress(RuntimeError):  # TensorFlow already ran something here: it keeps its pools
             tf.config.threading.set_intra_op_parallelism_threads(threads)
             tf.config.threading.set_inter_op_parallelism_threads(threads)
-    if os.path.isdir(path):
-        return _load_saved_model(tf, path)
-    return _load_keras(tf, path)
+    return (_load_saved_model if os.path.isdir(path) else _load_keras)(tf, path)
 
 
 def _load_keras(tf, path: str) -> _Model:
@@ -220,9 +215,8 @@ def _describe_in_subprocess(path: str) -> dict:
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1])
     err = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-    own = "tfnb.errors.ConfigError: "
-    if err.startswith(own):
-        raise ConfigError(err[len(own):])
+    if err.startswith("tfnb.errors.ConfigError: "):
+        raise ConfigError(err.split(": ", 1)[1])
     if "No module named 'tensorflow'" in err or "No module named 'tf_keras'" in err:
         raise MissingDependencyError(
             f"reading the output shape of {path!r} needs tensorflow (and tf-keras for a tf-keras model) on the "

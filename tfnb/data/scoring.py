@@ -1,7 +1,6 @@
-"""What each Spark Python worker runs for ``tfnb.predict``: Arrow batches of the input columns in (as one matrix of
-the model's input shape and dtype, :func:`_features`), one Arrow array of predictions out. The model is loaded once
-per Python worker, which Spark reuses across tasks and calls (:func:`_model_for`).
-"""
+"""What each Spark Python worker runs for ``tfnb.predict``: Arrow batches of the input columns in (one matrix of the
+model's input shape and dtype, :func:`_features`), one Arrow array of predictions out. The model is loaded once per
+Python worker, which Spark reuses across tasks and calls (:func:`_model_for`)."""
 from __future__ import annotations
 
 import logging
@@ -42,20 +41,17 @@ _loaded: "OrderedDict[tuple, _Model]" = OrderedDict()
 
 def _model_for(spec: _Spec) -> _Model:
     key = (spec.source, spec.version, spec.threads)
-    if key in _loaded:
-        _loaded.move_to_end(key)
-        return _loaded[key]
-    started = time.monotonic()
-    # tf.keras must mean tf-keras in this worker (custom layers may use it): set before TF is imported.
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    model = _loaded[key] = _load(_fetch(spec.source, spec.version, spec.files, spec.options, spec.cache_dir),
-                                 spec.threads)
+    if key not in _loaded:
+        started = time.monotonic()
+        # tf.keras must mean tf-keras in this worker (custom layers may use it): set before TF is imported.
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        _loaded[key] = _load(_fetch(spec.source, spec.version, spec.files, spec.options, spec.cache_dir), spec.threads)
+        log.info("loaded model %s in process %d in %.1f s", spec.source, os.getpid(), time.monotonic() - started)
+        _trace(spec, f"load {spec.source}")
+    _loaded.move_to_end(key)
     while len(_loaded) > _MODELS_CACHED:
         _loaded.popitem(last=False)
-    log.info("loaded model %s in process %d in %.1f s", spec.source, os.getpid(), time.monotonic() - started)
-    if spec.trace_dir:
-        _trace(spec.trace_dir, f"load {spec.source}")
-    return model
+    return _loaded[key]
 
 
 def _predict_arrays(spec: _Spec, batches: Iterator) -> Iterator:
@@ -87,8 +83,7 @@ def _predict_batch(spec: _Spec, arrays: Sequence) -> Any:
     else:
         step = spec.batch_size or _batch_size(model.describe(), n)
         y = np.concatenate([model.call(x[i:i + step]) for i in range(0, n, step)])
-    if spec.trace_dir:
-        _trace(spec.trace_dir, f"batch {n}")
+    _trace(spec, f"batch {n}")
     if spec.scalar_output:
         if y.shape[1] != 1:
             raise ConfigError(f"output_type='float' but the model gives {y.shape[1]} values per row; "
@@ -134,8 +129,7 @@ def _features(arrays: Sequence, names: Sequence[str], model: "_Model"):
 def _check_same_length(lengths, name: str, what: str) -> None:
     if len(lengths) and (lengths != lengths[0]).any():
         raise ConfigError(f"input column {name!r} holds {what} of different lengths ({int(lengths.min())}"
-                          f"..{int(lengths.max())}); every row must have the same length "
-                          "(pad or truncate them first)")
+                          f"..{int(lengths.max())}); every row must have the same length (pad or truncate them first)")
 
 
 def _packed_bytes(np, pa, arr, name: str):
@@ -187,7 +181,8 @@ def _to_input_shape(x, names, shape: list):
     return x if len(shape) == 1 else x.reshape((x.shape[0], *shape))
 
 
-def _trace(trace_dir: str, event: str) -> None:
+def _trace(spec: _Spec, event: str) -> None:
     """Diagnostics only (TFNB_PREDICT_TRACE_DIR): append an event line to this process's file."""
-    with open(os.path.join(trace_dir, f"{os.getpid()}.log"), "a") as f:
-        f.write(event + "\n")
+    if spec.trace_dir:
+        with open(os.path.join(spec.trace_dir, f"{os.getpid()}.log"), "a") as f:
+            f.write(event + "\n")

@@ -1,9 +1,7 @@
 """Storage -> this worker's local disk: each worker copies its own byte-balanced shard of the files (:func:`stage`).
-
-Resumable: a file lands as a hidden ``.NAME.tfnb-part`` and is renamed when whole; the manifest ``.tfnb-stage.json``
-(merged under a file lock: workers may share ``dest``) records each complete file's source, size, version and mtime.
-A file renamed but not recorded is kept when its MD5 is the object's single-part ETag (no fsync: not power-loss safe).
-"""
+Resumable: a file lands as a hidden ``.NAME.tfnb-part``, renamed when whole and recorded in ``.tfnb-stage.json`` (merged
+under a file lock: workers may share ``dest``). A file renamed but not recorded is kept when its MD5 is the object's
+single-part ETag (no fsync: not power-loss safe)."""
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +29,6 @@ from ..errors import ConfigError, MissingDependencyError, StorageError, summary
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = ".tfnb-stage.json"
-PART_SUFFIX = PART
 _MANIFEST_VERSION = 1
 # GETs in flight per worker, for small objects and for the parts of big ones each; never more threads than files.
 # bench/staging.py on 2 cores: 16 ran 16 x 32 MiB at 0.64-0.68 x a sequential boto3 loop and 8 at 1.03-1.13 x; on
@@ -46,8 +43,7 @@ _MD5_ETAG = re.compile(r"[0-9a-f]{32}")  # S3's ETag of a single-part, non-KMS o
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file of the source listing: its full URL, its path below ``dest`` (``rel``), size, version (ETag,
-    checksum or mtime) and path below the store's root (``key``, "" when the URL names this one file)."""
+    """One source file: its URL, path below ``dest``, size, version (ETag, checksum or mtime), path below the root."""
 
     url: str
     rel: str
@@ -174,8 +170,7 @@ class _Manifest:
         return {"source": f.url, "size": f.size, "version": f.version, "mtime_ns": st.st_mtime_ns}
 
     def is_complete(self, f: RemoteFile, local: Path) -> bool:
-        """Recorded complete, or (a killed run renamed it but had not recorded it) its MD5 is ``f``'s single-part
-        ETag, and now recorded."""
+        """Recorded complete, or (renamed by a killed run, not recorded) its MD5 is ``f``'s single-part ETag."""
         try:
             st = local.stat()
             if st.st_size != f.size or self.entries.get(f.rel) == self._entry(f, st):
@@ -216,7 +211,7 @@ def _local(dest: Path, rel: str) -> Path:
 
 
 def _part(local: Path) -> Path:
-    return local.with_name(f".{local.name}{PART_SUFFIX}")
+    return local.with_name(f".{local.name}{PART}")
 
 
 def _remove_leftovers(locals_: Sequence[Path]) -> None:
@@ -232,7 +227,7 @@ def _remove_leftovers(locals_: Sequence[Path]) -> None:
         for entry in entries:
             # .NAME.tfnb-part, and the store's ..NAME.tfnb-part.tfnb-part-X (or any other suffix) behind
             n = entry.name
-            if n.startswith(".") and PART_SUFFIX in n and n.lstrip(".").split(PART_SUFFIX)[0] in names:
+            if n.startswith(".") and PART in n and n.lstrip(".").split(PART)[0] in names:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
 
@@ -246,42 +241,33 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
     fetches only what is missing or changed (docs/data.md).
 
     Args:
-        src: ``s3://bucket/prefix`` (or ``s3a://``, ``s3n://``), any fsspec URL (``file://``,
-            ``gs://`` with gcsfs installed), or a local path such as ``/dbfs/data``. A URL naming a
-            single object stages that object.
+        src: ``s3://bucket/prefix`` (or ``s3a://``, ``s3n://``), any fsspec URL (``gs://`` with gcsfs installed),
+            or a local path such as ``/dbfs/data``. A URL naming a single object stages that object.
         dest: local directory; created if missing. Paths below the prefix are kept below it.
         index: this worker's shard, usually ``ctx.task_index``.
         count: number of shards, usually ``ctx.num_workers``; 1 stages everything.
-        endpoint_url: S3-compatible server (MinIO, Ceph, rclone, ...). Env: TFNB_S3_ENDPOINT_URL,
-            then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL.
-        concurrency: S3 GETs in flight at once, for small objects and for the parts of big ones
-            each; fsspec file copies at once. Default 8. Env: TFNB_STAGE_CONCURRENCY.
-        chunk_size: objects larger than this are fetched as parallel ranged GETs of this size (up to 8
-            chunks: one GET while ``concurrency`` files are unfinished). Default 8 MiB, at least 1 MiB.
-            Env: TFNB_STAGE_CHUNK_SIZE.
-        storage_options: ``key``, ``secret``, ``token``, ``region``, ``profile``, ``anon``, ``config``
-            (docs/data.md, "Storage URLs and options"); for fsspec URLs, the filesystem's options. Never logged.
+        endpoint_url: S3-compatible server. Env: TFNB_S3_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL.
+        concurrency: S3 GETs in flight, for small objects and for the parts of big ones each; fsspec file
+            copies at once. Default 8. Env: TFNB_STAGE_CONCURRENCY.
+        chunk_size: objects larger than this come as parallel ranged GETs of this size (up to 8 chunks: one GET
+            while ``concurrency`` files are unfinished). Default 8 MiB, at least 1 MiB. Env: TFNB_STAGE_CHUNK_SIZE.
+        storage_options: docs/data.md, "Storage URLs and options" (fsspec URLs: the filesystem's); never logged.
         progress: show a tqdm bar on stderr.
-        callback: called with a :class:`StageProgress` at the start, at most every 0.25 s while
-            downloading, and at the end, always from the calling thread.
+        callback: called with a :class:`StageProgress` at the start, at most every 0.25 s while downloading,
+            and at the end, always from the calling thread.
 
     Returns:
         A :class:`StageResult`.
 
     Raises:
-        ConfigError: bad ``index``/``count``/``concurrency``/``chunk_size``, or a scheme that no
-            backend handles.
+        ConfigError: bad ``index``/``count``/``concurrency``/``chunk_size``, or a scheme no backend handles.
         MissingDependencyError: boto3 (for S3), fsspec, or the fsspec backend is not installed.
-        StorageError: no credentials, bucket missing, access denied, no files under the URL,
-            not enough free disk space, or a download failed; the message names the URL and the fix.
+        StorageError: no credentials or access, no files under the URL, too little disk space, a failed download.
 
     Example:
-        >>> def train_fn(ctx):
-        ...     import tensorflow as tf
-        ...     staged = tfnb.stage("s3://bucket/train/", "/local_disk0/train",
-        ...                         index=ctx.task_index, count=ctx.num_workers)
-        ...     ds = tf.data.TFRecordDataset(list(staged.paths))
-        ...     ...
+        >>> staged = tfnb.stage("s3://bucket/train/", "/local_disk0/train", index=ctx.task_index,
+        ...                     count=ctx.num_workers)  # in train_fn
+        >>> ds = tf.data.TFRecordDataset(list(staged.paths))
     """
     start = time.monotonic()
     _check_shard_args(index, count)
@@ -291,8 +277,7 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
     concurrency = setting("stage_concurrency", concurrency, _DEFAULT_CONCURRENCY)
     chunk_size = setting("stage_chunk_size", chunk_size, _DEFAULT_CHUNK)
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-        raise ConfigError(f"concurrency={concurrency!r} but it must be an int >= 1 "
-                          "(TFNB_STAGE_CONCURRENCY); e.g. 16")
+        raise ConfigError(f"concurrency={concurrency!r} but it must be an int >= 1 (TFNB_STAGE_CONCURRENCY); e.g. 16")
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1024 * 1024:
         raise ConfigError(f"chunk_size={chunk_size!r} but it must be an int of at least 1 MiB "
                           "(TFNB_STAGE_CHUNK_SIZE, in bytes); e.g. 8388608")
@@ -340,34 +325,27 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
 
 def _list(store: Store) -> list[RemoteFile]:
     """The source's files; a URL naming one file is that file."""
-    files = []
-    for rel, e in store.list().items():
-        url = store.url(rel)
-        safe = _safe_rel(rel, url)
-        if safe is not None:
-            files.append(RemoteFile(url, safe, e.size, e.version, rel))
-    if not files:
-        one = store.stat()
-        if one is not None:
-            files.append(RemoteFile(store.url(), PurePosixPath(store.root).name, one.size, one.version, ""))
-    return files
+    found = ((rel, e, _safe_rel(rel, store.url(rel))) for rel, e in store.list().items())
+    files = [RemoteFile(store.url(rel), safe, e.size, e.version, rel) for rel, e, safe in found if safe is not None]
+    if files:
+        return files
+    one = store.stat()
+    return [RemoteFile(store.url(), PurePosixPath(store.root).name, one.size, one.version, "")] if one else []
 
 
 def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _Manifest, *,
               concurrency: int, progress: bool, callback: Callable[[StageProgress], None] | None,
               label: str, whole_max: int) -> None:
-    """Fetch ``todo``, ``concurrency`` files at a time, recording each when whole. Download threads only post
-    events; this thread does every rename, manifest update and callback."""
+    """Fetch ``todo``, ``concurrency`` files at a time; download threads post events, this thread does the rest."""
     total = sum(f.size for f in todo)
     events: queue.SimpleQueue = queue.SimpleQueue()
     cancel = threading.Event()
     got = {f.rel: 0 for f in todo}
     files = {f.rel: f for f in todo}
     files_done = bytes_done = 0
-    bar = None
-    if progress and todo:
-        bar = require("tqdm", "a staging progress bar").tqdm(
-            total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, file=sys.stderr)
+    bar = require("tqdm", "a staging progress bar").tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, file=sys.stderr
+    ) if progress and todo else None
     last_call = 0.0
 
     def report(force: bool = False) -> None:
@@ -385,7 +363,6 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
                   whole=len(files) >= concurrency and f.size <= whole_max)
 
     pool = ThreadPoolExecutor(max(1, min(concurrency, len(todo))), thread_name_prefix="tfnb-stage")
-    ok = False
     try:
         for f in todo:
             pool.submit(fetch, f).add_done_callback(lambda done, rel=f.rel: events.put(("done", rel, done)))
@@ -411,14 +388,14 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
             if bar is not None and n:
                 bar.update(n)
             report(force=kind == "done" and not files)
-        ok = True
+    except BaseException:
+        cancel.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        _remove_leftovers([_local(dest, rel) for rel in files])
+        raise
     finally:
-        if not ok:
-            cancel.set()
-        pool.shutdown(wait=True, cancel_futures=not ok)
+        pool.shutdown(wait=True)
         store.close()
-        if not ok:
-            _remove_leftovers([_local(dest, rel) for rel in files])
         manifest.flush()
         if bar is not None:
             bar.close()

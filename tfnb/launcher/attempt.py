@@ -5,6 +5,7 @@ drains into the display, watching the clock (timeout), the tasks' silence (stall
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -17,10 +18,13 @@ from .. import _protocol as events
 from .._protocol import Msg, RunEvent
 from ..errors import STALLED, ConfigError, RunTimeoutError, TaskFailure
 from ..monitor.display import show
+from .hooks import LaunchHooks
+from .jobs import DriverPs, exchange_overdue, run_jobs
+from .options import RunOptions
 from .resources import Ask, Placement, refused_by_spark
 from .spark import _driver_host
-from .verdict import (_EXECUTOR_LOST, _boot_error, _boot_report, _cause, _last_line, _Life, _locate, _Outcome,
-                      _refusal_error, _spark_failure, _worker_report)
+from .verdict import (_EXECUTOR_LOST, _boot_error, _boot_report, _cause, _Life, _locate, _Outcome, _refusal_error,
+                      _spark_failure)
 
 log = logging.getLogger(__name__)
 
@@ -38,33 +42,29 @@ _VOTE_SKEW = 30.0  # seconds a custom loop's workers may reach the same epoch bo
 class _Attempt:
     """One launch of the barrier job, watched from the driver's main thread."""
 
-    def __init__(self, spark, spec_kwargs: dict, data, display: Callable[[RunEvent], None],
-                 deadline: float | None, num_tasks: int, num_ps: int, *,
-                 daemon_ranks: frozenset = frozenset(), cancel: threading.Event | None = None,
-                 grace: float = 3.0, stall_timeout: float | None = None, placement: Placement | None = None,
-                 ps_job_wait: float = 300.0, resize: threading.Event | None = None):
+    def __init__(self, spark, spec_kwargs: dict, opts: RunOptions, hooks: LaunchHooks,
+                 display: Callable[[RunEvent], None], deadline: float | None = None, *,
+                 placement: Placement | None = None, resize: threading.Event | None = None):
+        """``spec_kwargs``: the launch's TaskSpec but its channel (``num_workers``: this launch's)."""
         from .channel import Inbox
-        from .jobs import Exchange
         from .runlog import RunLog
 
-        self.spark, self.data, self.spec_kwargs, self.attempt = spark, data, spec_kwargs, spec_kwargs["attempt"]
+        self.spark, self.spec_kwargs, self.attempt = spark, spec_kwargs, spec_kwargs["attempt"]
+        self.opts, self.hooks, self.num_workers, self.num_ps = opts, hooks, spec_kwargs["num_workers"], opts.num_ps
+        self.num_tasks = self.num_workers + self.num_ps
         self.placement = placement or Placement(workers=Ask(1, 0.0))
         self._addrs: dict[int, dict] = {}  # rank -> its TensorFlow server's address and rows, as tasks report
-        # ps tasks in a barrier job of their own: how long one job waits for the other at the exchange
-        self.exchange = Exchange(num_tasks - num_ps, num_ps, ps_job_wait, self._addrs) \
-            if self.placement.ps is not None else None
-        self.display, self.deadline, self.num_tasks, self.num_ps = display, deadline, num_tasks, num_ps
-        self.daemon_ranks, self.cancel, self.stall_timeout, self.resize = daemon_ranks, cancel, stall_timeout, resize
-        self.grace = grace  # seconds to collect reports after the first sign of failure before deciding
+        self._heard: dict[int, float] = {}  # rank -> when it reported them
+        self.display, self.deadline, self.resize = display, deadline, resize
         self.q = Inbox()
-        self.runlog = RunLog.for_run(spec_kwargs["run_id"], spec_kwargs.get("model_dir"))
+        self.runlog = RunLog.for_run(spec_kwargs["run_id"], opts.model_dir)
         resized = spec_kwargs.get("resized_from")
-        self.runlog.note(f"attempt {spec_kwargs['attempt']} (failed launches allowed: {spec_kwargs['max_attempts']}), "
-                         f"{num_tasks - num_ps} workers" + (f", resized from {resized}" if resized else ""))
-        if spec_kwargs["attempt"] == 1 and self.runlog.path:
+        self.runlog.note(f"attempt {self.attempt} (failed launches allowed: {opts.max_attempts}), "
+                         f"{spec_kwargs['num_workers']} workers" + (f", resized from {resized}" if resized else ""))
+        if self.attempt == 1 and self.runlog.path:
             display(RunEvent(events.STATE, "driver", 0, {"log_file": self.runlog.path}))
         self._dropped_shown = (0, time.monotonic())
-        self.tag = f"tfnb-{spec_kwargs['run_id']}-{spec_kwargs['attempt']}"
+        self.tag = f"tfnb-{spec_kwargs['run_id']}-{self.attempt}"
         self.failures: list[TaskFailure] = []
         self.done_ranks: set[int] = set()
         self.lives: dict[int, _Life] = {}
@@ -97,8 +97,7 @@ class _Attempt:
             return
         if kind == Msg.ADDR:  # likewise: every task waits for the others' addresses to start train_fn
             self._addrs[int(peer.get("rank", -1))] = {"addr": msg.get("addr"), "rows": msg.get("rows", 0)}
-            if self.exchange is not None:
-                self.exchange.heard_from()
+            self._heard[int(peer.get("rank", -1))] = time.monotonic()
             if self.decided:  # a task whose job started after the attempt ended: it stops, never trains
                 self.channel.broadcast({"kind": Msg.STOP})
                 return
@@ -115,17 +114,17 @@ class _Attempt:
         from ..data.feeding import agree_counts
 
         self._feed[int(peer.get("rank", -1))] = (int(msg.get("rows", 0)), bool(msg.get("done")))
-        answer = agree_counts(self._feed, self.num_tasks - self.num_ps)
-        now = time.monotonic()
+        answer = agree_counts(self._feed, self.num_workers)
         # the smallest count at most 20 times a second (every answer goes to every task); the final at once
-        if answer is not None and ("counts" in answer or now - self._feed_told >= 0.05):
-            self._feed_told = now
+        if answer is not None and ("counts" in answer or time.monotonic() - self._feed_told >= 0.05):
+            self._feed_told = time.monotonic()
             self.channel.broadcast(answer)
 
-    def _log(self, job: str, idx: int, msg: dict) -> None:
+    def _log(self, life: _Life, msg: dict) -> None:
         lines = msg.get("lines")
         if type(lines) is not list:  # one line; a carriage-return update when partial
             lines = [msg.get("line", "")]
+        life.line = str(lines[-1]) if lines else ""
         stream, partial, now = msg.get("stream"), msg.get("partial"), time.time()
         for line in lines:
             line = line if type(line) is str else str(line)
@@ -134,20 +133,18 @@ class _Attempt:
                 line = f"{line[:_MAX_SHOWN_LINE]} … [{more} more characters in the run's log file]"
             # partial: a carriage-return update, which the next line of this task replaces
             data = {"stream": stream, "line": line, "partial": True} if partial else {"stream": stream, "line": line}
-            self._show(RunEvent(events.LOG, job, idx, data, now))
+            self._show(RunEvent(events.LOG, life.job_name, life.task_index, data, now))
 
     def _job(self, spec) -> None:
-        from .jobs import run_jobs
-
-        if self.data is not None and self.spec_kwargs["hooks"].feeder is not None:
-            source = self.data  # a feeder's DataFrame already has one partition per task
-        elif self.data is not None:
+        data = self.opts.data
+        if data is not None and self.hooks.feeder is not None:
+            source = data  # a feeder's DataFrame already has one partition per task
+        elif data is not None:
             from ..data.feeding import split_for_workers
 
-            source, self._counts = split_for_workers(self.data, self.num_tasks - self.num_ps, self.num_ps)
+            source, self._counts = split_for_workers(data, self.num_workers, self.num_ps)
         else:
-            p = self.placement
-            n = self.num_tasks - self.num_ps if p.ps is not None or p.ps_on_driver else self.num_tasks
+            n = self.num_workers if self.placement.ps is not None or self.placement.ps_on_driver else self.num_tasks
             source = self.spark.range(0, n, 1, n)
         run_jobs(self.spark, spec, self.placement, source, self.num_ps, self.tag, self.q.put)
 
@@ -161,8 +158,7 @@ class _Attempt:
         if kind == Msg.DISCONNECTED:
             if not life.final and not self.decided and self.job_error is None and \
                     not any(not f.retryable for f in self.failures):
-                # Gone without a word: its executor or Python worker died. (After the job failed, or
-                # after a task raised, Spark itself kills the remaining tasks: that is no news.)
+                # gone without a word, not killed by Spark after a failure: its executor or Python worker died
                 self._lost(life, "the task ended without a report: its executor or Spark Python worker was lost")
             life.final = True
             return
@@ -173,8 +169,7 @@ class _Attempt:
                 if isinstance(m, dict):
                     self._handle(peer, m)
         elif kind == Msg.LOG:
-            life.line = _last_line(msg)
-            self._log(job, idx, msg)
+            self._log(life, msg)
         elif kind == Msg.EVENT:
             data = msg.get("data") or {}
             if msg.get("event", events.PROGRESS) == events.PROGRESS:
@@ -188,10 +183,10 @@ class _Attempt:
                 if data["epoch_vote"] == "boundary" and self._vote_check is None:
                     # a custom loop's worker joins at its first boundary: its peers reach theirs within the time
                     # their last collective step allows
-                    self._vote_check = time.monotonic() + max(self.grace, _VOTE_SKEW)
+                    self._vote_check = time.monotonic() + max(self.opts.failure_grace, _VOTE_SKEW)
                 return
             if data.get("epoch_end") and rank in self.voters and self._vote_check is None:
-                self._vote_check = time.monotonic() + self.grace
+                self._vote_check = time.monotonic() + self.opts.failure_grace
             self._show(RunEvent(msg.get("event", events.PROGRESS), job, idx, data))
         elif kind == Msg.STATE:
             life.state = str(msg.get("state", ""))
@@ -201,8 +196,8 @@ class _Attempt:
                 if job == "chief" and self.num_ps > 0:  # ps and worker tasks serve until the coordinator is done
                     self.channel.broadcast({"kind": Msg.STOP})
                 self.done_ranks.add(rank)
-                if self.daemon_ranks and \
-                        len(self.done_ranks - self.daemon_ranks) == self.num_tasks - len(self.daemon_ranks):
+                daemons = self.hooks.daemon_ranks
+                if daemons and len(self.done_ranks - daemons) == self.num_tasks - len(daemons):
                     # daemon tasks (tfnb.compat's ps/evaluator) serve until every other task is done
                     self.channel.broadcast({"kind": Msg.STOP})
                 elif len(self.done_ranks) == self.num_tasks and self.spec_kwargs.get("linger"):
@@ -212,9 +207,8 @@ class _Attempt:
         elif kind == Msg.FAILED:
             life.final = True
             f = msg.get("failure") or {}
-            failure = TaskFailure(job_name=job, task_index=idx, exc_type=f.get("exc_type", "Error"),
-                                  message=f.get("message", ""), traceback=f.get("traceback", ""),
-                                  exit_code=f.get("exit_code"), attempt=self.attempt, host=peer.get("host", ""))
+            failure = life.failure(f.get("exc_type", "Error"), f.get("message", ""), self.attempt,
+                                   traceback=f.get("traceback", ""), exit_code=f.get("exit_code"))
             self.failures.append(failure)
             if f.get("boot"):  # the train_fn process could not import tfnb
                 self.boot = self.boot or {**f, "host": failure.host, "child": True}
@@ -233,8 +227,6 @@ class _Attempt:
         driver_ps = None
         try:
             if self.placement.ps_on_driver:
-                from .jobs import DriverPs
-
                 driver_ps = DriverPs(spec, self.channel.address[0], self._driver_ps_died).start()
             job.start()
             return self._watch(job)
@@ -245,13 +237,10 @@ class _Attempt:
                 driver_ps.stop()
             self.runlog.close()
 
-    def _driver_ps_died(self, rank: int, code: int, err: str) -> None:
+    def _driver_ps_died(self, rank: int, failure: dict) -> None:
         """A ps process on the driver ended with an error while the run needed it: a death, like a task's."""
-        from .jobs import died_message
-
-        peer = {"job_name": "ps", "task_index": rank - (self.num_tasks - self.num_ps), "rank": rank, "host": "driver"}
-        self.q.put_message(peer, {"kind": Msg.FAILED, "failure": {
-            "exc_type": "ProcessDied", "message": died_message(code, err), "traceback": err, "exit_code": code}})
+        peer = {"job_name": "ps", "task_index": rank - (self.num_workers), "rank": rank, "host": "driver"}
+        self.q.put_message(peer, {"kind": Msg.FAILED, "failure": failure})
 
     def _stop_everything(self, job: threading.Thread) -> None:
         from .spark import interrupt_jobs
@@ -313,7 +302,7 @@ class _Attempt:
                     raise RunTimeoutError(
                         "tfnb.run timed out; the job was cancelled and its processes stopped. Raise "
                         "timeout= (or TFNB_TIMEOUT), or checkpoint to model_dir and resume")
-                if self.cancel is not None and self.cancel.is_set():
+                if self.hooks.cancel is not None and self.hooks.cancel.is_set():
                     raise KeyboardInterrupt  # stopped and reported like the notebook's stop button
                 if self.resize is not None and self.resize.is_set() and self.first_bad is None:
                     self._resize()
@@ -326,11 +315,11 @@ class _Attempt:
                 stalled = self._stalled()
                 if stalled:
                     return self._on_stall(job, stalled)
-                late = self.exchange.overdue() if self.exchange is not None and self.first_bad is None else None
+                late = exchange_overdue(self._heard, self.num_workers, self.num_ps, self.opts.ps_job_wait) \
+                    if self.placement.ps is not None and self.first_bad is None else None
                 if late is not None:  # other jobs hold the slots one of the run's two jobs needs
                     self._stop_everything(job)
-                    failure = TaskFailure(job_name="driver", task_index=0, exc_type="ClusterError",
-                                          message=str(late), attempt=self.attempt)
+                    failure = _Life("driver", 0).failure("ClusterError", str(late), self.attempt)
                     return _Outcome(failure=failure, error=late, cause=str(late).split(":")[0])
                 item = self._drain(0.5 if left is None else min(0.5, left))
                 if item is None:
@@ -345,13 +334,12 @@ class _Attempt:
                     values = [None] * self.num_tasks  # by rank: the chief's alone, unless hooks ask for all
                     for row in item[1]:
                         values[row["rank"]] = cloudpickle.loads(row["result"])
-                    value = values if self.spec_kwargs["hooks"].all_results else values[0]
+                    value = values if self.hooks.all_results else values[0]
                     return _Outcome(value=value, resumed_epoch=self._resumed_epoch())
-                # The job failed. Spark's verdict says whether an executor was lost; what the tasks
-                # themselves report (collected until _settled) says more than Spark's wrapper text.
+                # the job failed: what the tasks report (until _settled) says more than Spark's wrapper text
                 self.job_error = self.job_error or item[1]  # the first: a second is often its cancellation
                 # tfnb's bootstrap could not start, or Spark's Python worker failed before it ran
-                self.boot = self.boot or _boot_report(str(item[1])) or _worker_report(str(item[1]))
+                self.boot = self.boot or _boot_report(str(item[1]))
                 self.refused = self.refused or refused_by_spark(str(item[1]))
                 if _EXECUTOR_LOST.search(str(item[1])):
                     # "barrier task ResultTask(<stage>, <partition>) finished unsuccessfully": the partition is the rank
@@ -361,11 +349,9 @@ class _Attempt:
                 self._trouble()
         except KeyboardInterrupt:
             while True:  # a second press of the stop button must not cut the cleanup short
-                try:
+                with contextlib.suppress(KeyboardInterrupt):
                     self._stop_everything(job)
                     break
-                except KeyboardInterrupt:
-                    continue
             raise  # tfnb.run raises it as RunCancelledError
 
     def _lost(self, life: _Life | None, message: str) -> None:
@@ -384,10 +370,10 @@ class _Attempt:
         if self.lost:
             # Let Spark declare the executor lost (the job fails) before cancelling, or the relaunch
             # may be scheduled on the executor that is gone.
-            return self.job_error is not None or time.monotonic() >= self.first_bad + self.grace
+            return self.job_error is not None or time.monotonic() >= self.first_bad + self.opts.failure_grace
         if self.lives and len(self.lives) >= self.num_tasks and all(l.final for l in self.lives.values()):
             return True
-        return time.monotonic() >= self.first_bad + self.grace
+        return time.monotonic() >= self.first_bad + self.opts.failure_grace
 
     def _verdict(self) -> tuple[TaskFailure, bool]:
         """(the failure that explains the attempt, whether a relaunch may fix it). A death wins (the other errors
@@ -408,12 +394,10 @@ class _Attempt:
                     (failure.job_name, failure.task_index)), None)
         if own is not None and isinstance(own.step.get("epoch"), int):
             return own.step["epoch"]
-        epochs = [l.step["epoch"] for l in self.lives.values() if isinstance(l.step.get("epoch"), int)]
-        return max(epochs) if epochs else None
+        return max((l.step["epoch"] for l in self.lives.values() if isinstance(l.step.get("epoch"), int)), default=None)
 
     def _resumed_epoch(self) -> int | None:
-        firsts = [l.first_epoch for l in self.lives.values() if l.first_epoch is not None]
-        return min(firsts) if firsts else None
+        return min((l.first_epoch for l in self.lives.values() if l.first_epoch is not None), default=None)
 
     def _failed(self, job: threading.Thread) -> _Outcome:
         failure, retryable = self._verdict()
@@ -423,7 +407,7 @@ class _Attempt:
         self._drain_rest()
         others = tuple(f for f in self.failures if f is not failure)
         if self.boot or self.refused:
-            error = _boot_error(_locate(self.spark, self.boot, self.num_tasks), self.spec_kwargs["max_attempts"]) \
+            error = _boot_error(_locate(self.spark, self.boot, self.num_tasks), self.opts.max_attempts) \
                 if self.boot else _refusal_error(self.refused, self.placement.worker_profile)
             return _Outcome(failure=failure, others=others, error=error, cause=str(error).split(";")[0])
         epoch = self._epoch_of(failure)
@@ -450,8 +434,7 @@ class _Attempt:
         if self._vote_check in (None, float("inf")) or time.monotonic() < self._vote_check and self.first_bad is None:
             return None
         self._vote_check = float("inf")  # checked
-        workers = range(self.num_tasks - self.num_ps)
-        missing = [r for r in workers if r not in self.voters]
+        missing = [r for r in range(self.num_workers) if r not in self.voters]
         if not missing or self.num_ps:
             return None
         label = lambda r: self.lives[r].label if r in self.lives else f"rank {r}"  # noqa: E731
@@ -469,12 +452,12 @@ class _Attempt:
 
     def _stalled(self) -> list[_Life]:
         """Tasks whose train_fn runs but has sent nothing for stall_timeout, quietest first."""
-        if not self.stall_timeout or self.first_bad is not None:
+        if not self.opts.stall_timeout or self.first_bad is not None:
             return []
         now = time.monotonic()
         # ps servers and tfnb.compat's daemon tasks are silent by design
         silent = [l for rank, l in self.lives.items() if l.state == "training" and not l.final
-                  and rank not in self.daemon_ranks and now - l.seen > self.stall_timeout]
+                  and rank not in self.hooks.daemon_ranks and now - l.seen > self.opts.stall_timeout]
         return sorted(silent, key=lambda l: l.seen)
 
     def _on_stall(self, job: threading.Thread, stalled: list[_Life]) -> _Outcome:

@@ -13,6 +13,7 @@ import selectors
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .._protocol import (_HANDSHAKE_TIMEOUT, _HEAD, _MAX_FRAME, _MAX_HELLO, _SEND_TIMEOUT, EventKind, Msg, _key,
@@ -23,18 +24,16 @@ log = logging.getLogger(__name__)
 _MAX_PENDING = 64        # unauthenticated connections served at once
 
 
+@dataclass(eq=False)
 class _Conn:
-    __slots__ = ("sock", "buf", "deadline", "nonce", "peer", "rx", "tx", "lock")
-
-    def __init__(self, sock: socket.socket, deadline: float):
-        self.sock = sock
-        self.buf = bytearray()
-        self.deadline = deadline
-        self.nonce = secrets.token_hex(16)
-        self.peer: dict | None = None   # set once authenticated
-        self.rx: _Sealer | None = None
-        self.tx: _Sealer | None = None
-        self.lock = threading.Lock()
+    sock: socket.socket
+    deadline: float
+    buf: bytearray = field(default_factory=bytearray)
+    nonce: str = field(default_factory=lambda: secrets.token_hex(16))
+    peer: dict | None = None   # set once authenticated
+    rx: _Sealer | None = None
+    tx: _Sealer | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class DriverChannel:
@@ -42,9 +41,9 @@ class DriverChannel:
     they authenticate, each within ``handshake_timeout`` s) and calls ``on_message(peer, message)`` from its thread
     (peer: the task's hello dict; a batch is one message). ``on_message`` may block: the senders slow down."""
 
-    def __init__(self, host: str, on_message: Callable[[dict, dict], None], token: str | None = None, *,
-                 max_pending: int = _MAX_PENDING, handshake_timeout: float = _HANDSHAKE_TIMEOUT):
-        self.token = token or secrets.token_hex(32)
+    def __init__(self, host: str, on_message: Callable[[dict, dict], None], *, max_pending: int = _MAX_PENDING,
+                 handshake_timeout: float = _HANDSHAKE_TIMEOUT):
+        self.token = secrets.token_hex(32)
         self._on_message, self._max_pending, self._handshake_timeout = on_message, max_pending, handshake_timeout
         self._lock = threading.Lock()
         self._all_gone = threading.Condition(self._lock)
@@ -59,7 +58,6 @@ class DriverChannel:
         self._rx = memoryview(bytearray(1 << 18))
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
-        self._listening = True
         self._thread = threading.Thread(target=self._loop, name="tfnb-channel", daemon=True)
         self._thread.start()
 
@@ -100,7 +98,6 @@ class DriverChannel:
             self._sel.register(sock, selectors.EVENT_READ, c)
         # Enough connections are proving themselves: let the rest wait in the listen backlog.
         self._sel.unregister(self._listener)
-        self._listening = False
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -109,9 +106,9 @@ class DriverChannel:
                         self._handshake_timeout)
             self.rejected += 1
             self._drop(c)
-        if not self._listening and len(self._pending) < self._max_pending and not self._closed.is_set():
+        if (len(self._pending) < self._max_pending and self._listener not in self._sel.get_map()
+                and not self._closed.is_set()):
             self._sel.register(self._listener, selectors.EVENT_READ, None)
-            self._listening = True
 
     def _read(self, c: _Conn) -> None:
         try:
@@ -228,18 +225,14 @@ _ENDS = ("done", "error", "closed")
 
 
 class Inbox:
-    """The driver's bounded queue from the channel thread to the main thread.
-
-    Lines, states and failures keep their order and are never dropped: with ``bound`` messages waiting,
-    :meth:`put_message` blocks (the tasks slow down). Progress waits once per task: a newer report merges into
-    the waiting one (``dropped`` counts them). The job's end (:meth:`put` of "done", "error", "closed") lifts the
-    bound. A waiting get returns once the first message has waited ``gather`` s or ``bound``/10 wait, not once per
-    frame. Items come out as ``("msg", peer, message, size)`` or as put.
-    """
+    """The driver's bounded queue from the channel thread to the main thread. Lines, states and failures keep their
+    order and are never dropped: with ``bound`` waiting, :meth:`put_message` blocks (the tasks slow down). Progress
+    waits once per task, a newer report merging into it (``dropped`` counts them). The job's end (:meth:`put` of
+    "done", "error", "closed") lifts the bound. A waiting get returns once the first message waited ``gather`` s or
+    ``bound``/10 wait. Items come out as ``("msg", peer, message, size)`` or as put."""
 
     def __init__(self, bound: int = 10_000, gather: float = 0.02):
-        self.bound = bound
-        self.gather = gather
+        self.bound, self.gather = bound, gather
         self._since = 0.0  # when the oldest waiting item came
         self.dropped = 0
         self.peak = 0    # most messages waiting at once
@@ -296,16 +289,11 @@ class Inbox:
             if (was_empty and self._items) or self._size * 10 >= self.bound:
                 self._cv.notify_all()
 
-    def get(self, timeout: float | None = None):
-        return self.get_many(timeout, 1)[0]
-
     def get_many(self, timeout: float | None = None, most: int = 256) -> list:
         """Up to ``most`` waiting items, oldest first; an item of :meth:`put` ends the list. ``queue.Empty`` when
         nothing came within ``timeout``."""
         with self._cv:
             if not self._items:
-                if timeout is not None and timeout <= 0:
-                    raise queue.Empty
                 end = None if timeout is None else time.monotonic() + timeout
                 if not self._cv.wait_for(lambda: self._items, timeout=timeout):
                     raise queue.Empty

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from typing import Callable
 
 from ..errors import ClusterError
@@ -30,18 +31,15 @@ def run_executors(spark, tag: str) -> dict[str, int] | None:
     """Executor id -> running tasks of the launch in job group ``tag``; None where Spark cannot say."""
     try:
         tracker, store = spark.sparkContext.statusTracker(), spark.sparkContext._jsc.sc().statusStore()
-        where: dict[str, int] = {}
+        where: Counter[str] = Counter()
         for job in tracker.getJobIdsForGroup(tag):
             info = tracker.getJobInfo(job)
             for stage in (info.stageIds if info is not None else ()):
                 attempt = tracker.getStageInfo(stage)
-                if attempt is None:
-                    continue
-                listed = store.taskList(stage, attempt.currentAttemptId, 1 << 20)
-                for i in range(listed.size()):
-                    task = listed.apply(i)
-                    if task.status() == "RUNNING":
-                        where[task.executorId()] = where.get(task.executorId(), 0) + 1
+                if attempt is not None:
+                    listed = store.taskList(stage, attempt.currentAttemptId, 1 << 20)
+                    tasks = (listed.apply(i) for i in range(listed.size()))
+                    where.update(task.executorId() for task in tasks if task.status() == "RUNNING")
     except Exception:  # noqa: BLE001 - Spark Connect, or a session going away
         return None
     return where
@@ -84,11 +82,10 @@ class Watch:
     the free slots again (``why``: "executors returned"), or when an executor running one of its tasks leaves."""
 
     def __init__(self, spark, placement: Placement, num_ps: int, size: int, wanted: int, resize: Callable[[], None],
-                 tag: str | None = None):
+                 tag: str):
         self.why: str | None = None
         self._stop = threading.Event()
-        self._tag = tag
-        self._thread = threading.Thread(target=self._watch, args=(spark, placement, num_ps, size, wanted, resize),
+        self._thread = threading.Thread(target=self._watch, args=(spark, placement, num_ps, size, wanted, resize, tag),
                                         name="tfnb-elastic-watch", daemon=True)
 
     def __enter__(self) -> "Watch":
@@ -99,12 +96,12 @@ class Watch:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def _watch(self, spark, placement, num_ps, size, wanted, resize) -> None:
+    def _watch(self, spark, placement, num_ps, size, wanted, resize, tag) -> None:
         known = leaving(spark)  # leaving before this launch: it runs on the others already
         while not self._stop.wait(_POLL):
             try:
                 gone = leaving(spark) - known
-                own = run_executors(spark, self._tag) if self._tag else None
+                own = run_executors(spark, tag)
                 scheduled = own is not None and sum(own.values()) >= size + num_ps  # every task of the launch runs
                 if gone and own is not None:
                     if scheduled:  # another run's or job's executor: it takes no new task, so none of this launch's

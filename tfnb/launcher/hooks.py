@@ -5,7 +5,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .._task.setup import TaskHooks
 from .._task.spill import ArrowSpill
 from ..errors import ConfigError, summary
 
@@ -16,8 +15,7 @@ __all__ = ["LaunchHooks", "ArrowSpill", "pickle_fn"]
 class LaunchHooks:
     """What an add-on changes in one launch: ``tfnb.run(train_fn, hooks=LaunchHooks(...), ...)``.
 
-    The launch surface tfnb.compat (the TensorFlowOnSpark and spark-tensorflow-distributor APIs) is built
-    on; every field's default keeps ``tfnb.run``'s own behaviour.
+    tfnb.compat is built on it; every field's default keeps ``tfnb.run``'s own behaviour.
 
     Attributes:
         feeder: feeds ``data`` (already one partition per task) through the add-on's own spill instead of
@@ -39,11 +37,6 @@ class LaunchHooks:
     cancel: threading.Event | None = None
     keep_port: bool = False
     task_cwd: bool = False
-
-    @property
-    def task(self) -> TaskHooks:
-        return TaskHooks(feeder=self.feeder, all_results=self.all_results, keep_port=self.keep_port,
-                         task_cwd=self.task_cwd)
 
 
 def pickle_fn(train_fn: Callable, args: Sequence = (), kwargs: Mapping[str, Any] | None = None) -> bytes:

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Container
+from typing import Callable, Mapping
 
 from ..errors import ClusterError
 from .resources import Ask, Placement
@@ -32,14 +32,12 @@ def collect(source, spec, placement: Placement, ask: Ask | None) -> list:
     from .._task.entry import RESULT_SCHEMA, task_entry
 
     task = task_entry(cloudpickle.dumps(spec), __version__)
-    if ask is None:
-        return source.mapInArrow(task, RESULT_SCHEMA, barrier=True).collect()
-    profile = placement.profile(ask)
-    if placement.build == "profile":  # Spark 4.0+, classic and Connect
-        return source.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=profile).collect()
+    if ask is None or placement.build == "profile":  # a profile: Spark 4.0+, classic and Connect
+        profile = {} if ask is None else {"profile": placement.profile(ask)}
+        return source.mapInArrow(task, RESULT_SCHEMA, barrier=True, **profile).collect()
     # Spark 3.5, classic sessions: the profile goes on a barrier RDD of the same stage
     rdd = source.mapInArrow(task, RESULT_SCHEMA).rdd.barrier()
-    return rdd.mapPartitions(lambda rows: rows).withResources(profile).collect()
+    return rdd.mapPartitions(lambda rows: rows).withResources(placement.profile(ask)).collect()
 
 
 def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
@@ -73,47 +71,30 @@ def run_jobs(spark, spec, placement: Placement, source, num_ps: int, tag: str,
         report(("error", e))
 
 
-class Exchange:
-    """The address exchange of a launch whose ps tasks run as a barrier job of their own. Once one job's tasks all
-    reported, the other's follow within seconds, unless other jobs took its slots: :meth:`overdue` ends that wait
-    after ``wait`` s (TFNB_PS_JOB_WAIT). ``heard``: the ranks that reported their address so far."""
-
-    def __init__(self, num_workers: int, num_ps: int, wait: float, heard: Container[int],
-                 clock: Callable[[], float] = time.monotonic):
-        self.jobs = {"the chief/worker tasks'": range(num_workers),
-                     "the ps tasks'": range(num_workers, num_workers + num_ps)}
-        self.wait, self.heard, self.clock = wait, heard, clock
-        self.ready: dict[str, float] = {}  # job -> when its last task reported its address
-
-    def heard_from(self) -> None:
-        for job, ranks in self.jobs.items():
-            if job not in self.ready and all(r in self.heard for r in ranks):
-                self.ready[job] = self.clock()
-
-    def overdue(self) -> ClusterError | None:
-        """The error that ends the launch once one job waited ``wait`` s for the other; else None."""
-        ready = dict(self.ready)
-        if len(ready) != 1:
-            return None
-        (job, since), = ready.items()
-        waited = self.clock() - since
-        if waited < self.wait:
-            return None
-        other = next(j for j in self.jobs if j != job)
-        missing = sum(r not in self.heard for r in self.jobs[other])
-        return ClusterError(
-            f"{job} barrier job waited {waited:.0f} s at the address exchange for {other} barrier job, which did "
-            f"not start ({missing} of {len(self.jobs[other])} tasks never reported): other Spark jobs took its task "
-            "slots after tfnb checked that both jobs fit; run again once they finish (or stop them), run the ps "
-            f"tasks on the driver (ps_placement='driver'), or let it wait longer (TFNB_PS_JOB_WAIT={self.wait:g})")
+def exchange_overdue(heard: Mapping[int, float], num_workers: int, num_ps: int, wait: float) -> ClusterError | None:
+    """The error that ends a launch whose ps tasks run as a barrier job of their own once one job's tasks all reported
+    their address (``heard``: rank -> when) and waited ``wait`` s (TFNB_PS_JOB_WAIT) for the other's; else None."""
+    jobs = {"the chief/worker tasks'": range(num_workers), "the ps tasks'": range(num_workers, num_workers + num_ps)}
+    heard = dict(heard)  # written on the channel's thread
+    ready = {job: max(heard[r] for r in ranks) for job, ranks in jobs.items() if all(r in heard for r in ranks)}
+    waited = time.monotonic() - next(iter(ready.values()), 0.0)
+    if len(ready) != 1 or waited < wait:
+        return None
+    other = next(j for j in jobs if j not in ready)
+    missing = sum(r not in heard for r in jobs[other])
+    return ClusterError(
+        f"{next(iter(ready))} barrier job waited {waited:.0f} s at the address exchange for {other} barrier job, which "
+        f"did not start ({missing} of {len(jobs[other])} tasks never reported): other Spark jobs took its task slots "
+        "after tfnb checked that both jobs fit; run again once they finish (or stop them), run the ps tasks on the "
+        f"driver (ps_placement='driver'), or let it wait longer (TFNB_PS_JOB_WAIT={wait:g})")
 
 
 class DriverPs:
     """The ps tasks of one launch as processes on the driver (``ps_placement="driver"``): ``python -m
     tfnb._task.local``, the barrier task's body without Spark, given its spec on stdin, which the launcher keeps
-    open (the process exits when it closes). ``on_exit(rank, code, stderr_tail)`` hears of one that failed."""
+    open (the process exits when it closes). ``on_exit(rank, failure)`` hears of one that failed."""
 
-    def __init__(self, spec, host: str, on_exit: Callable[[int, int, str], None]):
+    def __init__(self, spec, host: str, on_exit: Callable[[int, dict], None]):
         self.spec, self.host, self.on_exit = spec, host, on_exit
         self.procs: dict[int, subprocess.Popen] = {}
         self.stopping = threading.Event()
@@ -136,10 +117,16 @@ class DriverPs:
         return self
 
     def _watch(self, rank: int, proc: subprocess.Popen) -> None:
-        err = proc.stderr.read()
+        err = proc.stderr.read().decode(errors="replace")[-2000:]
         code = proc.wait()
-        if code != 0 and not self.stopping.is_set():
-            self.on_exit(rank, code, err.decode(errors="replace")[-2000:])
+        if code == 0 or self.stopping.is_set():
+            return
+        signals = signal.Signals._value2member_map_
+        how = f"was killed by {signals[-code].name if -code in signals else -code}" if code < 0 else \
+            f"exited with code {code}"
+        last = next((line for line in reversed(err.strip().splitlines()) if line.strip()), "")
+        message = f"the ps process on the driver {how}" + (f" ({last[:300]})" if last else "")
+        self.on_exit(rank, {"exc_type": "ProcessDied", "message": message, "traceback": err, "exit_code": code})
 
     def stop(self) -> None:
         """End every process; whatever remains after _STOP_WAIT is killed with its group."""
@@ -155,12 +142,3 @@ class DriverPs:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
-
-def died_message(code: int, err: str) -> str:
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        how = f"was killed by {name}"
-    else:
-        how = f"exited with code {code}"
-    last = next((line for line in reversed(err.strip().splitlines()) if line.strip()), "")
-    return f"the ps process on the driver {how}" + (f" ({last[:300]})" if last else "")

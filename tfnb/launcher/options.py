@@ -1,6 +1,4 @@
-"""What ``tfnb.run`` is asked to do, resolved and checked once, on the driver: :class:`RunOptions` (each keyword,
-else its ``TFNB_*`` setting, else the default). The tasks receive these plain values and the driver's settings.
-"""
+"""What ``tfnb.run`` is asked to do, resolved and checked once, on the driver: :class:`RunOptions`."""
 from __future__ import annotations
 
 import os
@@ -10,6 +8,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .._config import setting
 from ..errors import ConfigError, suggest
 from ..monitor.display import check_display
+from .._config import check_seconds
 
 _STALL_DEFAULT = 1800.0
 _REPLACE_WAIT = 120.0  # seconds an elastic run waits for a lost executor's replacement before it shrinks
@@ -25,6 +24,7 @@ _OWN_ENV = {**dict.fromkeys(_TASK_OWN, "it is tfnb's own plumbing; leave it out"
             "CUDA_VISIBLE_DEVICES": ("pass use_gpu= instead (None: the GPUs Spark assigned, False: none), "
                                      "or gpus_per_worker= for how many"),
             "PYTHONUNBUFFERED": "tfnb needs it to stream train_fn's output as it is printed; leave it out"}
+SETTING_ONLY = ("failure_grace", "warm_idle", "ps_job_wait", "slot_wait")  # TFNB_* settings, not keywords
 
 
 def _int(name: str, value: Any, low: int, fix: str) -> int:
@@ -33,35 +33,20 @@ def _int(name: str, value: Any, low: int, fix: str) -> int:
     return value
 
 
-def _seconds(name: str, value: Any, *, zero_is_off: bool = False) -> float | None:
-    """Seconds given as a keyword (a number, not text) or parsed from a TFNB_* setting."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value) if not isinstance(value, str) or name.startswith("TFNB_") else -1.0
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if isinstance(value, bool) or not (seconds >= 0 if zero_is_off else seconds > 0):
-        rule = ">= 0 (None or 0 turns the stall watchdog off)" if zero_is_off else "> 0 (or None for no limit)"
-        raise ConfigError(f"{name}={value!r} must be a number of seconds {rule}")
-    return (seconds or None) if zero_is_off else seconds
-
-
 def _stall_timeout(value) -> float | None:
     """stall_timeout= resolved: "auto" -> TFNB_STALL_TIMEOUT or 30 min; None/0/"off" -> no watchdog."""
+    name = "stall_timeout"
     if isinstance(value, str) and value == "auto":
-        raw = setting("stall_timeout", None, None, str)
-        if raw is None:
-            return _STALL_DEFAULT
-        return _seconds("TFNB_STALL_TIMEOUT", None if raw.strip().lower() in ("", "none", "off") else raw,
-                        zero_is_off=True)
-    return _seconds("stall_timeout", value, zero_is_off=True)
+        off = setting(name, None, str(_STALL_DEFAULT), str).strip().lower() in ("", "none", "off")
+        name, value = "TFNB_STALL_TIMEOUT", None if off else setting(name, None, _STALL_DEFAULT, float)
+    if value is None or (value == 0 and not isinstance(value, bool)):
+        return None
+    return check_seconds(name, value, "a number of seconds >= 0 (None or 0 turns the stall watchdog off)")
 
 
 def _elastic(given: Mapping, num_workers: int, num_ps: int) -> tuple[int | None, float]:
-    """min_workers= and replace_wait=, checked."""
     minimum = given.get("min_workers")
-    wait = _seconds("replace_wait", setting("replace_wait", given.get("replace_wait"), _REPLACE_WAIT, float))
+    wait = check_seconds("replace_wait", setting("replace_wait", given.get("replace_wait"), _REPLACE_WAIT, float))
     if minimum is None:
         return None, wait
     minimum = _int("min_workers", minimum, 1, f"pass min_workers between 1 and num_workers={num_workers}")
@@ -118,19 +103,13 @@ def _check_resources(given: Mapping[str, Any]) -> tuple:
     return gpus, cpus, use_gpu, placement
 
 
-def driver_settings() -> tuple:
-    """The driver's TFNB_* settings as (name, value) pairs, for the tasks."""
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TFNB_") and k not in _TASK_OWN))
-
-
 @dataclass(frozen=True)
 class RunOptions:
     """The options of one ``tfnb.run``, as the driver resolved them (see ``tfnb.run`` for each one).
 
-    Build it with :meth:`resolve`, which applies the ``TFNB_*`` settings and defaults and checks every
-    value; a ``RunOptions`` can be passed to ``tfnb.run(train_fn, options)`` and reused across runs,
-    with keywords of the call overriding its fields. ``env`` and ``storage_options`` (often credentials)
-    never appear in its repr.
+    Build it with :meth:`resolve` (``TFNB_*`` settings and defaults applied, every value checked); pass it to
+    ``tfnb.run(train_fn, options)`` and reuse it, the call's keywords overriding its fields. ``env`` and
+    ``storage_options`` (often credentials) never appear in its repr.
 
     Example:
         >>> opts = RunOptions.resolve(num_workers=2, timeout=600, model_dir="/Volumes/main/default/tfnb/run1")
@@ -175,7 +154,7 @@ class RunOptions:
         Raises:
             ConfigError: an unknown keyword, or a value that breaks its rule (the message names the fix).
         """
-        names = {f.name for f in fields(cls)} - {"failure_grace", "warm_idle", "ps_job_wait", "slot_wait", "settings"}
+        names = {f.name for f in fields(cls)} - {*SETTING_ONLY, "settings"}
         unknown = sorted(set(given) - names)
         if unknown:
             raise ConfigError(f"tfnb.run got unknown option(s) {', '.join(unknown)}; the options are below"
@@ -214,12 +193,11 @@ class RunOptions:
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise ConfigError(f"storage_options must be a dict (key, secret, endpoint_url, ...), got "
                               f"{type(storage_options).__name__}")
-        grace = setting("failure_grace", None, 3.0, float)
-        if grace < 0:
-            raise ConfigError(f"TFNB_FAILURE_GRACE={grace} must be >= 0 seconds")
-        ps_job_wait = setting("ps_job_wait", None, _PS_JOB_WAIT, float)
-        if not ps_job_wait > 0:  # NaN too
-            raise ConfigError(f"TFNB_PS_JOB_WAIT={ps_job_wait:g} must be a number of seconds > 0 (default "
+        tuned = {f.name: setting(f.name, None, f.default, float) for f in fields(cls) if f.name in SETTING_ONLY}
+        if tuned["failure_grace"] < 0:
+            raise ConfigError(f"TFNB_FAILURE_GRACE={tuned['failure_grace']} must be >= 0 seconds")
+        if not tuned["ps_job_wait"] > 0:  # NaN too
+            raise ConfigError(f"TFNB_PS_JOB_WAIT={tuned['ps_job_wait']:g} must be a number of seconds > 0 (default "
                               f"{_PS_JOB_WAIT:g}); fix or unset TFNB_PS_JOB_WAIT")
         min_workers, replace_wait = _elastic(given, num_workers, num_ps)
         from .._task.profiling import check_profile_steps
@@ -230,22 +208,19 @@ class RunOptions:
         env = given.get("env")
         env = env if isinstance(env, tuple) else _check_env(env, legacy_keras)
         # the train_fn processes resolve settings as the driver does, a TFNB_* given in env= winning
-        settings = tuple(sorted({**dict(driver_settings()), **{k: v for k, v in env if k.startswith("TFNB_")}}.items()))
+        settings = {k: v for k, v in (*os.environ.items(), *env) if k.startswith("TFNB_") and k not in _TASK_OWN}
         return cls(
-            num_workers=num_workers, args=tuple(args), kwargs=dict(kwargs), num_ps=num_ps, spark=given.get("spark"),
-            use_gpu=use_gpu, gpus_per_worker=gpus, cpus_per_worker=cpus, ps_placement=ps_placement,
-            timeout=_seconds("timeout", setting("timeout", given.get("timeout"), None, float)),
-            model_dir=given.get("model_dir"), log_dir=given.get("log_dir"), storage_options=storage_options,
-            data=given.get("data"),
+            num_workers=num_workers, args=tuple(args), kwargs=dict(kwargs), num_ps=num_ps, use_gpu=use_gpu,
+            gpus_per_worker=gpus, cpus_per_worker=cpus, ps_placement=ps_placement, storage_options=storage_options,
+            timeout=check_seconds("timeout", setting("timeout", given.get("timeout"), None, float),
+                                  "a number of seconds > 0 (or None for no limit)", optional=True),
+            **{n: given.get(n) for n in ("spark", "model_dir", "log_dir", "data", "display", "mlflow")},
             max_attempts=_int("max_attempts", setting("max_attempts", given.get("max_attempts"), 2, int), 1,
                               "1 = never relaunch"), min_workers=min_workers, replace_wait=replace_wait,
-            stall_timeout=_stall_timeout(given.get("stall_timeout", "auto")),
-            env=env, legacy_keras=legacy_keras,
+            stall_timeout=_stall_timeout(given.get("stall_timeout", "auto")), env=env, legacy_keras=legacy_keras,
             preimport=tuple(preimport), warm=setting("warm", given.get("warm"), True, bool),
-            display=given.get("display"),
             profile_steps=check_profile_steps(given.get("profile_steps"), given.get("log_dir")),
-            mlflow=given.get("mlflow"), failure_grace=grace, warm_idle=setting("warm_idle", None, 600.0, float),
-            ps_job_wait=ps_job_wait, slot_wait=setting("slot_wait", None, 30.0, float), settings=settings)
+            settings=tuple(sorted(settings.items())), **tuned)
 
     @property
     def num_tasks(self) -> int:

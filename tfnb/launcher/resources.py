@@ -1,7 +1,5 @@
-"""Resources per run and per role: what the tasks ask Spark for (the conf, or a *task* resource profile for
-``gpus_per_worker=``/``cpus_per_worker=``), where the parameter servers go, and whether it all fits on the
-executors (docs/resources.md).
-"""
+"""What the tasks ask Spark for (the conf, or a task resource profile for ``gpus_per_worker=``/``cpus_per_worker=``),
+where the ps tasks go, and whether it all fits on the executors (docs/resources.md)."""
 from __future__ import annotations
 
 import collections
@@ -25,16 +23,6 @@ def spark_version(text: str) -> tuple[int, int, int]:
     return _version(text, 3)  # type: ignore[return-value]
 
 
-def _is_local(master: str) -> bool:
-    return _local_cores(master) is not None
-
-
-def _local_cluster(master: str) -> tuple[int, int] | None:
-    """(executors, cores each) of a ``local-cluster[N,C,M]`` master."""
-    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def _local_cores(master: str) -> int | None:
     """The cores of a local master's one JVM (``local``, ``local[N]``, ``local[*]``); None for other masters."""
     m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
@@ -47,7 +35,7 @@ def profile_support(version: tuple[int, int, int], master: str, *, connect: bool
     """Why a task resource profile cannot run with this Spark ``version`` and ``master``; None if nothing rules it out
     (standalone and local-cluster from 3.5.0, YARN and Kubernetes from 3.5.1, never local[N])."""
     v = ".".join(map(str, version))
-    if _is_local(master):
+    if _local_cores(master) is not None:
         return f"no Spark version runs them on a local master ({master})"
     if connect and version < (4, 0, 0):
         return (f"a Spark Connect session on Spark {v} ({master or 'master unknown'}) cannot attach one: "
@@ -64,8 +52,6 @@ def build_method(version: tuple[int, int, int], client: tuple[int, int, int]) ->
 
 @dataclass(frozen=True)
 class Ask:
-    """What one task asks Spark for: CPU cores and GPUs."""
-
     cpus: int
     gpus: float
 
@@ -89,7 +75,6 @@ class Placement:
     profiles: dict = field(default_factory=dict, compare=False, repr=False)  # Ask -> ResourceProfile, see with_profiles
 
     def profile(self, ask: Ask):
-        """The pyspark ResourceProfile asking ``ask`` of each task."""
         if ask in self.profiles:
             return self.profiles[ask]
         from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
@@ -103,9 +88,8 @@ class Placement:
 def with_profiles(spark, placement: Placement) -> Placement:
     """``placement`` with its profiles built once for every attempt. A Spark Connect profile registers through the
     calling thread's active session (the job's thread has none): its id is taken here, ``spark`` made active."""
-    asks = [a for a, on in ((placement.workers, placement.worker_profile), (placement.ps, placement.ps_profile))
-            if on and a is not None]
-    profiles = {ask: placement.profile(ask) for ask in asks}
+    profiles = {a: placement.profile(a) for a, on in ((placement.workers, placement.worker_profile),
+                                                      (placement.ps, placement.ps_profile)) if on and a is not None}
     if profiles and is_connect(spark):
         local = type(spark)._active_session  # pyspark.sql.connect's per-thread active session
         before = getattr(local, "session", None)
@@ -130,8 +114,7 @@ def _asked(gpus: int | None, cpus: int | None) -> str:
 
 
 def _conf_fix(gpus: int | None, cpus: int | None, master: str) -> str:
-    """What to set instead of a per-run request, and where: a short first line, the detail below it."""
-    local = _is_local(master)
+    local = _local_cores(master) is not None
     conf = [f"spark.task.resource.gpu.amount={gpus}" if gpus else "no spark.task.resource.gpu.amount"] \
         if gpus is not None else []
     conf += [f"spark.task.cpus={cpus}"] if cpus is not None else []
@@ -156,7 +139,7 @@ def refused_by_spark(text: str) -> str | None:
 
 
 def _ask_session(spark, placement: Placement, ask: Ask) -> str | None:
-    """Spark's own refusal of ``ask`` (``ResourceProfileManager.isSupported``), on a classic session."""
+    """Spark's own refusal of ``ask`` (``ResourceProfileManager.isSupported``) on a classic session."""
     if is_connect(spark):
         return None  # no JVM to ask: a refusal comes back as the job's error (see refused_by_spark)
     try:
@@ -173,10 +156,9 @@ def _ask_session(spark, placement: Placement, ask: Ask) -> str | None:
 
 def plan(spark, *, num_workers: int, num_ps: int = 0, gpus_per_worker: int | None = None,
          cpus_per_worker: int | None = None, ps_placement: str = "executors") -> Placement:
-    """What the workers and ps tasks ask for, and where the ps tasks go. The workers get a profile only when
-    ``gpus_per_worker``/``cpus_per_worker`` differ from the session's conf. Beside GPU workers the ps tasks run as a
-    second, CPU-only barrier job (a profile when the conf gives every task a GPU; where Spark cannot run one they
-    share the workers' stage, with a warning). ClusterError: a per-run request this Spark cannot attach."""
+    """The workers get a profile only when the per-run asks differ from the conf; beside GPU workers the ps tasks run
+    as a second, CPU-only barrier job (a profile where the conf gives every task a GPU and Spark can run one, else
+    they share the workers' stage, with a warning). ClusterError: a per-run request this Spark cannot attach."""
     import pyspark
 
     master = _conf(spark, "spark.master", "") or ""
@@ -241,8 +223,6 @@ def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Pl
     ps = placement.ps
     workers = num_workers + (num_ps if ps is None and not placement.ps_on_driver else 0)
     fit_w, fit_ps = room(executors, placement.workers, workers, ps)
-    gpus = sum(g for _, g in executors)
-    cores = sum(c for c, _ in executors)
     w = placement.workers
     if fit_w < workers and not placement.worker_profile and ps is None:  # the session's conf: Spark's task slots
         who = "num_workers; the ps run on the driver" if placement.ps_on_driver else "num_workers + num_ps"
@@ -257,7 +237,7 @@ def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Pl
         what = "chief/worker" if workers == num_workers else "chief/worker/ps"
         need = (f"{workers} × {w.gpus:g} = {workers * w.gpus:g} GPUs" if w.gpus
                 else f"{workers} × {w.cpus} = {workers * w.cpus} cores")
-        offer = f"{gpus:g} GPUs" if w.gpus else f"{cores} cores"
+        offer = f"{sum(g for _, g in executors):g} GPUs" if w.gpus else f"{sum(c for c, _ in executors)} cores"
         return ClusterError(
             f"the cluster has room for {fit_w} of the run's {workers} {what} tasks; lower num_workers or the "
             f"per-task amounts, or add executors\nIt needs {workers} {what} tasks of {w} each ({knobs}): {need}; the "
@@ -277,14 +257,12 @@ def fit_error(master: str, executors: Sequence[tuple[int, float]], placement: Pl
 
 def _executors(spark, leaving: frozenset = frozenset(), own: dict[str, int] | None = None,
                ) -> list[tuple[int, float]] | None:
-    """(cores, GPUs) of each registered executor (a local master: the driver's one JVM), ``leaving`` ids left out;
-    None on Spark Connect. With ``own`` (executor id -> tasks of a running launch), what other jobs' running tasks
-    hold there is taken off (``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` each: the status store
-    counts tasks)."""
+    """(cores, GPUs) of each registered executor (local: the driver), ``leaving`` left out; None on Spark Connect.
+    With ``own`` (executor id -> tasks of a running launch), other jobs' running tasks are taken off."""
     if is_connect(spark):
         return None
     store = spark.sparkContext._jsc.sc().statusStore().executorList(True)
-    local = _is_local(_conf(spark, "spark.master", "") or "")
+    local = _local_cores(_conf(spark, "spark.master", "") or "") is not None
     task_cpus = int(_conf(spark, "spark.task.cpus", "1") or 1)
     task_gpus = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
     fallback = float(_conf(spark, f"spark.{'driver' if local else 'executor'}.resource.gpu.amount", "0") or 0)
@@ -306,9 +284,9 @@ def _expected(spark, master: str) -> tuple[int | None, tuple[int, float] | None]
     if local is not None:  # the driver's one JVM
         return 1, (local, float(_conf(spark, "spark.driver.resource.gpu.amount", "0") or 0))
     gpus = float(_conf(spark, "spark.executor.resource.gpu.amount", "0") or 0)
-    cluster = _local_cluster(master)
+    cluster = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)  # [N, cores, MB]
     if cluster:
-        return cluster[0], (cluster[1], gpus)
+        return int(cluster.group(1)), (int(cluster.group(2)), gpus)
     cores = _conf(spark, "spark.executor.cores")
     count = _conf(spark, "spark.executor.instances")
     if count is None and cores and _conf(spark, "spark.cores.max"):
@@ -329,11 +307,8 @@ def check_fit(spark, placement: Placement, num_workers: int, num_ps: int, knobs:
     if executors is None:
         return  # Spark Connect without the cluster's size in its conf: Spark's own barrier check decides
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        if count is not None and len(executors) >= count:
-            break
-        if count is None and fit_error(master, executors, placement, num_workers, num_ps, knobs) is None:
-            break
+    while time.monotonic() < deadline and (len(executors) < count if count is not None else
+                                           fit_error(master, executors, placement, num_workers, num_ps, knobs)):
         time.sleep(0.25)
         executors = _executors(spark)
     error = fit_error(master, executors, placement, num_workers, num_ps, knobs)

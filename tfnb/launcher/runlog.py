@@ -33,11 +33,11 @@ def run_log_path(run_id: str, model_dir: str | None) -> str:
     return os.path.join(base, run_id, "run.log")
 
 
-def _prune(base: str, current: str, keep: int = _KEEP_RUNS) -> None:
+def _prune(base: str, current: str) -> None:
     with contextlib.suppress(OSError):
         runs = [e for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name != current]
         runs.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime)
-        for e in runs[:max(0, len(runs) - keep + 1)]:
+        for e in runs[:max(0, len(runs) - _KEEP_RUNS + 1)]:
             shutil.rmtree(e.path, ignore_errors=True)
 
 
@@ -80,11 +80,9 @@ class RunLog:
         out = []
         for m in items if isinstance(items, (list, tuple)) else ():
             kind = m.get("kind") if isinstance(m, dict) else None
-            if kind == Msg.LOG and "lines" in m:
-                stream = m.get("stream", "")
-                out.extend(f"{stream}: {line}" for line in m["lines"] or ())
-            elif kind == Msg.LOG and not m.get("partial"):
-                out.append(f"{m.get('stream', '')}: {m.get('line', '')}")
+            if kind == Msg.LOG and ("lines" in m or not m.get("partial")):  # a partial one: the whole follows
+                lines = (m["lines"] or ()) if "lines" in m else [m.get("line", "")]
+                out.extend(f"{m.get('stream', '')}: {line}" for line in lines)
             elif kind == Msg.STATE:
                 out.append(f"state: {m.get('state', '')}")
             elif kind == Msg.FAILED:

@@ -9,10 +9,12 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import fields
 from typing import Any, Callable
 
 from .. import _protocol as events
 from .._protocol import RunEvent
+from .._task.setup import TaskHooks
 from ..errors import ConfigError, RunCancelledError, RunTimeoutError, WorkerError, WorkerStalledError
 from ..monitor.display import make_display
 from .attempt import _Attempt
@@ -22,6 +24,9 @@ from .resources import check_fit, with_profiles
 from .spark import is_connect, _refuse_in_task, check_cluster, check_dirs_shared, get_spark
 
 log = logging.getLogger(__name__)
+# the RunOptions fields every task gets as they are (tfnb._task.setup.TaskSpec)
+_SPEC_OPTIONS = ("max_attempts", "min_workers", "num_ps", "model_dir", "log_dir", "use_gpu", "env", "settings",
+                 "legacy_keras", "preimport", "warm", "warm_idle", "profile_steps")
 
 
 def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: LaunchHooks | None = None,
@@ -55,8 +60,7 @@ def run(train_fn: Callable, options: RunOptions | None = None, /, *, hooks: Laun
         stall_timeout: seconds a train_fn process may stay silent before the run is relaunched (default
             TFNB_STALL_TIMEOUT, else 30 minutes; None or 0: no watchdog).
         env: extra environment variables for the train_fn processes, not those tfnb sets itself.
-        legacy_keras: TF_USE_LEGACY_KERAS=1 where tf-keras is installed (None), always (True), never (False); see
-            docs/keras3.md.
+        legacy_keras: TF_USE_LEGACY_KERAS=1 with tf-keras present (None), always (True), never (False) (docs/keras3.md).
         preimport: modules each train_fn process imports while the tasks meet (default ``("tensorflow",)``).
         warm: keep a standby process per executor to fork later runs from (docs/launcher.md, "Warm reruns").
         display: a callable receiving every RunEvent, or False; default: a widget in notebooks, else the console.
@@ -132,14 +136,21 @@ class _Run:
         self.run_id = uuid.uuid4().hex[:12]
         self.deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
         self.history: list[dict] = []  # one entry per launch; in the status file and on WorkerError.attempts
-        self._told_no_boundary = False  # that a resize could not happen (_no_boundary): said once a run
+        self.mlflow_run_id: str | None = None  # in the status file, for an Evaluator of model_dir
+        self._status_lock = threading.Lock()  # the MLflow thread writes it too (_mlflow_started)
+        self._told_no_boundary = False  # that a resize could not happen: said once a run
 
     def _status(self, state: str, **info: Any) -> None:
         if self.opts.model_dir:
             from .._status import write_status
 
-            write_status(self.opts.model_dir, state, run_id=self.run_id, attempts=self.history,
-                         storage_options=self.opts.storage_options, **info)
+            with self._status_lock:
+                write_status(self.opts.model_dir, state, run_id=self.run_id, attempts=self.history,
+                             mlflow_run_id=self.mlflow_run_id, storage_options=self.opts.storage_options, **info)
+
+    def _mlflow_started(self, mlflow_run_id: str) -> None:
+        self.mlflow_run_id = mlflow_run_id
+        self._status("running", attempt=len(self.history) + 1)
 
     def _size(self, minimum: int, wait: float) -> int:
         """The next launch's number of workers: the run's own, or what an elastic run's executors hold."""
@@ -157,11 +168,10 @@ class _Run:
         sink = self.sink = make_display(opts.display, size, opts.num_ps, opts.max_attempts)
         self._status("running", attempt=1)
         if opts.mlflow:
-            from ..monitor.tracking import track
+            from ..monitor.tracking import Tracker
 
-            sink = self.sink = track(sink, opts.mlflow, run_id=self.run_id, spark=self.spark, num_workers=size,
-                                     num_ps=opts.num_ps, max_attempts=opts.max_attempts, args=opts.args,
-                                     model_dir=opts.model_dir, log_dir=opts.log_dir, timeout=opts.timeout, options=opts)
+            sink = self.sink = Tracker(sink, opts, run_id=self.run_id, spark=self.spark, num_workers=size,
+                                       on_start=self._mlflow_started)
         final_state, attempt, failures, resized_from = "failed", 0, 0, None
         try:
             while True:
@@ -176,12 +186,11 @@ class _Run:
                     sink(RunEvent(events.STATE, "driver", 0, {"state": "succeeded", "attempt": attempt,
                                                               "max_attempts": opts.max_attempts}))
                     return outcome.value
-                previous, upcoming = size, None
-                if outcome.resize or (outcome.retryable and self.elastic):
-                    upcoming = self._relaunch_size(size)  # ClusterError below min_workers
-                shrinks = upcoming is not None and upcoming != size  # a resize, not a failed launch
-                failures += not (outcome.resize or shrinks)
-                relaunch = outcome.resize or (outcome.retryable and (failures < opts.max_attempts or shrinks))
+                previous = size
+                if self.elastic and (outcome.resize or outcome.retryable):
+                    size = self._size(opts.min_workers, opts.replace_wait)  # ClusterError below min_workers
+                failures += not (outcome.resize or size != previous)  # a resize, not a failed launch
+                relaunch = outcome.resize or (outcome.retryable and (failures < opts.max_attempts or size != previous))
                 entry.update(outcome="resized" if outcome.resize else "stalled" if outcome.stall else "failed",
                              cause=self.resized_because if outcome.resize else outcome.cause,
                              retryable=outcome.retryable or outcome.resize, epoch=outcome.epoch, relaunched=relaunch)
@@ -193,7 +202,11 @@ class _Run:
                     if outcome.stall:
                         raise WorkerStalledError(outcome.failure, outcome.others, tuple(self.history), **outcome.stall)
                     raise WorkerError(outcome.failure, outcome.others, tuple(self.history))
-                size = upcoming if upcoming is not None else self._relaunch_size(size)
+                if not self.elastic:  # let a lost executor's replacement register (else Spark waits its 15 s check)
+                    try:
+                        check_fit(self.spark, self.placement, size, opts.num_ps, "as before", opts.slot_wait)
+                    except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
+                        log.debug("slot check before relaunch failed: %s", e)
                 reason = self.resized_because if outcome.resize else outcome.cause
                 if size != previous:
                     why = "executors returned" if size > previous else \
@@ -224,36 +237,20 @@ class _Run:
                 final_state = "failed" if final_state == "timed out" else final_state
             self._status(final_state)
 
-    def _relaunch_size(self, size: int) -> int:
-        """After a launch that ended for a relaunch: how many workers the next one gets."""
-        opts = self.opts
-        if self.elastic:  # at once when the whole run fits (executors returned), else after replace_wait
-            return self._size(opts.min_workers, opts.replace_wait)
-        try:  # let a lost executor's replacement register (else Spark waits its 15 s barrier check)
-            check_fit(self.spark, self.placement, opts.num_workers, opts.num_ps, "as before", opts.slot_wait)
-        except Exception as e:  # noqa: BLE001 - the relaunch itself reports a cluster that cannot host it
-            log.debug("slot check before relaunch failed: %s", e)
-        return size
-
     def _launch(self, attempt: int, size: int, resized_from: int | None, started: float):
-        opts, hooks, num_tasks = self.opts, self.hooks, size + self.opts.num_ps
-        spec_kwargs = dict(run_id=self.run_id, attempt=attempt, max_attempts=opts.max_attempts,
-                           num_workers=size, requested_workers=opts.num_workers, resized_from=resized_from,
-                           min_workers=opts.min_workers,
-                           num_ps=opts.num_ps, payload=self.payload, model_dir=opts.model_dir, log_dir=opts.log_dir,
-                           use_gpu=opts.use_gpu, env=opts.env, settings=opts.settings, legacy_keras=opts.legacy_keras,
-                           preimport=opts.preimport, feed=self.feed, hooks=hooks.task,
-                           warm=opts.warm, warm_idle=opts.warm_idle, profile_steps=opts.profile_steps,
+        opts, hooks = self.opts, self.hooks
+        spec_kwargs = dict({name: getattr(opts, name) for name in _SPEC_OPTIONS},
+                           run_id=self.run_id, attempt=attempt, num_workers=size, requested_workers=opts.num_workers,
+                           resized_from=resized_from, payload=self.payload, feed=self.feed,
+                           hooks=TaskHooks(**{f.name: getattr(hooks, f.name) for f in fields(TaskHooks)}),
                            # the profile plugin's run folder: TensorFlow's timestamp format, one per attempt
                            profile_run=time.strftime("%Y_%m_%d_%H_%M_%S", time.gmtime(started)),
                            # MultiWorkerMirroredStrategy: no process leaves while a peer may still
                            # need it for a last collective (ps and daemon tasks never "finish")
-                           linger=num_tasks > 1 and opts.num_ps == 0 and not hooks.daemon_ranks)
+                           linger=size > 1 and opts.num_ps == 0 and not hooks.daemon_ranks)
         resize = threading.Event() if self.elastic else None
-        launch = _Attempt(self.spark, spec_kwargs, opts.data, self.sink, self.deadline, num_tasks, opts.num_ps,
-                          daemon_ranks=hooks.daemon_ranks, cancel=hooks.cancel, grace=opts.failure_grace,
-                          stall_timeout=opts.stall_timeout, placement=self.placement,
-                          ps_job_wait=opts.ps_job_wait, resize=resize)
+        launch = _Attempt(self.spark, spec_kwargs, opts, hooks, self.sink, self.deadline, placement=self.placement,
+                          resize=resize)
         watch = contextlib.nullcontext()
         if resize is not None:
             from .elastic import Watch
@@ -262,28 +259,18 @@ class _Run:
         with watch:
             outcome = launch.run()
         self.resized_because = getattr(watch, "why", None) or "resized"
-        if launch.resizing and not launch.voters:
-            self._no_boundary(size, launch)
+        if launch.resizing and not launch.voters and not self._told_no_boundary:  # said once a run
+            self._told_no_boundary = True
+            why = self.resized_because
+            what = (f"grow back to {opts.num_workers} workers when executors returned, and went on with {size}"
+                    if why == "executors returned" else f"move off {why.replace(' leaving', ' before it leaves')}")
+            text = (f"the run could not {what}: train_fn never reached an epoch boundary tfnb can stop it at. Add "
+                    "ctx.progress_callback() to model.fit(callbacks=[...]) on every worker (a custom loop: call "
+                    "ctx.epoch_boundary(strategy, epoch) at the start of each epoch after the first)")
+            log.warning("tfnb: %s", text)
+            from .runlog import RunLog
+
+            with contextlib.closing(RunLog(launch.runlog.path)) as runlog:  # the launch's own is closed by now
+                runlog.note(text)
+            self.sink(RunEvent(events.LOG, "driver", 0, {"stream": "stderr", "line": f"tfnb: {text}"}))
         return outcome
-
-    def _no_boundary(self, size: int, launch) -> None:
-        """Once a run: a resize was asked, but no worker's train_fn takes part in the epoch-boundary vote, so the
-        launch ran on at its size."""
-        if self._told_no_boundary:
-            return
-        self._told_no_boundary = True
-        why = self.resized_because
-        if why == "executors returned":
-            what = f"grow back to {self.opts.num_workers} workers when executors returned, and went on with {size}"
-        else:  # "executor N leaving (decommission notice)"
-            what = f"move off {why.replace(' leaving', ' before it leaves')}"
-        text = (f"tfnb: the run could not {what}: train_fn never reached an epoch boundary tfnb can stop it at. Add "
-                "ctx.progress_callback() to model.fit(callbacks=[...]) on every worker (a custom loop: call "
-                "ctx.epoch_boundary(strategy, epoch) at the start of each epoch after the first)")
-        log.warning("%s", text)
-        from .runlog import RunLog
-
-        runlog = RunLog(launch.runlog.path)  # the launch's own is closed by now
-        runlog.note(text[len("tfnb: "):])
-        runlog.close()
-        self.sink(RunEvent(events.LOG, "driver", 0, {"stream": "stderr", "line": text}))

@@ -1,21 +1,20 @@
 """The launcher's Spark glue: the session, what the cluster can host, where tasks reach the driver, job tags.
-
-Each check refuses, with the fix, what could never run: a stopped session, dynamic allocation, too few task
-slots, GPUs the cluster cannot give, a driver-local folder executors cannot see, a launch from inside a task.
-"""
+Each check refuses, with the fix, what could never run."""
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import os
 import re
 import socket
 import sys
+from pathlib import PurePosixPath
 from typing import Sequence
 
 from .._config import setting
 from ..errors import ClusterError, ConfigError
-from .resources import _asked, _conf, is_connect, _is_local, check_fit, plan
+from .resources import _asked, _conf, _local_cores, check_fit, is_connect, plan
 
 
 def _refuse_in_task(verb: str) -> None:
@@ -24,14 +23,14 @@ def _refuse_in_task(verb: str) -> None:
     pyspark = sys.modules.get("pyspark")  # a Spark task has imported it; the check imports nothing
     task = getattr(pyspark, "TaskContext", None)
     task = task.get() if task is not None else None
-    if run_id is None and task is None:
-        return
     if run_id is not None:
         where, fix = (f"inside train_fn (a train_fn process of run {run_id})",
                       "train_fn already runs on every worker: train there, and call tfnb.run once from the notebook")
-    else:
+    elif task is not None:
         where, fix = (f"inside a Spark task (stage {task.stageId()}, partition {task.partitionId()}) on an executor",
                       "call it from the notebook, not from a UDF or a mapInArrow/mapPartitions/foreach function")
+    else:
+        return
     raise ConfigError(f"{verb} was called {where}, but it runs on the Spark driver only; {fix}")
 
 
@@ -57,7 +56,6 @@ def get_spark(spark=None, num_slots: int = 2):
 
 
 def _check_session(spark) -> None:
-    """Refuse what is not a live SparkSession before anything calls into it."""
     if not (hasattr(type(spark), "conf") and callable(getattr(spark, "range", None))
             and callable(getattr(spark, "interruptTag", None))):
         hint = ("pass the SparkSession (spark), not its SparkContext" if type(spark).__name__ == "SparkContext"
@@ -80,14 +78,9 @@ def _check_session(spark) -> None:
 def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool | None = None, *,
                   num_ps: int = 0, gpus_per_worker: int | None = None, cpus_per_worker: int | None = None,
                   ps_placement: str = "executors"):
-    """Fail fast when Spark could never schedule the run's barrier stage(s) of ``needed`` tasks; return the run's
-    :class:`~tfnb.launcher.resources.Placement` (what each task asks for, where the ps tasks go).
-
-    Raises:
-        ConfigError: ``spark`` is not a live SparkSession.
-        ClusterError: dynamic allocation, too few task slots, GPUs it cannot give, or a per-run request this
-            Spark cannot attach; the message holds the arithmetic or the conf to set.
-    """
+    """Fail fast when Spark could never schedule the run's barrier stage(s) of ``needed`` tasks; return its
+    :class:`~tfnb.launcher.resources.Placement`. ConfigError: ``spark`` is not a live SparkSession; ClusterError:
+    dynamic allocation, too few task slots, GPUs it cannot give, or a per-run request this Spark cannot attach."""
     _check_session(spark)
     wait = setting("slot_wait", wait, 30.0, float)  # seconds for executors to register before judging
     gpu_per_task = float(_conf(spark, "spark.task.resource.gpu.amount", "0") or 0)
@@ -105,7 +98,7 @@ def check_cluster(spark, needed: int, wait: float | None = None, use_gpu: bool |
             "spark.dynamicAllocation.enabled=false (on Databricks: a fixed-size cluster, autoscaling off)")
     master = _conf(spark, "spark.master", "") or ""
     # Local tasks get the driver's GPUs; a cluster's, the executors' (a Connect client may not see that conf).
-    owner = "driver" if _is_local(master) else "executor"
+    owner = "executor" if _local_cores(master) is None else "driver"
     have = _conf(spark, f"spark.{owner}.resource.gpu.amount")
     if gpu_per_task > 0 and float(have or 0) <= 0 and (owner == "driver" or not is_connect(spark)):
         raise ClusterError(
@@ -127,11 +120,6 @@ _SHARED_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs"
                         "9p", "virtiofs", "fuse"})  # and every fuse.* (sshfs, s3fs, gcsfuse...)
 
 
-def _under(path: str, prefix: str) -> bool:
-    prefix = prefix.rstrip("/")
-    return path == prefix or path.startswith(prefix + "/")
-
-
 def _mount_type(path: str, table: str = "/proc/mounts") -> str:
     """The filesystem type of the mount holding ``path`` (the longest mount point in ``table``), "" unknown."""
     best, kind = "", ""
@@ -141,7 +129,7 @@ def _mount_type(path: str, table: str = "/proc/mounts") -> str:
             if len(fields) < 3:
                 continue
             point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
-            if _under(path, point) and len(point) >= len(best):
+            if PurePosixPath(path).is_relative_to(point) and len(point) >= len(best):
                 best, kind = point, fields[2]
     return kind
 
@@ -155,16 +143,16 @@ def is_shared_path(path, shared_prefixes: Sequence[str] = ()) -> bool:
     if "://" in text:
         return True
     real = os.path.realpath(text)
-    if any(_under(p, root) for p in (text, real) for root in (*_SHARED_ROOTS, *shared_prefixes)):
+    roots = (*_SHARED_ROOTS, *shared_prefixes)
+    if any(PurePosixPath(p).is_relative_to(root) for p in (text, real) for root in roots):
         return True
     kind = _mount_type(real)
     return kind in _SHARED_FS or kind.startswith("fuse.")
 
 
 def check_dirs_shared(spark, **dirs) -> None:
-    """Refuse directories (``model_dir=...``) on the driver's own disk when executors run on other hosts (local
-    masters, executors on the driver's machine at any of its addresses, and Spark Connect pass);
-    TFNB_SHARED_PATHS lists prefixes of shared disks tfnb cannot detect. ConfigError names the fix."""
+    """ConfigError for directories (``model_dir=...``) on the driver's own disk when executors run on other hosts;
+    TFNB_SHARED_PATHS lists prefixes of shared disks tfnb cannot detect."""
     dirs = {k: v for k, v in dirs.items() if v}
     master = _conf(spark, "spark.master", "") or ""
     if not dirs or is_connect(spark) or master.startswith("local"):
@@ -213,24 +201,14 @@ def _is_this_machine(host: str) -> bool:
 
 def _other_hosts(hosts, enough: int = 6) -> list[str]:
     """The first ``enough`` of ``hosts`` (sorted) that are not the driver's machine."""
-    found: list[str] = []
-    for host in sorted(h for h in hosts if h):
-        if not _is_this_machine(host):
-            found.append(host)
-            if len(found) >= enough:
-                break
-    return found
+    return list(itertools.islice((h for h in sorted(filter(None, hosts)) if not _is_this_machine(h)), enough))
 
 
 def _driver_host(spark) -> str:
     """Where tasks reach the driver: loopback for local masters, else spark.driver.host."""
-    master = _conf(spark, "spark.master", "") or ""
-    if _is_local(master):
+    if _local_cores(_conf(spark, "spark.master", "") or "") is not None:
         return "127.0.0.1"
-    host = _conf(spark, "spark.driver.host")
-    if master.startswith("local-cluster") or host in (None, "localhost"):
-        return host or "127.0.0.1"
-    return host or socket.gethostbyname(socket.gethostname())
+    return _conf(spark, "spark.driver.host") or "127.0.0.1"
 
 
 @contextlib.contextmanager

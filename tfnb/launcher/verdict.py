@@ -6,6 +6,7 @@ everywhere (tfnb or the executor's Python cannot start, a refused resource profi
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import re
 import threading
@@ -19,11 +20,6 @@ from ..errors import STALLED, ClusterError, TaskFailure
 _GONE = r"ExecutorLostFailure|executor \S+ (was )?lost|Executor heartbeat timed out|Remote RPC client disassociated"
 _EXECUTOR_GONE = re.compile(_GONE, re.IGNORECASE)
 _EXECUTOR_LOST = re.compile(_GONE + r"|Python worker exited unexpectedly|worker lost", re.IGNORECASE)
-
-
-def _last_line(msg: dict) -> str:
-    lines = msg.get("lines")
-    return str(lines[-1] if lines else "") if isinstance(lines, list) else str(msg.get("line", ""))
 
 
 def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
@@ -43,8 +39,7 @@ def _spark_failure(exc: BaseException, attempt: int) -> TaskFailure:
 
 # ---------------------------------------------------------------- failures at start that repeat
 # Out of memory, file handles or disk at start: a relaunch may well start. The same failure on two launches in a row
-# (of the run on this thread) fails on every launch: the second stops the run. Each launch ends in one _Outcome,
-# which closes its record (a success forgets them all).
+# (of the run on this thread) fails on every launch: the second stops the run. Each launch's _Outcome closes its record.
 _PASSING = {  # errno -> (what it is, the fix)
     errno.ENOMEM: ("out of memory", "give the executors more memory, or fewer tasks per executor"),
     errno.EMFILE: ("too many open files", "raise the executors' open-files limit (ulimit -n; LimitNOFILE)"),
@@ -82,11 +77,6 @@ def _passing_again(source: str, info: dict) -> bool:
     return _repeated((source, info.get("exc_type"), m.group(1) if m else "", frames[-1] if frames else ""))
 
 
-def _launch_ended(succeeded: bool) -> None:
-    _repeats.before = set() if succeeded else _repeats.now
-    _repeats.now, _repeats.when, _repeats.crashed = set(), time.monotonic(), False
-
-
 def _raised(traceback: str) -> str:
     """The exception line a Python traceback ends with (``OSError: [Errno 24] Too many open files``), or ''."""
     for line in traceback.splitlines()[1:]:
@@ -122,9 +112,12 @@ def _boot_info(text: str) -> dict | None:
 
 
 def _boot_report(text: str) -> dict | None:
-    """A task that could not start tfnb, from Spark's error; None for a passing reason the first time (relaunch)."""
+    """A task that could not start tfnb, or Spark's Python worker that failed before (:func:`_worker_report`), from
+    Spark's error; None for a passing reason the first time (relaunch)."""
     info = _boot_info(text)
-    if info is None or not _passing(info):
+    if info is None:
+        return _worker_report(text)
+    if not _passing(info):
         return info
     return {**info, "repeated": True} if _passing_again("boot", info) else None
 
@@ -137,7 +130,7 @@ def _boot_error(info: dict, max_attempts: int) -> ClusterError:
         return _passing_error(info, max_attempts)
     if info.get("exc_type") and not info.get("module") and _imports(info.get("exc_type")):
         info = {**info, "module": _culprit(str(info.get("traceback") or ""))}  # raised inside another package
-    if info.get("spark") or (info.get("exc_type") and _top(info.get("module") or "tfnb") != "tfnb"):
+    if info.get("spark") or (info.get("exc_type") and (info.get("module") or "tfnb").split(".")[0] != "tfnb"):
         return _python_error(info, max_attempts)  # the executor's Python cannot run the task, whatever its tfnb
     where = (f"executor {info.get('host') or '?'} (Python {info.get('python_version', '?')} at "
              f"{info.get('python', '?')})")
@@ -157,8 +150,7 @@ def _boot_error(info: dict, max_attempts: int) -> ClusterError:
 
 
 def _with_traceback(text: str, info: dict, every_launch: bool = True) -> ClusterError:
-    """The error with the traceback's last lines below it. ``every_launch``: no run can start there (tfnb.sweep
-    stops at it rather than failing one trial after another)."""
+    """The error with the traceback's last lines below it; ``every_launch``: tfnb.sweep stops at it."""
     tail = "".join(str(info.get("traceback") or "").splitlines(True)[-12:]).rstrip()
     where = "the driver's" if info.get("driver") else "the executor's"
     error = ClusterError(text + (f"\n\nLast lines of {where} traceback:\n{tail}" if tail else ""))
@@ -195,17 +187,12 @@ _LOST_TASK = re.compile(r"Lost task [\d.]+ in stage [\d.]+ \(TID \d+\) \((\S+) e
 _PROBE_WAIT = 20.0  # seconds the executors get to say which Python they run; the error goes without it after
 
 
-def _top(module: str) -> str:
-    return module.split(".")[0]
-
-
 def _imports(exc_type: Any) -> bool:
     return str(exc_type or "").rpartition(".")[2] in ("ImportError", "ModuleNotFoundError")
 
 
 def _culprit(traceback: str) -> str | None:
-    """The installed package (not pyspark or py4j) of a traceback's innermost frame: an ImportError raised inside
-    pyarrow names pyarrow, whatever its message says."""
+    """The installed package (not pyspark or py4j) of a traceback's innermost frame, whatever its message says."""
     for path in reversed(re.findall(r'File "([^"]+)"', traceback)):
         m = re.search(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_]\w*)", path) or \
             re.search(r"([A-Za-z_]\w*)[/\\]__init__\.py$", path)
@@ -219,11 +206,11 @@ def _culprit(traceback: str) -> str | None:
 _DRIVER_PACKAGE = re.compile(r"\[PACKAGE_NOT_INSTALLED\] (\w+) >= ([\w.]+) must be installed")
 # Spark's Python worker died (a segfault, the OOM killer), as opposed to its executor
 _WORKER_CRASH = re.compile(r"Python worker exited unexpectedly \(crashed\)")
+_CRASH_END = ("\tat ", "Caused by:", "JVM stacktrace", "\t...")  # what follows its message in Spark's text
 
 
 def _driver_report(text: str) -> dict | None:
-    """The driver's Python cannot import what the job needs (pyspark checks pyarrow before it submits an Arrow job,
-    saying only that it was not found): the import's own error, tried here."""
+    """pyspark says the driver lacks a package it needs (pyarrow: even when its import fails): that import's error."""
     m = _DRIVER_PACKAGE.search(text)
     if not m or _TRACEBACK in text:
         return None
@@ -243,17 +230,12 @@ def _driver_report(text: str) -> dict | None:
 
 
 def _crash_report(text: str) -> dict | None:
-    """Spark's Python worker crashed (not its executor): None the first time (relaunched); the same crash again is no
-    bad luck and comes back as a boot report (``crash``: True)."""
+    """Spark's Python worker crashed (not its executor): None the first time (relaunch), a boot report the second."""
     m = _WORKER_CRASH.search(text)
     if not m or _EXECUTOR_GONE.search(text):
         return None
-    lines = []
-    for line in text[m.start():].splitlines():
-        if line.startswith(("\tat ", "Caused by:", "JVM stacktrace", "\t...")) or " SQLSTATE" in line:
-            break
-        lines.append(line)
-    said = "\n".join(lines).strip()
+    said = "\n".join(itertools.takewhile(lambda line: not line.startswith(_CRASH_END) and " SQLSTATE" not in line,
+                                         text[m.start():].splitlines())).strip()
     signature = ("crash", re.sub(r"0x[0-9a-fA-F]+", "0x", re.sub(r" Consider setting .*", "", said)))
     _repeats.crashed = True
     if not _repeated(signature):
@@ -264,9 +246,8 @@ def _crash_report(text: str) -> dict | None:
 
 
 def _worker_report(text: str) -> dict | None:
-    """Why Spark's Python worker failed before tfnb's task ran, from the job's error, as a boot report (``spark``:
-    True; ``driver``: the driver's Python; ``crash``: a repeated crash); None when tfnb's code ran or no Python
-    failure is in the text."""
+    """Why Spark's Python worker (or the driver's, ``driver``) failed before tfnb's task ran, as a boot report with
+    ``spark``: True; None when tfnb's code ran or no Python failure is in the text."""
     driver = _driver_report(text)
     if driver is not None:
         return driver
@@ -276,11 +257,8 @@ def _worker_report(text: str) -> dict | None:
     if start < 0 or _EXECUTOR_LOST.search(text):
         return None
     starting = "Error from python worker:" in text[:start]  # its stderr, each line indented by two spaces
-    lines = []
-    for line in text[start:].splitlines():
-        if line.startswith(_TRACEBACK_END):
-            break
-        lines.append(line[2:] if starting and line.startswith("  ") else line)
+    ended = itertools.takewhile(lambda line: not line.startswith(_TRACEBACK_END), text[start:].splitlines())
+    lines = [line[2:] if starting and line.startswith("  ") else line for line in ended]
     frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
     if not frames or any(line.endswith(", in tfnb_task") for line in lines):
         return None  # tfnb's task ran: it reported over the channel, or in its <tfnb-boot> mark
@@ -315,9 +293,8 @@ def _worker_report(text: str) -> dict | None:
 
 
 def _locate(spark, info: dict | None, tasks: int) -> dict | None:
-    """``info`` of a Spark Python worker failure with its host and Python filled in: a small job of plain Python
-    tasks asks the executors (at most ``_PROBE_WAIT`` s) for their host, Python and the missing module. Where that
-    job fails too, the host is the one Spark's error names, else the executors', and the Python is PYSPARK_PYTHON."""
+    """``info`` of a Spark Python worker failure with its host and Python filled in by a small job of plain Python
+    tasks (at most ``_PROBE_WAIT`` s); where it fails too, the host Spark's error names, and PYSPARK_PYTHON."""
     if not info or not info.get("spark") or info.get("python"):
         return info
     import uuid
@@ -326,11 +303,12 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
 
     connect = is_connect(spark)
     info = {**info, "spark_version": getattr(spark, "version", None)}
-    module = info["module"] if info.get("module") and _top(info["module"]) not in ("pyspark", "py4j") else None
+    module = info["module"] if info.get("module") and info["module"].split(".")[0] not in ("pyspark", "py4j") else None
     got, tag = {}, f"tfnb-probe-{uuid.uuid4().hex[:8]}"
 
     def ask(_):  # plain imports, shipped by value: runs on any Python a Spark worker starts on (no pyarrow, no tfnb)
-        import importlib
+        import contextlib
+        import importlib.metadata
         import socket
         import sys
 
@@ -340,13 +318,8 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
                 importlib.import_module(module)
         except BaseException as e:  # noqa: BLE001 - what fails is the answer
             lacks = f"{type(e).__name__}: {e}"
-        try:  # the installed distribution's version, when its import fails
-            if lacks:
-                from importlib.metadata import version as installed
-
-                version = installed(module)
-        except Exception:  # noqa: BLE001 - not installed at all
-            pass
+            with contextlib.suppress(Exception):  # the installed distribution's version (none: not installed)
+                version = importlib.metadata.version(module)
         try:  # the host as Spark names it, as tfnb's task reports it
             from pyspark import BarrierTaskContext
 
@@ -404,7 +377,7 @@ def _python_error(info: dict, max_attempts: int) -> ClusterError:
     driver = info.get("driver_version") or "%d.%d" % sys.version_info[:2]
     exc, message = info.get("exc_type") or "Error", str(info.get("message", "")).strip()
     said = f"{exc.rpartition('.')[2]}: {' '.join(message.split())}"
-    module = _top(info.get("module") or "")
+    module = (info.get("module") or "").split(".")[0]
     absent = bool(module) and re.search(rf"No module named '{re.escape(module)}[.']", message) is not None
     pyspark = f"pyspark {info['spark_version']}" if info.get("spark_version") else "the cluster's pyspark"
     ready = f"a Python {driver} with pyarrow, cloudpickle and tfnb"
@@ -469,16 +442,12 @@ def _python_error(info: dict, max_attempts: int) -> ClusterError:
         first = (f"Spark's Python worker on {where} failed before tfnb's task started ({said[:90]}); check the "
                  "Python the executors run (PYSPARK_PYTHON / spark.pyspark.python)")
         fix = f"The executors need {ready} and {pyspark}: point PYSPARK_PYTHON / spark.pyspark.python at one."
-    if info.get("crash"):
-        said_by = [f"Spark's Python worker on {where} crashed:"]
-    elif info.get("driver"):
-        said_by = [f"pyspark checks {info.get('needed') or module} on the driver before it submits tfnb's job, and "
-                   f"there `import {module}` fails:"]
-    elif info.get("spark"):
-        said_by = [f"Spark's Python worker on {where} failed before tfnb's task started:"]
-    else:
-        said_by = [f"tfnb's task on {where} could not start:"]
-    lines = [first, "", *said_by, message if info.get("crash") else f"{exc}: {message}"]
+    said_by = (f"Spark's Python worker on {where} crashed:" if info.get("crash") else
+               f"pyspark checks {info.get('needed') or module} on the driver before it submits tfnb's job, and there "
+               f"`import {module}` fails:" if info.get("driver") else
+               f"Spark's Python worker on {where} failed before tfnb's task started:" if info.get("spark") else
+               f"tfnb's task on {where} could not start:")
+    lines = [first, "", said_by, message if info.get("crash") else f"{exc}: {message}"]
     if python:
         lines.append(f"The {'driver' if info.get('driver') else 'executors'}' Python: {python}"
                      f"{f' (Python {version})' if version else ''}.".replace("driver' ", "driver's "))
@@ -534,8 +503,9 @@ class _Outcome:
     error: Exception | None = None  # raised as it is (tfnb could not start on an executor)
     resize: bool = False  # the tasks stopped at an epoch boundary on purpose, for the run to widen
 
-    def __post_init__(self):
-        _launch_ended(self.failure is None)  # one outcome per launch: the end of its record of failures at start
+    def __post_init__(self):  # one outcome per launch: the end of its record of failures at start
+        _repeats.before = set() if self.failure is None else _repeats.now
+        _repeats.now, _repeats.when, _repeats.crashed = set(), time.monotonic(), False
 
 
 @dataclass
@@ -557,6 +527,6 @@ class _Life:
     def label(self) -> str:
         return f"{self.job_name} {self.task_index}"
 
-    def failure(self, exc_type: str, message: str, attempt: int) -> TaskFailure:
+    def failure(self, exc_type: str, message: str, attempt: int, **more) -> TaskFailure:
         return TaskFailure(job_name=self.job_name, task_index=self.task_index, exc_type=exc_type, message=message,
-                           attempt=attempt, host=self.host)
+                           attempt=attempt, host=self.host, **more)

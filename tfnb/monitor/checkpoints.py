@@ -1,9 +1,7 @@
-"""The checkpoints directly inside ``checkpoint_dir`` (docs/monitoring.md, "Evaluating checkpoints while training"):
-TensorFlow checkpoint prefixes (complete when the index and every shard exist), ``.weights.h5`` files (complete when
-the HDF5 superblock records a close at the file's length) and numbered ``.keras`` zips (complete when they end with
-their central directory). A rewrite under the same name is a new version; a file is loaded from a private copy
-checked whole (:meth:`Checkpoints.local_copy`), and one that changed meanwhile raises :class:`Torn`.
-"""
+"""The checkpoints directly inside ``checkpoint_dir``: TensorFlow prefixes (complete when the index and every shard
+exist), ``.weights.h5`` files (complete when the HDF5 superblock records a close at the file's length) and numbered
+``.keras`` zips (complete when they end with their central directory). A rewrite is a new version; a file is loaded
+from a private copy checked whole, and one that changed meanwhile raises :class:`Torn`."""
 from __future__ import annotations
 
 import contextlib
@@ -32,9 +30,8 @@ class Candidate:
 
     name: str                      # relative to checkpoint_dir: the prefix "ckpt-3", or the file "ckpt-3.weights.h5"
     number: int | None             # the last number in the name (before its suffix)
-    files: tuple[str, ...] = ()    # index + shards, or the file; relative
     complete: bool = False
-    fingerprint: tuple = ()        # (file, size, mtime, version) of each file
+    fingerprint: tuple = ()        # (file, size, mtime, version) of the index (or the file), then each shard
     found_at: float | None = None  # wall-clock time it was first seen complete
     failures: int = 0              # failed loads since the files last changed
     torn: int = 0                  # loads that found the file changing (Torn) since the last scan
@@ -47,8 +44,8 @@ class Candidate:
 
 
 class Checkpoints:
-    """The checkpoint versions of ``store`` not done yet; after training ended, an incomplete one is given up on
-    after ``max_retries`` scans with unchanged files."""
+    """The checkpoint versions of ``store`` not done yet; after training ended, an incomplete one is given up after
+    ``max_retries`` scans with unchanged files."""
 
     def __init__(self, store: Store, max_retries: int):
         self.store, self.max_retries = store, max_retries
@@ -57,8 +54,8 @@ class Checkpoints:
         self._done: dict[str, float] = {}
 
     def scan(self, finished: bool) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
-        """List the directory once: the complete checkpoints in evaluation order (number, time, name), and the ones
-        to give up on with the reason (``finished``: training ended, so an incomplete one never completes)."""
+        """One listing: the complete checkpoints in evaluation order (number, time, name), and the ones to give up on
+        with the reason (``finished``: training ended, so an incomplete one never completes)."""
         listing = self.store.list(recursive=False)
         now = time.time()
         shards: dict[str, list[tuple[int, int, str]]] = {}
@@ -94,7 +91,7 @@ class Checkpoints:
             else:
                 count = parts[0][1] if parts else 0
                 cand.complete = count > 0 and {i for i, n, _ in parts if n == count} == set(range(count))
-            cand.files, cand.fingerprint, cand.mtime = files, fingerprint, info.mtime
+            cand.fingerprint, cand.mtime = fingerprint, info.mtime
             if cand.complete and cand.found_at is None:
                 cand.found_at = now
         # CheckpointManager(max_to_keep=...) deletes checkpoints, maybe before we got to them
@@ -110,21 +107,18 @@ class Checkpoints:
 
     def exists(self, cand: Candidate) -> bool:
         """The checkpoint's index (or file) is still in the directory."""
-        return bool(self.store.list(recursive=False).get(cand.files[0] if cand.files else cand.name))
+        return bool(self.store.list(recursive=False).get(cand.fingerprint[0][0]))
 
     def done(self, cand: Candidate) -> None:
-        """This version is handled (evaluated or skipped): scans no longer hand it out."""
+        """This version is handled (evaluated or skipped): scans no longer return it."""
         self._done[cand.name] = cand.mtime
         self.pending.pop(cand.name, None)
 
     @contextlib.contextmanager
     def local_copy(self, cand: Candidate):
         """The checkpoint on a local disk: a local TensorFlow prefix as it is, anything else copied into a private
-        folder (TensorFlow cannot read every URL; HDF5 locks a file it opens, and training may rewrite it).
-
-        Raises:
-            Torn: a file checkpoint whose copy is not the complete version scanned (it changed meanwhile).
-        """
+        folder (TensorFlow cannot read every URL; HDF5 locks a file it opens, and training may rewrite it). Torn when
+        a file's copy is not the complete version scanned."""
         if self.store.local and not cand.is_file:
             yield self.store.url(cand.name)
             return
@@ -143,8 +137,8 @@ class Checkpoints:
             yield path
 
     def _changed(self, cand: Candidate) -> bool:
-        """The file is no longer the version scanned, or gone (size and version: a listing and a stat may give
-        the time at different precisions)."""
+        """The file is no longer the version scanned, or gone (not by mtime: a listing and a stat may differ in
+        precision)."""
         rel, size, _, version = cand.fingerprint[0]
         try:
             now = self.store.stat(rel)
@@ -158,7 +152,7 @@ class Checkpoints:
         return Torn(f"{cand.name} {what} (a write in progress)")
 
     def _whole(self, rel: str, size: int) -> bool:
-        """The file ``rel`` of ``size`` bytes is whole; False when unreadable (looked at again next scan)."""
+        """False also when unreadable (looked at again next scan)."""
         try:
             return _is_whole(rel, size, lambda offset, n: self.store.read(rel, offset, n))
         except Exception:  # noqa: BLE001
@@ -166,7 +160,7 @@ class Checkpoints:
 
 
 def _is_whole(name: str, size: int, read) -> bool:
-    """A ``.weights.h5`` or ``.keras`` file of ``size`` bytes is whole; ``read(offset, n)`` gives its bytes."""
+    """A ``.weights.h5`` or ``.keras`` file of ``size`` bytes, read by ``read(offset, n)``, is whole."""
     if name.endswith(H5):
         return _hdf5_closed(read(0, 64), size)
     return size >= 22 and _zip_ended(read(size - 22, 22), size)

@@ -1,7 +1,6 @@
 """How a run or a sweep is shown: the display protocol (a callable taking :class:`tfnb.RunEvent` s), the one
 registry the display layer plugs into, the choice. Core: :mod:`tfnb.notebook` registers ``console`` and ``widget``
-of each kind when imported; ``none`` is built in.
-"""
+of each kind when imported; ``none`` is built in."""
 from __future__ import annotations
 
 import sys
@@ -24,26 +23,18 @@ class Display(Protocol):
 
 def show(display: Display, batch: list) -> None:
     """Hand ``batch`` (events, in order) to ``display``: one ``batch()`` call when it has one."""
-    if not batch:
-        return
-    handle = getattr(display, "batch", None)
-    if handle is not None:
-        handle(batch)
+    if batch and hasattr(display, "batch"):
+        display.batch(batch)
     else:
         for event in batch:
             display(event)
 
 
-class _NoDisplay:
+def _drop(event: RunEvent | None = None) -> None:
     """TFNB_DISPLAY=none or display=False: events are dropped (failures still raise from the verb)."""
 
-    def __init__(self, **shape: Any):
-        pass
 
-    def __call__(self, event: Any = None) -> None:
-        pass
-
-    close = __call__
+_drop.close = _drop  # type: ignore[attr-defined]
 
 
 def in_notebook() -> bool:
@@ -55,7 +46,7 @@ def in_notebook() -> bool:
 
 
 # kind -> mode -> factory(**shape) -> display
-_FACTORIES: dict = {kind: {"none": _NoDisplay} for kind in ("run", "sweep")}
+_FACTORIES: dict = {kind: {"none": lambda **shape: _drop} for kind in ("run", "sweep")}
 
 
 def register_display(mode: str, factory: Callable[..., Display], kind: str = "run") -> None:
@@ -79,8 +70,7 @@ def make_display(display: Display | bool | None, num_workers: int | None = None,
 
     Args:
         display: a callable taking events (used as is), False for none, None/True for the ``mode``'s.
-        num_workers: chief + worker tasks of the run; ``num_ps``: parameter-server tasks; ``max_attempts``: launches
-            the run may make, when known.
+        num_workers, num_ps, max_attempts: the run's tasks and launches, when known.
         kind: ``"run"``, or ``"sweep"`` with the sweep's ``shape`` (see :func:`register_display`).
         mode: ``"auto"`` (a widget in a notebook, the console elsewhere), ``"widget"``, ``"console"`` or ``"none"``.
             Env: TFNB_DISPLAY.
@@ -93,7 +83,7 @@ def make_display(display: Display | bool | None, num_workers: int | None = None,
     """
     check_display(display, kind)
     if display is False:
-        return _NoDisplay()
+        return _drop
     if callable(display):
         return display
     factories = _FACTORIES[kind]

@@ -1,6 +1,5 @@
 """The evaluator's TensorFlow side, in its thread: the model and data built once, each checkpoint restored and
-evaluated, the metrics written as TensorBoard scalars, the best model exported.
-"""
+evaluated, the metrics written as TensorBoard scalars, the best model exported."""
 from __future__ import annotations
 
 import contextlib
@@ -56,19 +55,15 @@ class EvalModel:
     def __init__(self, model_fn: Callable[[], Any], dataset_fn: Callable[[], Any],
                  metrics: Sequence[Any] | None, tag_prefix: str):
         self.model_fn, self.dataset_fn, self.metrics, self.tag_prefix = model_fn, dataset_fn, metrics, tag_prefix
-        self._model = self._data = self._writer = self._event_sync = None
-        self._tmp_logs: tempfile.TemporaryDirectory | None = None
-        self._has_loss = True
-        self._keras3 = False
-        self._twin = self._sample = None
+        self._model = self._data = self._writer = self._event_sync = self._twin = self._sample = self._tmp_logs = None
+        self._has_loss, self._keras3 = True, False
 
-    def prepare(self, log_dir: str, options: Mapping[str, Any], interval: float) -> None:
+    def prepare(self, log_dir: str, options: Mapping[str, Any]) -> None:
         """Build the model and data, evaluate one batch, open the writer of ``log_dir/eval``; _Fatal when model_fn
         or dataset_fn fail or do not fit together."""
         from .._deps import tensorflow_with_tf_keras
 
-        # tf.keras in model_fn is tf-keras, as in tfnb.run's workers (`import keras` is Keras 3 either way); the
-        # notebook's environment is left as it is
+        # tf.keras in model_fn is tf-keras, as in tfnb.run's workers; the notebook's environment is left as it is
         tf = tensorflow_with_tf_keras("the evaluator")
         with _fatal_on_error("model_fn() failed"):
             model = self.model_fn()
@@ -99,8 +94,7 @@ class EvalModel:
                 self._sample = first[0] if isinstance(first, (tuple, list)) else first
                 model(self._sample, training=False)
         self._model, self._data = model, data
-        # one batch now: traces evaluate() before the first checkpoint lands (so its evaluation
-        # starts on time) and shows a model/data mismatch at start, not at the first checkpoint
+        # one batch now: evaluate() traced before the first checkpoint, a model/data mismatch shown at start
         with _fatal_on_error("model.evaluate on the first batch of dataset_fn() failed",
                              "; check that model_fn and dataset_fn fit together"):
             self._run_evaluate(steps=1)
@@ -111,17 +105,14 @@ class EvalModel:
             # TensorFlow cannot write to every URL (s3:// left TF in 2.6): write locally, sync out
             self._tmp_logs = tempfile.TemporaryDirectory(prefix="tfnb-eval-logs-", ignore_cleanup_errors=True)
             eval_dir = self._tmp_logs.name
-            self._event_sync = EventSync(eval_dir, log_dir.rstrip("/") + "/eval",
-                                         interval=interval, storage_options=options)
+            self._event_sync = EventSync(eval_dir, log_dir.rstrip("/") + "/eval", storage_options=options)
         self._writer = tf.summary.create_file_writer(eval_dir)
         # with no default writer this records nothing, but pays now for the summary code's first load
         tf.summary.scalar(self.tag_prefix + "warmup", 0.0, step=0)
 
     def restore(self, path: str) -> int | None:
-        """Load the checkpoint at the local ``path`` into the model: Keras files with ``load_weights`` (either Keras
-        reads the other's), a TensorFlow checkpoint with ``tf.train.Checkpoint(model=model)`` when its variables are
-        under ``model/`` (CheckpointManager), else tf-keras' ``load_weights``. Returns the training step saved in it
-        (a ``step`` variable, else the optimizer's iterations) or None. _Mismatch: its variables do not fit."""
+        """Load the local checkpoint ``path`` into the model; the training step saved in it (a ``step`` variable, else
+        the optimizer's iterations) or None. _Mismatch: its variables do not fit."""
         if path.endswith((H5, KERAS)):
             target = self._model if self._keras3 else self._loader()
             # a private copy, checked whole (checkpoints.py): a ValueError is about the model, not the file
@@ -154,10 +145,9 @@ class EvalModel:
             if _MISMATCH_RE.search(str(e)):
                 raise _Mismatch() from e
             raise
-        for key in _STEP_KEYS + tuple(k for k in keys if k.endswith("/_iterations/.ATTRIBUTES/VARIABLE_VALUE")):
-            if key in keys:
-                return int(reader.get_tensor(key))
-        return None
+        iterations = (k for k in keys if k.endswith("/_iterations/.ATTRIBUTES/VARIABLE_VALUE"))
+        key = next((k for k in (*_STEP_KEYS, *iterations) if k in keys), None)
+        return None if key is None else int(reader.get_tensor(key))
 
     def _loader(self):
         """tf-keras only: a second ``model_fn()`` model, never evaluated, that reads Keras weights files (tf-keras
@@ -201,14 +191,12 @@ class EvalModel:
                 # tf-keras: "keras_v3" by name, as it keeps its .keras switch in a thread-local that is only
                 # on in the importing thread, so from this thread a plain .keras path would write HDF5
                 self._model.save(local, **({} if self._keras3 else {"save_format": "keras_v3"}))
-                store.put(name, local)
+            elif self._keras3:  # Keras 3 saves .keras files only; quiet where it can be (not in 3.3)
+                quiet = {"verbose": False} if "verbose" in inspect.signature(self._model.export).parameters else {}
+                self._model.export(local, format="tf_saved_model", **quiet)
             else:
-                if self._keras3:  # Keras 3 saves .keras files only; quiet where it can be (not in 3.3)
-                    quiet = {"verbose": False} if "verbose" in inspect.signature(self._model.export).parameters else {}
-                    self._model.export(local, format="tf_saved_model", **quiet)
-                else:
-                    self._model.save(local, save_format="tf", include_optimizer=False)
-                store.put_dir(name, local)
+                self._model.save(local, save_format="tf", include_optimizer=False)
+            (store.put if fmt == "keras" else store.put_dir)(name, local)
             # written last: once best.json names a step, that step's model is in place
             store.write("best.json", json.dumps(info, indent=1).encode())
             if tracker is not None:

@@ -1,8 +1,5 @@
-"""Driver-side evaluator: watch a checkpoint directory, evaluate each new checkpoint exactly once (docs/monitoring.md).
-
-:mod:`.checkpoints` finds the complete checkpoints, :mod:`.eval_model` restores and evaluates them. Training is over
-when ``model_dir/tfnb_status.json`` holds a final state (one left by an earlier run counts too).
-"""
+"""Driver-side evaluator: evaluate each new complete checkpoint (:mod:`.checkpoints`) exactly once (:mod:`.eval_model`)
+until ``model_dir/tfnb_status.json`` holds a final state (docs/monitoring.md)."""
 from __future__ import annotations
 
 import logging
@@ -19,7 +16,8 @@ from ..storage import open_store
 from ..errors import ConfigError, EvaluatorError, StorageError
 from .checkpoints import Candidate, Checkpoints, Torn
 from .eval_model import EvalModel, _Fatal, _fatal_on_error, _Mismatch
-from .sync import location, positive
+from .._config import check_seconds
+from .sync import Background, location
 from .tracking import EvalTracker, check_option
 
 log = logging.getLogger(__name__)
@@ -35,7 +33,7 @@ class EvalResult:
 
     Attributes:
         step: training step/epoch the metrics were written at (see ``step=``).
-        checkpoint: the checkpoint prefix (path or URL, without ``.index``), or its ``.weights.h5``/``.keras`` file.
+        checkpoint: the checkpoint prefix (without ``.index``) or its ``.weights.h5``/``.keras`` file.
         metrics: metric name -> value, as ``model.evaluate(return_dict=True)`` names them.
         seconds: time spent restoring and evaluating.
         started_at: ``time.time()`` the evaluation started.
@@ -61,38 +59,37 @@ class SkippedCheckpoint:
     at: float
 
 
-class Evaluator:
+class Evaluator(Background):
     """Evaluates every new checkpoint in ``checkpoint_dir`` and logs the metrics for TensorBoard
     (docs/monitoring.md, "Evaluating checkpoints while training").
 
     Args:
-        model_fn: ``model_fn()`` -> a Keras model with the training architecture (``tf.keras``, which is
-            tf-keras as in ``tfnb.run``, or Keras 3's ``keras``), compiled with the loss/metrics to evaluate
-            (or pass ``metrics=``). Called in the evaluator's thread, once (twice for a tf-keras model that
-            restores ``.weights.h5``/``.keras`` files).
-        dataset_fn: ``dataset_fn()`` -> the finite validation data: a ``tf.data.Dataset`` of (x, y) batches,
+        model_fn: ``model_fn()`` -> a Keras model (``tf.keras``, i.e. tf-keras as in ``tfnb.run``, or Keras 3)
+            with the training architecture, compiled with the loss/metrics to evaluate (or pass ``metrics=``).
+            Called in the evaluator's thread (twice for a tf-keras model reading ``.weights.h5``/``.keras``).
+        dataset_fn: ``dataset_fn()`` -> the finite validation data: a ``tf.data.Dataset`` of (x, y) batches
             or an ``(x, y)`` tuple of arrays. Called once.
         checkpoint_dir: where training writes checkpoints (local path, ``/dbfs/...``, ``s3://...``, URL).
-        log_dir: TensorBoard directory; scalars go to ``log_dir/eval`` (local path or URL).
+        log_dir: TensorBoard directory (path or URL); scalars go to ``log_dir/eval``.
         metrics: Keras metrics to compile the model with, keeping its loss; None: what ``model_fn`` compiled.
-        interval: seconds between polls of ``checkpoint_dir`` (default 10; env TFNB_EVAL_INTERVAL).
+        interval: seconds between polls (default 10; env TFNB_EVAL_INTERVAL).
         model_dir: where ``tfnb_status.json`` tells that training ended (default ``checkpoint_dir``).
         best_metric: metric that picks the best checkpoint (default "loss"); None: no best tracking.
         mode: "min", "max" or "auto" (min for names with "loss" or "error", else max).
         export_dir: where the best model goes (default ``log_dir``): ``best`` (SavedModel) or ``best.keras``,
             and ``best.json`` naming its step and metrics.
         export_format: "savedmodel", "keras", or None to track the best without exporting.
-        step: the step the metrics are written at: "epoch" (the number in the checkpoint's name minus one, as
-            Keras' TensorBoard callback counts), "name" (that number), "iterations" (the training step saved in
-            the checkpoint) or ``fn(checkpoint) -> int``.
+        step: the step metrics are written at: "epoch" (the number in the checkpoint's name minus one, as Keras'
+            TensorBoard callback counts), "name" (that number), "iterations" (the step saved in the checkpoint)
+            or ``fn(checkpoint) -> int``.
         tag_prefix: prefix of the scalar names (default "epoch_", as Keras' TensorBoard callback).
-        timeout: seconds before it stops even if training goes on (default none; env TFNB_EVAL_TIMEOUT).
-            Otherwise it stops once ``tfnb_status.json`` says training ended (an earlier run's final state too:
-            start it on a fresh ``model_dir`` or once ``tfnb.run`` started) and the last checkpoint is done.
+        timeout: seconds before it stops even if training goes on (default none; env TFNB_EVAL_TIMEOUT); else it
+            stops once ``tfnb_status.json`` says training ended (an earlier run's final state too: start it on a
+            fresh ``model_dir`` or once ``tfnb.run`` started) and the last checkpoint is done.
         max_retries: failed loads of an unchanged checkpoint before it counts as corrupt (default 3).
         storage_options: options for remote directories (see :class:`tfnb.EventSync`).
-        mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best model to
-            MLflow, in the run ``tfnb.run(mlflow=...)`` uses.
+        mlflow: True or an experiment name: log ``eval_<metric>`` per checkpoint and the best model to MLflow,
+            in the run ``tfnb.run(mlflow=...)`` uses.
 
     Raises:
         ConfigError: a bad argument (message names the fix).
@@ -111,15 +108,10 @@ class Evaluator:
                  export_format: str | None = "savedmodel", step: str | Callable[[str], int] = "epoch",
                  tag_prefix: str = "epoch_", timeout: float | None = None, max_retries: int = 3,
                  storage_options: Mapping[str, Any] | None = None, mlflow: bool | str | None = None):
-        interval = setting("eval_interval", interval, 10.0, float)
-        timeout = setting("eval_timeout", timeout, None, float)
         for bad, message in (
             (not callable(model_fn), f"model_fn must be a function returning a Keras model, got {model_fn!r}"),
             (not callable(dataset_fn), f"dataset_fn must be a function returning the validation data, got "
                                        f"{dataset_fn!r}; wrap a dataset as dataset_fn=lambda: val_ds"),
-            (not positive(interval), f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10"),
-            (timeout is not None and not positive(timeout),
-             f"timeout={timeout!r} must be seconds > 0, or None to wait for training to end"),
             (mode not in ("auto", "min", "max"), f"mode={mode!r} must be 'min', 'max' or 'auto'"),
             (export_format not in EXPORT_FORMATS + (None,),
              f"export_format={export_format!r} must be one of {EXPORT_FORMATS} or None"),
@@ -138,11 +130,14 @@ class Evaluator:
         self.model_dir = os.fspath(model_dir) if model_dir is not None else self.checkpoint_dir
         self.export_dir = os.fspath(export_dir) if export_dir is not None else self.log_dir
         self.metrics = list(metrics) if metrics is not None else None
-        self.interval, self.timeout, self.max_retries = float(interval), timeout, max_retries
+        self.interval = check_seconds("interval", setting("eval_interval", interval, 10.0, float),
+                                      "a number of seconds > 0, e.g. interval=10")
+        self.timeout = check_seconds("timeout", setting("eval_timeout", timeout, None, float),
+                                     "seconds > 0, or None to wait for training to end", optional=True)
         self.best_metric, self.export_format, self.step_rule = best_metric, export_format, step
         self.mode = mode if mode != "auto" else (
             "min" if best_metric and ("loss" in best_metric or "error" in best_metric) else "max")
-        self.tag_prefix = tag_prefix
+        self.tag_prefix, self.max_retries = tag_prefix, max_retries
         self._options = dict(storage_options or {})
         self._ckpt_store = open_store(self.checkpoint_dir, self._options, purpose="reading checkpoints from")
         self._status_store = open_store(self.model_dir, self._options, purpose="reading the run status in")
@@ -155,7 +150,6 @@ class Evaluator:
         self._best: EvalResult | None = None
         self._error: EvaluatorError | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.state = "new"
 
     @property
@@ -178,16 +172,8 @@ class Evaluator:
         """The error that ended the loop, if any (also raised by stop/join/run)."""
         return self._error
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def history_frame(self):
-        """History as a pandas DataFrame: one row per checkpoint, a column per metric.
-
-        Example:
-            >>> ev.history_frame()[["step", "loss", "accuracy"]]
-        """
+        """History as a pandas DataFrame: one row per checkpoint, a column per metric."""
         import pandas as pd
 
         rows = [{"step": r.step, **dict(r.metrics), "checkpoint": r.checkpoint, "seconds": r.seconds,
@@ -208,9 +194,6 @@ class Evaluator:
 
         Raises:
             ConfigError: matplotlib is not installed (``pip install matplotlib``).
-
-        Example:
-            >>> ev.plot(training=history, metrics=["accuracy"])
         """
         from .charts import INSTALL_HINT, matplotlib_missing, metrics_figure
 
@@ -222,12 +205,8 @@ class Evaluator:
         # step="epoch" stores the 0-based epoch (Keras' TensorBoard convention); the chart counts from 1
         evaluated = {n: [(r.step + 1 if by_epoch else r.step, float(r.metrics[n]))
                          for r in self._history if n in r.metrics] for n in names}
-        if not by_epoch:
-            trained = {}
-        elif training is not None:
-            trained = {n: [(i + 1, float(v)) for i, v in enumerate(training.get(n) or ())] for n in names}
-        else:
-            trained = self._training_scalars()
+        trained = {} if not by_epoch else self._training_scalars() if training is None else {
+            n: [(i + 1, float(v)) for i, v in enumerate(training.get(n) or ())] for n in names}
         return metrics_figure(evaluated, trained, unit="epoch" if by_epoch else "step",
                               title=f"evaluation of {len(self._history)} checkpoints vs training")
 
@@ -247,19 +226,6 @@ class Evaluator:
                                              for e in acc.Tensors(tag)]
                 for tag in acc.Tags().get(TENSORS, []) if tag.startswith(self.tag_prefix)}
 
-    def start(self) -> "Evaluator":
-        """Evaluate in a background thread until training ends, ``timeout`` passes or :meth:`stop`; returns self.
-
-        Example:
-            >>> ev = tfnb.Evaluator(model_fn, dataset_fn, model_dir, log_dir).start()
-        """
-        if self.running:
-            return self
-        self._begin()
-        self._thread = threading.Thread(target=self._loop, args=(True,), name="tfnb-evaluator", daemon=True)
-        self._thread.start()
-        return self
-
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the background evaluator to finish.
 
@@ -271,15 +237,11 @@ class Evaluator:
 
         Raises:
             EvaluatorError: model_fn, dataset_fn or evaluation failed (the cause is chained).
-
-        Example:
-            >>> ev.start(); tfnb.run(train_fn, num_workers=2, model_dir=model_dir); ev.join()
         """
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
-        self._raise_error()
+        if not self._join(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
         return True
 
     def stop(self) -> None:
@@ -310,12 +272,8 @@ class Evaluator:
         if self.running:
             raise EvaluatorError("the evaluator is running in the background; call stop() or join() instead")
         self._begin()
-        try:
-            self._loop(until_done)
-        except KeyboardInterrupt:
-            self.state = "stopped"
-            raise
-        self._raise_error()
+        self._loop(until_done)
+        self.join()  # raises the loop's error
         return self.history
 
     def __repr__(self) -> str:
@@ -327,25 +285,17 @@ class Evaluator:
             raise EvaluatorError("this Evaluator has already run; create a new one (history stays readable)")
         self.state = "running"
 
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def _loop(self, until_done: bool) -> None:
+    def _loop(self, until_done: bool = True) -> None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
-            self._tf.prepare(self.log_dir, self._options, self.interval)
+            self._tf.prepare(self.log_dir, self._options)
             while not self._stop.is_set():
                 # read the status before listing: every checkpoint written before "finished" is then seen
                 finished = until_done and self._training_finished()
                 progressed = self._poll(finished)
-                if not until_done:
+                if not until_done or (finished and not self._checkpoints.pending):
                     self.state = "finished"
-                    break
-                if finished and not self._checkpoints.pending:
-                    self.state = "finished"
-                    log.info("training has ended; evaluator done (%d evaluated, %d skipped)",
-                             len(self._history), len(self._skipped))
+                    log.info("evaluator done (%d evaluated, %d skipped)", len(self._history), len(self._skipped))
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     self.state = "timed out"
@@ -356,6 +306,9 @@ class Evaluator:
                     self._stop.wait(self.interval)
             else:
                 self.state = "stopped"
+        except KeyboardInterrupt:  # run() in the notebook's thread, interrupted
+            self.state = "stopped"
+            raise
         except Exception as e:  # noqa: BLE001 - kept and raised from stop()/join()/run()
             cause, message = ((e.__cause__ or e, str(e)) if isinstance(e, _Fatal)
                               else (e, f"the evaluator failed: {type(e).__name__}: {e}"))

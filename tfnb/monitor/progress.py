@@ -107,19 +107,16 @@ class RunProgress:
 
     def _prefill(self, num_workers: int | None, num_ps: int) -> None:
         self.shape = (num_workers, num_ps)
-        for rank in range(num_workers or 0):
-            key = ("chief", 0) if rank == 0 else ("worker", rank)
-            self.workers[key] = WorkerProgress(*key)
-        for i in range(num_ps if num_workers else 0):
-            self.workers[("ps", i)] = WorkerProgress("ps", i)
+        if num_workers:
+            keys = [("chief", 0), *(("worker", r) for r in range(1, num_workers)), *(("ps", i) for i in range(num_ps))]
+            self.workers.update((key, WorkerProgress(*key)) for key in keys)
 
     def rows(self) -> list[WorkerProgress]:
         return [self.workers[k] for k in sorted(self.workers, key=_sort_key)]
 
     def worker(self, job_name: str, task_index: int) -> WorkerProgress:
-        if (job_name, task_index) not in self.workers:
-            self.workers[(job_name, task_index)] = WorkerProgress(job_name, task_index)
-        return self.workers[(job_name, task_index)]
+        key = (job_name, task_index)
+        return self.workers.get(key) or self.workers.setdefault(key, WorkerProgress(*key))
 
     def counts(self) -> dict:
         return dict(Counter(w.state for w in self.workers.values()))
@@ -228,22 +225,20 @@ class RunProgress:
             self.started = event.time
         if event.job_name == "driver":
             return self._apply_driver(event.kind, data)
+        key = (event.job_name, event.task_index)
+        w = self.worker(*key)
         if event.kind == events.LOG:  # the hot path: thousands of lines a second in a large run
             line = str(data.get("line", ""))
-            w = self.workers.get((event.job_name, event.task_index)) or self.worker(event.job_name, event.task_index)
-            if data.get("partial") or "\r" in line:
-                # carriage-return output (progress bars): one updating line per task, not a flood
-                shown = _last_segment(line)[:_MAX_LINE]
-                if data.get("partial"):
-                    w.live = shown
-                    self._live.add((event.job_name, event.task_index))
-                    return True
-                line = shown
+            if data.get("partial") or "\r" in line:  # carriage-return output (progress bars): one line per task
+                line = _last_segment(line)
+            if data.get("partial"):
+                w.live = line[:_MAX_LINE]
+                self._live.add(key)
+                return True
             w.live = None  # the bar's line ended (tasks send its final state as the line): keep it in the log
-            self._live.discard((event.job_name, event.task_index))
+            self._live.discard(key)
             self.logs.append(f"[{event.job_name} {event.task_index}] {line[:_MAX_LINE]}")
             return True
-        w = self.worker(event.job_name, event.task_index)
         if event.kind == events.STATE:
             state = str(data.get("state", ""))
             if not state or w.state == "failed":
@@ -353,8 +348,7 @@ class RunProgress:
 
 
 def _runs(batch, workers: dict):
-    """``batch`` in order as runs of plain log lines of tasks in ``workers`` ``(lines, None)``, and the other events
-    one by one ``(None, event)``."""
+    """``batch`` in order: runs of plain log lines of tasks in ``workers`` ``(lines, None)``, others ``(None, e)``."""
     plain, log_kind = [], events.LOG
     for event in batch:
         if event.kind == log_kind:
@@ -408,9 +402,3 @@ def _of(value: int | None, total: int | None) -> str:
 def gpu_list(gpus: list | None) -> str:
     """A task's GPU addresses as shown: ``"0,1"``, ``"none"``, or ``""`` before the task said."""
     return "" if gpus is None else ",".join(gpus) or "none"
-
-
-def format_metrics(data: dict) -> str:
-    """``key=value`` pairs of a progress event, numbers to 4 significant digits."""
-    return " ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
-                    for key, value in data.items() if key not in ("time", "epoch_end"))

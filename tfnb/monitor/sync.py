@@ -1,7 +1,6 @@
 """Incremental TensorBoard event-file sync (:class:`EventSync`) between two stores. Event files are append-only
 TFRecord streams (8-byte length, masked CRC-32C of it, data, masked CRC-32C of the data): each pass ships a file's new
-bytes once, cut at the last whole record, so no torn record is written. Other files are copied whole once quiet 1 s.
-"""
+bytes once, cut at the last whole record. Other files are copied whole once quiet 1 s."""
 from __future__ import annotations
 
 import atexit
@@ -16,14 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .._config import setting
-from ..storage import PART, Entry, Store, open_store
+from .._config import check_seconds, setting
+from ..storage import Entry, Store, open_store
 from ..errors import ConfigError, StorageError, TfnbError, below, summary
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "append", "parts")
-TMP_MARK = PART                  # temporary names carry this; listings skip them
 _PART_RE = re.compile(r"^(?P<base>.+)\.part-(?P<n>\d{6,})$")
 _QUIET = 1.0                     # seconds a non-event file must be unchanged before it is copied
 _MAX_READ = 64 << 20             # bytes read from one file per pass; the rest follows next pass
@@ -47,8 +45,8 @@ def _masked_crc32c(data: bytes) -> int:
 
 
 def complete_records(buf: bytes | memoryview) -> int | None:
-    """Length of the longest prefix of ``buf`` made of whole TFRecords, or None when it does not start with a valid
-    record header. Only the length's checksum is checked: enough to tell a boundary, and cheap in pure Python."""
+    """Length of the longest prefix of ``buf`` made of whole TFRecords; None when it does not start with a record
+    header. Only the length's checksum is checked: enough to tell a boundary, and cheap in pure Python."""
     pos, n = 0, len(buf)
     while n - pos >= 12:
         length, crc = struct.unpack_from("<QI", buf, pos)
@@ -61,16 +59,37 @@ def complete_records(buf: bytes | memoryview) -> int | None:
     return pos
 
 
-def positive(value: Any) -> bool:
-    """A number (not a bool) > 0: what an interval or timeout argument must be."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
 def location(name: str, value: Any, example: str) -> str:
-    """The directory argument ``name`` as a string; a ConfigError when it is not a path or URL."""
+    """The directory argument ``name`` as a string; ConfigError when it is not a path or URL."""
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise ConfigError(f"{name}={value!r} must be a directory path or URL, e.g. {example}")
     return os.fspath(value)
+
+
+class Background:
+    """The monitors' background-thread lifecycle: :meth:`start` runs ``_begin()``, then ``_loop()`` in a daemon thread
+    until the subclass's ``_stop`` event is set."""
+
+    _thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self):
+        """Start the background thread, unless it runs already; returns self."""
+        if not self.running:
+            self._begin()
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name=f"tfnb {self!r}", daemon=True)
+            self._thread.start()
+        return self
+
+    def _join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread; True once it has ended (or never started)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.running
 
 
 @dataclass(frozen=True)
@@ -107,22 +126,20 @@ class _Track:
     raw: bool = False   # not TFRecord-framed: ship bytes as they come
 
 
-class EventSync:
+class EventSync(Background):
     """Copies new TensorBoard event data from ``src`` to ``dest`` every ``interval`` seconds.
 
-    A sync resumes where an earlier one stopped (its first pass measures what the destination holds); one
-    destination should have one writing sync at a time. :meth:`stop` (and leaving the ``with`` block, also on
-    an exception) runs a final pass.
+    A sync resumes where an earlier one stopped; one destination should have one writing sync at a time.
+    :meth:`stop` (and leaving the ``with`` block) runs a final pass; ``stats`` holds the counters (:class:`SyncStats`).
 
     Args:
         src: directory (local path or URL) to read; event files may still be growing.
         dest: directory (local path, ``/dbfs/...``, ``s3://...`` or fsspec URL) to write.
         interval: seconds between passes (default 10; env TFNB_SYNC_INTERVAL).
-        mode: "auto" (append on local disks, parts on object stores and the /dbfs, /Volumes mounts),
-            "append" (first records written atomically, later ones appended) or "parts" (each pass uploads a
-            file's new records as ``<file>.part-NNNNNN``, itself an event file, not the whole growing file as
-            tensorboard#5655 does; reading joins them back byte for byte; up to 360 objects per file an hour
-            at interval=10).
+        mode: "auto" (append on local disks, parts on object stores and the /dbfs, /Volumes mounts), "append"
+            (new records appended) or "parts" (each pass uploads a file's new records as ``<file>.part-NNNNNN``,
+            itself an event file; reading joins them back byte for byte; up to 360 objects per file an hour at
+            interval=10). See docs/monitoring.md.
         storage_options: options for the remote side(s): ``key``, ``secret``, ``token``,
             ``endpoint_url``, ``region``, ... (docs/data.md, "Storage URLs and options").
 
@@ -131,28 +148,21 @@ class EventSync:
             ``src`` and ``dest`` overlapping.
 
     Example:
-        Inside train_fn, on the chief (worker disk -> persistent storage):
+        Inside train_fn, on the chief (the notebook side is in docs/monitoring.md):
 
         >>> with tfnb.EventSync(local_logs, ctx.log_dir, interval=10):
         ...     model.fit(ds, callbacks=[tf.keras.callbacks.TensorBoard(local_logs)])
-
-        In the notebook (persistent storage -> the directory TensorBoard reads):
-
-        >>> sync = tfnb.EventSync("s3://bucket/run1/logs", "/tmp/tb/run1").start()
-        >>> sync.stop()
     """
 
     def __init__(self, src: str | os.PathLike, dest: str | os.PathLike, *,
                  interval: float | None = None, mode: str = "auto",
                  storage_options: Mapping[str, Any] | None = None):
-        interval = setting("sync_interval", interval, 10.0, float)
-        if not positive(interval):
-            raise ConfigError(f"interval={interval!r} must be a number of seconds > 0, e.g. interval=10")
+        self.interval = check_seconds("interval", setting("sync_interval", interval, 10.0, float),
+                                      "a number of seconds > 0, e.g. interval=10")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} must be one of {', '.join(MODES)}")
         self.src = location("src", src, "'/tmp/tb/run1' or 's3://bucket/run1/logs'")
         self.dest = location("dest", dest, "'/tmp/tb/run1' or 's3://bucket/run1/logs'")
-        self.interval = float(interval)
         self._src = open_store(self.src, storage_options, purpose="syncing events from")
         self._dst = open_store(self.dest, storage_options, purpose="syncing events to")
         a, b = self._src.url().rstrip("/") + "/", self._dst.url().rstrip("/") + "/"
@@ -167,27 +177,10 @@ class EventSync:
         self._copied: dict[str, Entry] = {}   # non-event files: what was copied last
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stats = SyncStats()
+        self.stats = SyncStats()  # replaced, never changed: a snapshot
 
-    @property
-    def stats(self) -> SyncStats:
-        """A snapshot of the counters (see :class:`SyncStats`)."""
-        return self._stats
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> "EventSync":
-        """Start the background thread (one pass right away, then every ``interval``); returns self."""
-        if self.running:
-            return self
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name=f"tfnb-sync {self.src}", daemon=True)
+    def _begin(self) -> None:
         atexit.register(self._stop_at_exit)
-        self._thread.start()
-        return self
 
     def flush(self) -> SyncStats:
         """Run one pass now, in the calling thread, and return the counters.
@@ -196,7 +189,7 @@ class EventSync:
             StorageError: the pass failed (the cause is chained).
         """
         self._pass(final=False, raise_errors=True)
-        return self._stats
+        return self.stats
 
     def stop(self) -> SyncStats:
         """Stop the thread, run a final pass that ships everything written so far, return the counters.
@@ -205,32 +198,27 @@ class EventSync:
             StorageError: the final pass failed (the cause is chained).
         """
         if self._stop.is_set():
-            return self._stats  # stopped already: its final pass ran
+            return self.stats  # stopped already: its final pass ran
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._join()
         atexit.unregister(self._stop_at_exit)
         self._pass(final=True, raise_errors=True)
-        return self._stats
+        return self.stats
 
     def __enter__(self) -> "EventSync":
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        try:
+        if exc_type is None:
             self.stop()
-        except Exception:
-            if exc_type is None:
-                raise
-            # the body's own exception is the one the user needs to see
-            log.exception("final event sync %s -> %s failed", self.src, self.dest)
+        else:  # the body's own exception is the one the user needs to see
+            self._stop_at_exit()
 
     def _stop_at_exit(self) -> None:
         try:
             self.stop()
-        except Exception:  # noqa: BLE001 - interpreter exit: report, never raise
-            log.exception("final event sync to %s failed at exit", self.dest)
+        except Exception:  # noqa: BLE001 - interpreter exit, or another exception raising: report, never raise
+            log.exception("final event sync %s -> %s failed", self.src, self.dest)
 
     def __repr__(self) -> str:
         return f"EventSync({self.src!r} -> {self.dest!r}, mode={self.mode!r}, interval={self.interval})"
@@ -239,19 +227,18 @@ class EventSync:
         # passes start every `interval` seconds, so a slow pass does not add to the next one's lag; one that fell
         # behind carries on from now rather than run a burst of passes
         next_at = time.monotonic()
-        while True:
+        while not self._stop.is_set():
             self._pass(final=False, raise_errors=False)
             next_at = max(next_at + self.interval, time.monotonic())
-            if self._stop.wait(next_at - time.monotonic()):
-                return
+            self._stop.wait(next_at - time.monotonic())
 
     def _pass(self, *, final: bool, raise_errors: bool) -> None:
         with self._lock:
             try:
                 self._sync_once(final)
             except Exception as e:  # noqa: BLE001 - a network blip must not end the sync; retried next pass
-                self._stats = dataclasses.replace(self._stats, errors=self._stats.errors + 1,
-                                                  last_error=f"{type(e).__name__}: {e}")
+                self.stats = dataclasses.replace(self.stats, errors=self.stats.errors + 1,
+                                                 last_error=f"{type(e).__name__}: {e}")
                 if raise_errors:
                     # a tfnb error (StorageError...) ends its first line with its own fix, its detail below it
                     fix = "" if isinstance(e, TfnbError) else ("; check both locations, and a remote store's "
@@ -283,13 +270,13 @@ class EventSync:
             self._copied[rel] = info
             copied += len(data)
             writes += 1
-        s = self._stats
-        self._stats = dataclasses.replace(
+        s = self.stats
+        self.stats = dataclasses.replace(
             s, bytes_sent=s.bytes_sent + event_sent + copied, event_bytes=s.event_bytes + event_sent,
             writes=s.writes + writes, passes=s.passes + 1, files=len(self._tracks), last_pass=time.time())
 
     def _resume(self) -> dict[str, _Track]:
-        """What the destination already holds, so a restarted sync continues, not repeats."""
+        """What the destination already holds: a restarted sync continues, not repeats."""
         tracks = {}
         for name, segments in _group(self._dst.list())[0].items():
             parts = [int(m.group("n")) for rel, _ in segments if (m := _PART_RE.match(rel))]
@@ -297,7 +284,7 @@ class EventSync:
         return tracks
 
     def _ship_stream(self, name: str, segments: list[tuple[str, int]]) -> int:
-        """Ship the new whole records of one logical event file (in one write); returns the bytes sent."""
+        """Ship the new whole records of one logical event file in one write; the bytes sent."""
         track = self._tracks.setdefault(name, _Track())
         total = sum(size for _, size in segments)
         if total < track.delivered:

@@ -1,8 +1,7 @@
-"""TensorBoard processes on the driver: start, find and reuse, clean stale ones, stop; each verb returns a typed
-outcome that :mod:`tfnb.notebook.tensorboard` renders. Loopback unless told otherwise (TensorBoard has no login);
-records in a private per-user folder, trusted only while their process is the TensorBoard recorded (docs/security.md).
-Not ``tensorboard.manager``: its folder is writable by all, it trusts any record there, even of a process gone.
-"""
+"""TensorBoard processes on the driver: start, reuse, clean stale ones, stop, as typed outcomes. Loopback unless told
+otherwise; records in a private per-user folder, trusted only while their process is the TensorBoard recorded
+(docs/security.md). Not ``tensorboard.manager``: its folder is writable by all, it trusts records of processes gone,
+and it neither kills a start that timed out nor starts TensorBoard in its own process group."""
 from __future__ import annotations
 
 import atexit
@@ -28,6 +27,7 @@ from .._deps import require
 from .._private import check_private, private_dir
 from ..errors import ConfigError
 from ..storage import atomic_write, locked
+from .._config import check_seconds
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,9 @@ _children: dict[int, subprocess.Popen] = {}  # the TensorBoards this process lau
 
 @dataclass(frozen=True)
 class TensorBoardInstance:
-    """One TensorBoard process serving a log_dir, as its info file records it: ``pid`` (also its process
-    group's id), ``port``, ``host`` it is bound to, ``log_dir`` (absolute path or URL), ``url`` where it answers
-    from the driver, ``reload_interval``, ``start_time`` (when it became ready), ``launched_by`` (the pid whose
-    atexit hook stops it), ``tensorboard_version``, ``log_path`` (its output) and ``proc_start`` (its start in
-    clock ticks since boot, 0 where unknown: a recycled pid does not share it)."""
+    """One TensorBoard process as its info file records it. ``pid`` is also its process group's id, ``url`` where it
+    answers from the driver, ``launched_by`` the pid whose atexit hook stops it, ``log_path`` its output, and
+    ``proc_start`` its start in clock ticks since boot (0 where unknown), which a recycled pid does not share."""
 
     pid: int
     port: int
@@ -71,7 +69,7 @@ class TensorBoardInstance:
 
 @dataclass(frozen=True)
 class _Serving:
-    """A TensorBoard that answers: its ``instance`` and a ``warning`` (also logged) when the network can reach it."""
+    """A TensorBoard that answers; ``warning`` (also logged) when the network can reach it."""
 
     instance: TensorBoardInstance
     warning: str = ""
@@ -89,13 +87,13 @@ class Launched(_Serving):
 
 @dataclass(frozen=True)
 class Reused(_Serving):
-    """A TensorBoard already serving the same log_dir on the same host was found alive and answering."""
+    """A TensorBoard serving the same log_dir on the same host was found alive and answering."""
 
 
 @dataclass(frozen=True)
 class Failed:
-    """TensorBoard could not be started for ``log_dir``: ``error`` says why and ``fix`` what to change;
-    ``exit_code`` and ``output`` (its last lines) are set when TensorBoard ran and exited."""
+    """TensorBoard could not be started: ``error`` says why, ``fix`` what to change; ``exit_code`` and ``output``
+    (its last lines) are set when TensorBoard ran and exited."""
 
     log_dir: str
     error: str
@@ -106,8 +104,7 @@ class Failed:
 
 @dataclass(frozen=True)
 class TimedOut:
-    """TensorBoard (process ``pid``) did not serve ``log_dir`` within ``timeout`` seconds and was stopped;
-    ``output`` holds the last lines it printed, ``fix`` what to change."""
+    """TensorBoard ``pid`` did not serve within ``timeout`` seconds and was stopped; ``output``: its last lines."""
 
     log_dir: str
     timeout: float
@@ -122,11 +119,8 @@ Outcome = Union[Launched, Reused, Failed, TimedOut]
 def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
                        reload_interval: float | None = None, timeout: float | None = None) -> Outcome:
     """Reuse the TensorBoard serving ``log_dir`` on ``host`` (with that ``reload_interval`` when given), or start
-    one; arguments as for :func:`tfnb.tensorboard`. A Failed or TimedOut outcome carries the fix.
-
-    Raises:
-        ConfigError, MissingDependencyError, UnsafePathError (the bookkeeping folder is not private).
-    """
+    one; arguments as for :func:`tfnb.tensorboard`. Raises ConfigError, MissingDependencyError, UnsafePathError (the
+    bookkeeping folder is not private); a Failed or TimedOut outcome carries the fix."""
     log_dir = _normalize_logdir(log_dir)
     host = setting("tensorboard_host", host, DEFAULT_HOST, str)
     if not isinstance(host, str) or not host.strip():
@@ -136,8 +130,9 @@ def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = N
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} is not a TCP port (0-65535); pass port=None to pick a free one")
     asked_interval = setting("tensorboard_reload_interval", reload_interval, None, float)
-    interval = _seconds("reload_interval", DEFAULT_RELOAD_INTERVAL if asked_interval is None else asked_interval)
-    timeout = _seconds("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float))
+    must = "a positive number of seconds"
+    interval = check_seconds("reload_interval", asked_interval, must, optional=True) or DEFAULT_RELOAD_INTERVAL
+    timeout = check_seconds("timeout", setting("tensorboard_timeout", timeout, DEFAULT_TIMEOUT, float), must)
     require("tensorboard", "tfnb.tensorboard")
     if problem := _logdir_problem(log_dir):
         return problem
@@ -157,16 +152,14 @@ def ensure_tensorboard(log_dir, *, host: str | None = None, port: int | None = N
 
 
 def instances() -> list[TensorBoardInstance]:
-    """The TensorBoards tfnb runs for this user, alive and answering (``tfnb.tensorboard.instances()``);
-    stale entries are removed."""
+    """The TensorBoards tfnb runs for this user, alive and answering; stale entries are removed."""
     with _locked():
         return _live_instances()
 
 
 def stop(target) -> bool:
-    """Stop a TensorBoard (a :class:`TensorBoardInstance` or a Launched/Reused outcome) and its data-server
-    helper, and remove its info file (``tfnb.tensorboard.stop(outcome)``); False when it was already gone.
-    A ConfigError for anything else."""
+    """Stop a TensorBoard (an instance or a Launched/Reused outcome) and its data server, and remove its info file;
+    False when it was already gone."""
     inst = target.instance if isinstance(target, _Serving) else target
     if not isinstance(inst, TensorBoardInstance):
         raise ConfigError(f"stop() takes a TensorBoardInstance or a Launched/Reused outcome, not "
@@ -176,8 +169,7 @@ def stop(target) -> bool:
 
 def _stop(inst: TensorBoardInstance, grace: float) -> bool:
     with _locked():
-        # Only the process our info file still describes is signalled: after a stop, its pid may
-        # belong to an unrelated process.
+        # only the process our info file still describes: after a stop, its pid may be an unrelated process's
         mine = _read_info(_info_path(inst.pid)) == inst
         running = mine and _is_ours(inst)
         if running:
@@ -190,8 +182,8 @@ def _stop(inst: TensorBoardInstance, grace: float) -> bool:
 
 
 def _stop_at_exit(inst: TensorBoardInstance) -> None:
-    # TensorBoard, sent SIGTERM, exits on its own even if the kernel is SIGKILLed after the short grace.
-    with contextlib.suppress(Exception):  # interpreter shutdown: never let cleanup raise
+    # sent SIGTERM, TensorBoard exits on its own even if the kernel is SIGKILLed after the short grace
+    with contextlib.suppress(Exception):
         _stop(inst, _EXIT_GRACE)
 
 
@@ -207,12 +199,6 @@ def _normalize_logdir(log_dir) -> str:
     return text if "://" in text else os.path.abspath(os.path.expanduser(text))
 
 
-def _seconds(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
-    return float(value)
-
-
 def _logdir_problem(log_dir: str) -> Failed | None:
     if "://" in log_dir or os.path.isdir(log_dir):
         return None  # a remote store (gs://, s3://) is TensorBoard's to check
@@ -225,12 +211,10 @@ def _logdir_problem(log_dir: str) -> Failed | None:
 
 
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s, contextlib.suppress(OSError):
+        s.bind((host, port))
+        return True
+    return False
 
 
 def _serving(kind: type[_Serving], inst: TensorBoardInstance) -> _Serving:
@@ -254,15 +238,13 @@ def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout:
     log_path = os.path.join(folder, f"tb-{uuid.uuid4().hex[:12]}.log")  # as _remove_entry recognizes it
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--host", host,
            "--port", str(port), "--reload_interval", f"{reload_interval:g}"]
-    # TensorBoard's own record (read by %tensorboard) goes to $TMPDIR/.tensorboard-info: in the private folder,
-    # not the temp dir shared by all users
+    # TensorBoard's own record (read by %tensorboard) goes to $TMPDIR/.tensorboard-info: not the shared temp dir
     os.makedirs(os.path.join(folder, ".tensorboard-info"), mode=0o700, exist_ok=True)
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, "TMPDIR": folder}
     proc = ready = None
     try:
-        # An interrupt (a notebook's "stop") while Popen runs would lose the started child's pid: hold it until
-        # `proc` is set, then raise it here, where the process is stopped. In its own session, TensorBoard is not hit
-        # by a kernel interrupt, and its pid is its process group's: signals reach its data server too.
+        # An interrupt during Popen would lose the child's pid: held until `proc` is set. In its own session,
+        # TensorBoard is not hit by a kernel interrupt, and signals to its group reach its data server too.
         with _interrupt_held(), open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True)
@@ -274,11 +256,11 @@ def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout:
         return Failed(log_dir, f"could not run {sys.executable} -m tensorboard.main: {e}",
                       "check that this Python can run TensorBoard (pip install tensorboard)")
     finally:
-        # Not serving (exited, timed out, interrupted cell or any other error): no info file names this process,
-        # so nothing else would ever stop it.
+        # not serving (exited, timed out, interrupted): no info file names it, so nothing else would ever stop it
         if ready is None:
             if proc is not None and proc.returncode is None:
-                _kill_group(proc.pid, proc)
+                _terminate(proc.pid)
+                _await_exit(proc.pid, _STOP_GRACE, proc)
             _unlink(log_path)
     if code is not None:
         return _exit_failure(log_dir, host, port, code, text)
@@ -294,8 +276,7 @@ def _launch(log_dir: str, host: str, port: int, reload_interval: float, timeout:
                                proc_start=_proc_start(proc.pid) or 0)
     atomic_write(_info_path(inst.pid), json.dumps({"format": _INFO_FORMAT, **asdict(inst)}, indent=1).encode())
     _children[proc.pid] = proc
-    # stopped when this process exits normally (a kernel shut down or restarted from the UI); after a SIGKILLed
-    # kernel, the next ensure_tensorboard for that log_dir reuses it, or finds it stale and removes it
+    # after a SIGKILLed kernel instead, the next ensure_tensorboard reuses it, or finds it stale and removes it
     atexit.register(_stop_at_exit, inst)
     return _serving(Launched, inst)
 
@@ -317,8 +298,7 @@ def _interrupt_held():
 
 
 def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
-    """Wait for TensorBoard's "serving at URL" line: (match, None, text); on exit (None, code, text);
-    on timeout (None, None, text)."""
+    """(the "serving at URL" match, None, output); on exit (None, code, output); on timeout (None, None, output)."""
     def output() -> str:
         with contextlib.suppress(OSError), open(log_path, "rb") as fh:
             return fh.read().decode("utf-8", errors="replace")
@@ -339,8 +319,7 @@ def _wait(done, timeout: float):
 
 def _exit_failure(log_dir: str, host: str, port: int, code: int, text: str) -> Failed:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # TensorBoard's own "ERROR: ..." line, else a Python exception's last line; TensorFlow's
-    # start-up chatter (CUDA probes etc.) is not the reason.
+    # TensorBoard's "ERROR: ..." line, else an exception's last line: not TensorFlow's start-up chatter
     errors = [ln for ln in lines if ln.startswith("ERROR:") or _EXCEPTION_LINE.match(ln)]
     reason = (errors or lines or ["no output"])[-1]
     if "could not bind" in text or "already in use" in text or "Cannot assign requested address" in text:
@@ -358,8 +337,7 @@ def _tail(text: str) -> str:
 
 
 def _info_dir() -> str:
-    """The bookkeeping folder (``tfnb-tensorboard-<uid>`` under ``TFNB_STATE_DIR`` or the temp dir, or
-    ``TFNB_TENSORBOARD_DIR``), verified private on every call (raises UnsafePathError otherwise)."""
+    """The bookkeeping folder, verified private on every call (UnsafePathError otherwise)."""
     path = setting("tensorboard_dir", None, None, str)
     if not path:
         return private_dir("tensorboard", setting="TFNB_TENSORBOARD_DIR")
@@ -372,12 +350,12 @@ def _info_path(pid: int) -> str:
 
 
 def _locked():
-    """Serialize find-or-launch between kernels on this machine, so two cells do not both launch."""
+    """Find-or-launch one kernel at a time, so two cells do not both launch."""
     return locked(os.path.join(_info_dir(), ".lock"))
 
 
 def _read_info(path: str) -> TensorBoardInstance | None:
-    """The instance an info file records, or None when it is unreadable or any field has the wrong type."""
+    """The instance an info file records; None when unreadable or a field has the wrong type."""
     try:
         with open(path) as fh:
             raw = json.load(fh)
@@ -392,13 +370,11 @@ def _read_info(path: str) -> TensorBoardInstance | None:
 
 
 def _live_instances() -> list[TensorBoardInstance]:
-    """The entries whose process is still the TensorBoard recorded, at the URL it was launched on, answering;
-    the others are removed (a hung TensorBoard of ours is killed)."""
+    """The entries whose process is the TensorBoard recorded, at its launch URL, answering; the others are removed
+    (a hung TensorBoard of ours is killed)."""
     live = []
     folder = _info_dir()
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".json"):
-            continue
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".json")):
         path = os.path.join(folder, name)
         inst = _read_info(path)
         if inst is None or name != f"{inst.pid}.json":
@@ -415,7 +391,8 @@ def _live_instances() -> list[TensorBoardInstance]:
         elif not _answers(inst):
             log.warning("TensorBoard pid %d for %s does not answer on port %d; stopping it",
                         inst.pid, inst.log_dir, inst.port)
-            _kill_group(inst.pid)
+            _terminate(inst.pid)
+            _await_exit(inst.pid, _STOP_GRACE)
         else:
             live.append(inst)
             continue
@@ -437,8 +414,7 @@ def _remove_entry(inst: TensorBoardInstance) -> None:
 
 
 def _drop_tensorboard_record(pid: int) -> None:
-    """Remove TensorBoard's own record of a dead pid (``.tensorboard-info`` in the private folder), which it deletes
-    on SIGTERM but not when SIGKILLed. A live pid's record is left alone: the pid may have been recycled."""
+    """Remove TensorBoard's own record of a dead pid, left when it was SIGKILLed (not a live pid's: maybe recycled)."""
     if not _alive(pid):
         with contextlib.suppress(OSError):  # a folder found unsafe (UnsafePathError) is left as it is
             os.unlink(os.path.join(_info_dir(), ".tensorboard-info", f"pid-{pid}.info"))
@@ -450,7 +426,7 @@ def _unlink(path: str) -> None:
 
 
 def _url_matches(inst: TensorBoardInstance) -> bool:
-    """The recorded URL is ``http://<host>:<port>/`` for the host and port the instance was launched on."""
+    """The recorded URL is ``http://<host>:<port>/`` for the host and port it was launched on."""
     try:
         u = urlsplit(inst.url)
         port = u.port
@@ -461,10 +437,8 @@ def _url_matches(inst: TensorBoardInstance) -> bool:
 
 
 def _is_ours(inst: TensorBoardInstance) -> bool:
-    """True when the entry's process is alive and is still the TensorBoard tfnb launched. Every check must hold
-    before tfnb signals its process group or shows its URL: the recorded start time (pids get recycled), this user
-    as owner, "tensorboard" in the command line, and leader of its own process group (tfnb starts it in a new
-    session and signals the group)."""
+    """The entry's process is alive and still the TensorBoard tfnb launched: its recorded start time (pids get
+    recycled), this user's, "tensorboard" in its command line, leader of its process group (which tfnb signals)."""
     if not _alive(inst.pid):
         return False
     if not os.path.isdir("/proc/self"):
@@ -481,12 +455,11 @@ def _is_ours(inst: TensorBoardInstance) -> bool:
 
 
 def _answers(inst: TensorBoardInstance) -> bool:
-    """True when the instance serves ``/data/environment`` for its log_dir."""
-    import urllib.request  # only needed once an instance exists; keeps this module light to import
+    import urllib.request  # only needed once an instance exists
 
     host = "127.0.0.1" if inst.host in ("", "0.0.0.0", "::") else f"[{inst.host}]" if ":" in inst.host else inst.host
     url = f"http://{host}:{inst.port}/data/environment"
-    # No proxy: an HTTP(S)_PROXY in the environment must not see (or break) loopback requests.
+    # no proxy: an HTTP(S)_PROXY must not see (or break) loopback requests
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=_PROBE_TIMEOUT) as resp:
@@ -498,7 +471,7 @@ def _answers(inst: TensorBoardInstance) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    """``pid`` exists and is not a zombie (an exited child not reaped yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -510,7 +483,7 @@ def _alive(pid: int) -> bool:
 
 
 def _proc_stat(pid: int) -> list[bytes]:
-    """The fields of ``/proc/PID/stat`` after the command name (state first); [] where unreadable."""
+    """The fields of ``/proc/PID/stat`` after the command name; [] where unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             return fh.read().rsplit(b")", 1)[1].split()
@@ -519,15 +492,8 @@ def _proc_stat(pid: int) -> list[bytes]:
 
 
 def _proc_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
     parts = _proc_stat(pid)
     return int(parts[19]) if len(parts) > 19 else None
-
-
-def _kill_group(pid: int, proc: subprocess.Popen | None = None) -> None:
-    """SIGTERM the process group (TensorBoard and its data server), then SIGKILL what is left."""
-    _terminate(pid)
-    _await_exit(pid, _STOP_GRACE, proc)
 
 
 def _terminate(pid: int) -> None:
@@ -537,6 +503,7 @@ def _terminate(pid: int) -> None:
 
 
 def _await_exit(pid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
+    """Wait ``grace`` seconds for ``pid`` to exit, else SIGKILL its group (TensorBoard and its data server)."""
     proc = proc or _children.pop(pid, None)
 
     def gone() -> bool:

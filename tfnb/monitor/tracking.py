@@ -1,25 +1,22 @@
-"""MLflow tracking, from the driver alone (docs/monitoring.md, "MLflow"): :func:`track` tees a ``tfnb.run``'s display
-into a thread that logs params, the chief's epoch-end metrics (``step = epoch - 1``), relaunches, the final state and
-the model; :class:`EvalTracker` logs an Evaluator into the same run (``model_dir/tfnb_mlflow.json`` names it). Workers
-need neither MLflow nor credentials; the first failing MLflow call is reported once and ends tracking.
-"""
+"""MLflow tracking from the driver alone, so workers need neither MLflow nor credentials: :class:`Tracker` tees a
+``tfnb.run``'s display into a thread that logs params, epoch-end metrics (``step = epoch - 1``), relaunches, the final
+state and the model; :class:`EvalTracker` logs an Evaluator into the same run (the status file names it). The first
+failing MLflow call is reported once and ends tracking (docs/monitoring.md, "MLflow")."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
-import json
 import logging
 import math
 import os
-import queue
 import sys
 import tempfile
-import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from .. import _protocol as events
-from ..errors import ConfigError
+from ..errors import ConfigError, summary
 from .._protocol import RunEvent
 from .display import show
 
@@ -29,16 +26,17 @@ MLFLOW_FLOOR = (2, 13)  # Databricks Runtime 15.4 LTS ML's MLflow 2.13.1; 16.4 L
 _MLFLOW_FIX = ("on Databricks use Runtime ML 15.4 LTS or later (MLflow 2.13.1 or later), or %pip install "
                "'mlflow-skinny>=2.13'; elsewhere pip install 'tfnb[mlflow]'")
 _SETTINGS = ("experiment", "registered_model_name", "input_example")  # the keys of mlflow={...}
-LINK_FILE = "tfnb_mlflow.json"  # in model_dir: the MLflow run a tfnb run logs to
 _NOT_METRICS = frozenset({"epoch", "epochs", "step", "steps", "epoch_end", "batch_size", "time"})
 _MAX_TAG = 5000     # characters of a tag value (MLflow's limit is 8000)
 _MAX_PARAM = 500    # characters of a param value logged from args
 _STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 # (MLflow run id, log the model) for the tfnb.run calls of this thread: see logging_to
 _LOGGING_TO: contextvars.ContextVar = contextvars.ContextVar("tfnb_mlflow_logging_to", default=None)
-# RunOptions fields logged as params, with the conf (and its default) that gives every task its share when None
-_OPTION_PARAMS = {"gpus_per_worker": ("spark.task.resource.gpu.amount", "0"),
-                  "cpus_per_worker": ("spark.task.cpus", "1"), "ps_placement": None}
+_OPTION_PARAMS = ("num_ps", "max_attempts", "model_dir", "log_dir", "timeout", "gpus_per_worker", "cpus_per_worker",
+                  "ps_placement")  # the RunOptions fields logged as params
+# params the Spark conf (and its default) gives when None: a resource option left None is every task's share
+_FROM_CONF = {"gpus_per_worker": ("spark.task.resource.gpu.amount", "0"), "cpus_per_worker": ("spark.task.cpus", "1"),
+              "spark.master": ("spark.master", None), "spark.app.id": ("spark.app.id", None)}
 
 
 def settings(value: Any) -> dict:
@@ -48,12 +46,7 @@ def settings(value: Any) -> dict:
 
 
 def check_option(value: Any) -> bool:
-    """Validate ``mlflow=`` and import MLflow when it is on; True when tracking is on.
-
-    Raises:
-        ConfigError: not True, an experiment name, a dict of :data:`_SETTINGS`, None or False.
-        MissingDependencyError: tracking is on but MLflow (>= 2.13) is not installed.
-    """
+    """Validate ``mlflow=`` and, when tracking is on, import MLflow (>= 2.13) and return True."""
     if value is None or value is False:
         return False
     if isinstance(value, Mapping):
@@ -66,16 +59,13 @@ def check_option(value: Any) -> bool:
             given = value.get(key)
             if given is not None and not (isinstance(given, str) and given.strip()):
                 raise ConfigError(f"mlflow={{'{key}': {given!r}}} must be a name (a non-empty string) or left out")
-        shown = f"mlflow={{{', '.join(map(repr, value))}}}"
     elif value is not True and not (isinstance(value, str) and value.strip()):
         raise ConfigError(f"mlflow={value!r} must be True (MLflow's default experiment), an experiment name "
                           "such as mlflow='my-training', a dict of experiment, registered_model_name and "
                           "input_example, or None for no MLflow tracking")
-    else:
-        shown = f"mlflow={value!r}"
     from .._deps import _floor, require
 
-    mlflow = require("mlflow", f"MLflow tracking ({shown})")
+    mlflow = require("mlflow", "MLflow tracking (mlflow=...)")
     _floor("MLflow", getattr(mlflow, "__version__", "0"), MLFLOW_FLOOR,
            "Databricks Runtime 15.4 LTS ML's MLflow 2.13.1 is the oldest tfnb logs runs and models with", _MLFLOW_FIX)
     return True
@@ -91,8 +81,7 @@ def _experiment_id(client, value: Any) -> str | None:
 
 
 class _Link:
-    """MLflow calls for one run (and a sweep's child runs), from one thread; the first failing call turns it off with
-    one warning."""
+    """MLflow calls for one run (and a sweep's child runs), from one thread; the first failing call turns it off."""
 
     def __init__(self, what: str):
         import mlflow
@@ -110,14 +99,12 @@ class _Link:
         except Exception as e:  # noqa: BLE001 - a tracking server problem must never end the training
             self.broken = True
             run = f" (MLflow run {self.run_id})" if self.run_id else ""
-            first = (str(e).splitlines() or [""])[0][:300]
-            log.warning("MLflow tracking of %s stopped%s after %s: %s; it goes on without MLflow",
-                        self.what, run, type(e).__name__, first)
+            log.warning("MLflow tracking of %s stopped%s after %s; it goes on without MLflow",
+                        self.what, run, summary(e, 320))
 
     def start(self, experiment: Any, run_id: str | None, tags: Mapping[str, str], *, reopen: str | None = None,
               run_name: str | None = None) -> None:
-        """Log to ``run_id`` (left open), else to a run of our own made active in this thread (ended by :meth:`end`):
-        ``reopen`` (an earlier one), or a new one in ``experiment``."""
+        """Log to ``run_id`` (left open), else to a run of our own active in this thread: ``reopen``, or a new one."""
         if run_id is not None:
             self.run_id = run_id
             return
@@ -130,7 +117,7 @@ class _Link:
             self.run_id, self.own = run.info.run_id, True
 
     def log(self, metrics=(), params=None, tags=None, run_id: str | None = None) -> None:
-        """One ``log_batch`` to ``run_id`` (default: this link's run); MLflow splits what exceeds its limits."""
+        """One ``log_batch`` to ``run_id`` (default: this link's run); MLflow splits it at its limits."""
         from mlflow.entities import Param, RunTag
 
         run_id = run_id or self.run_id
@@ -145,7 +132,7 @@ class _Link:
 
 
 def metrics_at(values: Mapping[str, float], step: int, stamp: float | None = None, prefix: str = "") -> list:
-    """MLflow ``Metric`` entities of ``values`` at ``step`` (``stamp``: seconds since the epoch, default now)."""
+    """MLflow ``Metric`` entities of ``values`` at ``step`` (``stamp``: epoch seconds, default now)."""
     from mlflow.entities import Metric
 
     ms = int((time.time() if stamp is None else stamp) * 1000)
@@ -154,9 +141,8 @@ def metrics_at(values: Mapping[str, float], step: int, stamp: float | None = Non
 
 @contextlib.contextmanager
 def logging_to(mlflow_run_id: str, *, log_model: bool = True):
-    """Inside the block, this thread's ``tfnb.run(mlflow=...)`` calls log to ``mlflow_run_id`` and leave it open;
-    ``log_model=False`` leaves the model to the caller. MLflow's active run is per thread, and tfnb.sweep runs each
-    trial in its own thread."""
+    """Inside the block, this thread's ``tfnb.run(mlflow=...)`` calls log to ``mlflow_run_id`` and leave it open
+    (a sweep runs each trial in its own thread); ``log_model=False`` leaves the model to the caller."""
     token = _LOGGING_TO.set((mlflow_run_id, log_model))
     try:
         yield
@@ -165,32 +151,29 @@ def logging_to(mlflow_run_id: str, *, log_model: bool = True):
 
 
 class Tracker:
-    """The display of a tracked ``tfnb.run``: passes every event on and logs to MLflow in the background;
-    ``close()`` once the run has ended."""
+    """The display of a ``tfnb.run(mlflow=...)``: passes events on and logs to MLflow in the background until closed;
+    ``on_start`` gets the id of the MLflow run it logs to."""
 
-    def __init__(self, display: Callable[[RunEvent], None], experiment: Any, *, run_id: str,
-                 model_dir: str | None, params: Mapping[str, str]):
-        self.display = display
-        self.model_dir = model_dir
+    def __init__(self, display: Callable[[RunEvent], None], opts, *, run_id: str, spark, num_workers: int,
+                 on_start: Callable[[str], None]):
+        self.display, self.model_dir, self.on_start = display, opts.model_dir, on_start
         self.link = _Link(f"tfnb run {run_id}")
         self._state: str | None = None  # the driver's final state event
         self._error: str | None = None
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
         active = self.link.mlflow.active_run()  # thread-local in MLflow: the caller's run, read in the caller's thread
         given = _LOGGING_TO.get()
         self.log_model = given is None or given[1]
-        self.settings = settings(experiment)
-        self._thread = threading.Thread(
-            target=self._work, name="tfnb-mlflow", daemon=True,
-            args=(experiment, given[0] if given else active.info.run_id if active else None, run_id, dict(params)))
-        self._thread.start()
+        self.settings = settings(opts.mlflow)
+        # one thread, in order: the MLflow run it starts is active in that thread only
+        self._calls = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfnb-mlflow")
+        self._calls.submit(self._begin, opts.mlflow, given[0] if given else active.info.run_id if active else None,
+                           run_id, _params(opts, spark, num_workers))
 
     def __call__(self, event: RunEvent) -> None:
         self.display(event)
         self._observe(event)
 
     def batch(self, batch: list) -> None:
-        """A drain's events: the display gets them as one batch (see ``tfnb.monitor.display.show``)."""
         show(self.display, batch)
         for event in batch:
             self._observe(event)
@@ -205,13 +188,13 @@ class Tracker:
             metrics = metrics_at({k: v for k, v in data.items() if k not in _NOT_METRICS and isinstance(v, (int, float))
                                   and not isinstance(v, bool) and math.isfinite(v)}, step, event.time)
             if metrics:
-                self._q.put(("metrics", metrics))
+                self._calls.submit(self.link.log, metrics)
         elif event.kind == events.ATTEMPT:
             reason = f"{data.get('reason', '')}; relaunched as attempt {data.get('attempt')}"
             resize = data.get("resize") or {}
-            self._q.put(("tags", {"tfnb.attempt": data.get("attempt"),
-                                  f"tfnb.relaunch.{data.get('attempt')}": reason,
-                                  **({"tfnb.num_workers": resize.get("to")} if resize else {})}))
+            self._calls.submit(self.link.log, tags={"tfnb.attempt": data.get("attempt"),
+                                                    f"tfnb.relaunch.{data.get('attempt')}": reason,
+                                                    **({"tfnb.num_workers": resize.get("to")} if resize else {})})
             self._error = None
         elif event.kind == events.FAILED and self._error is None:
             # the attempt's first failure: the others are usually peers losing it
@@ -220,38 +203,26 @@ class Tracker:
             self._state = data["state"]
 
     def close(self) -> None:
-        """Close the display, then log the final status (and model) and wait for it. Without a final state event
-        the run was interrupted (KILLED while a KeyboardInterrupt propagates) or timed out (FAILED)."""
+        """Close the display, log the final status (and model), wait for it. Without a final state event the run
+        was interrupted (KILLED while a KeyboardInterrupt propagates) or timed out (FAILED)."""
         close = getattr(self.display, "close", None)
         if close:
             close()
         state = self._state or ("cancelled" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "failed")
-        self._q.put(("end", (state, self._error if state == "failed" else None)))
-        self._thread.join()
+        self._calls.submit(self._end, state, self._error if state == "failed" else None)
+        self._calls.shutdown()
 
-    def _work(self, experiment, active_run_id, run_id, params) -> None:
+    def _begin(self, experiment, active_run_id, run_id, params) -> None:
         link = self.link
         link.start(experiment, active_run_id, {"tfnb.run_id": run_id})
-        if link.run_id is not None:
-            if active_run_id is not None:
-                # params cannot change in MLflow: a second tfnb.run in the same active run keeps the first's
-                have = link.call(lambda: link.client.get_run(link.run_id).data.params) or {}
-                params = {k: v for k, v in params.items() if k not in have}
-            link.log(params=params, tags={"tfnb.run_id": run_id, "tfnb.attempt": 1})
-            if self.model_dir:
-                link.call(_write_link, self.model_dir, run_id, link.run_id)
-        while True:
-            batch = [self._q.get()]
-            with contextlib.suppress(queue.Empty):  # what piled up while the last call ran goes in one batch
-                while batch[-1][0] != "end":
-                    batch.append(self._q.get_nowait())
-            metrics = [m for kind, value in batch if kind == "metrics" for m in value]
-            tags = {k: v for kind, value in batch if kind == "tags" for k, v in value.items()}
-            if metrics or tags:
-                link.log(metrics, tags=tags)
-            if batch[-1][0] == "end":
-                self._end(*batch[-1][1])
-                return
+        if link.run_id is None:
+            return
+        if active_run_id is not None:
+            # params cannot change in MLflow: a second tfnb.run in the same active run keeps the first's
+            have = link.call(lambda: link.client.get_run(link.run_id).data.params) or {}
+            params = {k: v for k, v in params.items() if k not in have}
+        link.log(params=params, tags={"tfnb.run_id": run_id, "tfnb.attempt": 1})
+        link.call(self.on_start, link.run_id)
 
     def _end(self, state: str, error: str | None) -> None:
         link = self.link
@@ -265,37 +236,18 @@ class Tracker:
         link.end(_STATUS.get(state, "FAILED"))
 
 
-def track(display: Callable[[RunEvent], None], mlflow: Any, *, run_id: str, spark, num_workers: int,
-          num_ps: int, max_attempts: int, args: Sequence, model_dir: str | None, log_dir: str | None,
-          timeout: float | None, options: Any = None) -> "Tracker":
-    """``display`` teed into MLflow (``mlflow`` already accepted by :func:`check_option`). ``options`` (the run's
-    ``RunOptions``) adds the resource options; one left None is logged as the share the conf gives every task."""
-    params = {"num_workers": num_workers, "num_ps": num_ps, "max_attempts": max_attempts,
-              "model_dir": model_dir, "log_dir": log_dir, "timeout": timeout}
-    for name, conf in _OPTION_PARAMS.items() if options is not None else ():
-        params[name] = getattr(options, name, None)
-        if params[name] is None and conf:
-            with contextlib.suppress(Exception):  # as for spark.master below
+def _params(opts, spark, num_workers: int) -> dict:
+    params = {"num_workers": num_workers, **{name: getattr(opts, name) for name in _OPTION_PARAMS}}
+    for name, conf in _FROM_CONF.items():
+        if params.get(name) is None:
+            with contextlib.suppress(Exception):  # a Connect server may not say; the run goes on without it
                 params[name] = spark.conf.get(*conf)
-    for key in ("spark.master", "spark.app.id"):
-        with contextlib.suppress(Exception):  # a Connect server may not say; the run goes on without it
-            params[key] = spark.conf.get(key, None)
-    for i, arg in enumerate(args):
-        if isinstance(arg, (bool, int, float, str)):
-            params[f"args.{i}"] = arg
-    params = {k: v for k, v in params.items() if v is not None}
-    return Tracker(display, mlflow, run_id=run_id, model_dir=model_dir, params=params)
-
-
-def _write_link(model_dir: str, tfnb_run_id: str, mlflow_run_id: str) -> None:
-    from ..storage import open_store
-
-    body = json.dumps({"tfnb_run_id": tfnb_run_id, "mlflow_run_id": mlflow_run_id}).encode()
-    open_store(model_dir, purpose="writing the MLflow run link to").write(LINK_FILE, body)
+    params.update({f"args.{i}": arg for i, arg in enumerate(opts.args) if isinstance(arg, (bool, int, float, str))})
+    return {k: v for k, v in params.items() if v is not None}
 
 
 def _find_model(listing: Mapping[str, Any]) -> str | None:
-    """The relative path of the newest saved model (a file or a SavedModel folder) in a model_dir listing, or None."""
+    """The relative path of the newest saved model (file or SavedModel folder) in a model_dir listing, or None."""
     found: dict[str, float] = {}
     for rel, entry in listing.items():
         parts = rel.split("/")
@@ -312,9 +264,8 @@ def _find_model(listing: Mapping[str, Any]) -> str | None:
 
 def _log_model(mlflow, model_dir: str, mlflow_run_id: str, registered_model_name: str | None = None,
                input_example: Any = None) -> str | None:
-    """Log the newest saved model in ``model_dir`` to the run, registered as ``registered_model_name`` when given;
-    its path in model_dir, None if none. Tags: ``tfnb.model.uri`` (the logged model), ``tfnb.model.registered``
-    (``models:/<name>/<version>``)."""
+    """Log the newest saved model in ``model_dir`` to the run (tag ``tfnb.model.uri``), registered as
+    ``registered_model_name`` when given (tag ``tfnb.model.registered``); its path in model_dir, None if none."""
     from ..data.model import _fetch, _locate
     from ..storage import open_store
 
@@ -322,57 +273,40 @@ def _log_model(mlflow, model_dir: str, mlflow_run_id: str, registered_model_name
     rel = _find_model(store.list())
     if rel is None:
         return None
+    client, uri, why = mlflow.MlflowClient(), None, "it does not load as a Keras model"
     with tempfile.TemporaryDirectory(prefix="tfnb-mlflow-model-", ignore_cleanup_errors=True) as tmp:
         path = _fetch(*_locate(store.url(rel), {}), {}, tmp)  # a local model_dir's model is read in place
         model = _load_keras(path)
-        why = "it does not load as a Keras model"
-        if model is not None:
-            try:
-                uri = _log_keras(model, mlflow_run_id, input_example)
-            except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
-                why = f"MLflow's Keras flavour could not log it ({type(e).__name__}: {str(e)[:300]})"
-                log.info("%s: %s; logging its files instead", path, why)
-            else:
-                tags = {"tfnb.model.uri": uri}
-                if registered_model_name:
-                    # the registry mlflow.set_registry_uri chose (on Databricks: "databricks-uc" for Unity Catalog)
-                    try:
-                        version = mlflow.register_model(uri, registered_model_name).version
-                    except Exception as e:  # noqa: BLE001 - the model stays logged; the registry said no
-                        log.warning("the model of MLflow run %s (%s) is logged but could not be registered as %s: "
-                                    "%s: %s", mlflow_run_id, uri, registered_model_name, type(e).__name__,
-                                    (str(e).splitlines() or [""])[0][:300])
-                    else:
-                        tags["tfnb.model.registered"] = f"models:/{registered_model_name}/{version}"
-                for key, value in tags.items():
-                    mlflow.MlflowClient().set_tag(mlflow_run_id, key, value)
-                return rel or "."
-        _log_files(mlflow.MlflowClient(), mlflow_run_id, path, "model")
-        if registered_model_name:
-            log.warning("the model in %s is not registered as %s: %s; its files are the run's artifact 'model'",
-                        path, registered_model_name, why)
-        return rel or "."
+        try:
+            uri = None if model is None else _log_keras(model, mlflow_run_id, input_example)
+        except Exception as e:  # noqa: BLE001 - a model MLflow's flavour cannot take goes in as files
+            why = f"MLflow's Keras flavour could not log it ({summary(e, 320)})"
+            log.info("%s: %s; logging its files instead", path, why)
+        if not uri:
+            _log_files(client, mlflow_run_id, path, "model")
+            if registered_model_name:
+                log.warning("the model in %s is not registered as %s: %s; its files are the run's artifact 'model'",
+                            path, registered_model_name, why)
+            return rel or "."
+    client.set_tag(mlflow_run_id, "tfnb.model.uri", uri)
+    if registered_model_name:
+        # the registry mlflow.set_registry_uri chose (on Databricks: "databricks-uc" for Unity Catalog)
+        try:
+            version = mlflow.register_model(uri, registered_model_name).version
+        except Exception as e:  # noqa: BLE001 - the model stays logged; the registry said no
+            log.warning("the model of MLflow run %s (%s) is logged but could not be registered as %s: %s",
+                        mlflow_run_id, uri, registered_model_name, summary(e, 320))
+        else:
+            client.set_tag(mlflow_run_id, "tfnb.model.registered", f"models:/{registered_model_name}/{version}")
+    return rel or "."
 
 
 def _log_files(client, run_id: str, path: str, artifact_path: str) -> None:
-    if os.path.isdir(path):
-        client.log_artifacts(run_id, path, artifact_path)
-    else:
-        client.log_artifact(run_id, path, artifact_path)
+    (client.log_artifacts if os.path.isdir(path) else client.log_artifact)(run_id, path, artifact_path)
 
 
 def _load_keras(path: str):
-    """The Keras model at ``path`` loaded by the Keras that saved it; None when it is not one or TensorFlow is
-    missing. What is not a .keras zip, an HDF5 file or a SavedModel folder is refused without importing TensorFlow."""
-    import zipfile
-
-    from .checkpoints import HDF5_SIGNATURE
-
-    plausible = os.path.isdir(path) and os.path.exists(os.path.join(path, "saved_model.pb"))
-    with contextlib.suppress(OSError), open(path, "rb") as f:
-        plausible = f.read(8) == HDF5_SIGNATURE or zipfile.is_zipfile(f)
-    if not plausible:
-        return None
+    """The Keras model at ``path`` loaded by the Keras that saved it; None when not one or TensorFlow is missing."""
     try:
         from .._deps import keras_for, tensorflow_with_tf_keras
 
@@ -381,13 +315,13 @@ def _load_keras(path: str):
         tensorflow_with_tf_keras("logging the model to MLflow")
         return keras_for(path).models.load_model(path)
     except Exception as e:  # noqa: BLE001 - not a Keras model (a tf.Module SavedModel...)
-        log.info("%s does not load as a Keras model (%s: %s); logging its files", path, type(e).__name__, e)
+        log.info("%s does not load as a Keras model (%s); logging its files", path, summary(e, 320))
         return None
 
 
 def _signature(model, input_example: Any):
-    """The model's MLflow signature: from ``input_example`` and the model's predictions for it, else from its single
-    input's and output's shapes, else None."""
+    """The model's MLflow signature from ``input_example`` and its predictions, else from its single input's and
+    output's shapes (Unity Catalog registers no model without one), else None."""
     import numpy as np
     from mlflow.models import infer_signature
 
@@ -395,8 +329,8 @@ def _signature(model, input_example: Any):
         try:
             return infer_signature(input_example, np.asarray(model.predict(input_example, verbose=0)))
         except Exception as e:  # noqa: BLE001 - the example does not fit the model: the shapes say it instead
-            log.warning("the model does not predict on mlflow={'input_example': ...} (%s: %s); its signature comes "
-                        "from its input and output shapes", type(e).__name__, str(e)[:300])
+            log.warning("the model does not predict on mlflow={'input_example': ...} (%s); its signature comes "
+                        "from its input and output shapes", summary(e, 320))
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import Schema, TensorSpec
 
@@ -415,9 +349,8 @@ def _signature(model, input_example: Any):
 
 
 def _log_keras(model, mlflow_run_id: str, input_example: Any = None) -> str:
-    """Log ``model`` as the run's ``model`` with a signature (and ``input_example``): Keras 3 in MLflow's ``keras``
-    flavour, tf-keras in its ``tensorflow`` one; a LoggedModel with MLflow 3, the artifact ``model`` with MLflow 2.
-    Returns the model's URI."""
+    """Log ``model`` as the run's ``model`` (a LoggedModel with MLflow 3) and return its URI: Keras 3 in MLflow's
+    ``keras`` flavour, tf-keras in its ``tensorflow`` one."""
     import importlib.metadata
 
     import mlflow
@@ -458,37 +391,21 @@ def _log_keras(model, mlflow_run_id: str, input_example: Any = None) -> str:
 
 
 class EvalTracker:
-    """Logs an Evaluator's results to MLflow, from the evaluator's thread, to (decided at the first result) the run
-    of the ``tfnb.run`` writing ``model_dir`` (its ``tfnb_mlflow.json``, when its tfnb run id matches the status
-    file's), else the MLflow run active where the Evaluator was created, else a run of its own (ended when the
-    evaluator stops). Metrics ``eval_<name>``; the best checkpoint's also ``best_eval_<name>``, with tags
-    ``tfnb.eval.best_step`` and ``tfnb.eval.best_checkpoint``; the exported best model is the artifact ``best_model``.
+    """Logs an Evaluator's results from its thread to (decided at the first result) the run of the ``tfnb.run``
+    writing ``model_dir`` (the ``mlflow_run_id`` of its status file), else the MLflow run active where the Evaluator
+    was created, else a run of its own. Metrics ``eval_<name>``, the best's also ``best_eval_*``.
     """
 
     def __init__(self, experiment: Any, status_store):
-        self.experiment = experiment
-        self.store = status_store
-        self.link = _Link("the evaluator")
+        self.experiment, self.store, self.link = experiment, status_store, _Link("the evaluator")
         active = self.link.mlflow.active_run()  # the creating thread's, read there
         self.active_run_id = active.info.run_id if active else None
-        self._resolved = False
-
-    def _linked_run(self) -> str | None:
-        from .._status import read_status
-
-        try:
-            linked = json.loads(self.store.read(LINK_FILE))
-        except (FileNotFoundError, ValueError):
-            return None
-        if linked.get("tfnb_run_id") != (read_status(self.store) or {}).get("run_id"):
-            return None  # written by an earlier run in the same model_dir
-        return linked.get("mlflow_run_id")
 
     def log(self, result) -> None:
-        """Log one EvalResult (and, when it is the best so far, the best-checkpoint tags)."""
-        if not self._resolved:
-            self._resolved = True
-            run_id = self.link.call(self._linked_run) or self.active_run_id
+        if self.link.run_id is None:  # the first result (or MLflow failed: then the link does nothing)
+            from .._status import read_status
+
+            run_id = (self.link.call(read_status, self.store) or {}).get("mlflow_run_id") or self.active_run_id
             self.link.start(self.experiment, run_id, {"tfnb.evaluator": "true"})
         metrics = [m for prefix in (("eval_", "best_eval_") if result.best else ("eval_",))
                    for m in metrics_at(result.metrics, int(result.step), prefix=prefix)]
@@ -496,10 +413,9 @@ class EvalTracker:
         self.link.log(metrics, tags=tags if result.best else None)
 
     def log_best_model(self, local_path: str) -> None:
-        """Upload the exported best model (a file or a SavedModel folder) as the run's ``best_model``."""
+        """Upload the exported best model (file or SavedModel folder) as the run's ``best_model``."""
         if self.link.run_id is not None:
             self.link.call(_log_files, self.link.client, self.link.run_id, local_path, "best_model")
 
     def close(self, failed: bool) -> None:
-        """End the evaluator's own run (if it started one)."""
         self.link.end("FAILED" if failed else "FINISHED")

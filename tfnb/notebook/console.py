@@ -1,6 +1,5 @@
 """The consoles: :class:`Console`, what a run's and a sweep's share, and the run's :class:`ConsoleDisplay`, what a
-run shows outside a notebook widget (a script, a CI log, ``TFNB_DISPLAY=console``).
-"""
+run shows outside a notebook widget (a script, a CI log, ``TFNB_DISPLAY=console``)."""
 from __future__ import annotations
 
 import sys
@@ -8,11 +7,10 @@ import time
 from typing import TextIO
 
 from .. import _protocol as events
+from .._config import check_seconds
 from .._protocol import RunEvent
-from .._protocol import number as _number
-from ..errors import ConfigError
 from ..monitor.progress import (_CORE_FIELDS, SUMMARY_ABOVE, RunProgress, WorkerProgress, _last_segment, _of,
-                                _short, format_metrics, gpu_list)
+                                _short, gpu_list)
 
 
 class Console:
@@ -43,13 +41,11 @@ class ConsoleDisplay(Console):
     """Console output of a run: ``[worker 1] ...`` log lines, epoch summaries and a progress line.
 
     On a terminal the progress is a tqdm bar below the log lines; elsewhere a progress line and each task's latest
-    carriage-return line (a Keras ``verbose=1`` bar) at most every ``interval`` seconds. A large run prints the
-    chief's epoch summaries, failures and a periodic summary (see docs/monitoring.md).
+    carriage-return line (a Keras ``verbose=1`` bar) at most every ``interval`` seconds (see docs/monitoring.md).
 
     Args:
         stream: where to write (default: the current ``sys.stdout``).
-        num_workers: chief + worker tasks, for the counts in the progress line (optional).
-        num_ps: parameter-server tasks.
+        num_workers, num_ps, max_attempts: chief + worker tasks, parameter-server tasks, launches (optional).
         interval: seconds between two plain progress lines (not on a terminal).
         tty: force the terminal (tqdm) or plain form; default: ``stream.isatty()``.
 
@@ -59,13 +55,11 @@ class ConsoleDisplay(Console):
     """
 
     def __init__(self, stream: TextIO | None = None, *, num_workers: int | None = None, num_ps: int = 0,
-                 interval: float = 30.0, tty: bool | None = None):
-        if _number(interval) is None or interval < 0:
-            raise ConfigError(f"interval={interval!r} must be a number of seconds >= 0")
+                 max_attempts: int | None = None, interval: float = 30.0, tty: bool | None = None):
         super().__init__(stream)
-        self.interval = float(interval)
+        self.interval = check_seconds("interval", interval, zero=True)
         self._tty = tty
-        self.run = RunProgress.for_run(num_workers, num_ps)
+        self.run = RunProgress.for_run(num_workers, num_ps, max_attempts=max_attempts)
         self._last_line = self._last_live = self._last_bar = float("-inf")
         self._live_pending: dict = {}  # task label -> its WorkerProgress, whose carriage-return line is not printed
 
@@ -110,18 +104,17 @@ class ConsoleDisplay(Console):
 
     def _on_log(self, event: RunEvent, data: dict) -> None:
         line = str(data.get("line", ""))
-        label = event.label
         if data.get("partial"):
             w = self.run.workers.get((event.job_name, event.task_index))
             if w is not None and w.live:
-                self._live_pending[label] = w
+                self._live_pending[event.label] = w
             self._flush_live()
             return
         if "\r" in line:
             if self.run.large() and event.job_name != "chief":
                 return  # a finished bar from each of hundreds of tasks: the summary speaks for them
             line = _last_segment(line)
-        self._print(f"[{label}] {line}")
+        self._print(f"[{event.label}] {line}")
 
     def _flush_live(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -148,8 +141,7 @@ class ConsoleDisplay(Console):
         elif state == "stalled" or (state in ("training", "serving", "done") and not self.run.large()):
             # "starting" and "stopped" add little on a console: the first log line or the failure says more
             self._print(f"[{event.label}] {state}")
-        elif state == "starting" and data.get("gpus") and not self.run.large():
-            # except which GPUs Spark gave the task
+        elif state == "starting" and data.get("gpus") and not self.run.large():  # except which GPUs it was given
             gpus = gpu_list(self.run.workers[(event.job_name, event.task_index)].gpus)
             self._print(f"[{event.label}] starting on GPU{'s' if ',' in gpus else ''} {gpus}")
 
@@ -165,9 +157,9 @@ class ConsoleDisplay(Console):
             self._print(f"[{event.label}] {self._epoch_summary(w)}")
         elif tty or now - self._last_line < self.interval:
             return
-        elif not _CORE_FIELDS.intersection(data) - {"time"}:
-            # a custom ctx.report(...) without the usual fields: show what was sent
-            self._print(f"[{event.label}] {format_metrics(dict(data))}")
+        elif not _CORE_FIELDS.intersection(data) - {"time"}:  # a custom ctx.report(...): show what was sent
+            sent = (f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in data.items() if k != "time")
+            self._print(f"[{event.label}] {' '.join(sent)}")
         elif data.get("step") is not None:
             self._print(f"[tfnb] {self._progress_line()}")
             for line in self.run.summary_lines() if self.run.large() else ():
@@ -183,20 +175,21 @@ class ConsoleDisplay(Console):
         metrics = (f"{k}={v:.4g}" for k, v in sorted(w.metrics.items()))
         return _join(f"epoch {_of(w.epoch, w.epochs)}", _loss(w), *metrics, rate)
 
-    def _lead(self) -> WorkerProgress | None:
-        """The task that bounds the run's progress: the one with the fewest batches done."""
-        return next(iter(self.run.ranked()[0]), None)
+    def _lead(self) -> tuple[WorkerProgress | None, str, str]:
+        """The task that bounds the run's progress (the fewest batches done), the total examples/s, tasks training."""
+        rate = self.run.examples_per_sec()
+        return (next(iter(self.run.ranked()[0]), None), "" if rate is None else _short(rate),
+                f"{self.run.counts().get('training', 0)}/{len(self.run.workers)} training")
 
     def _progress_line(self) -> str:
-        w, rate, counts = self._lead(), self.run.examples_per_sec(), self.run.counts()
+        (w, rate, training), counts = self._lead(), self.run.counts()
         lead = () if w is None else (f"epoch {_of(w.epoch, w.epochs)}" if w.epoch is not None else "",
                                      f"step {_of(w.step, w.steps)}", _loss(w))
-        return _join(*lead, f"{_short(rate)} examples/s" if rate is not None else "",
-                     f"{counts.get('training', 0)}/{len(self.run.workers)} training",
+        return _join(*lead, rate and f"{rate} examples/s", training,
                      *(f"{counts[s]} {s}" for s in ("stalled", "failed") if counts.get(s)))
 
     def _update_bar(self) -> None:
-        w = self._lead()
+        w, rate, training = self._lead()
         if w is None:
             return
         if self._bar is None:
@@ -212,10 +205,7 @@ class ConsoleDisplay(Console):
             bar.total = w.total
         if w.epoch is not None:
             bar.set_description(f"epoch {_of(w.epoch, w.epochs)}", refresh=False)
-        rate = self.run.examples_per_sec()
-        postfix = [_loss(w), f"{_short(rate)} ex/s" if rate is not None else "",
-                   f"{self.run.counts().get('training', 0)}/{len(self.run.workers)} training"]
-        bar.set_postfix_str(", ".join(p for p in postfix if p), refresh=False)
+        bar.set_postfix_str(", ".join(p for p in (_loss(w), rate and f"{rate} ex/s", training) if p), refresh=False)
         delta = int(w.progress or 0) - bar.n
         if delta > 0:
             bar.update(delta)

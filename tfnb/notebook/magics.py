@@ -1,6 +1,5 @@
 """``%load_ext tfnb`` adds ``%tfnb_tensorboard --logdir DIR``, the panel of ``tfnb.tensorboard(DIR)``. It leaves
-TensorBoard's own ``%tensorboard`` alone, so there is never a question of which one runs.
-"""
+TensorBoard's own ``%tensorboard`` alone, so there is never a question of which one runs."""
 from __future__ import annotations
 
 import argparse

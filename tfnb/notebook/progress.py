@@ -1,6 +1,5 @@
 """The live panels in a notebook (ipywidgets): :class:`Panel`, what a run's and a sweep's share, and the run's
-:class:`ProgressWidget` (the ``widget`` display mode), fed the same RunEvents as the console.
-"""
+:class:`ProgressWidget` (the ``widget`` display mode), fed the same RunEvents as the console."""
 from __future__ import annotations
 
 import html
@@ -8,15 +7,15 @@ import logging
 import threading
 import time
 
-from .._protocol import number as _number
+from .._config import check_seconds
 from ..errors import ConfigError
 from ..monitor.charts import LiveChart, matplotlib_missing
 from ..monitor.display import in_notebook
-from ..monitor.progress import SUMMARY_ABOVE, RunProgress, _num, _of, _short, _sort_key, gpu_list
+from ..monitor.progress import SUMMARY_ABOVE as PAGE_ROWS  # rows of the table a large run shows at once
+from ..monitor.progress import RunProgress, _num, _of, _short, _sort_key, gpu_list
 
 log = logging.getLogger(__name__)
 
-PAGE_ROWS = SUMMARY_ABOVE  # rows of the table a large run shows at once
 _LARGE_REFRESH = 1.0       # seconds between re-renders of a large run: its summary is O(tasks)
 _LARGE_CHART = 5.0         # seconds between chart frames of a large run: a frame costs tens of ms of CPU
 
@@ -56,10 +55,8 @@ def status_line(colour: str, text: str, log_file: str | None = None) -> str:
 
 def _render_row(w) -> str:
     """One task's row as HTML (escaped; log text and error messages come from user code)."""
-    if w.examples_per_sec is not None:
-        speed = _short(w.examples_per_sec)
-    else:
-        speed = "" if w.steps_per_sec is None else f"({_short(w.steps_per_sec)} steps/s)"
+    speed = (_short(w.examples_per_sec) if w.examples_per_sec is not None
+             else f"({_short(w.steps_per_sec)} steps/s)" if w.steps_per_sec is not None else "")
     metrics = " ".join(f"{html.escape(k)}={v:.4g}" for k, v in sorted(w.metrics.items()))
     return tr([html.escape(w.label), html.escape(gpu_list(w.gpus)), state_cell(w.state, w.error, 300),
                _of(w.epoch, w.epochs), _of(w.step, w.steps), _num(w.loss), speed, metrics])
@@ -67,12 +64,10 @@ def _render_row(w) -> str:
 
 def _render_table(rows: list, cache: dict) -> str:
     """The per-task table as HTML; ``cache`` (task key -> row HTML) holds the rows that did not change."""
-    body = []
     for w in rows:
-        key = (w.job_name, w.task_index)
-        if key not in cache:
-            cache[key] = _render_row(w)
-        body.append(cache[key])
+        if (w.job_name, w.task_index) not in cache:
+            cache[w.job_name, w.task_index] = _render_row(w)
+    body = [cache[w.job_name, w.task_index] for w in rows]
     return table("tfnb-progress", ("task", "GPUs", "state", "epoch", "step", "loss", "examples/s", "metrics"), body)
 
 
@@ -84,11 +79,9 @@ def _render_summary(run: RunProgress, page: int, pages: int) -> str:
     return '<div class="tfnb-summary">' + "<br>".join(lines) + "</div>"
 
 
-def _render_live(rows: list) -> str:
-    """One line per task with a running carriage-return bar, as a terminal would show it."""
-    lines = [f"[{w.label}] {w.live}" for w in rows if w.live]
-    text = html.escape("\n".join(lines))
-    return f'<pre class="tfnb-live" style="margin:2px 0;white-space:pre-wrap">{text}</pre>' if lines else ""
+def pre(css: str, text: str) -> str:
+    """``text`` (escaped: it comes from user code) as lines a terminal would show."""
+    return f'<pre class="{css}" style="margin:2px 0;white-space:pre-wrap">{html.escape(text)}</pre>'
 
 
 def _later(wait: float, fn) -> threading.Timer:
@@ -99,27 +92,23 @@ def _later(wait: float, fn) -> threading.Timer:
 
 
 class Panel:
-    """A run's and a sweep's live widget in one ``box``, re-rendered under a lock at most every ``refresh_interval``
-    seconds (a timer renders the latest state when no further event comes) and at :meth:`close`. Subclasses fold
-    events (``_fold``), render (``_render_parts``) and say what the chart draws (``_version``, ``_frame_args``,
-    ``_new_chart``)."""
+    """A live widget in one ``box``, re-rendered under a lock at most every ``refresh_interval`` seconds (a timer
+    renders the latest state when no further event comes) and at :meth:`close`. Subclasses fold events (``_fold``),
+    render (``_render_parts``) and say what the chart draws (``_version``, ``_frame_args``, ``_new_chart``)."""
 
     _what = "panel"
 
     def __init__(self, refresh_interval: float, chart_interval: float):
-        for name, value in (("refresh_interval", refresh_interval), ("chart_interval", chart_interval)):
-            if _number(value) is None or value < 0:
-                raise ConfigError(f"{name}={value!r} must be a number of seconds >= 0")
+        self.refresh_interval = check_seconds("refresh_interval", refresh_interval, zero=True)
+        self.chart_interval = check_seconds("chart_interval", chart_interval, zero=True)
         from .._deps import require
 
         self._widgets = widgets = require("ipywidgets", f"the tfnb {self._what}")
-        self.refresh_interval, self.chart_interval = float(refresh_interval), float(chart_interval)
         self.status, self.table = widgets.HTML(), widgets.HTML()
         missing = matplotlib_missing()
-        self.chart = None if missing else widgets.Image(format="png", layout=widgets.Layout(display="none"))
+        self.chart = None if missing else widgets.Image(format="png", layout=widgets.Layout(display="none")).add_class(
+            "tfnb-chart")
         self._chart_box = widgets.HTML(note(html.escape(missing), "tfnb-chart-missing")) if missing else self.chart
-        if self.chart is not None:
-            self.chart.add_class("tfnb-chart")
         self._chart = None  # made at the first frame
         self._drawn = (0, float("-inf"))  # (chart version, time) of the last frame
         self._frame: threading.Timer | None = None  # the frame being drawn or waiting for its time
@@ -128,7 +117,6 @@ class Panel:
         self._last_render = float("-inf")
         self.renders = self.frames = 0
         self._dirty = self._closed = self._shown = False
-        self._notebook: bool | None = None
 
     def _build(self, css: str, *parts) -> None:
         self.box = self._widgets.VBox([self.status, self._chart_box, *parts])
@@ -136,20 +124,20 @@ class Panel:
         self._render()
 
     @classmethod
-    def _in_cell(cls, **kwargs):
+    def shown(cls, **kwargs):
+        """The ``widget`` display mode: a new panel, shown in the running cell when in a notebook."""
         panel = cls(**kwargs)
         panel._show()
         return panel
 
     def _show(self) -> None:
         """Show the panel in the running cell, once, when in a notebook (in_notebook() is not free per event)."""
-        if self._notebook is None:
-            self._notebook = in_notebook()
-        if self._notebook and not self._shown:
-            from IPython.display import display
-
-            display(self)
+        if not self._shown:
             self._shown = True
+            if in_notebook():
+                from IPython.display import display
+
+                display(self)
 
     def _repr_mimebundle_(self, **kwargs):
         self._shown = True
@@ -253,28 +241,23 @@ class Panel:
 
 
 class ProgressWidget(Panel):
-    """Live ipywidgets panel of a run: status line, loss chart, per-task table and the latest log lines.
-
-    Pass it as ``tfnb.run(..., display=widget)`` (``tfnb.run`` builds one by itself in a notebook). Events update
-    :attr:`run` at once; the widgets re-render at most every ``refresh_interval`` seconds (1 s for a large run) and
-    at the end; the matplotlib chart at most every ``chart_interval`` seconds (5 s for a large run). A large run
-    shows a summary over pages of tasks, those of note first (see docs/monitoring.md).
+    """Live ipywidgets panel of a run: status line, loss chart, per-task table and the latest log lines; ``tfnb.run``
+    builds one by itself in a notebook. Events update :attr:`run` at once (see docs/monitoring.md).
 
     Args:
         num_workers: chief + worker tasks, to show their rows before they report (optional).
         num_ps: parameter-server tasks.
         max_attempts: launches the run may make, for the status line (optional).
         log_lines: how many of the latest log lines to show; older ones scroll out.
-        refresh_interval: minimum seconds between two re-renders.
+        refresh_interval: minimum seconds between two re-renders (1 s at least for a large run).
         metric: the metric charted next to the loss; ``"auto"`` takes ``accuracy`` when reported,
             else the first other metric; None charts the loss alone.
-        chart_interval: minimum seconds between two chart frames.
+        chart_interval: minimum seconds between two chart frames (5 s at least for a large run).
 
     Attributes:
         run: the :class:`RunProgress` rendered; ``widget.workers[("worker", 1)].step`` reads it.
-        status, summary, table, live: ``ipywidgets.HTML``; ``chart``: ``ipywidgets.Image`` (None without
-            matplotlib); ``logs``: ``ipywidgets.Output``; ``box``: the ``ipywidgets.VBox`` holding them.
-        page: the page of the table shown (large runs).
+        box: the ``ipywidgets.VBox`` of ``status``, ``chart`` (None without matplotlib), ``table``, ``logs``...
+        page: the page of a large run's table shown.
         renders: how many times the widgets were re-rendered; ``frames``: chart frames drawn.
 
     Example:
@@ -315,12 +298,6 @@ class ProgressWidget(Panel):
         self._logs_dirty = False
         self._build("tfnb-panel", self.summary, self._pager, self.table, self.live, self.logs)
 
-    @classmethod
-    def for_run(cls, num_workers: int | None = None, num_ps: int = 0, max_attempts: int | None = None,
-                **kwargs) -> "ProgressWidget":
-        """The ``widget`` display mode: a new panel, shown in the running cell when in a notebook."""
-        return cls._in_cell(num_workers=num_workers, num_ps=num_ps, max_attempts=max_attempts, **kwargs)
-
     def show_page(self, page: int) -> None:
         """Show page ``page`` (0-based) of a large run's task table."""
         with self._lock:
@@ -335,8 +312,7 @@ class ProgressWidget(Panel):
     def _large(self) -> bool:
         return self.run.large()
 
-    def _reopen(self) -> None:
-        # the same widget reused for another run starts clean
+    def _reopen(self) -> None:  # the same widget reused for another run starts clean
         self.run = RunProgress.for_run(**self._shape)
         self._rows.clear()
         self._drawn, self._chart = (0, float("-inf")), None
@@ -363,7 +339,8 @@ class ProgressWidget(Panel):
         self.summary.value = _render_summary(self.run, self.page, pages) if large else ""
         self._pager.layout.display = "flex" if large else "none"
         self.table.value = _render_table(rows, self._rows)
-        self.live.value = _render_live(rows)
+        live = "\n".join(f"[{w.label}] {w.live}" for w in rows if w.live)  # running carriage-return bars
+        self.live.value = pre("tfnb-live", live) if live else ""
         if self._logs_dirty:
             text = "\n".join(self.run.logs) + "\n"
             self.logs.outputs = ({"output_type": "stream", "name": "stdout", "text": text},)
@@ -373,10 +350,8 @@ class ProgressWidget(Panel):
         if self.metric != "auto":
             return self.metric
         names = {k for points in self.run.curves.values() for _, values in points[-3:] for k in values} - {"loss"}
-        if "accuracy" in names:
-            return "accuracy"
-        plain = sorted(n for n in names if not n.startswith("val_"))
-        return plain[0] if plain else min(names, default=None)
+        plain = {n for n in names if not n.startswith("val_")}
+        return "accuracy" if "accuracy" in names else min(plain or names, default=None)
 
     def _version(self) -> int:
         return self.run.chart_version

@@ -1,6 +1,5 @@
 """A sweep, shown: the live panel in a notebook (:class:`SweepPanel`) and the same as lines (:class:`SweepConsole`),
-on the run's panel and console bases; both fold the sweep's :class:`tfnb.RunEvent` s into one :class:`SweepModel`.
-"""
+on the run's panel and console bases; both fold the sweep's :class:`tfnb.RunEvent` s into one :class:`SweepModel`."""
 from __future__ import annotations
 
 import html
@@ -12,7 +11,7 @@ from ..monitor.charts import figure, png
 from ..monitor.progress import _num, _of
 from ..tuning.outcomes import STATES, SweepResult, TrialResult, better, format_params
 from .console import Console
-from .progress import COLOURS, Panel, note, state_cell, status_line, table, tr
+from .progress import COLOURS, Panel, note, pre, state_cell, status_line, table, tr
 
 LOG_LINES = 40       # lines of a trial's output its section shows
 _KEEP_LINES = 200    # lines kept per trial
@@ -54,11 +53,8 @@ class SweepModel:
         return self.info.get("direction", "minimize")
 
     def best(self) -> TrialResult | None:
-        best = None
-        for row in self.rows.values():
-            if row.state == "complete" and better(row.value, best.value if best else None, self.direction):
-                best = row
-        return best
+        done = [r for r in self.rows.values() if r.state == "complete" and better(r.value, None, self.direction)]
+        return (min if self.direction == "minimize" else max)(done, key=lambda r: r.value, default=None)
 
     def status(self) -> str:
         counts = Counter(row.state for row in self.rows.values())
@@ -76,8 +72,7 @@ class SweepModel:
 
 
 class SweepConsole(Console):
-    """A sweep as lines: one per trial event (started, each epoch, its end), each trial's log file, a summary; never
-    the trials' own output (it stays in each trial's log file).
+    """A sweep as lines: each trial's start, epochs, end and log file, then a summary; never the trials' own output.
 
     Args:
         stream: where to write (default: the current ``sys.stdout``).
@@ -135,16 +130,22 @@ def end_text(row: TrialResult, metric: str, best: TrialResult | None = None) -> 
 def summary_lines(result: SweepResult) -> list[str]:
     """The result as a small table, for the console and a cell's text."""
     names = sorted({k for t in result.trials for k in t.params})
-    head = ["trial", "state", result.metric, "epoch", "seconds"] + names
-    rows = [[str(t.number), t.state, _num(t.value), _of(t.epoch, t.epochs), f"{t.seconds:.1f}"]
-            + [_cell(t.params.get(n)) for n in names] for t in result.trials]
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    rows = [_head(names, result.metric)] + [_cells(t, names) for t in result.trials]
+    widths = [max(map(len, column)) for column in zip(*rows)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return [f"{result.summary()} in {result.seconds:.1f} s"] + ["  " + line for line in lines]
 
 
-def _cell(value) -> str:
-    return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+def _head(names: list, metric: str) -> list[str]:
+    return ["trial", "state", *names, "epoch", metric, f"best {metric}", "seconds"]
+
+
+def _cells(row: TrialResult, names: list) -> list[str]:
+    """A trial's row of the tables, as text."""
+    seconds = row.seconds if row.done else time.time() - row.started
+    params = ("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in map(row.params.get, names))
+    return [str(row.number), row.state, *params, _of(row.epoch, row.epochs), _num(row.value), _num(row.best),
+            f"{seconds:.1f}"]
 
 
 class SweepChart:
@@ -159,14 +160,13 @@ class SweepChart:
         from matplotlib.ticker import MaxNLocator
 
         ax, curves = self.trials_ax, self.epochs_ax
-        for a in (ax, curves):
+        for a, title, x in ((ax, f"{metric} by trial ({'lower' if direction == 'minimize' else 'higher'} is better)",
+                             "trial"), (curves, f"{metric} by epoch", "epoch")):
             a.clear()
             a.tick_params(labelsize=7)
             a.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))  # trials and epochs are counted
-        ax.set_title(f"{metric} by trial ({'lower' if direction == 'minimize' else 'higher'} is better)", fontsize=9)
-        ax.set_xlabel("trial", fontsize=8)
-        curves.set_title(f"{metric} by epoch", fontsize=9)
-        curves.set_xlabel("epoch", fontsize=8)
+            a.set_title(title, fontsize=9)
+            a.set_xlabel(x, fontsize=8)
         for state, style in (("complete", dict(marker="o")), ("pruned", dict(marker="x")),
                              ("running", dict(marker="o", mfc="none"))):
             points = [(r.number, r.value) for r in rows if r.value is not None
@@ -174,11 +174,9 @@ class SweepChart:
             if points:
                 ax.plot(*zip(*points), linestyle="none", markersize=5, label=state, color=COLOURS[state], **style)
         best, steps = None, []  # the best complete objective up to each complete trial
-        for r in rows:
-            if r.state == "complete" and better(r.value, best, direction):
-                best = r.value
-            if r.state == "complete" and best is not None:
-                steps.append((r.number, best))
+        for r in (r for r in rows if r.state == "complete"):
+            best = r.value if better(r.value, best, direction) else best
+            steps += [] if best is None else [(r.number, best)]
         if steps:
             ax.step(*zip(*steps), where="post", color="#222", linewidth=1, label="best so far")
         if ax.get_legend_handles_labels()[0]:
@@ -193,41 +191,26 @@ class SweepChart:
 
 def render_table(model: SweepModel) -> str:
     """The trials as an HTML table (escaped: params and errors come from user code)."""
-    names = sorted({k for r in model.rows.values() for k in r.params})
-    metric = html.escape(model.metric)
-    best = model.best()
-    body = []
+    names, best, body = sorted({k for r in model.rows.values() for k in r.params}), model.best(), []
     for number in sorted(model.rows):
         row = model.rows[number]
-        seconds = row.seconds if row.done else time.time() - row.started
-        body.append(tr([f"<b>{number}</b>" if best is not None and best.number == number else str(number),
-                        state_cell(row.state, row.error if row.state != "pruned" else None, 200),
-                        *(html.escape(_cell(row.params.get(n))) for n in names), _of(row.epoch, row.epochs),
-                        _num(row.value), _num(row.best), f"{seconds:.0f}"]))
-    head = ["trial", "state", *map(html.escape, names), "epoch", metric, f"best {metric}", "seconds"]
-    return table("tfnb-sweep", head, body)
-
-
-def render_log(row: TrialResult, lines) -> str:
-    text = html.escape("\n".join(list(lines)[-LOG_LINES:])) or "(no output yet)"
-    where = note(f"every line: <code>{html.escape(row.log_file)}</code>") if row.log_file else ""
-    return f'<pre class="tfnb-trial-log" style="margin:2px 0;white-space:pre-wrap">{text}</pre>{where}'
+        cells = [html.escape(c) for c in _cells(row, names)]
+        cells[0] = f"<b>{number}</b>" if best is not None and best.number == number else cells[0]
+        cells[1] = state_cell(row.state, row.error if row.state != "pruned" else None, 200)
+        body.append(tr(cells))
+    return table("tfnb-sweep", map(html.escape, _head(names, model.metric)), body)
 
 
 class SweepPanel(Panel):
-    """The live panel of a sweep in a notebook (ipywidgets): status, chart, table of trials, trial logs.
-
-    The widgets re-render at most every ``refresh_interval`` seconds, the chart at most every ``chart_interval``
-    (when a row changed). Each trial's latest output sits in a collapsed section of its own (an Accordion: it opens
-    without a round trip to the busy kernel). ``tfnb.sweep`` builds one by itself in a notebook.
+    """The live panel of a sweep in a notebook (ipywidgets): status, chart, table of trials, each trial's latest
+    output in a collapsed section (see docs/sweeps.md); ``refresh_interval`` and ``chart_interval`` as for a run's.
 
     Attributes:
         model: the :class:`SweepModel` rendered. ``status``, ``table``: ``ipywidgets.HTML``; ``chart``:
             ``ipywidgets.Image`` (None without matplotlib); ``logs``: the Accordion; ``box``: the whole panel.
 
     Example:
-        >>> panel = tfnb.notebook.SweepPanel()
-        >>> result = tfnb.sweep(train_fn, space, n_trials=20, num_workers=1, display=panel)
+        >>> result = tfnb.sweep(train_fn, space, n_trials=20, num_workers=1, display=tfnb.notebook.SweepPanel())
     """
 
     _what = "sweep panel"
@@ -239,11 +222,6 @@ class SweepPanel(Panel):
         self._log_views: dict[int, object] = {}  # trial -> its HTML in the accordion
         self._dirty_logs: set[int] = set()
         self._build("tfnb-sweep-panel", self.table, self.logs)
-
-    @classmethod
-    def for_sweep(cls, **shape) -> "SweepPanel":
-        """The ``widget`` sweep display, shown in the running cell."""
-        return cls._in_cell(**shape)
 
     def _fold(self, batch) -> bool:
         for event in batch:
@@ -265,9 +243,12 @@ class SweepPanel(Panel):
         for i, number in enumerate(sorted(self._log_views)):
             row = self.model.rows[number]
             title = f"trial {number}: {row.state}" + (f", epoch {_of(row.epoch, row.epochs)}" if row.epoch else "")
-            _set_title(self.logs, i, title)
+            if self.logs.get_title(i) != title:  # ipywidgets 7 (Databricks Runtime 15.4) sends every set_title
+                self.logs.set_title(i, title)
             if number in self._dirty_logs:
-                self._log_views[number].value = render_log(row, self.model.lines.get(number, ()))
+                lines = "\n".join(list(self.model.lines.get(number, ()))[-LOG_LINES:]) or "(no output yet)"
+                where = note(f"every line: <code>{html.escape(row.log_file)}</code>") if row.log_file else ""
+                self._log_views[number].value = pre("tfnb-trial-log", lines) + where
         self._dirty_logs.clear()
 
     def _version(self) -> int:
@@ -281,15 +262,3 @@ class SweepPanel(Panel):
     def log_text(self, number: int) -> str:
         """Trial ``number``'s output as its section shows it."""
         return html.unescape(self._log_views[number].value) if number in self._log_views else ""
-
-
-def _set_title(accordion, index: int, title: str) -> None:
-    # ipywidgets 8 keeps titles in .titles; 7 (Databricks Runtime 15.4) only has set_title
-    titles = getattr(accordion, "titles", None)
-    if titles is not None:
-        titles = list(titles) + [""] * (len(accordion.children) - len(titles))
-        if titles[index] != title:
-            titles[index] = title
-            accordion.titles = tuple(titles)
-    else:
-        accordion.set_title(index, title)

@@ -27,10 +27,9 @@ def tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
                 reload_interval: float | None = None, timeout: float | None = None,
                 height: int | None = None, proxy_url: str | None = None,
                 display: bool | None = None):
-    """Show TensorBoard for ``log_dir``: inline in a notebook, as a URL elsewhere.
+    """Show TensorBoard for ``log_dir``, started on the driver or reused: inline in a notebook, as a URL elsewhere.
 
-    Starts TensorBoard on the driver, bound to 127.0.0.1, or reuses the one already serving
-    ``log_dir``. TensorBoard has no login: keep ``host`` on loopback unless the network is trusted.
+    TensorBoard has no login: keep ``host`` on loopback unless the network is trusted (docs/monitoring.md).
 
     Args:
         log_dir: directory holding event files (e.g. the ``log_dir`` given to ``tfnb.run``).
@@ -40,13 +39,11 @@ def tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
         timeout: seconds to wait for a new TensorBoard to serve; default 90.
         height: iframe height in pixels; default 800.
         proxy_url: URL template for the browser with ``%PORT%``, overriding ``TENSORBOARD_PROXY_URL``.
-        display: True for the widget panel, False for printed text; default: the panel inside a
-            Jupyter/Databricks kernel.
+        display: True for the widget panel, False for printed text; default: the panel in a notebook kernel.
 
     Returns:
-        With the panel, the :class:`TensorBoardPanel` shown (``.outcome``, ``.url``, ``.stop()``,
-        ``.reload()``). Otherwise the outcome (``Launched``/``Reused``/``Failed``/``TimedOut``) after
-        printing the URL, or the error and its fix to stderr.
+        With the panel, the :class:`TensorBoardPanel` shown. Otherwise the outcome (``Launched``/``Reused``/
+        ``Failed``/``TimedOut``) after printing the URL, or the error and its fix to stderr.
 
     Raises:
         ConfigError: an argument has the wrong type or range.
@@ -58,9 +55,7 @@ def tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
     """
     height = check_height(height)
     options = dict(host=host, port=port, reload_interval=reload_interval, timeout=timeout)
-    if display is None:
-        display = in_notebook()
-    if display:
+    if display or (display is None and in_notebook()):
         from IPython.display import display as show
 
         panel = TensorBoardPanel(log_dir, height=height, proxy_url=proxy_url, start=False, **options)
@@ -81,11 +76,9 @@ def tensorboard(log_dir, *, host: str | None = None, port: int | None = None,
 
 def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, str] | None = None,
                 spark_conf: Mapping[str, str] | None = None) -> str:
-    """The URL a browser opens to reach a running TensorBoard (anything with ``.port``, ``.url``); the first that
-    applies: ``proxy_url`` or ``TENSORBOARD_PROXY_URL`` with ``%PORT%`` replaced (as ``%tensorboard`` does), on
-    Databricks :func:`databricks_proxy_url`, under JupyterHub ``<prefix>proxy/<port>/`` (jupyter-server-proxy), else
-    the driver's own URL. ``environ`` and ``spark_conf`` default to ``os.environ`` and the active Spark conf.
-    """
+    """The URL a browser opens to reach a running TensorBoard: ``proxy_url`` or ``TENSORBOARD_PROXY_URL`` with
+    ``%PORT%`` replaced (as ``%tensorboard`` does), on Databricks its driver proxy, under JupyterHub
+    ``<prefix>proxy/<port>/`` (jupyter-server-proxy), else the driver's own URL."""
     env = os.environ if environ is None else environ
     port = outcome.port
     template = proxy_url if proxy_url is not None else env.get("TENSORBOARD_PROXY_URL")
@@ -105,9 +98,8 @@ def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, 
 
 
 def databricks_proxy_url(port: int, conf: Mapping[str, str]) -> str | None:
-    """``https://<workspaceUrl>/driver-proxy/o/<orgId>/<clusterId>/<port>/`` from the ``spark.databricks.*`` conf
-    (the form Databricks documents for apps served from the driver; no live workspace is reachable from CI),
-    or None when the cluster tags are missing."""
+    """``https://<workspaceUrl>/driver-proxy/o/<orgId>/<clusterId>/<port>/``, the form Databricks documents for apps
+    served from the driver; None without the cluster tags."""
     org, cluster = conf.get(_DATABRICKS_ORG), conf.get(_DATABRICKS_CLUSTER)
     if not org or not cluster:
         return None
@@ -138,7 +130,6 @@ def check_height(height) -> int:
 
 
 def problem_text(outcome: Failed | TimedOut) -> str:
-    """What went wrong and the fix."""
     if isinstance(outcome, Failed):
         return f"could not start: {outcome.error}. Fix: {outcome.fix}"
     return f"did not start within {outcome.timeout:g} s (pid {outcome.pid} was stopped). Fix: {outcome.fix}"
@@ -149,7 +140,6 @@ tensorboard.stop = stop
 
 
 def status_html(outcome: Outcome) -> str:
-    """One status paragraph for an outcome (escaped HTML)."""
     e = html.escape
     warning = getattr(outcome, "warning", "")
     warning = f" <b style='color:#b45309'>{e(warning)}</b>" if warning else ""
@@ -167,9 +157,8 @@ def status_html(outcome: Outcome) -> str:
 
 
 class TensorBoardPanel:
-    """The widget panel for one log_dir: status line, link, Reload (restarts TensorBoard if it died or was stopped)
-    and Stop buttons, TensorBoard iframe. ``start=False`` waits for :meth:`reload`; ``options`` are
-    :func:`tfnb.tensorboard`'s.
+    """The widget panel for one log_dir: status, link, Reload (restarts a TensorBoard that died or was stopped) and
+    Stop buttons, TensorBoard's iframe. ``start=False`` waits for :meth:`reload`; ``options`` as for tfnb.tensorboard.
 
     Attributes:
         outcome: the latest ``Launched``/``Reused``/``Failed``/``TimedOut`` (None after Stop).
@@ -193,8 +182,7 @@ class TensorBoardPanel:
         self._options = options
         self._reloads = 0
         self._shown_in: object = None
-        self._status = widgets.HTML()
-        self._link = widgets.HTML()
+        self._status, self._link = widgets.HTML(), widgets.HTML()
         self._reload_button = widgets.Button(description="Reload", icon="refresh",
                                              tooltip="Re-check TensorBoard (restart it if needed) and reload the view")
         self._stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning",
@@ -243,7 +231,7 @@ class TensorBoardPanel:
         self._stop_button.disabled = not running
 
     def _guard(self, action: Callable[[], Any]) -> None:
-        # Button callbacks run in the kernel, where an exception would vanish into its log.
+        # a button callback's exception would vanish into the kernel's log
         try:
             action()
         except Exception as e:
@@ -255,8 +243,7 @@ class TensorBoardPanel:
         from IPython.display import display
 
         count = getattr(get_ipython(), "execution_count", None)
-        # tensorboard() shows the panel itself and also returns it; when that call is the cell's
-        # last line, the returned value would show a second copy of the same panel.
+        # tensorboard() shows the panel and returns it: as a cell's last line it would show a second copy
         if count is not None and count == self._shown_in:
             return
         self._shown_in = count

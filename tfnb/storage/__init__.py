@@ -1,7 +1,5 @@
-"""One storage layer under every URL tfnb reads or writes: ``open_store(url, options)`` gives a :class:`Store` for
-local paths (also ``file://``, ``/dbfs/...``, ``/Volumes/...``, ``dbfs:/x``), ``s3://`` (also ``s3a://``, ``s3n://``)
-and any other scheme through fsspec. Options are one vocabulary (:data:`S3_OPTIONS`); fsspec gets them as they are.
-"""
+"""One storage layer under every URL tfnb reads or writes: :func:`open_store` gives a :class:`Store` for local paths,
+``s3://`` and any scheme fsspec knows. Options are one vocabulary (:data:`S3_OPTIONS`), given to fsspec as they are."""
 from __future__ import annotations
 
 import os
@@ -15,21 +13,13 @@ __all__ = ["open_store", "Store", "Entry", "MissingError", "PART", "S3_OPTIONS",
 
 def open_store(url: str | os.PathLike, options: Mapping[str, Any] | None = None, *, purpose: str = "",
                concurrency: int = 16, chunk_size: int = 8 << 20) -> "Store":
-    """The store rooted at ``url``; ``options`` are never logged, ``purpose`` ("staging", ...) is for messages.
-    ``concurrency``: S3 requests in flight within one transfer; objects over ``chunk_size`` come as ranged GETs.
-
-    Raises:
-        ConfigError: bad URL or options. MissingDependencyError: the backend is not installed.
-    """
+    """The store rooted at ``url`` (see :func:`normalize`); ``options`` are never logged, ``purpose`` ("staging", ...)
+    is for messages. S3: ``concurrency`` requests in flight per transfer, ranged GETs of ``chunk_size`` bytes."""
     text = normalize(url)
-    if "://" not in text:
-        from .local import LocalStore
-
-        return LocalStore(text)
     if text.startswith("s3://"):
         from .s3 import S3Store
 
         return S3Store(text, options or {}, purpose or "accessing", concurrency, chunk_size)
-    from .fs import FsspecStore
+    from .fs import FsspecStore, LocalStore
 
-    return FsspecStore(text, options or {}, purpose or "accessing")
+    return FsspecStore(text, options or {}, purpose or "accessing") if "://" in text else LocalStore(text)

@@ -1,8 +1,8 @@
-"""The storage contract every backend keeps (:class:`Store`, :class:`Entry`, the errors) and the atomic-write helpers
-the backends share."""
+"""The storage contract every backend keeps (:class:`Store`, :class:`Entry`, the errors) and the shared helpers."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
 import posixpath
@@ -57,22 +57,19 @@ class Store:
     """A directory tree (or one file) addressed by relative ``/``-separated paths (``""``: the root). Each failure
     is a StorageError naming the URL, what failed and the fix (a MissingError, also a FileNotFoundError, when absent).
 
-    * ``list(rel="", recursive=True) -> {sub: Entry}``: files below ``rel``; ``{}`` when missing; no temporary names.
-    * ``stat(rel="") -> Entry | None``: None when no file is there. ``read(rel="", offset=0, length=None) -> bytes``.
-    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False)``: download
-      atomically; a file no longer the listed ``size``/``version`` fails instead of arriving mixed or torn;
-      ``on_bytes(n)`` reports progress (negative when a retry restarts); a set ``cancel`` Event stops it;
-      ``whole`` asks for one request, not parallel ranges (the caller keeps enough requests in flight).
-    * ``put(rel, local_path)``, ``write(rel, data)``, ``put_dir(rel, local_dir)``: create or replace atomically.
-    * ``append(rel, data)``: only where :attr:`appendable`. ``delete(rel)``: a missing file is fine.
-    """
+    * ``list(rel="", recursive=True) -> {sub: Entry}`` (``{}`` when missing, no temporary names); ``stat(rel="") ->
+      Entry | None``; ``read(rel="", offset=0, length=None) -> bytes``.
+    * ``get(rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False)``: an atomic
+      download that fails when the file is no longer the listed ``size``/``version``; ``on_bytes(n)`` reports
+      progress (negative when a retry restarts), a set ``cancel`` Event stops it, ``whole`` asks for one request.
+    * ``put(rel, local_path)``, ``write(rel, data)``, ``put_dir(rel, local_dir)``: create or replace atomically;
+      ``append(rel, data)`` where :attr:`appendable`; ``delete(rel)`` (a missing file is fine)."""
 
     root = ""            # the normalised URL or absolute path
     local = False        # a path this process can open directly (TensorFlow can read/write it)
     appendable = False   # append() adds to a file in place
 
     def url(self, rel: str = "") -> str:
-        """The full URL (or local path) of ``rel``."""
         return self.root.rstrip("/") + ("/" + rel if rel else "")
 
     def append(self, rel: str, data: bytes) -> None:
@@ -110,7 +107,6 @@ def guarded(doing: str):
 
 
 def check_cancel(cancel, url: str) -> None:
-    """Stop a download whose ``cancel`` Event is set."""
     if cancel is not None and cancel.is_set():
         raise StorageError(f"downloading {url} was cancelled")
 
@@ -152,19 +148,13 @@ def replacing(path: str, url: str = "", size: int | None = None) -> Iterator[str
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically."""
     with replacing(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
 
 
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
-    """An exclusive lock on ``path`` across processes (a no-op where fcntl is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: one process per folder is assumed
-        yield
-        return
+    """An exclusive lock on ``path`` across processes."""
     with open(path, "a+b") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield

@@ -1,9 +1,11 @@
-"""Any other scheme through fsspec (``gs://`` with gcsfs, ``abfs://``, ``memory://``, ``zip://...::``)."""
+"""Local paths (also the ``/dbfs`` and ``/Volumes`` FUSE mounts) and any other scheme through fsspec (``gs://`` with
+gcsfs, ``abfs://``, ``memory://``, ``zip://...::``)."""
 from __future__ import annotations
 
 import contextlib
 import os
 import posixpath
+import shutil
 from typing import Any, Mapping
 
 from .._deps import require
@@ -14,6 +16,7 @@ from .base import PART, Entry, Store, check_cancel, guarded, os_error, replacing
 _OBJECT_STORES = frozenset({"gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2", "memory"})
 _VERSION_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum", "CRC")
 _MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created", "date_time")
+_NOT_APPENDABLE = ("/dbfs/", "/Volumes/")   # FUSE mounts that cannot append in place
 
 
 def _entry(rel: str, info: Mapping[str, Any]) -> Entry:
@@ -35,13 +38,11 @@ class FsspecStore(Store):
         try:
             self.fs, path = fsspec.core.url_to_fs(url, **dict(options))
         except ImportError as e:
-            raise MissingDependencyError(f"{purpose} {url} needs an fsspec backend that is not installed: "
-                                         f"{e}") from e
+            raise MissingDependencyError(f"{purpose} {url} needs an fsspec backend that is not installed: {e}") from e
         except (TypeError, ValueError) as e:
-            scheme = url.split("://", 1)[0]
             if "Protocol not known" in str(e):
-                raise ConfigError(f"{url!r} uses scheme {scheme!r}, which neither boto3 nor fsspec knows; use "
-                                  "s3://, file://, a local path such as /dbfs/..., or install the fsspec "
+                raise ConfigError(f"{url!r} uses scheme {url.split('://', 1)[0]!r}, which neither boto3 nor fsspec "
+                                  "knows; use s3://, file://, a local path such as /dbfs/..., or install the fsspec "
                                   "backend for it") from e
             raise ConfigError(f"cannot open {url} with fsspec ({e}); check the storage options") from e
         self.path = path.rstrip("/") or path
@@ -58,8 +59,7 @@ class FsspecStore(Store):
     def list(self, rel: str = "", recursive: bool = True) -> dict[str, Entry]:
         base = self._full(rel).rstrip("/")
         try:
-            found = (self.fs.find(base, detail=True) if recursive
-                     else {i["name"]: i for i in self.fs.ls(base, detail=True)})
+            found = self.fs.find(base, maxdepth=None if recursive else 1, detail=True)
         except FileNotFoundError:
             return {}
         out = {}
@@ -125,3 +125,39 @@ class FsspecStore(Store):
     def delete(self, rel: str = "") -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._full(rel))
+
+
+class LocalStore(FsspecStore):
+    """Local files through fsspec's LocalFileSystem; paths are what TensorFlow and ``open`` take."""
+
+    local = True
+
+    def __init__(self, root: str):
+        from fsspec.implementations.local import LocalFileSystem
+
+        self.fs, self.path, self.root = LocalFileSystem(), root, root
+        self._atomic_put = False     # write to a temporary name, then rename
+        self.appendable = not (root.rstrip("/") + "/").startswith(_NOT_APPENDABLE)
+
+    def url(self, rel: str = "") -> str:
+        return os.path.join(self.root, *rel.split("/")) if rel else self.root
+
+    @guarded("appending to")
+    def append(self, rel: str, data: bytes = b"") -> None:
+        if not self.appendable:
+            return Store.append(self, rel, data)
+        with open(self.url(rel), "ab") as f:
+            f.write(data)
+
+    @guarded("uploading to")
+    def put_dir(self, rel: str, local_dir: str = "") -> None:
+        # a copy beside the target, then two renames: readers see the old tree or the new one
+        final = self.url(rel)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        new = temp_name(final)
+        shutil.copytree(local_dir, new)
+        old = temp_name(final)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(final, old)
+        os.replace(new, final)
+        shutil.rmtree(old, ignore_errors=True)

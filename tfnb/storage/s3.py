@@ -1,10 +1,7 @@
-"""``s3://`` through boto3 (not s3fs, which pins an old botocore), and obstore (the ``s3-native`` extra) for listings
-and downloads: bench/staging.py on 2 shared cores staged at 0.98-1.61 x s5cmd through obstore, 0.47-0.86 x through
-boto3 alone. boto3 resolves the credentials and does the rest, and all of it without obstore, with TFNB_S3_NATIVE=0,
-options only botocore understands or no credentials; a failed call is not repeated through the other client.
-Keys obstore cannot name (an empty, '.' or '..' part) go through boto3; as obstore does not follow S3's redirect to a
-bucket's region, a store answered "wrong region" asks for it once (``x-amz-bucket-region``) and goes on there.
-"""
+"""``s3://`` through boto3 (not s3fs: it pins an old botocore), and obstore (``s3-native`` extra) to list and download
+(bench/staging.py, 2 cores: 0.98-1.61 x s5cmd; boto3 alone 0.47-0.86 x) unless TFNB_S3_NATIVE=0, options only botocore
+knows, no credentials or keys obstore cannot name ('', '.', '..' parts). A failed call is not repeated through the
+other client; a "wrong region" answer (obstore does not follow it) asks for the region once and goes on there."""
 from __future__ import annotations
 
 import datetime
@@ -78,8 +75,7 @@ def _boto3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int)
         session = boto3.session.Session(botocore_session=_botocore_session(), profile_name=profile)
         client = session.client("s3", endpoint_url=endpoint, config=config, **kwargs)
     except ProfileNotFound as e:
-        raise ConfigError(f"AWS profile {profile!r} for {url} does not exist ({e}); fix profile= or "
-                          "AWS_PROFILE") from e
+        raise ConfigError(f"AWS profile {profile!r} for {url} does not exist ({e}); fix profile= or AWS_PROFILE") from e
     except (TypeError, ValueError) as e:
         raise ConfigError(f"cannot make an S3 client for {url} ({e}); check endpoint_url (now {endpoint!r}) "
                           "and the storage options") from e
@@ -87,7 +83,7 @@ def _boto3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int)
     return client
 
 
-_LOADER: list = []
+_LOADER: dict = {}
 
 
 def _botocore_session():
@@ -96,9 +92,7 @@ def _botocore_session():
     import botocore.session
 
     session = botocore.session.get_session()
-    if not _LOADER:
-        _LOADER.append(session.get_component("data_loader"))
-    session.register_component("data_loader", _LOADER[0])
+    session.register_component("data_loader", _LOADER.setdefault("", session.get_component("data_loader")))
     return session
 
 
@@ -281,8 +275,7 @@ class S3Store(Store):
         resp = self.client.get_object(**args)
         body = resp["Body"].read()
         if len(body) != resp.get("ContentLength", len(body)):
-            # a server rewriting the object while it sends it (rclone's local backend does) must not
-            # hand back a mix of two versions as one
+            # an object rewritten while it is sent (rclone's local backend) must not come back as a mix of two
             raise StorageError(f"{self.url(rel)} changed while it was read ({len(body)} of "
                                f"{resp['ContentLength']} bytes); read it again")
         return body
@@ -292,7 +285,7 @@ class S3Store(Store):
         args = (rel, size, version, on_bytes or (lambda n: None), cancel,
                 size is not None and size > self.chunk_size and not whole)
         with replacing(local_path, self.url(rel), size) as tmp:
-            if self.native is None or not _nameable(self._key(rel)):
+            if self.native is None or {"", ".", ".."} & set(self._key(rel).split("/")):  # keys obstore cannot name
                 return self._get(self._request, tmp, *args)
             self._natively(lambda native: self._get(_native_request(native), tmp, *args))
 
@@ -305,10 +298,9 @@ class S3Store(Store):
         return resp.get("ETag"), resp["Body"].iter_chunks(_IO_CHUNK)
 
     def _get(self, request, tmp, rel, size, version, on_bytes, cancel, split: bool) -> None:
-        """``rel`` into ``tmp`` through ``request(key, version, span) -> (etag, blocks)``: one GET unless ``split``
-        (and the server answers ranges), else ranged GETs of ``chunk_size`` on the store's ``concurrency`` part
-        threads, shared by every file. The client retries a failed request; a body cut short starts its part again.
-        The listing's ETag makes every GET conditional (If-Match): an object replaced meanwhile fails, never mixes."""
+        """``rel`` into ``tmp`` through ``request(key, version, span) -> (etag, blocks)``: one GET unless ``split`` (and
+        the server answers ranges), else ranged GETs of ``chunk_size`` on the shared part threads; a body cut short
+        starts its part again. Every GET is conditional on the listing's ETag (If-Match): a replaced object fails."""
         url, key = self.url(rel), self._key(rel)
 
         def part(start: int, end: int | None = None) -> None:
@@ -381,10 +373,6 @@ class S3Store(Store):
             parts, self._parts = self._parts, None
         if parts is not None:
             parts.shutdown(wait=True, cancel_futures=True)
-
-
-def _nameable(key: str) -> bool:
-    return all(part not in ("", ".", "..") for part in key.split("/"))
 
 
 def _bucket_region(response: Mapping) -> str | None:

@@ -1,7 +1,6 @@
 """Hyperparameter sweeps: ``tfnb.sweep`` runs many distributed trainings at once, searched and pruned by Optuna.
 :mod:`.loop` is the sweep, :mod:`.space` its search space and study, :mod:`.tracking` its MLflow runs,
-:mod:`.outcomes` its results; ``sweep`` (and the launcher under it) loads with its first use.
-"""
+:mod:`.outcomes` its results; ``sweep`` (and the launcher under it) loads with its first use."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

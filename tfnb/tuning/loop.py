@@ -1,8 +1,6 @@
 """``tfnb.sweep``: Optuna's ask-and-tell loop on the caller's thread, each trial a ``tfnb.run`` on a thread of its own.
-
 Not ``study.optimize(n_jobs=...)``: it joins the running trials before a Ctrl-C reaches the caller (measured: a SIGINT
-at 0.5 s reached it at 5.06 s, when both 5 s trials had finished), so Ctrl-C could not cancel them.
-"""
+at 0.5 s reached it at 5.06 s, when both 5 s trials had finished), so Ctrl-C could not cancel them."""
 from __future__ import annotations
 
 import contextlib
@@ -13,18 +11,20 @@ import queue
 import re
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
+from .._deps import require
 from .._protocol import EventKind, RunEvent, number
 from ..errors import (ClusterError, ConfigError, MissingDependencyError, RunCancelledError, RunTimeoutError,
                       WorkerError, below, suggest, summary)
 from ..launcher import LaunchHooks, RunOptions, check_cluster, get_spark, is_connect, pickle_fn
 from ..launcher import run as tfnb_run
+from ..launcher.options import SETTING_ONLY
 from ..monitor.display import check_display, make_display
 from ..monitor.tracking import check_option, logging_to
 from .outcomes import KEPT, SweepCancelledError, SweepResult, SweepStoppedError, TrialResult, better
-from .space import distributions, make_study, require_optuna, sample, warn_clustered
+from .space import distributions, make_study, sample, warn_clustered
 from .tracking import SweepTracker
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def _check(n_trials: Any, same_error_limit: Any, at_once: Any, metric: Any) -> N
 def _options(num_workers: int, args: tuple, kwargs: Any, spark, run_options: dict) -> RunOptions:
     """tfnb.run's options for every trial, resolved and checked once."""
     known = {f.name for f in fields(RunOptions)} - {"args", "display", "model_dir", "log_dir", "mlflow",  # per trial
-                                                    "failure_grace", "warm_idle", "ps_job_wait", "settings"}
+                                                    *SETTING_ONLY, "settings"}
     unknown = sorted(set(run_options) - known)
     if unknown:
         raise ConfigError(f"tfnb.sweep got unknown option(s) {', '.join(unknown)}{suggest(unknown, known)}; besides "
@@ -120,15 +120,13 @@ class _Sweep:
     n_trials: int
     at_once: int
     same_error_limit: int
-
-    def __post_init__(self):
-        self.q: queue.SimpleQueue = queue.SimpleQueue()  # from the trials' threads: RunEvents, and each Trial ended
-        self.trials: dict[int, Trial] = {}  # every trial launched
-        self.running: dict[int, Trial] = {}  # those whose end the loop has not handled yet
-        self.stopped: str | None = None  # why no further trial starts, as the cancelled trials' rows say it
-        self.error: BaseException | None = None  # the error the sweep stops with
-        self.streak: list[tuple[int, tuple]] = []  # (number, error key) of the latest failures in a row
-        self.started = time.time()
+    q: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # from the trials' threads: RunEvents, ended Trials
+    trials: dict[int, Trial] = field(default_factory=dict)  # every trial launched
+    running: dict[int, Trial] = field(default_factory=dict)  # those whose end the loop has not handled yet
+    stopped: str | None = None  # why no further trial starts, as the cancelled trials' rows say it
+    error: BaseException | None = None  # the error the sweep stops with
+    streak: list[tuple[int, tuple]] = field(default_factory=list)  # (number, error key) of the latest failures in a row
+    started: float = field(default_factory=time.time)
 
     def run(self, begin: dict) -> SweepResult:
         try:
@@ -156,10 +154,10 @@ class _Sweep:
         if len(self.streak) < self.same_error_limit:  # a trial could not start, or the space failed: its error says
             raise self.error
         raise SweepStoppedError(
-            f"tfnb.sweep stopped: trials {_numbers(n for n, _ in self.streak)} failed in a row with the same error, a "
-            "bug in train_fn rather than a bad hyperparameter; fix it, then call tfnb.sweep again with the same study= "
-            f"to go on\nThe error: {summary(self.error, 400)}\n{self._told(result)}.\n\nThe last failed trial's "
-            f"error:\n{self.error}", result) from self.error
+            f"tfnb.sweep stopped: trials {', '.join(str(n) for n, _ in self.streak)} failed in a row with the same "
+            "error, a bug in train_fn rather than a bad hyperparameter; fix it, then call tfnb.sweep again with the "
+            f"same study= to go on\nThe error: {summary(self.error, 400)}\n{self._told(result)}.\n\nThe last failed "
+            f"trial's error:\n{self.error}", result) from self.error
 
     def _launch(self) -> None:
         try:
@@ -216,7 +214,7 @@ class _Sweep:
         if self.stopped is None:
             self.stopped, self.error = why, error
         if self.running:
-            log.info("tfnb.sweep: %s; cancelling trials %s", why, _numbers(sorted(self.running)))
+            log.info("tfnb.sweep: %s; cancelling trials %s", why, ", ".join(map(str, sorted(self.running))))
         for running in self.running.values():
             running.cancel.set()
 
@@ -248,7 +246,7 @@ class _Sweep:
         return result
 
     def _told(self, result: SweepResult) -> str:
-        cancelled = _numbers(t.number for t in result.trials if t.state == "cancelled")
+        cancelled = ", ".join(str(t.number) for t in result.trials if t.state == "cancelled")
         return (f"{result.summary()}; running trials cancelled and their processes stopped: {cancelled or 'none'}; "
                 f"{self.n_trials - len(self.trials)} not started. e.result holds the trials")
 
@@ -320,8 +318,6 @@ class Trial:
 
     def _post(self, kind: EventKind, **more) -> None:
         self.sweep.q.put(RunEvent(kind, "trial", self.row.number, {"trial": self.row, **more}))
-
-    # ------------------------------------------------------------ the run's display
 
     def __call__(self, event) -> None:
         self.batch((event,))
@@ -395,10 +391,6 @@ def objective(returned: Any, metric: str, reported: float | None) -> tuple[float
     return found, None
 
 
-def _numbers(numbers) -> str:
-    return ", ".join(map(str, numbers))
-
-
 def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, metric: str = "loss",
           direction: str | None = None, study: Any = None, at_once: int | None = None, args: tuple = (),
           kwargs: dict | None = None, spark=None, model_dir: str | None = None, log_dir: str | None = None,
@@ -406,29 +398,27 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
           **run_options: Any) -> SweepResult:
     """Search hyperparameters with Optuna, running ``n_trials`` distributed trainings, as many at once as fit.
 
-    Each trial is one ``tfnb.run(train_fn, num_workers=..., ...)`` given its hyperparameters; the chief's epoch-end
-    metrics reach the study as they arrive, and a trial its pruner stops is cancelled like a stopped run. A trial
-    whose train_fn raises fails alone, but ``same_error_limit`` trials in a row failing with the same error stop the
-    sweep. Packing, pruning and failures: docs/sweeps.md.
+    Each trial is one ``tfnb.run`` given its hyperparameters; the chief's epoch-end metrics reach the study as they
+    arrive, and a trial its pruner stops is cancelled like a stopped run. Packing, pruning, failures and resuming:
+    docs/sweeps.md.
 
     Args:
         train_fn: ``train_fn(ctx, params, *args, **kwargs)``; ``params`` is a dict of this trial's hyperparameters.
-            The objective is what the chief returns: a number, or a dict holding ``metric`` (a list's last item:
-            Keras' ``history.history`` works); else the chief's last epoch-end report of ``metric``.
-        space: a dict of name to a list of choices, a ``(low, high)`` range (``(low, high, "log")`` for a log scale;
-            ints give integers) or an ``optuna.distributions`` object; or a function ``space(trial) -> dict``.
+            The objective is what the chief returns: a number, or a dict holding ``metric`` (a list's last item);
+            else the chief's last epoch-end report of ``metric``.
+        space: a dict of name to a list of choices, a ``(low, high)`` or ``(low, high, "log")`` range or an
+            ``optuna.distributions`` object; or a function ``space(trial) -> dict``.
         n_trials: trials to run in this call (a resumed study goes on counting).
         num_workers: chief + worker tasks of each trial.
         metric: the objective's name, also what is reported each epoch for pruning. Default ``"loss"``.
         direction: ``"minimize"`` or ``"maximize"``; default the study's, else minimize.
-        study: an ``optuna.Study`` (its sampler, pruner, storage; ``optuna.load_study`` to resume). Default: a new
-            in-memory study, Optuna's TPE sampler with ``constant_liar`` and its median pruner.
+        study: an ``optuna.Study`` (``optuna.load_study`` to resume); default a new in-memory study (TPE sampler
+            with ``constant_liar``, median pruner).
         at_once: trials at most at once (default: as many as fit).
         args: extra positional arguments for train_fn after ``params``; ``kwargs``: keyword arguments.
         spark: the SparkSession; default the active one, or a local one.
         model_dir: each trial gets ``<model_dir>/trial-<number>`` as its ``ctx.model_dir``; ``log_dir`` likewise.
-        mlflow: True, an experiment name, or a dict as ``tfnb.run`` takes it: a parent run for the sweep, a child run
-            per trial, the best trial tagged and its model logged. Needs ``pip install 'tfnb[mlflow]'``.
+        mlflow: as ``tfnb.run`` takes it: a parent run for the sweep, a child run per trial, the best one's model.
         display: a callable receiving every :class:`tfnb.RunEvent` of the sweep, False for none; default a live panel
             in notebooks, lines on the console elsewhere.
         same_error_limit: failed trials in a row with the same error that stop the sweep (default 3).
@@ -454,7 +444,7 @@ def sweep(train_fn: Callable, space: Any, *, n_trials: int, num_workers: int, me
         raise ConfigError(f"train_fn must be a function taking (ctx, params), got {type(train_fn).__name__}")
     _check(n_trials, same_error_limit, at_once, metric)
     check_display(display, "sweep")
-    optuna = require_optuna()
+    optuna = require("optuna", "tfnb.sweep")
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep's display says what Optuna's INFO lines would
     try:

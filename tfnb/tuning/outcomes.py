@@ -1,6 +1,5 @@
 """What a sweep returns: its trials and result, its two errors. Core types, no display code. A trial's state is
-one of :data:`STATES`, the last four final.
-"""
+one of :data:`STATES`, the last four final."""
 from __future__ import annotations
 
 import dataclasses
@@ -128,8 +127,7 @@ class SweepResult:
                 f"({format_params(self.best.params)})") if self.best and self.best.value is not None else ""
         return f"{len(self.trials)} trials ({counts or 'none'}){best}"
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
 
 def format_params(params: Mapping[str, Any]) -> str:
@@ -140,19 +138,17 @@ SweepEvent = RunEvent  # a sweep's events are RunEvents (kinds begin, trial, lin
 SweepEventKind = EventKind  # the same enum
 
 
-class SweepStoppedError(TfnbError):
+class _WithResult:
+    def __init__(self, message: str, result: SweepResult):
+        super().__init__(message)
+        self.result = result
+
+
+class SweepStoppedError(_WithResult, TfnbError):
     """Trials in a row failed with the same error (a bug, not a bad hyperparameter), or a trial could not
     start at all; the sweep stopped. ``.result`` holds what finished; the cause is chained."""
 
-    def __init__(self, message: str, result: SweepResult):
-        super().__init__(message)
-        self.result = result
 
-
-class SweepCancelledError(RunCancelledError):
+class SweepCancelledError(_WithResult, RunCancelledError):
     """The sweep was interrupted (notebook stop button / Ctrl-C): every running trial was cancelled and its
     processes stopped. ``.result`` holds what finished. A KeyboardInterrupt, so Run All stops here."""
-
-    def __init__(self, message: str, result: SweepResult):
-        super().__init__(message)
-        self.result = result

@@ -5,21 +5,12 @@ import logging
 import math
 from typing import Any, Callable, Mapping
 
-from ..errors import ConfigError, MissingDependencyError
+from .._deps import require
+from ..errors import ConfigError
 
 _FORMS = ("a list of choices ['adam', 'sgd'], a range (1e-4, 1e-1) or (1e-4, 1e-1, 'log'), or an "
           "optuna.distributions object\nA range of ints samples integers, (1e-4, 1e-1, 'log') on a log scale.")
 log = logging.getLogger(__name__)
-
-
-def require_optuna():
-    try:
-        import optuna
-    except ImportError as e:
-        raise MissingDependencyError(
-            "optuna is needed for tfnb.sweep but is not installed; pip install 'tfnb[sweep]' (optuna), "
-            "or on Databricks %pip install optuna") from e
-    return optuna
 
 
 def _number(value: Any) -> bool:
@@ -46,12 +37,11 @@ def _one(name: str, value: Any, dists):
             raise ConfigError(f"{given}: the third item of a range can only be 'log' (a log scale)")
         if low >= high:
             raise ConfigError(f"{given}: low must be below high, e.g. ({min(low, high)!r}, {max(low, high)!r})")
-        log = bool(scale)
-        if log and low <= 0:
+        if scale and low <= 0:
             raise ConfigError(f"{given}: a log-scale range needs low > 0, e.g. (1e-4, {high!r}, 'log')")
         if isinstance(low, int) and isinstance(high, int):
-            return dists.IntDistribution(low, high, log=log)
-        return dists.FloatDistribution(float(low), float(high), log=log)
+            return dists.IntDistribution(low, high, log=bool(scale))
+        return dists.FloatDistribution(float(low), float(high), log=bool(scale))
     raise ConfigError(f"{given} is not a search space Optuna can sample; give {_FORMS}")
 
 
@@ -65,7 +55,7 @@ def distributions(space: Any) -> dict | Callable:
     if not space:
         raise ConfigError("space={} has nothing to search; name at least one hyperparameter, e.g. "
                           "{'learning_rate': (1e-4, 1e-1, 'log')}")
-    optuna = require_optuna()
+    optuna = require("optuna", "tfnb.sweep")
     bad = [k for k in space if not isinstance(k, str) or not k]
     if bad:
         raise ConfigError(f"space has the key {bad[0]!r}; hyperparameter names are non-empty strings")
@@ -110,7 +100,7 @@ def make_study(study: Any, direction: str | None, metric: str):
     with ``constant_liar`` (running trials count as bad results, so the trials asked for at once spread out)."""
     import warnings
 
-    optuna = require_optuna()
+    optuna = require("optuna", "tfnb.sweep")
     if direction is not None and direction not in ("minimize", "maximize"):
         raise ConfigError(f"direction={direction!r} must be 'minimize' or 'maximize' (for {metric!r})")
     if study is None:

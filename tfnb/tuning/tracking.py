@@ -1,9 +1,6 @@
-"""MLflow for a sweep: one parent run, a child run per trial, the best trial marked and its model logged.
-
-The parent is the caller's active run, else the one an earlier sweep of the study made (its id in the study's user
-attrs), else a new run. A trial's ``tfnb.run`` logs into its child run (:func:`tfnb.monitor.tracking.logging_to`).
-As for a run, the first failing MLflow call is reported once and tracking ends for this sweep.
-"""
+"""MLflow for a sweep: one parent run (the caller's active run, else the one an earlier sweep of the study made, else
+a new one), a child run per trial that its ``tfnb.run`` logs into, the best trial marked and its model logged. The
+first failing MLflow call is reported once and ends tracking for the sweep."""
 from __future__ import annotations
 
 import contextlib
@@ -43,7 +40,7 @@ class SweepTracker:
         self.best_run = have.data.tags.get("tfnb.sweep.best_run_id") if have else None
 
     def child(self, number: int, params: Mapping[str, Any]) -> str | None:
-        """Make trial ``number``'s child run (on the trial's thread); its id, None when tracking is off."""
+        """Trial ``number``'s new child run id (made on the trial's thread); None when tracking is off."""
         if self.run_id is None or self.link.broken:
             return None
         run = self.link.call(self.client.create_run, self.experiment_id, run_name=f"trial-{number}",
