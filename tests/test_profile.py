@@ -4,7 +4,7 @@ Real components throughout: a 2-worker MultiWorkerMirroredStrategy run on local[
 to S3 (``rclone serve s3`` on loopback), the driver-side EventSync bringing it to a local folder, and
 TensorBoard with the profile plugin (started by tfnb's own launcher) listing it over its HTTP API. Under
 that strategy only the chief traces: stopping TensorFlow's profiler can kill the other workers
-(tfnb/_task/profiling.py ``leader_elsewhere``; ``./dev bench profiler`` repeats runs to count crashes).
+(tfnb/_task/profiling.py ``collective_role``; ``./dev bench profiler`` repeats runs to count crashes).
 """
 from __future__ import annotations
 
