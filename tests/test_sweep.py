@@ -96,11 +96,12 @@ def test_interrupting_the_sweep_cancels_every_running_trial(cluster):
 # ---------------------------------------------------------------- the cluster failing one trial, under the caller's run
 
 
-def test_a_trial_the_cluster_fails_after_launch_fails_alone(cluster, mlflow_server, monkeypatch):
+def test_a_trial_the_cluster_fails_after_launch_fails_alone(cluster, mlflow_server, monkeypatch, request):
     url, wait = mlflow_server
     wait()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     mlflow.set_tracking_uri(url)
+    request.addfinalizer(lambda: mlflow.set_tracking_uri(None))  # a later test in this process has its own server
     study = optuna.create_study(direction="minimize")
     for kill in (1, 0):
         study.enqueue_trial({"kill": kill})
