@@ -60,9 +60,10 @@ def at_least(n: int, state: str) -> set[int]:
 
 def _queued(pids: set[int], at_least: int = 1) -> bool:
     """Whether ``at_least`` connections wait (tasks' claims, say while they import) on one of these standbys'
-    sockets: connections on the socket they bound (``/proc/net/unix`` lists them under the bound name, the
-    ``.part`` one even once warm, flags 0) besides the listener (flags 00010000)."""
-    paths = {p.argv[p.argv.index("tfnb._task.warm") + 1] + ".part" for p in standby_processes() if p.pid in pids}
+    sockets: connections on the socket they bound (``/proc/net/unix`` lists them under the name bound, ``<pid>.new``
+    beside the standby's socket, even once that name is gone; flags 0) besides the listener (flags 00010000)."""
+    paths = {os.path.join(os.path.dirname(p.argv[p.argv.index("tfnb._task.warm") + 1]), f"{p.pid}.new")
+             for p in standby_processes() if p.pid in pids}
     rows = [f for line in Path("/proc/net/unix").read_text().splitlines()[1:] if len(f := line.split()) > 7]
     return sum(f[7] in paths and f[3] != "00010000" for f in rows) >= at_least
 
@@ -90,8 +91,8 @@ def test_runs_fork_from_one_standby_and_a_changed_env_discards_it(session):
     first = tfnb.run(process_info, env={"VALUE": "a"}, **opts, hooks=LaunchHooks(all_results=True))
     warm = standbys("warm")
     assert len(warm) == 1, f"not one standby for the host: {standby_processes()}"
-    # the first run forks from it too once it listens within ensure's wait (5 s); on a loaded machine a task may
-    # start fresh instead, so the runs after it are the ones that must fork from it
+    # the first run forks from it too once it listens; should it exit first (one of the tasks' two lost the race),
+    # a task may start fresh instead, so the runs after it are the ones that must fork from it
     for _ in range(2):
         again = tfnb.run(process_info, env={"VALUE": "a"}, **opts, hooks=LaunchHooks(all_results=True))
         # a fresh process per task and run, forked by the standby, which stays for the next run
@@ -184,8 +185,8 @@ def test_a_standby_needs_a_short_private_folder():
 def test_an_idle_standby_exits_after_the_idle_timeout(session, monkeypatch):
     monkeypatch.setenv("TFNB_WARM_IDLE", "3")
     tfnb.run(process_info, num_workers=2, spark=session, display=False)
-    waiting = wait_for(standby_processes)
-    assert waiting, "the run left no standby"
+    waiting = wait_for(lambda: [p for p in standby_processes() if p.argv[-2] == "3.0"])  # not an earlier test's
+    assert waiting, f"the run left no standby: {standby_processes()}"
     # the session goes on: only their idle timeout (3 s, the suite's is 120 s) can end them
     assert not leakcheck.wait_gone(waiting, 60), f"standbys still waiting after their idle timeout: {waiting}"
 
@@ -200,6 +201,34 @@ def test_warm_false_leaves_nothing(session):
 
 
 # ---------------------------------------------------------------- standbys keyed by the GPUs they were started with
+
+
+def test_a_standby_is_named_once_it_listens():
+    """A task that finds a standby's socket queues on it: were it named before it listens, a connect in between
+    would be refused, taken for a dead standby's, and its name unlinked, leaving it unclaimable."""
+    import subprocess
+    import sys
+
+    from tfnb._task import warm
+
+    want = warm.key(("json",), True, (("WINDOW", "1"),), ())
+    path = warm._path(want)
+    slow_listen = ("import runpy, socket, sys, time\n"
+                   "listen = socket.socket.listen\n"
+                   "socket.socket.listen = lambda s, *a: (time.sleep(2), listen(s, *a))[1]\n"
+                   f"sys.argv = ['', {path!r}, '60', '{os.getpid()}']\n"
+                   "runpy.run_module('tfnb._task.warm', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", slow_listen], env=dict(os.environ, TFNB_PREIMPORT="json"))
+    try:
+        named = wait_for(lambda: [p for p in (path + ".part", path) if os.path.exists(p)], 30)
+        assert named, "the standby never named its socket"
+        conn = warm._connect(named[0])
+        assert conn is not None and os.path.exists(named[0]), "a named standby refused a task"
+        with conn:
+            conn.sendall(b'{"exit": true}\n')  # other settings: it ends
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
 
 
 def test_a_standby_is_stale_for_other_settings_or_overlapping_gpus_only():

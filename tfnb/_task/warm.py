@@ -123,21 +123,23 @@ def _name_of(path: str) -> tuple[str, str]:  # (key, owner) of ``<key>-<owner>.s
     return key, owner
 
 
-def ensure(want: str, env: dict, idle: float, wait: float = 5.0) -> None:
-    """Start a standby keyed ``want`` unless one is there, and wait up to ``wait`` seconds until it listens."""
+def ensure(want: str, env: dict, idle: float, wait: float = 60.0) -> None:
+    """Start a standby keyed ``want`` unless one is there, and wait until it listens: as long as it starts (a fresh
+    process would start no sooner), at most ``wait`` seconds, or until it exits (another got there first)."""
     _path(want)
-    deadline, started = time.monotonic() + wait, False
+    deadline, started = time.monotonic() + wait, None
     while not any(_name_of(p) == (want, _owner()) for p in _sockets()) and time.monotonic() < deadline:
-        if not started:
-            spawn(want, env, idle)
-            started = True
+        if started is None:
+            started = spawn(want, env, idle)
+        elif started.poll() is not None:
+            break
         time.sleep(0.02)
 
 
-def spawn(want: str, env: dict, idle: float) -> None:
+def spawn(want: str, env: dict, idle: float) -> subprocess.Popen:
     """Start a standby keyed ``want`` in its own session; of two started at once, one stays."""
     path = _path(want)
-    subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "tfnb._task.warm", path, str(idle), _owner()],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=dict(env, PYTHONUNBUFFERED="1"), start_new_session=True, cwd=private_dir(_FOLDER))
@@ -153,6 +155,17 @@ def alive(pid: int) -> bool:
         return True
 
 
+def _rename(src: str, dst: str) -> None:
+    """Move a listening socket's name to ``dst``, or exit when another standby holds it (its tasks fall back to
+    fresh processes)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        Path(src).unlink(missing_ok=True)
+        os._exit(0)
+    Path(src).unlink(missing_ok=True)
+
+
 def standby(path: str, idle: float, watch_pid: int):
     """Import, then fork a train_fn process per claim (returning ``(connection to the task, workdir)`` in it) and
     send its exit code. Stops taking claims after ``idle`` seconds idle, once ``watch_pid`` (the executor's Python
@@ -162,21 +175,17 @@ def standby(path: str, idle: float, watch_pid: int):
     from . import child
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(path + ".part")  # the name while it imports; path once warm
-    except OSError:
-        os._exit(0)  # one with these settings is starting already
-    os.chmod(path + ".part", 0o600)
-    # claimable at once: a task that connects meanwhile waits for the rest of the import only
+    own = os.path.join(os.path.dirname(path), f"{os.getpid()}.new")
+    Path(own).unlink(missing_ok=True)  # a dead process' of this pid
+    listener.bind(own)
+    os.chmod(own, 0o600)
     listener.listen(16)
+    # named only once it listens (a refused connect is taken for a dead standby's, whose name is unlinked), and
+    # claimable at once: a task that connects meanwhile waits for the rest of the import only
+    _rename(own, path + ".part")  # the name while it imports; exits if one with these settings is starting
     child.prepare()
     child._preimport()
-    try:
-        os.link(path + ".part", path)  # warm: claimed before standbys still importing
-    except FileExistsError:
-        Path(path + ".part").unlink(missing_ok=True)
-        os._exit(0)  # one with these settings became warm meanwhile; its tasks fall back to fresh processes
-    Path(path + ".part").unlink(missing_ok=True)
+    _rename(path + ".part", path)  # warm: claimed before standbys still importing; exits if one became warm meanwhile
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from .. import _protocol as events
 from .._protocol import RunEvent
 from .._task.setup import TaskHooks
-from ..errors import ConfigError, RunCancelledError, RunTimeoutError, WorkerError, WorkerStalledError
+from ..errors import ConfigError, RunCancelledError, RunTimeoutError, WorkerError, WorkerStalledError, summary
 from ..monitor.display import make_display
 from .attempt import _Attempt
 from .hooks import LaunchHooks, pickle_fn
@@ -148,9 +148,13 @@ class _Run:
                 write_status(self.opts.model_dir, state, run_id=self.run_id, attempts=self.history,
                              mlflow_run_id=self.mlflow_run_id, storage_options=self.opts.storage_options, **info)
 
-    def _mlflow_started(self, mlflow_run_id: str) -> None:
+    def _mlflow_started(self, mlflow_run_id: str) -> None:  # in the MLflow thread: a failure here stops nothing
         self.mlflow_run_id = mlflow_run_id
-        self._status("running", attempt=len(self.history) + 1)
+        try:
+            self._status("running", attempt=len(self.history) + 1)
+        except Exception as e:  # noqa: BLE001 - the next status write records it
+            log.warning("could not write MLflow run %s into %s's status file (%s); an Evaluator of model_dir learns "
+                        "it at the run's next status write", mlflow_run_id, self.opts.model_dir, summary(e, 320))
 
     def _size(self, minimum: int, wait: float) -> int:
         """The next launch's number of workers: the run's own, or what an elastic run's executors hold."""

@@ -188,19 +188,23 @@ class Tracker:
             metrics = metrics_at({k: v for k, v in data.items() if k not in _NOT_METRICS and isinstance(v, (int, float))
                                   and not isinstance(v, bool) and math.isfinite(v)}, step, event.time)
             if metrics:
-                self._calls.submit(self.link.log, metrics)
+                self._submit(self.link.log, metrics)
         elif event.kind == events.ATTEMPT:
             reason = f"{data.get('reason', '')}; relaunched as attempt {data.get('attempt')}"
             resize = data.get("resize") or {}
-            self._calls.submit(self.link.log, tags={"tfnb.attempt": data.get("attempt"),
-                                                    f"tfnb.relaunch.{data.get('attempt')}": reason,
-                                                    **({"tfnb.num_workers": resize.get("to")} if resize else {})})
+            self._submit(self.link.log, tags={"tfnb.attempt": data.get("attempt"),
+                                              f"tfnb.relaunch.{data.get('attempt')}": reason,
+                                              **({"tfnb.num_workers": resize.get("to")} if resize else {})})
             self._error = None
         elif event.kind == events.FAILED and self._error is None:
             # the attempt's first failure: the others are usually peers losing it
             self._error = f"{event.label}: {data.get('exc_type')}: {data.get('message', '')}"
         elif event.kind == events.STATE and event.job_name == "driver" and data.get("state") in _STATUS:
             self._state = data["state"]
+
+    def _submit(self, fn: Callable, *args, **kwargs) -> None:
+        with contextlib.suppress(RuntimeError):  # after close(): a straggling event of an interrupted run is not logged
+            self._calls.submit(fn, *args, **kwargs)
 
     def close(self) -> None:
         """Close the display, log the final status (and model), wait for it. Without a final state event the run
@@ -222,7 +226,7 @@ class Tracker:
             have = link.call(lambda: link.client.get_run(link.run_id).data.params) or {}
             params = {k: v for k, v in params.items() if k not in have}
         link.log(params=params, tags={"tfnb.run_id": run_id, "tfnb.attempt": 1})
-        link.call(self.on_start, link.run_id)
+        self.on_start(link.run_id)
 
     def _end(self, state: str, error: str | None) -> None:
         link = self.link
