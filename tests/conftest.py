@@ -248,10 +248,10 @@ WORKERS = 3
 # Work units (a file, or one test of a file in SPLIT), longest first, from a run's --durations: they are
 # handed out in this order, so the last ones to finish are short.
 LONGEST_FIRST = (  # seconds in a 3-worker run of the whole suite (2026-11-29, idle machine): 144, 127, 124, 90, ...
-    "tests/test_databricks.py::test_runtime_15_4_ml_import_attach_run_all", "tests/test_elastic.py",
-    "tests/test_resources.py", "tests/test_dbsim.py", "tests/test_inference.py", "tests/test_recovery.py",
-    "tests/test_mirrored.py", "tests/test_docs.py", "tests/test_notebooks.py", "tests/test_masters.py",
-    "tests/test_compat.py", "tests/test_progress.py", "tests/test_sweep.py", "tests/test_selfcheck.py",
+    "tests/test_databricks.py::test_runtime_15_4_ml_import_attach_run_all", "tests/test_resources.py",
+    "tests/test_dbsim.py", "tests/test_inference.py", "tests/test_recovery.py", "tests/test_mirrored.py",
+    "tests/test_docs.py", "tests/test_notebooks.py", "tests/test_masters.py", "tests/test_compat.py",
+    "tests/test_elastic.py", "tests/test_progress.py", "tests/test_sweep.py", "tests/test_selfcheck.py",
     "tests/test_mlflow.py", "tests/test_keras3.py", "tests/test_storage.py", "tests/test_launcher.py",
     "tests/test_browser_tensorboard.py", "tests/test_cli.py", "tests/test_leaks.py", "tests/test_tensorboard.py",
     "tests/test_front_door.py", "tests/test_refuse_launcher.py", "tests/test_feeding.py", "tests/test_stall.py",

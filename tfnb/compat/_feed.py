@@ -1,7 +1,6 @@
 """RDD rows -> TensorFlowOnSpark's ``DataFeed`` in each node, through ``LaunchHooks.feeder`` of :func:`tfnb.run`:
-:func:`prepare` gives each feeding node one contiguous range of pickled chunks in RDD order, :class:`RddFeeder`
-spills it in the task before ``map_fun`` starts, :class:`FeedManager` hands it out; :func:`results_rdd` cuts the
-inference results back into the input partitions."""
+:func:`feed` gives each feeding node one contiguous range of pickled chunks in RDD order (and cuts inference results
+back into the input partitions), :class:`RddFeeder` spills it in the task, :class:`FeedManager` hands it out."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +9,7 @@ import os
 import pickle
 from dataclasses import dataclass, replace
 from itertools import accumulate, count, islice
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ..errors import ConfigError
 
@@ -71,21 +70,10 @@ def _assigner(part_start: Sequence[int], bounds: Sequence[tuple[int, int, int]])
     return assign
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A fed RDD, ready for ``tfnb.run(fn, hooks=LaunchHooks(feeder=feeder), data=df, ...)``."""
-
-    df: Any                         # one partition per barrier task
-    feeder: "RddFeeder"
-    part_rows: tuple[int, ...]      # rows in each input partition
-    total: int
-    bounds: tuple[tuple[int, int, int], ...]
-
-
-@contextlib.contextmanager
-def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int) -> Iterator[Prepared]:
-    """``rdd`` chunked and counted (cached until the block ends), as one DataFrame partition per barrier task;
-    ``feed_ranks`` are the tasks that read data (chief/master/worker nodes)."""
+def feed(spark, rdd, run_nodes: Callable, *, num_tasks: int, feed_ranks: Sequence[int], mode: str, epochs: int):
+    """``run_nodes(df, feeder)`` with ``rdd`` chunked, counted and cached meanwhile, as one DataFrame partition per
+    barrier task (``feed_ranks`` are the tasks that read data); for ``inference`` the nodes' results as an RDD
+    partitioned like the input, in row order."""
     from pyspark import RDD, StorageLevel
 
     if not isinstance(rdd, RDD):
@@ -107,25 +95,23 @@ def prepare(spark, rdd, *, num_tasks: int, feed_ranks: Sequence[int], mode: str,
             log.info("feeding %d rows to each of %d nodes; %d rows left over are not fed",
                      (used // len(feed_ranks)), len(feed_ranks), total - used)
         starts = tuple(accumulate(part_rows, initial=0))
-        placed = (chunks.mapPartitionsWithIndex(_assigner(starts, bounds))
-                  .partitionBy(num_tasks, lambda rank: rank).values())
-        df = spark.createDataFrame(placed, SCHEMA, verifySchema=False)
-        yield Prepared(df=df, feeder=RddFeeder(mode=mode, epochs=epochs), part_rows=part_rows, total=total,
-                       bounds=bounds)
+        per_rank = [None] * num_tasks
+        if total:  # inference over no rows starts no node
+            placed = (chunks.mapPartitionsWithIndex(_assigner(starts, bounds))
+                      .partitionBy(num_tasks, lambda rank: rank).values())
+            per_rank = run_nodes(spark.createDataFrame(placed, SCHEMA, verifySchema=False),
+                                 RddFeeder(mode=mode, epochs=epochs))
     finally:
         with contextlib.suppress(Exception):  # the session may be gone; nothing left to free
             chunks.unpersist()
-
-
-def results_rdd(sc, prepared: Prepared, per_rank: Sequence[Any]):
-    """The nodes' inference results as an RDD partitioned like the input, in row order."""
-    flat = [result for rank, _, _ in prepared.bounds for result in per_rank[rank] or ()]
-    starts = tuple(accumulate(prepared.part_rows, initial=0))
+    if mode != INFERENCE:
+        return None
+    flat = [result for rank, _, _ in bounds for result in per_rank[rank] or ()]
     per_part = [flat[lo:hi] for lo, hi in zip(starts, starts[1:])]
     if not per_part:
-        return sc.emptyRDD()
+        return spark.sparkContext.emptyRDD()
     # One element per slice, so slice i is exactly input partition i's results.
-    return sc.parallelize(per_part, len(per_part)).flatMap(lambda results: results)
+    return spark.sparkContext.parallelize(per_part, len(per_part)).flatMap(lambda results: results)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any, Callable
 from ..errors import ClusterError, ConfigError, RunCancelledError, RunTimeoutError, below, summary
 from ..launcher import EventKind, LaunchHooks, RunEvent, check_cluster, make_display, pickle_fn
 from ..launcher import run as tfnb_run
-from ._feed import INFERENCE, TRAIN, prepare, results_rdd
-from .node import NodeMeta, _int, run_node
+from ._feed import INFERENCE, TRAIN, feed
+from .node import _int, run_node
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,7 @@ def _session(sc):
         raise ConfigError("sc is a stopped SparkContext (sc.stop() or spark.stop() was called); start a new "
                           "session with SparkSession.builder.getOrCreate() and pass spark.sparkContext")
     active = SparkSession.getActiveSession()
-    if active is not None and active.sparkContext is sc:
-        return sc, active
-    return sc, SparkSession(sc)
+    return sc, active if active is not None and active.sparkContext is sc else SparkSession(sc)
 
 
 def _default_fs(sc) -> str:
@@ -81,18 +79,19 @@ class TFCluster:
             working_dir, release_port).
     """
 
-    def __init__(self, *, sc, spark, map_fun: Callable, tf_args: Any, template: dict, meta: NodeMeta,
+    def __init__(self, *, sc, spark, map_fun: Callable, tf_args: Any, template: dict, release_port: bool,
                  input_mode: int, log_dir: str | None, display, queues):
-        self.sc, self.spark, self.defaultFS, self.working_dir = sc, spark, meta.default_fs, meta.working_dir
+        self.sc, self.spark, self.defaultFS, self.working_dir = sc, spark, _default_fs(sc), os.getcwd()
         self.num_executors = sum(len(v) for v in template.values())
         self.input_mode = input_mode
         self.cluster_template = template
+        # also what every node gets (run_node)
         self.cluster_meta = {"id": id(self), "cluster_template": template, "num_executors": self.num_executors,
-                             "default_fs": meta.default_fs, "working_dir": meta.working_dir,
-                             "release_port": meta.release_port}
+                             "default_fs": self.defaultFS, "working_dir": self.working_dir,
+                             "release_port": release_port}
         self.queues = list(queues)
         self.cluster_info = None  # no reservation server: nodes find each other in the barrier stage
-        self._map_fun, self._tf_args, self._meta, self._log_dir = map_fun, tf_args, meta, log_dir
+        self._map_fun, self._tf_args, self._log_dir = map_fun, tf_args, log_dir
         self._display = display
         self._daemons = tuple(e for job in ("ps", "evaluator") for e in template.get(job, ()))
         self._feed_ranks = tuple(sorted(e for job in _FEEDING_JOBS for e in template.get(job, ())))
@@ -106,9 +105,9 @@ class TFCluster:
 
     def _run_nodes(self, display, *, data=None, feeder=None, all_results=False, cancel=None):
         hooks = LaunchHooks(feeder=feeder, all_results=all_results, daemon_ranks=frozenset(self._daemons),
-                            cancel=cancel, keep_port=not self._meta.release_port, task_cwd=True)
+                            cancel=cancel, keep_port=not self.cluster_meta["release_port"], task_cwd=True)
         return tfnb_run(run_node, hooks=hooks, num_workers=self.num_executors, spark=self.spark, log_dir=self._log_dir,
-                        args=(self._map_fun, self._tf_args, self._meta), display=display, data=data)
+                        args=(self._map_fun, self._tf_args, self.cluster_meta), display=display, data=data)
 
     def _start_background(self, reservation_timeout: float) -> None:
         """InputMode.TENSORFLOW: run the nodes in a thread; return once every node runs map_fun."""
@@ -179,13 +178,9 @@ class TFCluster:
             raise ConfigError("this cluster was shut down; start a new one with TFCluster.run(...)")
         # Not the data= feed of tfnb.run: RDD rows are any picklable objects (it feeds numeric columns) and
         # inference must give the results back in RDD order (it balances rows across workers).
-        with prepare(self.spark, rdd, num_tasks=self.num_executors, feed_ranks=self._feed_ranks, mode=mode,
-                     epochs=epochs) as prepared:
-            if mode == INFERENCE and prepared.total == 0:
-                return results_rdd(self.sc, prepared, [None] * self.num_executors)
-            values = self._run_nodes(self._display, data=prepared.df, feeder=prepared.feeder,
-                                     all_results=mode == INFERENCE)
-            return results_rdd(self.sc, prepared, values) if mode == INFERENCE else None
+        return feed(self.spark, rdd, lambda df, feeder: self._run_nodes(
+            self._display, data=df, feeder=feeder, all_results=mode == INFERENCE),
+            num_tasks=self.num_executors, feed_ranks=self._feed_ranks, mode=mode, epochs=epochs)
 
     def train(self, dataRDD, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input") -> None:
         """Run ``map_fun`` on every node with ``dataRDD``'s rows fed to ``TFNode.DataFeed``; returns when all end.
@@ -346,17 +341,16 @@ def run(sc, map_fun: Callable, tf_args: Any, num_executors: int, num_ps: int, te
         check_cluster(spark, num_executors)
     except ClusterError as e:
         raise ClusterError(f"TFCluster.run(num_executors={num_executors}): {summary(e)}{below(e)}") from e
-    meta = NodeMeta(template=tuple((job, tuple(ids)) for job, ids in template.items()),
-                    default_fs=_default_fs(sc), working_dir=os.getcwd(), release_port=bool(release_port))
-    cluster = TFCluster(sc=sc, spark=spark, map_fun=map_fun, tf_args=tf_args, template=template, meta=meta,
-                        input_mode=input_mode, log_dir=log_dir, display=display, queues=queues)
+    cluster = TFCluster(sc=sc, spark=spark, map_fun=map_fun, tf_args=tf_args, template=template,
+                        release_port=bool(release_port), input_mode=input_mode, log_dir=log_dir, display=display,
+                        queues=queues)
     log.info("cluster_template: %s", template)
     if tensorboard:
         from .. import tensorboard as start_tensorboard
 
         jobs = sorted(j for j in template if j in _FEEDING_JOBS)
         tb_node = template["worker" if "worker" in jobs else jobs[0]][0]
-        log_dir = log_dir or os.path.join(meta.working_dir, f"tensorboard_{tb_node}")
+        log_dir = log_dir or os.path.join(cluster.working_dir, f"tensorboard_{tb_node}")
         if "://" not in log_dir:
             os.makedirs(log_dir, exist_ok=True)
         shown = start_tensorboard(log_dir)  # in a notebook, the panel showing the outcome

@@ -3,6 +3,7 @@ docs/migrating.md). ``train`` runs in a fresh process per run, so reruns, cancel
 ``BarrierTaskContext.get()`` inside it raises, naming ``TF_CONFIG`` instead."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -98,8 +99,7 @@ class MirroredStrategyRunner:
         self._num_slots, self._local_mode, self._use_gpu = num_slots, local_mode, use_gpu
         self._gpu_resource_name, self._use_custom_strategy = gpu_resource_name, use_custom_strategy
         self._spark = get_spark(spark, 1 if local_mode else num_slots)
-        self._num_tasks = None if local_mode else self.get_num_tasks()
-        self._gpus_per_task = None if local_mode else self._gpus_asked()
+        self._num_tasks, self._gpus_per_task = (None, None) if local_mode else self._plan()
         if local_mode:
             log.warning("MirroredStrategyRunner runs train on the driver (local_mode=True); other work on the "
                         "driver competes with it for resources")
@@ -107,10 +107,20 @@ class MirroredStrategyRunner:
     def get_num_tasks(self) -> int:
         """Spark tasks of a distributed run: ``ceil(num_slots / spark.task.resource.gpu.amount)`` with GPUs (one GPU
         per task when the conf is unset), else ``num_slots``."""
-        if not self._use_gpu:
-            return self._num_slots
+        return self._plan()[0] if self._use_gpu else self._num_slots
+
+    def _plan(self) -> tuple[int, int | None]:
+        """(tasks, ``gpus_per_worker`` for tfnb.run): with GPUs, 1 asked per run when the conf is unset, else the
+        conf's amount (None); without, 0 where the conf gives every task GPUs and a run can ask for none."""
         key = f"spark.task.resource.{self._gpu_resource_name}.amount"
         raw = spark_conf(self._spark, key)
+        if not self._use_gpu:
+            if float(raw or 0) > 0:
+                # without a per-run profile here the tasks hold the conf's GPUs, hidden from train
+                with contextlib.suppress(ClusterError):
+                    check_cluster(self._spark, self._num_slots, use_gpu=False, gpus_per_worker=0)
+                    return self._num_slots, 0
+            return self._num_slots, None
         if raw is None:
             try:  # the same mechanism as tfnb.run(gpus_per_worker=1): a task resource profile
                 check_cluster(self._spark, self._num_slots, use_gpu=True, gpus_per_worker=1)
@@ -120,25 +130,10 @@ class MirroredStrategyRunner:
                     f"in this run; set {key}, or pass use_gpu=False for CPU training\n"
                     f"Set it with spark.executor.resource.{self._gpu_resource_name}.amount and a discovery script. "
                     f"Why not in this run: {summary(e)}{below(e)}") from e
-            return self._num_slots
-        amount = float(raw)
-        if amount < 1:
+            return self._num_slots, 1
+        if float(raw) < 1:
             raise ClusterError(f"the Spark conf {key}={raw} is below 1; give each task at least one whole GPU")
-        return math.ceil(self._num_slots / int(amount))
-
-    def _gpus_asked(self) -> int | None:
-        """``gpus_per_worker`` for tfnb.run: 1 for GPUs per run (no conf), 0 for CPU training where the conf gives
-        every task GPUs and a run can ask for none, else None (the conf's amount)."""
-        amount = spark_conf(self._spark, f"spark.task.resource.{self._gpu_resource_name}.amount")
-        if self._use_gpu:
-            return 1 if amount is None else None
-        if float(amount or 0) <= 0:
-            return None
-        try:
-            check_cluster(self._spark, self._num_slots, use_gpu=False, gpus_per_worker=0)
-        except ClusterError:
-            return None  # no per-run profile here: the tasks hold the conf's GPUs, hidden from train
-        return 0
+        return math.ceil(self._num_slots / int(float(raw))), None
 
     def run(self, train_fn: Callable, **kwargs: Any) -> Any:
         """Run ``train_fn(**kwargs)`` on every task (or on the driver in local mode).

@@ -9,7 +9,6 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError
@@ -209,31 +208,23 @@ class DataFeed:
         self.mgr.terminate()
 
 
-@dataclass(frozen=True)
-class NodeMeta:
-    """Plain values every node needs, fixed on the driver by ``TFCluster.run``."""
-
-    template: tuple            # ((job_name, (executor_id, ...)), ...) in TensorFlowOnSpark's order
-    default_fs: str
-    working_dir: str
-    release_port: bool
-
-
-def run_node(wctx, map_fun: Callable, tf_args: Any, meta: NodeMeta):
-    """tfnb train_fn of one node: its ctx, then ``map_fun(tf_args, ctx)``; returns its inference results or None."""
+def run_node(wctx, map_fun: Callable, tf_args: Any, meta: dict):
+    """tfnb train_fn of one node: its ctx, then ``map_fun(tf_args, ctx)``; returns its inference results or None.
+    ``meta`` is the driver's ``TFCluster.cluster_meta``."""
     executor_id = wctx.task_index  # tfnb runs every node as a worker, so its index is the node's rank
-    job_name, task_index = next((job, ids.index(executor_id)) for job, ids in meta.template if executor_id in ids)
+    template = meta["cluster_template"]
+    job_name, task_index = next((job, ids.index(executor_id)) for job, ids in template.items() if executor_id in ids)
     addresses = wctx.cluster_spec["worker"]
-    cluster_spec = {job: [addresses[e] for e in ids] for job, ids in meta.template}
+    cluster_spec = {job: [addresses[e] for e in ids] for job, ids in template.items()}
     # TF_CONFIG as TensorFlowOnSpark sets it: only for clusters with a chief/master node
     os.environ.pop("TF_CONFIG", None)
     if "chief" in cluster_spec or "master" in cluster_spec:
         os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster_spec, "task": {"type": job_name, "index": task_index},
                                               "environment": "cloud"})
     mgr = FeedManager(wctx.feed)
-    ctx = NodeContext(executor_id, job_name, task_index, cluster_spec, meta.default_fs, meta.working_dir,
-                      mgr, None if meta.release_port else wctx.reserved_port(), wctx)
-    if not meta.release_port:
+    ctx = NodeContext(executor_id, job_name, task_index, cluster_spec, meta["default_fs"], meta["working_dir"],
+                      mgr, None if meta["release_port"] else wctx.reserved_port(), wctx)
+    if not meta["release_port"]:
         log.warning("user code must call ctx.release_port() before starting its TensorFlow server")
     if isinstance(tf_args, list):
         sys.argv = tf_args

@@ -206,10 +206,6 @@ class _Manifest:
         self.last_write = time.monotonic()
 
 
-def _local(dest: Path, rel: str) -> Path:
-    return dest.joinpath(*rel.split("/"))
-
-
 def _part(local: Path) -> Path:
     return local.with_name(f".{local.name}{PART}")
 
@@ -220,16 +216,11 @@ def _remove_leftovers(locals_: Sequence[Path]) -> None:
     for p in locals_:
         wanted.setdefault(p.parent, set()).add(p.name)
     for folder, names in wanted.items():
-        try:
-            entries = list(os.scandir(folder))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            # .NAME.tfnb-part, and the store's ..NAME.tfnb-part.tfnb-part-X (or any other suffix) behind
-            n = entry.name
-            if n.startswith(".") and PART in n and n.lstrip(".").split(PART)[0] in names:
+        # .NAME.tfnb-part, and the store's ..NAME.tfnb-part.tfnb-part-X (or any other suffix) behind
+        for temp in folder.glob(f".*{PART}*"):
+            if temp.name.lstrip(".").split(PART)[0] in names:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
+                    temp.unlink()
 
 
 def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
@@ -298,9 +289,9 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
         raise StorageError(f"cannot create dest {dest_path} ({e.strerror or summary(e)}); pick a writable local "
                            f"folder\n{summary(e)}") from e
     manifest = _Manifest(dest_path)
-    todo = [f for f in mine if not manifest.is_complete(f, _local(dest_path, f.rel))]
+    todo = [f for f in mine if not manifest.is_complete(f, dest_path / f.rel)]
     manifest.flush()
-    _remove_leftovers([_local(dest_path, f.rel) for f in todo])
+    _remove_leftovers([dest_path / f.rel for f in todo])
     need, free = sum(f.size for f in todo), shutil.disk_usage(dest_path).free
     if need > free:
         raise StorageError(
@@ -318,7 +309,7 @@ def stage(src: str, dest: str | os.PathLike, *, index: int = 0, count: int = 1,
         src=src, dest=str(dest_path), index=index, count=count, files=len(mine),
         bytes=sum(f.size for f in mine), downloaded_files=len(todo), downloaded_bytes=need,
         skipped_files=len(mine) - len(todo), seconds=seconds, mb_per_s=need / seconds / 1e6,
-        paths=tuple(str(_local(dest_path, f.rel)) for f in mine))
+        paths=tuple(str(dest_path / f.rel) for f in mine))
     log.info("%s", result.summary())
     return result
 
@@ -358,7 +349,7 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
     def fetch(f: RemoteFile) -> None:
         # while `concurrency` files are unfinished one GET each keeps every connection busy; ranges pay off
         # for the last (or a few big) files, and above `whole_max`, where a dropped connection costs one part
-        store.get(f.key, str(_part(_local(dest, f.rel))), size=f.size, version=f.version or None,
+        store.get(f.key, str(_part(dest / f.rel)), size=f.size, version=f.version or None,
                   on_bytes=lambda n: events.put(("bytes", f.rel, n)), cancel=cancel,
                   whole=len(files) >= concurrency and f.size <= whole_max)
 
@@ -379,7 +370,7 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
                 value.result()   # a failed download raises here, in the calling thread
                 del files[rel]
                 # renamed here, not in a download thread: after an interruption only recorded files look complete
-                local = _local(dest, rel)
+                local = dest / rel
                 os.replace(_part(local), local)
                 manifest.record(f, local.stat())
                 n = f.size - got[rel]
@@ -391,7 +382,7 @@ def _download(store: Store, todo: Sequence[RemoteFile], dest: Path, manifest: _M
     except BaseException:
         cancel.set()
         pool.shutdown(wait=True, cancel_futures=True)
-        _remove_leftovers([_local(dest, rel) for rel in files])
+        _remove_leftovers([dest / rel for rel in files])
         raise
     finally:
         pool.shutdown(wait=True)

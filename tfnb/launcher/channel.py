@@ -221,15 +221,11 @@ def _merges(msg: dict) -> bool:
             and not (msg.get("data") or {}).get("epoch_end") and not msg.get("first"))
 
 
-_ENDS = ("done", "error", "closed")
-
-
 class Inbox:
     """The driver's bounded queue from the channel thread to the main thread. Lines, states and failures keep their
-    order and are never dropped: with ``bound`` waiting, :meth:`put_message` blocks (the tasks slow down). Progress
-    waits once per task, a newer report merging into it (``dropped`` counts them). The job's end (:meth:`put` of
-    "done", "error", "closed") lifts the bound. A waiting get returns once the first message waited ``gather`` s or
-    ``bound``/10 wait. Items come out as ``("msg", peer, message, size)`` or as put."""
+    order and are never dropped: with ``bound`` waiting, :meth:`put_message` blocks (the tasks slow down); the job's
+    end (:meth:`put` of "done", "error", "closed") lifts the bound. Progress waits once per task, a newer report
+    merging into it (``dropped`` counts them)."""
 
     def __init__(self, bound: int = 10_000, gather: float = 0.02):
         self.bound, self.gather = bound, gather
@@ -243,7 +239,7 @@ class Inbox:
 
     def put(self, item) -> None:
         with self._cv:
-            if item[0] in _ENDS:
+            if item[0] in ("done", "error", "closed"):
                 self.bound = float("inf")
             self._items.append(item)
             self._since = -1.0  # the driver's own news: no gathering
@@ -261,10 +257,8 @@ class Inbox:
                 keep.append(m)
                 lines = m.get("lines")
                 n += len(lines) if type(lines) is list else 1
-        if n and len(keep) == len(items):
-            keep = msg  # as it came (most batches: lines only, or one message)
-        elif n:
-            keep = keep[0] if len(keep) == 1 else {"kind": Msg.BATCH, "items": keep}
+        if n:  # as it came when nothing merged (most batches: lines only, or one message)
+            keep = msg if len(keep) == len(items) else keep[0] if len(keep) == 1 else {"kind": Msg.BATCH, "items": keep}
         with self._cv:
             while n and self._size >= self.bound:
                 self._cv.wait()
@@ -290,16 +284,14 @@ class Inbox:
                 self._cv.notify_all()
 
     def get_many(self, timeout: float | None = None, most: int = 256) -> list:
-        """Up to ``most`` waiting items, oldest first; an item of :meth:`put` ends the list. ``queue.Empty`` when
-        nothing came within ``timeout``."""
+        """Up to ``most`` waiting items, oldest first, as ``("msg", peer, message, size)`` or as :meth:`put` (which
+        ends the list); once the first waited ``gather`` s or ``bound``/10 wait. ``queue.Empty`` after ``timeout``."""
         with self._cv:
             if not self._items:
-                end = None if timeout is None else time.monotonic() + timeout
+                end = time.monotonic() + (float("inf") if timeout is None else timeout)
                 if not self._cv.wait_for(lambda: self._items, timeout=timeout):
                     raise queue.Empty
-                wait = self._since + self.gather - time.monotonic()
-                if end is not None:
-                    wait = min(wait, end - time.monotonic())
+                wait = min(self._since + self.gather, end) - time.monotonic()
                 if wait > 0 and self._size * 10 < self.bound:
                     self._cv.wait(wait)  # woken early by put() or by bound/10 messages
             out, items = [], self._items

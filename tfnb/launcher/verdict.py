@@ -6,14 +6,19 @@ everywhere (tfnb or the executor's Python cannot start, a refused resource profi
 from __future__ import annotations
 
 import errno
+import importlib
 import itertools
 import json
 import re
+import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
+from traceback import format_exc
 from typing import Any
 
+from .._protocol import VERSION
 from ..errors import STALLED, ClusterError, TaskFailure
 
 # Spark's words for a task whose executor (_EXECUTOR_LOST: or Python worker) went away, as opposed to one that raised
@@ -54,8 +59,7 @@ _REPEAT_WINDOW = 600.0  # seconds: an identical failure at start on the run's la
 
 class _Repeats(threading.local):
     def __init__(self):
-        self.now: set = set()   # failures at start seen in the launch being decided
-        self.before: set = set()  # those of the launch before it
+        self.now, self.before = set(), set()  # failures at start seen in the launch being decided, in the one before
         self.when = 0.0
         self.crashed = False  # Spark's Python worker crashed in the launch being decided
 
@@ -70,11 +74,15 @@ def _repeated(signature: tuple) -> bool:
     return again
 
 
-def _passing_again(source: str, info: dict) -> bool:
-    """:func:`_repeated` for a passing failure at start (its errno and the start-up step it failed at)."""
+def _relaunch_once(source: str, info: dict) -> dict | None:
+    """None for a passing failure at start met the first time (relaunch); else ``info``, marked ``repeated`` when
+    it ended the launch before too (:func:`_repeated` of its errno and the start-up step it failed at)."""
+    if not _passing(info):
+        return info
     m = _ERRNO.match(str(info.get("message") or ""))
     frames = re.findall(r'File "[^"]*", line \d+,? in \S+', info.get("traceback") or "")  # where in the start-up
-    return _repeated((source, info.get("exc_type"), m.group(1) if m else "", frames[-1] if frames else ""))
+    again = _repeated((source, info.get("exc_type"), m.group(1) if m else "", frames[-1] if frames else ""))
+    return {**info, "repeated": True} if again else None
 
 
 def _raised(traceback: str) -> str:
@@ -91,9 +99,7 @@ def _passing(info: dict) -> tuple[str, str] | None:
     if kind == "MemoryError":
         return _PASSING[errno.ENOMEM]
     m = _ERRNO.match(str(info.get("message") or ""))
-    if m and kind.endswith("Error") and int(m.group(1)) in _PASSING:
-        return _PASSING[int(m.group(1))]
-    return None
+    return _PASSING.get(int(m.group(1))) if m and kind.endswith("Error") else None
 
 
 _INSTALL_FIX = ("on Databricks %pip install it in the notebook (as the tfnb notebooks' tfnb_install() does) or add "
@@ -112,20 +118,14 @@ def _boot_info(text: str) -> dict | None:
 
 
 def _boot_report(text: str) -> dict | None:
-    """A task that could not start tfnb, or Spark's Python worker that failed before (:func:`_worker_report`), from
+    """A task that could not start tfnb, or a Python that failed before it (the driver's or Spark's worker), from
     Spark's error; None for a passing reason the first time (relaunch)."""
     info = _boot_info(text)
-    if info is None:
-        return _worker_report(text)
-    if not _passing(info):
-        return info
-    return {**info, "repeated": True} if _passing_again("boot", info) else None
+    return (_driver_report(text) or _worker_report(text)) if info is None else _relaunch_once("boot", info)
 
 
 def _boot_error(info: dict, max_attempts: int) -> ClusterError:
     """One error for an executor where tfnb cannot start: where, what, that it was not relaunched, the fix."""
-    from .._protocol import VERSION as __version__
-
     if _passing(info):  # out of memory, file handles, disk: what it is, not a missing install
         return _passing_error(info, max_attempts)
     if info.get("exc_type") and not info.get("module") and _imports(info.get("exc_type")):
@@ -143,9 +143,9 @@ def _boot_error(info: dict, max_attempts: int) -> ClusterError:
                 f"that Python finds it\n{rest.strip() + chr(10) if rest.strip() else ''}{again}. To install it: "
                 f"{_INSTALL_FIX}.")
     else:
-        text = (f"tfnb {info.get('version')} on {where} but tfnb {__version__} on this driver, so the run was "
-                f"refused before any train_fn started; install tfnb {__version__} there\n"
-                f"{again}. Install tfnb {__version__} on the executors too: {_INSTALL_FIX}.")
+        text = (f"tfnb {info.get('version')} on {where} but tfnb {VERSION} on this driver, so the run was "
+                f"refused before any train_fn started; install tfnb {VERSION} there\n"
+                f"{again}. Install tfnb {VERSION} on the executors too: {_INSTALL_FIX}.")
     return _with_traceback(text, info)
 
 
@@ -214,10 +214,6 @@ def _driver_report(text: str) -> dict | None:
     m = _DRIVER_PACKAGE.search(text)
     if not m or _TRACEBACK in text:
         return None
-    import importlib
-    import sys
-    import traceback
-
     module = m.group(1).lower()
     try:
         importlib.import_module(module)
@@ -225,7 +221,7 @@ def _driver_report(text: str) -> dict | None:
         return {"spark": True, "driver": True, "exc_type": type(e).__name__, "message": str(e)[:1000],
                 "module": module, "needed": f"{module} >= {m.group(2)}", "host": "the driver",
                 "python": sys.executable, "python_version": sys.version.split()[0],
-                "traceback": "".join(traceback.format_exc().splitlines(True)[-8:])}
+                "traceback": "".join(format_exc().splitlines(True)[-8:])}
     return None  # it imports here: pyspark's message was about something else
 
 
@@ -240,17 +236,13 @@ def _crash_report(text: str) -> dict | None:
     _repeats.crashed = True
     if not _repeated(signature):
         return None
-    stack = said.partition("\n")[2].strip()
     return {"spark": True, "crash": True, "exc_type": "crash", "message": said.splitlines()[0][:300],
-            "traceback": stack}
+            "traceback": said.partition("\n")[2].strip()}
 
 
 def _worker_report(text: str) -> dict | None:
-    """Why Spark's Python worker (or the driver's, ``driver``) failed before tfnb's task ran, as a boot report with
-    ``spark``: True; None when tfnb's code ran or no Python failure is in the text."""
-    driver = _driver_report(text)
-    if driver is not None:
-        return driver
+    """Why Spark's Python worker failed before tfnb's task ran, as a boot report with ``spark``: True; None when
+    tfnb's code ran or no Python failure is in the text."""
     if _WORKER_CRASH.search(text):
         return _crash_report(text)
     start = text.find(_TRACEBACK)
@@ -279,17 +271,11 @@ def _worker_report(text: str) -> dict | None:
             "traceback": "\n".join(lines[-12:]), "module": module}
     if mismatch:
         info.update(python_version=mismatch.group(1), driver_version=mismatch.group(2))
-    found = re.findall(r'File "(.*?/pyspark)/', "\n".join(lines))
-    if found:
+    if found := re.findall(r'File "(.*?/pyspark)/', "\n".join(lines)):
         info["pyspark"] = found[-1]
-    lost = _LOST_TASK.search(text)
-    if lost:
+    if lost := _LOST_TASK.search(text):
         info["host"] = lost.group(1)
-    if passing:  # relaunched, unless it ended the launch before too
-        if not _passing_again("worker", info):
-            return None
-        info["repeated"] = True
-    return info
+    return _relaunch_once("worker", info)
 
 
 def _locate(spark, info: dict | None, tasks: int) -> dict | None:
@@ -297,8 +283,6 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
     tasks (at most ``_PROBE_WAIT`` s); where it fails too, the host Spark's error names, and PYSPARK_PYTHON."""
     if not info or not info.get("spark") or info.get("python"):
         return info
-    import uuid
-
     from .spark import is_connect, interrupt_jobs, job_tag
 
     connect = is_connect(spark)
@@ -354,8 +338,7 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
         host, python, version, _, installed = next((r for r in rows if r[3]), rows[0])
         return {**info, "host": host, "python": python, "python_version": version,
                 **({"installed": installed} if installed else {})}
-    lost = _LOST_TASK.search(got.get("error", ""))
-    if lost and not info.get("host"):
+    if (lost := _LOST_TASK.search(got.get("error", ""))) and not info.get("host"):
         info["host"] = lost.group(1)
     if not connect:  # the executors Spark knows (the driver too, the one executor of a local master)
         info["python"] = spark.sparkContext.pythonExec
@@ -368,8 +351,6 @@ def _locate(spark, info: dict | None, tasks: int) -> dict | None:
 
 def _python_error(info: dict, max_attempts: int) -> ClusterError:
     """One error for an executor Python that cannot run tfnb's task (or a driver's that cannot submit it)."""
-    import sys
-
     host, version, python = info.get("host"), info.get("python_version"), info.get("python")
     where = "the driver" if info.get("driver") else \
         f"executor{'s' if ',' in (host or '') else ''} {host}" if host else "an executor"
@@ -481,13 +462,12 @@ def _cause(failure: TaskFailure, retryable: bool, epoch: int | None) -> str:
 
 
 def _refusal_error(said: str, worker_profile: bool) -> ClusterError:
-    """Spark refused the run's task resource profile at submission (Spark Connect: tfnb cannot ask before)."""
+    """Spark refused the run's task resource profile at submission (Spark Connect: tfnb cannot ask before); every run
+    asking for it meets the same refusal."""
     fix = ("leave gpus_per_worker and cpus_per_worker out and set spark.task.resource.gpu.amount and "
            "spark.task.cpus in the cluster's Spark conf instead" if worker_profile else
            "pass ps_placement='driver' to run the ps tasks on the driver")
-    error = ClusterError(f"Spark refused the run's task resource profile ({said}); {fix} (docs/resources.md)")
-    error.every_launch = True  # every run asking for it meets the same refusal
-    return error
+    return _with_traceback(f"Spark refused the run's task resource profile ({said}); {fix} (docs/resources.md)", {})
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import logging
 import os
 import posixpath
@@ -138,8 +139,7 @@ class EventSync(Background):
         interval: seconds between passes (default 10; env TFNB_SYNC_INTERVAL).
         mode: "auto" (append on local disks, parts on object stores and the /dbfs, /Volumes mounts), "append"
             (new records appended) or "parts" (each pass uploads a file's new records as ``<file>.part-NNNNNN``,
-            itself an event file; reading joins them back byte for byte; up to 360 objects per file an hour at
-            interval=10). See docs/monitoring.md.
+            itself an event file, which a reading sync joins back byte for byte; see docs/monitoring.md).
         storage_options: options for the remote side(s): ``key``, ``secret``, ``token``,
             ``endpoint_url``, ``region``, ... (docs/data.md, "Storage URLs and options").
 
@@ -254,12 +254,11 @@ class EventSync(Background):
         streams, others = _group(self._src.list())
         event_sent = copied = writes = 0
         for name, segments in sorted(streams.items()):
-            while True:
+            n = _MAX_READ
+            while n >= _MAX_READ // 2:  # a big backlog is read in several chunks, until caught up
                 n = self._ship_stream(name, segments)
                 event_sent += n
                 writes += n > 0
-                if n < _MAX_READ // 2:
-                    break  # caught up (a bigger backlog is read in several chunks)
         now = time.time()
         for rel, info in sorted(others.items()):
             # unchanged since the last copy, or still being written (copied once it settles)
@@ -277,11 +276,9 @@ class EventSync(Background):
 
     def _resume(self) -> dict[str, _Track]:
         """What the destination already holds: a restarted sync continues, not repeats."""
-        tracks = {}
-        for name, segments in _group(self._dst.list())[0].items():
-            parts = [int(m.group("n")) for rel, _ in segments if (m := _PART_RE.match(rel))]
-            tracks[name] = _Track(sum(size for _, size in segments), 1 + max(parts, default=0))
-        return tracks
+        # each segment but the base file is a part, numbered from 1 without a gap (_group)
+        return {name: _Track(sum(size for _, size in segments), 1 + sum(rel != name for rel, _ in segments))
+                for name, segments in _group(self._dst.list())[0].items()}
 
     def _ship_stream(self, name: str, segments: list[tuple[str, int]]) -> int:
         """Ship the new whole records of one logical event file in one write; the bytes sent."""
@@ -335,11 +332,8 @@ def _group(listing: Mapping[str, Entry]) -> tuple[dict[str, list[tuple[str, int]
     streams = {}
     for name, found in segments.items():
         # the base file, then parts contiguous from 1: a later part may be listed before an earlier one lands
-        chain, n = [found[0]] if 0 in found else [], 1
-        while n in found:
-            chain.append(found[n])
-            n += 1
-        streams[name] = chain
+        gap = next(n for n in itertools.count(1) if n not in found)
+        streams[name] = [found[n] for n in range(0 if 0 in found else 1, gap)]
     return streams, others
 
 

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Union
 from urllib.parse import urlsplit
 
@@ -188,14 +189,13 @@ def _stop_at_exit(inst: TensorBoardInstance) -> None:
 
 
 def _normalize_logdir(log_dir) -> str:
+    fix = "pass the directory holding the event files, e.g. tfnb.tensorboard('/tmp/run1/logs')"
     try:
         text = os.fsdecode(log_dir)
     except TypeError as e:
-        raise ConfigError(f"log_dir={log_dir!r} is not a path; pass the directory holding the event "
-                          f"files, e.g. tfnb.tensorboard('/tmp/run1/logs')") from e
+        raise ConfigError(f"log_dir={log_dir!r} is not a path; {fix}") from e
     if not text.strip():
-        raise ConfigError("log_dir is empty; pass the directory holding the event files, "
-                          "e.g. tfnb.tensorboard('/tmp/run1/logs')")
+        raise ConfigError(f"log_dir is empty; {fix}")
     return text if "://" in text else os.path.abspath(os.path.expanduser(text))
 
 
@@ -220,16 +220,13 @@ def _port_free(host: str, port: int) -> bool:
 def _serving(kind: type[_Serving], inst: TensorBoardInstance) -> _Serving:
     """A Launched/Reused outcome, carrying (and logging) a warning when the network can reach it."""
     host = inst.host.strip("[]")
-    try:
-        loopback = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may well resolve to a network address
-        loopback = False
-    warning = "" if loopback else (
-        f"TensorBoard listens on {inst.host} port {inst.port}, reachable from the network: anyone who can "
-        f"connect to it reads everything under {inst.log_dir} (TensorBoard has no login). Use "
-        f"host='127.0.0.1' (the default) unless the network is trusted.")
-    if warning:
-        log.warning("%s", warning)
+    with contextlib.suppress(ValueError):  # a host name: it may well resolve to a network address
+        if host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return kind(inst)
+    warning = (f"TensorBoard listens on {inst.host} port {inst.port}, reachable from the network: anyone who can "
+               f"connect to it reads everything under {inst.log_dir} (TensorBoard has no login). Use "
+               f"host='127.0.0.1' (the default) unless the network is trusted.")
+    log.warning("%s", warning)
     return kind(inst, warning=warning)
 
 
@@ -300,8 +297,8 @@ def _interrupt_held():
 def _await_ready(proc: subprocess.Popen, log_path: str, timeout: float):
     """(the "serving at URL" match, None, output); on exit (None, code, output); on timeout (None, None, output)."""
     def output() -> str:
-        with contextlib.suppress(OSError), open(log_path, "rb") as fh:
-            return fh.read().decode("utf-8", errors="replace")
+        with contextlib.suppress(OSError):
+            return Path(log_path).read_bytes().decode("utf-8", errors="replace")
         return ""
 
     _wait(lambda: proc.poll() is not None or _READY_LINE.search(output()), timeout)
@@ -357,8 +354,7 @@ def _locked():
 def _read_info(path: str) -> TensorBoardInstance | None:
     """The instance an info file records; None when unreadable or a field has the wrong type."""
     try:
-        with open(path) as fh:
-            raw = json.load(fh)
+        raw = json.loads(Path(path).read_text())
         if raw.pop("format", None) != _INFO_FORMAT:
             return None
         inst = TensorBoardInstance(**raw)
@@ -426,32 +422,24 @@ def _unlink(path: str) -> None:
 
 
 def _url_matches(inst: TensorBoardInstance) -> bool:
-    """The recorded URL is ``http://<host>:<port>/`` for the host and port it was launched on."""
-    try:
-        u = urlsplit(inst.url)
-        port = u.port
-    except ValueError:
-        return False
-    return (u.scheme == "http" and u.hostname == inst.host.strip("[]").lower() and port == inst.port
-            and u.path in ("", "/") and not u.query and not u.username)
+    """The recorded URL is the one TensorBoard prints for the host and port it was launched on."""
+    host = f"[{inst.host}]" if ":" in inst.host and not inst.host.startswith("[") else inst.host
+    return inst.url == f"http://{host}:{inst.port}/"
 
 
 def _is_ours(inst: TensorBoardInstance) -> bool:
     """The entry's process is alive and still the TensorBoard tfnb launched: its recorded start time (pids get
     recycled), this user's, "tensorboard" in its command line, leader of its process group (which tfnb signals)."""
-    if not _alive(inst.pid):
-        return False
     if not os.path.isdir("/proc/self"):
-        return True  # not Linux: nothing better to check with than "alive"
+        return _alive(inst.pid)  # not Linux: nothing better to check with than "alive"
+    stat = _proc_stat(inst.pid)  # state, parent, process group, ..., start time (index 19)
     try:
         owner = os.stat(f"/proc/{inst.pid}").st_uid
-        with open(f"/proc/{inst.pid}/cmdline", "rb") as fh:
-            cmdline = fh.read()
-        group = os.getpgid(inst.pid)
+        cmdline = Path(f"/proc/{inst.pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return (owner == os.getuid() and b"tensorboard" in cmdline and group == inst.pid
-            and inst.proc_start != 0 and _proc_start(inst.pid) == inst.proc_start)
+    return (len(stat) > 19 and stat[0] != b"Z" and int(stat[2]) == inst.pid and owner == os.getuid()
+            and b"tensorboard" in cmdline and inst.proc_start != 0 and int(stat[19]) == inst.proc_start)
 
 
 def _answers(inst: TensorBoardInstance) -> bool:
@@ -485,8 +473,7 @@ def _alive(pid: int) -> bool:
 def _proc_stat(pid: int) -> list[bytes]:
     """The fields of ``/proc/PID/stat`` after the command name; [] where unreadable."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return []
 

@@ -85,14 +85,12 @@ def browser_url(outcome, *, proxy_url: str | None = None, environ: Mapping[str, 
     if template:
         return template.replace("%PORT%", str(port))
     if env.get("DATABRICKS_RUNTIME_VERSION"):
-        url = databricks_proxy_url(port, spark_conf if spark_conf is not None else _active_spark_conf())
-        if url:
+        if url := databricks_proxy_url(port, spark_conf if spark_conf is not None else _active_spark_conf()):
             return url
         log.warning("on Databricks but the cluster tags (%s, %s) are not readable; showing the driver's "
                     "own URL, which your browser may not reach: set TENSORBOARD_PROXY_URL",
                     _DATABRICKS_ORG, _DATABRICKS_CLUSTER)
-    prefix = env.get("JUPYTERHUB_SERVICE_PREFIX")
-    if prefix:
+    if prefix := env.get("JUPYTERHUB_SERVICE_PREFIX"):
         return f"{prefix.rstrip('/')}/proxy/{port}/"
     return outcome.url
 

@@ -139,9 +139,6 @@ class LocalStore(FsspecStore):
         self._atomic_put = False     # write to a temporary name, then rename
         self.appendable = not (root.rstrip("/") + "/").startswith(_NOT_APPENDABLE)
 
-    def url(self, rel: str = "") -> str:
-        return os.path.join(self.root, *rel.split("/")) if rel else self.root
-
     @guarded("appending to")
     def append(self, rel: str, data: bytes = b"") -> None:
         if not self.appendable:

@@ -50,23 +50,17 @@ def _boto3_client(url: str, options: Mapping[str, Any], purpose: str, pool: int)
     from botocore.config import Config
     from botocore.exceptions import ProfileNotFound
 
+    given = {S3_OPTIONS.get(k, k): v for k, v in options.items()}
+    if unknown := sorted(set(given) - set(S3_OPTIONS.values())):
+        raise ConfigError(f"storage option {unknown[0]!r} is not understood for {url}; use key, secret, token, "
+                          "endpoint_url, region, profile, anon or config (see docs/data.md, 'Storage URLs "
+                          "and options')")
+    kwargs = dict(given.pop("client_kwargs", None) or {})   # s3fs's spelling: endpoint_url, region_name, config
     config = Config(max_pool_connections=pool, retries={"mode": "standard", "max_attempts": 5})
-    kwargs: dict[str, Any] = {}
-    for key, value in options.items():
-        name = S3_OPTIONS.get(key, key)
-        if name not in S3_OPTIONS.values():
-            raise ConfigError(f"storage option {key!r} is not understood for {url}; use key, secret, token, "
-                              "endpoint_url, region, profile, anon or config (see docs/data.md, 'Storage URLs "
-                              "and options')")
-        if name == "client_kwargs":
-            value = dict(value)
-            if "config" in value:
-                config = config.merge(value.pop("config"))
-            kwargs.update(value)
-        elif name == "config":
-            config = config.merge(value if isinstance(value, Config) else Config(**value))
-        else:
-            kwargs[name] = value
+    for extra in (kwargs.pop("config", None), given.pop("config", None)):
+        if extra is not None:
+            config = config.merge(extra if isinstance(extra, Config) else Config(**extra))
+    kwargs.update(given)
     if kwargs.pop("anon", False):
         config = config.merge(Config(signature_version=UNSIGNED))
     profile = kwargs.pop("profile", None)
@@ -131,12 +125,12 @@ class S3Store(Store):
         self._client = self._parts = None
         self._lock = threading.RLock()
         require("boto3", f"{purpose} {url}")   # it resolves the credentials either way
-        self.native = _native_store(bucket, options)   # obstore, or None: boto3 lists and downloads
+        self.endpoint = endpoint_url(options.get("endpoint_url"))
+        self.native = _native_store(bucket, options, self.endpoint)   # obstore, or None: boto3 lists and downloads
         self.ranges: bool | None = None  # does the server answer a range with 206, as obstore requires?
         self._probe = threading.Lock()
         if self.native is None:
             self.client  # noqa: B018 - built now: bad options fail here, as they always have
-        self.endpoint = endpoint_url(options.get("endpoint_url"))
 
     @property
     def client(self):
@@ -202,7 +196,7 @@ class S3Store(Store):
                     if region and region != was:
                         log.info("S3 bucket %r is in %s, not %s; set storage_options={'region': %r} or "
                                  "AWS_DEFAULT_REGION to spare this look-up", self.bucket, region, was, region)
-                        self.native = _native_store(self.bucket, self._options, region)
+                        self.native = _native_store(self.bucket, self._options, self.endpoint, region)
                 moved = self.native
             if moved is native or moved is None:
                 raise
@@ -272,13 +266,8 @@ class S3Store(Store):
         args = {"Bucket": self.bucket, "Key": self._key(rel)}
         if offset or length is not None:
             args["Range"] = f"bytes={offset}-" + ("" if length is None else str(offset + length - 1))
-        resp = self.client.get_object(**args)
-        body = resp["Body"].read()
-        if len(body) != resp.get("ContentLength", len(body)):
-            # an object rewritten while it is sent (rclone's local backend) must not come back as a mix of two
-            raise StorageError(f"{self.url(rel)} changed while it was read ({len(body)} of "
-                               f"{resp['ContentLength']} bytes); read it again")
-        return body
+        # botocore raises when a body falls short of its Content-Length (an object rewritten while it is sent)
+        return self.client.get_object(**args)["Body"].read()
 
     @guarded("downloading")
     def get(self, rel, local_path, *, size=None, version=None, on_bytes=None, cancel=None, whole=False) -> None:
@@ -381,7 +370,7 @@ def _bucket_region(response: Mapping) -> str | None:
     return headers.get("x-amz-bucket-region") or response.get("Error", {}).get("Region") or None
 
 
-def _native_store(bucket: str, options: Mapping[str, Any], region: str | None = None):
+def _native_store(bucket: str, options: Mapping[str, Any], endpoint: str | None, region: str | None = None):
     """An obstore S3Store for ``bucket`` (in ``region`` when known), or None for boto3 (see the module docstring)."""
     given = {S3_OPTIONS.get(k, k): v for k, v in options.items()}
     if not setting("s3_native", None, True) or not set(given) <= _NATIVE_OPTIONS:
@@ -396,7 +385,6 @@ def _native_store(bucket: str, options: Mapping[str, Any], region: str | None = 
         if given.get("profile"):
             session.set_config_variable("profile", given["profile"])
         region = region or given.get("region_name") or session.get_config_variable("region") or "us-east-1"
-        endpoint = endpoint_url(given.get("endpoint_url"))
         config: dict[str, Any] = {"region": region, **({"endpoint": endpoint} if endpoint else {})}
         keys = given.get("aws_access_key_id"), given.get("aws_secret_access_key")
         provider = None
