@@ -91,8 +91,8 @@ def test_runs_fork_from_one_standby_and_a_changed_env_discards_it(session):
     first = tfnb.run(process_info, env={"VALUE": "a"}, **opts, hooks=LaunchHooks(all_results=True))
     warm = standbys("warm")
     assert len(warm) == 1, f"not one standby for the host: {standby_processes()}"
-    # the first run forks from it too once it listens; should it exit first (one of the tasks' two lost the race),
-    # a task may start fresh instead, so the runs after it are the ones that must fork from it
+    # the first run forks from it too once it listens within ensure's wait (60 s); past that a task starts fresh,
+    # so the runs after it are the ones that must fork from it
     for _ in range(2):
         again = tfnb.run(process_info, env={"VALUE": "a"}, **opts, hooks=LaunchHooks(all_results=True))
         # a fresh process per task and run, forked by the standby, which stays for the next run
